@@ -1,0 +1,129 @@
+/**
+ * The one error class memsnap throws, and the table of stable codes.
+ *
+ * Codes are API: add, never rename. Each code belongs to one exit class; the CLI maps
+ * the class to a process exit code (src/cli/exit-codes.ts). docs/errors.md mirrors this
+ * table and a test keeps the two in sync.
+ */
+
+/** Failure classes; each maps to one CLI exit code. */
+export type ErrorClass =
+  | "internal"
+  | "usage"
+  | "integrity"
+  | "key"
+  | "malformed"
+  | "source"
+  | "locked"
+  | "destination"
+  | "unsafe";
+
+/** Every stable error code with its class and a one-line meaning (used by docs/errors.md). */
+export const ERROR_CODES = {
+  MEMSNAP_INTERNAL: { class: "internal", meaning: "a bug or an unexpected failure inside memsnap" },
+  MEMSNAP_USAGE: { class: "usage", meaning: "bad command-line arguments" },
+  MEMSNAP_CONFIG_NOT_FOUND: { class: "usage", meaning: "no memsnap.json where one was expected" },
+  MEMSNAP_CONFIG_INVALID: { class: "usage", meaning: "memsnap.json is not valid JSON or has a bad value" },
+  MEMSNAP_CONFIG_UNKNOWN_KEY: { class: "usage", meaning: "memsnap.json has a key memsnap does not know" },
+  MEMSNAP_SEAL_MISMATCH: { class: "integrity", meaning: "the manifest seal does not match the manifest" },
+  MEMSNAP_MANIFEST_CORRUPT: { class: "integrity", meaning: "the manifest is not valid JSON or misses required fields" },
+  MEMSNAP_PAYLOAD_HASH_MISMATCH: { class: "integrity", meaning: "the payload bytes do not hash to the manifest's SHA-256 or size" },
+  MEMSNAP_ARTIFACT_HASH_MISMATCH: { class: "integrity", meaning: "an artifact's bytes do not match its indexed size or SHA-256" },
+  MEMSNAP_INDEX_MISMATCH: { class: "integrity", meaning: "the payload's entries do not match the artifact index (missing, extra, duplicate, or unbound index)" },
+  MEMSNAP_VERIFY_FAILED: { class: "integrity", meaning: "verify found one or more problems (each is listed)" },
+  MEMSNAP_DEEP_VERIFY_FAILED: { class: "integrity", meaning: "a layer's deep check failed on an artifact" },
+  MEMSNAP_IDENTITY_REQUIRED: { class: "key", meaning: "the bundle is encrypted and no identity or passphrase was given" },
+  MEMSNAP_IDENTITY_INVALID: { class: "key", meaning: "the identity file or recipient could not be parsed" },
+  MEMSNAP_DECRYPT_FAILED: { class: "key", meaning: "no given identity or passphrase opens the bundle, or the ciphertext is damaged" },
+  MEMSNAP_BUNDLE_TRUNCATED: { class: "malformed", meaning: "the bundle file ends early" },
+  MEMSNAP_BUNDLE_MALFORMED: { class: "malformed", meaning: "the bundle is not a memsnap container" },
+  MEMSNAP_PAYLOAD_MISLABELED: { class: "malformed", meaning: "the payload bytes are not what the manifest says (plaintext labelled encrypted, or the reverse)" },
+  MEMSNAP_UNSUPPORTED_VERSION: { class: "malformed", meaning: "the bundle's manifest_version is newer than this memsnap reads" },
+  MEMSNAP_UNSUPPORTED_LAYER: { class: "malformed", meaning: "a layer kind or layer schema version this memsnap does not read" },
+  MEMSNAP_PAYLOAD_CORRUPT: { class: "malformed", meaning: "the decompressed payload is not a valid tar or zstd stream" },
+  MEMSNAP_SOURCE_MISSING: { class: "source", meaning: "a configured source path does not exist" },
+  MEMSNAP_SOURCE_UNREADABLE: { class: "source", meaning: "a source could not be read" },
+  MEMSNAP_SOURCE_CHANGED: { class: "source", meaning: "a source file changed size or content while it was captured" },
+  MEMSNAP_SOURCE_INVALID: { class: "source", meaning: "a source's content is not what its kind requires (e.g. a state file that is not JSON)" },
+  MEMSNAP_LOCKED: { class: "locked", meaning: "another memsnap process holds the agent's lock" },
+  MEMSNAP_DEST_UNWRITABLE: { class: "destination", meaning: "the destination cannot be written (permissions, missing directory)" },
+  MEMSNAP_DEST_FULL: { class: "destination", meaning: "the destination file system is full" },
+  MEMSNAP_DEST_NOT_EMPTY: { class: "destination", meaning: "restore --to needs a new or empty directory" },
+  MEMSNAP_DEST_EXISTS: { class: "destination", meaning: "the output file already exists" },
+  MEMSNAP_UNSAFE_PATH: { class: "unsafe", meaning: "a bundle entry would write outside its target or is not a regular file" },
+} as const satisfies Record<string, { class: ErrorClass; meaning: string }>;
+
+/** A stable error code string. */
+export type ErrorCode = keyof typeof ERROR_CODES;
+
+/** Options carried by a {@link MemsnapError}. */
+export interface MemsnapErrorOptions {
+  /** What the user can do about it; printed as `memsnap: hint: …`. */
+  hint?: string;
+  /** The file or artifact the error is about. */
+  path?: string;
+  /** Individual findings, for aggregate errors such as MEMSNAP_VERIFY_FAILED. */
+  findings?: Finding[];
+  cause?: unknown;
+}
+
+/** One problem found by verify or restore, with its own code. */
+export interface Finding {
+  code: ErrorCode;
+  message: string;
+  path?: string;
+}
+
+/** The only error class memsnap throws on purpose. `code` is stable API. */
+export class MemsnapError extends Error {
+  readonly code: ErrorCode;
+  readonly hint: string | undefined;
+  readonly path: string | undefined;
+  readonly findings: Finding[] | undefined;
+
+  constructor(code: ErrorCode, message: string, opts: MemsnapErrorOptions = {}) {
+    super(message, opts.cause === undefined ? undefined : { cause: opts.cause });
+    this.name = "MemsnapError";
+    this.code = code;
+    this.hint = opts.hint;
+    this.path = opts.path;
+    this.findings = opts.findings;
+  }
+
+  /** The failure class of this error's code. */
+  get errorClass(): ErrorClass {
+    return ERROR_CODES[this.code].class;
+  }
+
+  toJSON(): Record<string, unknown> {
+    return {
+      code: this.code,
+      message: this.message,
+      ...(this.hint ? { hint: this.hint } : {}),
+      ...(this.path ? { path: this.path } : {}),
+      ...(this.findings ? { findings: this.findings } : {}),
+    };
+  }
+}
+
+/** True when `e` is a MemsnapError, optionally with the given code. */
+export function isMemsnapError(e: unknown, code?: ErrorCode): e is MemsnapError {
+  return e instanceof MemsnapError && (code === undefined || e.code === code);
+}
+
+/**
+ * Turn a Node file-system error on an output path into a destination error, keeping
+ * MemsnapErrors as they are. ENOSPC and EDQUOT become MEMSNAP_DEST_FULL.
+ */
+export function destinationError(e: unknown, path: string): MemsnapError {
+  if (e instanceof MemsnapError) return e;
+  const errno = (e as NodeJS.ErrnoException | undefined)?.code;
+  if (errno === "ENOSPC" || errno === "EDQUOT") {
+    return new MemsnapError("MEMSNAP_DEST_FULL", `no space left writing ${path}`, {
+      path, cause: e, hint: "free space on the destination or choose another with --out/--store",
+    });
+  }
+  return new MemsnapError("MEMSNAP_DEST_UNWRITABLE", `cannot write ${path}: ${(e as Error)?.message ?? String(e)}`, {
+    path, cause: e, hint: "check that the directory exists and is writable",
+  });
+}
