@@ -1,0 +1,42 @@
+import type { Command } from "commander";
+import { checkSeal, parseManifest, readLayout } from "../../index.js";
+import { fmtBytes, printJson } from "../output.js";
+import type { GlobalOpts } from "../common.js";
+
+export function registerInspect(program: Command, global: () => GlobalOpts): void {
+  program
+    .command("inspect <bundle>")
+    .description("show a bundle's manifest without the key and without reading the payload")
+    .addHelpText("after", `
+Examples:
+  $ memsnap inspect 01JD0….memsnap
+  $ memsnap inspect 01JD0….memsnap --json | jq .layers`)
+    .action(async (bundle: string) => {
+      const layout = await readLayout(bundle);
+      const m = parseManifest(layout.manifestBytes);
+      const sealOk = checkSeal(m);
+      if (global().json) {
+        printJson({ ok: true, path: layout.path, bundle_bytes: layout.fileSize, seal_ok: sealOk, manifest: m });
+        return;
+      }
+      const enc = m.payload.encryption
+        ? `age (${m.payload.encryption.recipients.map((r) => r.type === "scrypt" ? "passphrase" : `x25519 ${r.fingerprint}`).join(", ")})`
+        : "none";
+      const lines = [
+        `bundle     ${layout.path} (${fmtBytes(layout.fileSize)})`,
+        `snapshot   ${m.snapshot_id}`,
+        `created    ${m.created_at} by ${m.created_by} on ${m.host} (${m.tool.name} ${m.tool.version})`,
+        `agent      ${m.tenant}/${m.agent}`,
+        `label      ${m.label ?? "-"}`,
+        `parent     ${m.parent ?? "-"}`,
+        `format     ${m.format} manifest v${m.manifest_version}, seal ${sealOk ? "ok" : "MISMATCH"}`,
+        `payload    ${m.payload.member}: ${fmtBytes(m.payload.stored_size)} stored, ${fmtBytes(m.payload.bytes)} in ${m.payload.artifacts} artifacts, zstd ${m.payload.compression.level}`,
+        `encryption ${enc}`,
+        `layers`,
+        ...m.layers.map((l) => `  ${l.name.padEnd(16)} ${l.kind.padEnd(8)} v${l.schema_version}  ${String(l.artifacts).padStart(7)} artifacts  ${fmtBytes(l.bytes)}`),
+        `redaction  ${String((m.redaction as { policy?: unknown }).policy ?? "-")}`,
+      ];
+      if (m.index === undefined) lines.push("index      encrypted (in the payload; the manifest keeps only its hash)");
+      process.stdout.write(lines.join("\n") + "\n");
+    });
+}

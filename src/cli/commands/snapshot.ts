@@ -1,0 +1,87 @@
+import type { Command } from "commander";
+import { loadConfig, loadPassphrase, loadRecipients, resolveStore, snapshot } from "../../index.js";
+import { fmtBytes, fmtRate, printJson, Progress } from "../output.js";
+import { collect, type GlobalOpts, withAbort } from "../common.js";
+
+interface SnapshotOpts {
+  config: string;
+  out?: string;
+  store?: string;
+  label?: string;
+  recipient: string[];
+  recipientsFile: string[];
+  passphraseFile?: string;
+  encrypt: boolean;
+  level?: string;
+}
+
+export function registerSnapshot(program: Command, global: () => GlobalOpts): void {
+  program
+    .command("snapshot")
+    .description("capture the agent's sources into one bundle")
+    .option("-c, --config <file>", "memsnap.json to use", "memsnap.json")
+    .option("-o, --out <file>", "write the bundle here instead of the store")
+    .option("--store <dir>", "store directory (default: $MEMSNAP_STORE, the config's store, ~/.local/share/memsnap/store)")
+    .option("-l, --label <text>", "a label recorded in the manifest")
+    .option("-r, --recipient <age1…>", "encrypt to this age recipient (repeatable)", collect, [])
+    .option("-R, --recipients-file <file>", "encrypt to the recipients in this file (repeatable)", collect, [])
+    .option("--passphrase-file <file>", "encrypt with the passphrase on the first line of this file (or set MEMSNAP_PASSPHRASE)")
+    .option("--no-encrypt", "write a plaintext bundle even if the config names recipients")
+    .option("--level <n>", "zstd level 1-19 (default: the config's, else 3)")
+    .addHelpText("after", `
+Examples:
+  $ memsnap snapshot --config agent/memsnap.json
+  $ memsnap snapshot -c memsnap.json -r age1... --label nightly
+  $ memsnap snapshot -c memsnap.json --out /backups/agent.memsnap --json`)
+    .action(async (o: SnapshotOpts) => {
+      const g = global();
+      const config = await loadConfig(o.config);
+      let recipients: string[] = [];
+      let passphrase: string | undefined;
+      if (o.encrypt) {
+        passphrase = await loadPassphrase(o.passphraseFile);
+        recipients = await loadRecipients([...config.recipients, ...o.recipient], [...(config.recipientsFile ? [config.recipientsFile] : []), ...o.recipientsFile]);
+        if (passphrase && (o.recipient.length || o.recipientsFile.length)) {
+          const { MemsnapError } = await import("../../index.js");
+          throw new MemsnapError("MEMSNAP_USAGE", "use recipients or a passphrase, not both", { hint: "drop --recipient/--recipients-file or --passphrase-file" });
+        }
+        if (passphrase) recipients = [];
+      }
+      const level = o.level === undefined ? undefined : Number(o.level);
+      if (level !== undefined && (!Number.isInteger(level) || level < 1 || level > 19)) {
+        const { MemsnapError } = await import("../../index.js");
+        throw new MemsnapError("MEMSNAP_USAGE", `--level must be an integer from 1 to 19, got ${o.level}`);
+      }
+      const progress = new Progress("snapshot", !g.json && process.stderr.isTTY === true);
+      const r = await withAbort((signal) => snapshot({
+        config,
+        ...(o.out ? { out: o.out } : { store: resolveStore(o.store, config.store) }),
+        recipients,
+        ...(passphrase ? { passphrase } : {}),
+        ...(level !== undefined ? { level } : {}),
+        label: o.label ?? null,
+        createdBy: "cli",
+        signal,
+        onProgress: (p) => progress.update(p.bytes, p.totalBytes),
+      }));
+      progress.done();
+      const m = r.manifest;
+      if (g.json) {
+        printJson({
+          ok: true, id: r.id, path: r.path, input_bytes: r.inputBytes, bundle_bytes: r.bundleBytes,
+          artifacts: m.payload.artifacts, layers: m.layers.map((l) => ({ name: l.name, kind: l.kind, artifacts: l.artifacts, bytes: l.bytes })),
+          encrypted: m.payload.encryption !== null, duration_ms: Math.round(r.durationMs),
+          mb_per_s: Number((r.inputBytes / 1e6 / (r.durationMs / 1000)).toFixed(1)),
+        });
+        return;
+      }
+      const enc = m.payload.encryption ? `age, ${m.payload.encryption.recipients.length === 1 && m.payload.encryption.recipients[0]!.type === "scrypt" ? "passphrase" : `${m.payload.encryption.recipients.length} recipient(s)`}` : "not encrypted";
+      process.stdout.write(
+        `snapshot ${r.id}\n` +
+        `  path     ${r.path}\n` +
+        `  input    ${fmtBytes(r.inputBytes)} in ${m.payload.artifacts} artifacts, ${m.layers.length} layer(s)\n` +
+        `  bundle   ${fmtBytes(r.bundleBytes)} (zstd ${m.payload.compression.level}, ${enc})\n` +
+        `  time     ${(r.durationMs / 1000).toFixed(2)} s (${fmtRate(r.inputBytes, r.durationMs)})\n`,
+      );
+    });
+}

@@ -1,0 +1,39 @@
+import type { Command } from "commander";
+import { loadIdentities, loadPassphrase, verifyBundle, verifyError } from "../../index.js";
+import { printJson } from "../output.js";
+import { collect, type GlobalOpts, withAbort } from "../common.js";
+
+export function registerVerify(program: Command, global: () => GlobalOpts): void {
+  program
+    .command("verify <bundle>")
+    .description("check a bundle; without a key checks what can be checked and says what was not")
+    .option("-i, --identity <file>", "age identity file to decrypt with (repeatable)", collect, [])
+    .option("--passphrase-file <file>", "passphrase on the first line of this file (or set MEMSNAP_PASSPHRASE)")
+    .option("--deep", "also run each layer's own checks (e.g. JSON parse of state files)")
+    .addHelpText("after", `
+Examples:
+  $ memsnap verify snap.memsnap                      # keyless: structure, seal, payload SHA-256
+  $ memsnap verify snap.memsnap -i key.txt --deep    # every artifact, plus layer checks`)
+    .action(async (bundle: string, o: { identity: string[]; passphraseFile?: string; deep?: boolean }) => {
+      const identities = await loadIdentities(o.identity);
+      const passphrase = await loadPassphrase(o.passphraseFile);
+      const r = await withAbort((signal) => verifyBundle(bundle, {
+        keys: { identities, passphrases: passphrase ? [passphrase] : [] }, deep: !!o.deep, signal,
+      }));
+      if (global().json) {
+        printJson({ ok: r.ok, path: r.path, snapshot_id: r.manifest?.snapshot_id ?? null, encrypted: r.encrypted, checks: r.checks, findings: r.findings });
+      } else {
+        for (const c of r.checks) {
+          const mark = c.status === "passed" ? "ok     " : c.status === "failed" ? "FAILED " : "skipped";
+          process.stdout.write(`${mark} ${c.name}${c.detail ? `: ${c.detail}` : ""}\n`);
+        }
+        const skipped = r.checks.filter((c) => c.status === "skipped").length;
+        if (r.ok) process.stdout.write(`verified ${r.manifest?.snapshot_id}${skipped ? ` (${skipped} check(s) not run: pass --identity to run them)` : ""}\n`);
+      }
+      if (!r.ok) {
+        const err = verifyError(r);
+        (err as { alreadyPrinted?: boolean }).alreadyPrinted = global().json;
+        throw err;
+      }
+    });
+}

@@ -1,0 +1,52 @@
+/** The memsnap command-line program. It uses only the library's public entry. */
+import { Command, CommanderError } from "commander";
+import { ERROR_CODES, MemsnapError, TOOL_VERSION } from "../index.js";
+import { registerInspect } from "./commands/inspect.js";
+import { registerKeygen } from "./commands/keygen.js";
+import { registerRestore } from "./commands/restore.js";
+import { registerSnapshot } from "./commands/snapshot.js";
+import { registerVerify } from "./commands/verify.js";
+import type { GlobalOpts } from "./common.js";
+import { EXIT_CODE_MEANINGS, EXIT_CODES } from "./exit-codes.js";
+import { reportError } from "./output.js";
+
+/** Run the CLI with `argv` (without node and script); resolves with the exit code. */
+export async function main(argv: string[]): Promise<number> {
+  const program = new Command();
+  const global = (): GlobalOpts => ({ json: !!program.opts().json });
+  program
+    .name("memsnap")
+    .description("atomic, verifiable snapshots of an AI agent's memory")
+    .version(TOOL_VERSION)
+    .option("--json", "print one JSON object on stdout (errors too)")
+    .exitOverride()
+    .showHelpAfterError(false)
+    .configureOutput({ writeErr: (s) => { if (!s.startsWith("error:")) process.stderr.write(s); } })
+    .addHelpText("after", `
+Examples:
+  $ memsnap keygen -o key.txt
+  $ memsnap snapshot -c memsnap.json -r "$(grep -o 'age1.*' key.txt)"
+  $ memsnap verify ~/.local/share/memsnap/store/default/agent/01J….memsnap
+  $ memsnap restore 01J….memsnap --to ./restored -i key.txt
+
+Exit codes:
+${Object.entries(EXIT_CODE_MEANINGS).map(([c, m]) => `  ${c.padStart(2)}  ${m}`).join("\n")}`);
+  registerSnapshot(program, global);
+  registerInspect(program, global);
+  registerVerify(program, global);
+  registerRestore(program, global);
+  registerKeygen(program, global);
+  const json = argv.includes("--json");
+  try {
+    await program.parseAsync(argv, { from: "user" });
+    return 0;
+  } catch (e) {
+    if (e instanceof CommanderError) {
+      if (e.exitCode === 0 || e.code === "commander.helpDisplayed" || e.code === "commander.version") return 0;
+      return reportError(new MemsnapError("MEMSNAP_USAGE", e.message.replace(/^error: /, ""), { hint: "see 'memsnap --help'" }), { json });
+    }
+    // verify --json has already printed its report as the one JSON object; only set the exit code.
+    if ((e as { alreadyPrinted?: boolean }).alreadyPrinted && e instanceof MemsnapError) return EXIT_CODES[ERROR_CODES[e.code].class];
+    return reportError(e, { json });
+  }
+}

@@ -1,0 +1,132 @@
+/**
+ * memsnap.json: which agent this is and what to capture. JSON with `//` and block comments
+ * allowed (memsnap init writes a commented file). Every key is validated; an unknown key is
+ * MEMSNAP_CONFIG_UNKNOWN_KEY, never silently ignored.
+ */
+import { readFile } from "node:fs/promises";
+import { dirname, resolve } from "node:path";
+import { MemsnapError } from "./errors.js";
+import { ID_PATTERN } from "./format/manifest.js";
+import { sourceKind, SOURCE_KINDS } from "./sources/registry.js";
+import type { SourceKind } from "./sources/types.js";
+import {
+  configInvalid, isPlainObject, optInt, optString, optStringArray, rejectUnknownKeys, reqString,
+} from "./util/config-check.js";
+
+/** A configured source: its kind's implementation and its parsed entry. */
+export interface ConfiguredSource {
+  impl: SourceKind<{ name: string }>;
+  cfg: { name: string } & Record<string, unknown>;
+}
+
+export interface MemsnapConfig {
+  /** Absolute path of the config file, or null when built in code. */
+  file: string | null;
+  /** Directory that relative paths resolve against. */
+  baseDir: string;
+  tenant: string;
+  agent: string;
+  /** Absolute store directory, when the config names one. */
+  store?: string;
+  recipients: string[];
+  recipientsFile?: string;
+  compression: { level: number; threads?: number };
+  sources: ConfiguredSource[];
+}
+
+export const LAYER_NAME = /^[a-z0-9][a-z0-9_-]{0,63}$/;
+
+/** Remove `//` and block comments outside strings, keeping offsets' line structure. */
+export function stripJsonComments(text: string): string {
+  let out = "";
+  let inStr = false;
+  for (let i = 0; i < text.length; i++) {
+    const c = text[i]!;
+    if (inStr) {
+      out += c;
+      if (c === "\\") out += text[++i] ?? "";
+      else if (c === '"') inStr = false;
+    } else if (c === '"') {
+      inStr = true;
+      out += c;
+    } else if (c === "/" && text[i + 1] === "/") {
+      while (i < text.length && text[i] !== "\n") i++;
+      out += "\n";
+    } else if (c === "/" && text[i + 1] === "*") {
+      const end = text.indexOf("*/", i + 2);
+      const body = text.slice(i, end < 0 ? text.length : end + 2);
+      out += body.replace(/[^\n]/g, " ");
+      i = end < 0 ? text.length : end + 1;
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+/** Validate a parsed config object. Throws MEMSNAP_CONFIG_INVALID / MEMSNAP_CONFIG_UNKNOWN_KEY. */
+export function parseConfig(raw: unknown, file: string | null, baseDir: string): MemsnapConfig {
+  const where = file ?? "config";
+  if (!isPlainObject(raw)) throw configInvalid(where, "must be a JSON object");
+  rejectUnknownKeys(raw, ["$schema", "tenant", "agent", "store", "recipients", "recipients_file", "compression", "sources"], where);
+  const tenant = optString(raw, "tenant", where) ?? "default";
+  const agent = reqString(raw, "agent", where);
+  for (const [k, v] of [["tenant", tenant], ["agent", agent]] as const) {
+    if (!ID_PATTERN.test(v)) throw configInvalid(where, `"${k}" must match [a-z0-9_-]{1,64}, got ${JSON.stringify(v)}`);
+  }
+  const store = optString(raw, "store", where);
+  const recipients = optStringArray(raw, "recipients", where) ?? [];
+  const recipientsFile = optString(raw, "recipients_file", where);
+  let level = 3;
+  let threads: number | undefined;
+  if (raw.compression !== undefined) {
+    const c = raw.compression;
+    const w = `${where}: compression`;
+    if (!isPlainObject(c)) throw configInvalid(w, "must be an object");
+    rejectUnknownKeys(c, ["level", "threads"], w);
+    level = optInt(c, "level", w, 1, 19) ?? 3;
+    threads = optInt(c, "threads", w, 0, 64);
+  }
+  if (!Array.isArray(raw.sources) || raw.sources.length === 0) throw configInvalid(where, '"sources" must be a non-empty array');
+  const names = new Set<string>();
+  const sources = raw.sources.map((s: unknown, i: number): ConfiguredSource => {
+    const w = `${where}: sources[${i}]`;
+    if (!isPlainObject(s)) throw configInvalid(w, "must be an object");
+    const kind = reqString(s, "kind", w);
+    const impl = sourceKind(kind);
+    if (!impl) throw configInvalid(w, `unknown source kind "${kind}" (known: ${Object.keys(SOURCE_KINDS).join(", ")})`);
+    const cfg = impl.parseConfig(s, w) as ConfiguredSource["cfg"];
+    if (!LAYER_NAME.test(cfg.name)) throw configInvalid(w, `"name" must match [a-z0-9][a-z0-9_-]{0,63}, got ${JSON.stringify(cfg.name)}`);
+    if (names.has(cfg.name)) throw configInvalid(w, `duplicate source name "${cfg.name}"`);
+    names.add(cfg.name);
+    return { impl, cfg };
+  });
+  return {
+    file, baseDir, tenant, agent,
+    ...(store ? { store: resolve(baseDir, store) } : {}),
+    recipients,
+    ...(recipientsFile ? { recipientsFile: resolve(baseDir, recipientsFile) } : {}),
+    compression: { level, ...(threads !== undefined ? { threads } : {}) },
+    sources,
+  };
+}
+
+/** Read and validate a memsnap.json. Throws MEMSNAP_CONFIG_NOT_FOUND, MEMSNAP_CONFIG_INVALID, MEMSNAP_CONFIG_UNKNOWN_KEY. */
+export async function loadConfig(path: string): Promise<MemsnapConfig> {
+  const file = resolve(path);
+  let text: string;
+  try {
+    text = await readFile(file, "utf8");
+  } catch (e) {
+    throw new MemsnapError("MEMSNAP_CONFIG_NOT_FOUND", `cannot read config ${file}: ${(e as Error).message}`, {
+      path: file, hint: "pass --config FILE, or run 'memsnap init' to write one",
+    });
+  }
+  let raw: unknown;
+  try {
+    raw = JSON.parse(stripJsonComments(text));
+  } catch (e) {
+    throw configInvalid(file, `not valid JSON: ${(e as Error).message}`);
+  }
+  return parseConfig(raw, file, dirname(file));
+}

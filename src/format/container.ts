@@ -1,0 +1,228 @@
+/**
+ * The outer bundle container: a POSIX tar with exactly two members, written in one pass.
+ *
+ *   [header: payload.tar.zst(.age)] [payload bytes] [pad] [header: manifest.json] [manifest] [pad] [2 zero blocks]
+ *
+ * The payload header is written with size 0, the payload streams straight into the file
+ * (hashed as it goes), then the header's size is patched in place and the manifest member
+ * is appended. Readers find the manifest with two header reads and one seek. Everything is
+ * written to a temp file beside the destination and renamed into place only after fsync;
+ * `abort()` removes the temp file, so a failure leaves nothing behind.
+ */
+import { createHash, randomBytes, type Hash } from "node:crypto";
+import { open, stat, type FileHandle } from "node:fs/promises";
+import { basename, dirname, join } from "node:path";
+import { Writable } from "node:stream";
+import { MemsnapError, destinationError } from "../errors.js";
+import { commitRename, unlinkQuiet } from "../util/fs-atomic.js";
+import {
+  MANIFEST_MAX_BYTES, MANIFEST_MEMBER, PAYLOAD_MEMBER_ENCRYPTED, PAYLOAD_MEMBER_PLAIN,
+} from "./manifest.js";
+import { BLOCK, decodeHeader, encodeHeader, padding, patchSize } from "./tar-header.js";
+
+/** Temp files are named `.<final name>.tmp-<pid>-<random>` so cleanup can tell whose they are. */
+export function tempPathFor(dest: string): string {
+  return join(dirname(dest), `.${basename(dest)}.tmp-${process.pid}-${randomBytes(4).toString("hex")}`);
+}
+
+/** Writes the payload with positional writes, hashing and counting every stored byte. */
+class PayloadSink extends Writable {
+  readonly hash: Hash = createHash("sha256");
+  bytes = 0;
+  head: Buffer = Buffer.alloc(0);
+  constructor(private readonly fh: FileHandle, private readonly start: number, private readonly path: string) {
+    super({ highWaterMark: 1 << 20 });
+  }
+  private note(chunk: Buffer): void {
+    this.hash.update(chunk);
+    if (this.head.length < 64) this.head = Buffer.concat([this.head, chunk.subarray(0, 64 - this.head.length)]);
+  }
+  override _write(chunk: Buffer, _enc: BufferEncoding, cb: (e?: Error | null) => void): void {
+    this.note(chunk);
+    const pos = this.start + this.bytes;
+    this.bytes += chunk.length;
+    this.fh.write(chunk, 0, chunk.length, pos).then(() => cb(), (e) => cb(destinationError(e, this.path)));
+  }
+  override _writev(chunks: { chunk: Buffer }[], cb: (e?: Error | null) => void): void {
+    const bufs = chunks.map((c) => c.chunk);
+    for (const b of bufs) this.note(b);
+    const pos = this.start + this.bytes;
+    const total = bufs.reduce((n, b) => n + b.length, 0);
+    this.bytes += total;
+    this.fh.writev(bufs, pos).then(() => cb(), (e) => cb(destinationError(e, this.path)));
+  }
+}
+
+/** Result of writing the payload member. */
+export interface PayloadWritten {
+  storedSize: number;
+  sha256: string;
+  /** First bytes of the payload, to check its magic against the declared encryption. */
+  head: Buffer;
+}
+
+/** Writes one bundle file atomically. Call {@link open}, stream into {@link payload}, then {@link commit} or {@link abort}. */
+export class BundleWriter {
+  readonly tmpPath: string;
+  private fh: FileHandle | undefined;
+  private sink: PayloadSink | undefined;
+  private header: Buffer | undefined;
+  private readonly mtime = new Date();
+
+  constructor(readonly destPath: string, readonly encrypted: boolean) {
+    this.tmpPath = tempPathFor(destPath);
+  }
+
+  /** Create the temp file and write the placeholder payload header. Throws MEMSNAP_DEST_* on failure. */
+  async open(): Promise<Writable> {
+    try {
+      this.fh = await open(this.tmpPath, "wx", 0o600);
+      this.header = encodeHeader(this.encrypted ? PAYLOAD_MEMBER_ENCRYPTED : PAYLOAD_MEMBER_PLAIN, 0, this.mtime, 0o600);
+      await this.fh.write(this.header, 0, BLOCK, 0);
+    } catch (e) {
+      await this.abort();
+      throw destinationError(e, this.destPath);
+    }
+    this.sink = new PayloadSink(this.fh, BLOCK, this.destPath);
+    return this.sink;
+  }
+
+  /** What the payload sink has seen so far (call after the payload stream finished). */
+  payloadResult(): PayloadWritten {
+    if (!this.sink) throw new Error("BundleWriter not open");
+    return { storedSize: this.sink.bytes, sha256: this.sink.hash.digest("hex"), head: this.sink.head };
+  }
+
+  /** Patch the payload size, append the manifest and the end-of-archive blocks, fsync and rename into place. */
+  async commit(manifest: Buffer, storedSize: number): Promise<void> {
+    const fh = this.fh;
+    if (!fh || !this.header) throw new Error("BundleWriter not open");
+    try {
+      patchSize(this.header, storedSize);
+      await fh.write(this.header, 0, BLOCK, 0);
+      let pos = BLOCK + storedSize;
+      const pad = padding(storedSize);
+      const mHeader = encodeHeader(MANIFEST_MEMBER, manifest.length, this.mtime, 0o644);
+      const tail = Buffer.concat([
+        Buffer.alloc(pad), mHeader, manifest, Buffer.alloc(padding(manifest.length)), Buffer.alloc(2 * BLOCK),
+      ]);
+      await fh.write(tail, 0, tail.length, pos);
+      pos += tail.length;
+      await fh.truncate(pos);
+      await fh.sync();
+      await fh.close();
+      this.fh = undefined;
+      await commitRename(this.tmpPath, this.destPath);
+    } catch (e) {
+      await this.abort();
+      throw destinationError(e, this.destPath);
+    }
+  }
+
+  /** Close and remove the temp file. Safe to call more than once. */
+  async abort(): Promise<void> {
+    const fh = this.fh;
+    this.fh = undefined;
+    if (fh) await fh.close().catch(() => undefined);
+    await unlinkQuiet(this.tmpPath).catch(() => undefined);
+  }
+}
+
+/** Where the members of a bundle lie in its file. */
+export interface BundleLayout {
+  path: string;
+  fileSize: number;
+  payloadMember: string;
+  payloadOffset: number;
+  payloadSize: number;
+  manifestBytes: Buffer;
+  /** The first bytes of the payload (up to 64), to check its magic. */
+  payloadHead: Buffer;
+}
+
+const truncated = (path: string, what: string): MemsnapError =>
+  new MemsnapError("MEMSNAP_BUNDLE_TRUNCATED", `${path}: bundle ends early (${what})`, {
+    path, hint: "the file was cut short, e.g. by an interrupted copy; use another copy",
+  });
+const malformed = (path: string, what: string): MemsnapError =>
+  new MemsnapError("MEMSNAP_BUNDLE_MALFORMED", `${path}: not a memsnap bundle (${what})`, {
+    path, hint: "memsnap bundles are tar files holding payload.tar.zst[.age] and manifest.json",
+  });
+
+async function readAt(fh: FileHandle, pos: number, len: number): Promise<Buffer> {
+  const buf = Buffer.alloc(len);
+  let got = 0;
+  while (got < len) {
+    const { bytesRead } = await fh.read(buf, got, len - got, pos + got);
+    if (bytesRead === 0) break;
+    got += bytesRead;
+  }
+  return buf.subarray(0, got);
+}
+
+/**
+ * Locate the payload and read the manifest bytes with a few positioned reads; the payload
+ * itself is not read. Throws MEMSNAP_BUNDLE_TRUNCATED, MEMSNAP_BUNDLE_MALFORMED, or
+ * MEMSNAP_SOURCE_MISSING when the file does not exist.
+ */
+export async function readLayout(path: string): Promise<BundleLayout> {
+  let fh: FileHandle;
+  try {
+    fh = await open(path, "r");
+  } catch (e) {
+    const code = (e as NodeJS.ErrnoException).code;
+    throw new MemsnapError(code === "ENOENT" ? "MEMSNAP_SOURCE_MISSING" : "MEMSNAP_SOURCE_UNREADABLE",
+      `cannot open bundle ${path}: ${(e as Error).message}`, { path, hint: "check the bundle path" });
+  }
+  try {
+    const fileSize = (await fh.stat()).size;
+    const h0 = await readAt(fh, 0, BLOCK);
+    if (h0.length < BLOCK) throw fileSize === 0 ? truncated(path, "empty file") : truncated(path, "inside the first header");
+    let first;
+    try {
+      first = decodeHeader(h0);
+    } catch (e) {
+      throw malformed(path, `payload header: ${(e as Error).message}`);
+    }
+    if (!first) throw malformed(path, "empty archive");
+    if (first.name !== PAYLOAD_MEMBER_PLAIN && first.name !== PAYLOAD_MEMBER_ENCRYPTED) {
+      throw malformed(path, `first member is ${JSON.stringify(first.name)}`);
+    }
+    if (first.type !== "0") throw malformed(path, "payload member is not a regular file");
+    const payloadOffset = BLOCK;
+    const mPos = payloadOffset + first.size + padding(first.size);
+    if (mPos + BLOCK > fileSize) throw truncated(path, "inside the payload or before the manifest");
+    let second;
+    try {
+      second = decodeHeader(await readAt(fh, mPos, BLOCK));
+    } catch (e) {
+      throw malformed(path, `manifest header: ${(e as Error).message}`);
+    }
+    if (!second) throw truncated(path, "no manifest member");
+    if (second.name !== MANIFEST_MEMBER || second.type !== "0") throw malformed(path, `second member is ${JSON.stringify(second.name)}`);
+    if (second.size > MANIFEST_MAX_BYTES) throw malformed(path, `manifest of ${second.size} bytes is over the ${MANIFEST_MAX_BYTES}-byte cap`);
+    const end = mPos + BLOCK + second.size + padding(second.size) + 2 * BLOCK;
+    if (fileSize < mPos + BLOCK + second.size) throw truncated(path, "inside the manifest");
+    if (fileSize < end) throw truncated(path, "in the end-of-archive blocks");
+    if (fileSize > end) {
+      const extra = await readAt(fh, end, Math.min(fileSize - end, 1 << 20));
+      if (fileSize - end > 1 << 20 || !extra.every((b) => b === 0)) throw malformed(path, "data after the end of the archive");
+    }
+    const manifestBytes = await readAt(fh, mPos + BLOCK, second.size);
+    const trailer = await readAt(fh, mPos + BLOCK + second.size, padding(second.size) + 2 * BLOCK);
+    if (!trailer.every((b) => b === 0)) throw malformed(path, "end-of-archive blocks are not zero");
+    const payloadHead = await readAt(fh, payloadOffset, Math.min(64, first.size));
+    return { path, fileSize, payloadMember: first.name, payloadOffset, payloadSize: first.size, manifestBytes, payloadHead };
+  } finally {
+    await fh.close();
+  }
+}
+
+/** Size of a file, or null when it does not exist. */
+export async function fileSizeOrNull(path: string): Promise<number | null> {
+  try {
+    return (await stat(path)).size;
+  } catch {
+    return null;
+  }
+}

@@ -1,0 +1,198 @@
+/**
+ * The bundle manifest: its schema, parsing, validation and seal.
+ *
+ * The manifest is plaintext in every bundle so that integrity and version compatibility
+ * can be checked without a key. The seal is SHA-256 over the canonical JSON of the
+ * manifest without its `seal` field; it binds every field (paths, kinds, sizes, ids,
+ * versions, the payload hash), not only the artifact digests. It detects damage, not
+ * forgery: anyone can recompute it (signatures are a separate, later layer).
+ */
+import { createHash } from "node:crypto";
+import { MemsnapError } from "../errors.js";
+import { canonicalJson } from "../util/canonical-json.js";
+
+export const FORMAT_NAME = "memsnap";
+/** The newest manifest_version this build writes and reads. */
+export const MANIFEST_VERSION = 1;
+export const MANIFEST_MEMBER = "manifest.json";
+export const PAYLOAD_MEMBER_PLAIN = "payload.tar.zst";
+export const PAYLOAD_MEMBER_ENCRYPTED = "payload.tar.zst.age";
+/** Path of the artifact index inside the payload tar (always the last member). */
+export const INDEX_PATH = ".memsnap/index.json";
+/** Manifests larger than this are refused before parsing (a plaintext manifest carries the index). */
+export const MANIFEST_MAX_BYTES = 64 * 1024 * 1024;
+
+export type CreatedBy = "cli" | "schedule" | "pre-restore" | "api";
+export const CREATED_BY: readonly CreatedBy[] = ["cli", "schedule", "pre-restore", "api"];
+export const ID_PATTERN = /^[a-z0-9_-]{1,64}$/;
+
+/** One artifact of the index: where it lives in the payload and what its bytes hash to. */
+export interface IndexEntry {
+  /** Payload path: `<layer>/<path inside the layer>`, POSIX separators, no `..`. */
+  path: string;
+  layer: string;
+  kind: string;
+  size: number;
+  /** Lowercase hex SHA-256 of the artifact's bytes as stored in the payload. */
+  sha256: string;
+  mode: number;
+  mtime: string;
+}
+
+/** The document stored at INDEX_PATH; `payload.index_sha256` is over its canonical JSON. */
+export interface IndexDocument {
+  format: "memsnap-index";
+  snapshot_id: string;
+  artifacts: IndexEntry[];
+}
+
+export interface LayerEntry {
+  name: string;
+  kind: string;
+  schema_version: number;
+  artifacts: number;
+  bytes: number;
+  /** Layer-specific facts (git HEAD, SQLite pragmas, skipped files, …). */
+  meta?: Record<string, unknown>;
+}
+
+export interface RecipientInfo {
+  type: "x25519" | "scrypt";
+  fingerprint?: string;
+}
+
+export interface PayloadInfo {
+  member: string;
+  compression: { codec: "zstd"; level: number };
+  encryption: null | { scheme: "age"; recipients: RecipientInfo[] };
+  /** Bytes of the payload member as stored (ciphertext when encrypted). */
+  stored_size: number;
+  /** SHA-256 of the stored payload bytes. */
+  sha256: string;
+  /** Size of the uncompressed payload tar: the decompression bound on restore. */
+  tar_size: number;
+  /** SHA-256 of the canonical index document (the last payload member). */
+  index_sha256: string;
+  artifacts: number;
+  bytes: number;
+}
+
+export interface Manifest {
+  format: typeof FORMAT_NAME;
+  manifest_version: number;
+  snapshot_id: string;
+  created_at: string;
+  created_by: CreatedBy;
+  label: string | null;
+  tenant: string;
+  agent: string;
+  host: string;
+  tool: { name: string; version: string };
+  parent: string | null;
+  layers: LayerEntry[];
+  payload: PayloadInfo;
+  /** Present only in unencrypted bundles. */
+  index?: IndexEntry[];
+  redaction: Record<string, unknown>;
+  seal: string;
+}
+
+const sha256hex = (s: string | Buffer): string => createHash("sha256").update(s).digest("hex");
+
+/** The seal of a manifest: `sha256:` + hex over the canonical JSON without `seal`. */
+export function computeSeal(m: Omit<Manifest, "seal"> | Manifest): string {
+  const { seal: _ignored, ...rest } = m as Manifest;
+  return `sha256:${sha256hex(canonicalJson(rest))}`;
+}
+
+/** Canonical bytes of an index document; their SHA-256 is `payload.index_sha256`. */
+export function encodeIndex(doc: IndexDocument): Buffer {
+  return Buffer.from(canonicalJson(doc), "utf8");
+}
+
+/** SHA-256 hex of an index document's canonical bytes. */
+export function indexHash(doc: IndexDocument): string {
+  return sha256hex(encodeIndex(doc));
+}
+
+/** Serialize a manifest for storage (stable key order, trailing newline). */
+export function encodeManifest(m: Manifest): Buffer {
+  return Buffer.from(JSON.stringify(JSON.parse(canonicalJson(m)), null, 1) + "\n", "utf8");
+}
+
+function corrupt(msg: string): MemsnapError {
+  return new MemsnapError("MEMSNAP_MANIFEST_CORRUPT", `manifest: ${msg}`, {
+    hint: "the bundle is damaged; take a new snapshot or use another copy",
+  });
+}
+
+const isObj = (v: unknown): v is Record<string, unknown> => typeof v === "object" && v !== null && !Array.isArray(v);
+const isHex64 = (v: unknown): v is string => typeof v === "string" && /^[0-9a-f]{64}$/.test(v);
+const isCount = (v: unknown): v is number => Number.isSafeInteger(v) && (v as number) >= 0;
+
+/**
+ * Parse manifest bytes. Checks, in this order: JSON (MEMSNAP_MANIFEST_CORRUPT), format
+ * name (MEMSNAP_BUNDLE_MALFORMED), manifest_version not newer than ours
+ * (MEMSNAP_UNSUPPORTED_VERSION, before anything else is interpreted), then the shape of
+ * every field (MEMSNAP_MANIFEST_CORRUPT). The seal is checked separately by {@link checkSeal}.
+ */
+export function parseManifest(bytes: Buffer): Manifest {
+  let raw: unknown;
+  try {
+    raw = JSON.parse(bytes.toString("utf8"));
+  } catch {
+    throw corrupt("not valid JSON");
+  }
+  if (!isObj(raw)) throw corrupt("not a JSON object");
+  if (raw.format !== FORMAT_NAME) {
+    throw new MemsnapError("MEMSNAP_BUNDLE_MALFORMED", `manifest format is ${JSON.stringify(raw.format)}, not "memsnap"`, {
+      hint: "this file is not a memsnap bundle",
+    });
+  }
+  const v = raw.manifest_version;
+  if (!Number.isSafeInteger(v) || (v as number) < 1) throw corrupt("manifest_version is not a positive integer");
+  if ((v as number) > MANIFEST_VERSION) {
+    throw new MemsnapError(
+      "MEMSNAP_UNSUPPORTED_VERSION",
+      `bundle manifest_version ${String(v)} is newer than this memsnap reads (${MANIFEST_VERSION})`,
+      { hint: "upgrade memsnap to read this bundle" },
+    );
+  }
+  const m = raw as unknown as Manifest;
+  for (const k of ["snapshot_id", "created_at", "host", "tenant", "agent", "seal"] as const) {
+    if (typeof m[k] !== "string") throw corrupt(`${k} is missing or not a string`);
+  }
+  if (!ID_PATTERN.test(m.tenant) || !ID_PATTERN.test(m.agent)) throw corrupt("tenant or agent id is not [a-z0-9_-]{1,64}");
+  if (!CREATED_BY.includes(m.created_by)) throw corrupt("created_by is not one of " + CREATED_BY.join(", "));
+  if (m.label !== null && typeof m.label !== "string") throw corrupt("label is not a string or null");
+  if (m.parent !== null && typeof m.parent !== "string") throw corrupt("parent is not a string or null");
+  if (!isObj(m.tool) || typeof m.tool.name !== "string" || typeof m.tool.version !== "string") throw corrupt("tool is malformed");
+  if (!isObj(m.redaction)) throw corrupt("redaction is not an object");
+  if (!Array.isArray(m.layers)) throw corrupt("layers is not an array");
+  for (const l of m.layers) {
+    if (!isObj(l) || typeof l.name !== "string" || typeof l.kind !== "string" || !isCount(l.schema_version)
+      || !isCount(l.artifacts) || !isCount(l.bytes)) throw corrupt("a layer entry is malformed");
+  }
+  const p = m.payload;
+  if (!isObj(p)) throw corrupt("payload is missing");
+  if (p.member !== PAYLOAD_MEMBER_PLAIN && p.member !== PAYLOAD_MEMBER_ENCRYPTED) throw corrupt("payload.member is unknown");
+  if (!isObj(p.compression) || p.compression.codec !== "zstd") throw corrupt("payload.compression is not zstd");
+  if (p.encryption !== null && (!isObj(p.encryption) || p.encryption.scheme !== "age" || !Array.isArray(p.encryption.recipients))) {
+    throw corrupt("payload.encryption is malformed");
+  }
+  if (!isCount(p.stored_size) || !isCount(p.tar_size) || !isCount(p.artifacts) || !isCount(p.bytes)) throw corrupt("payload sizes are malformed");
+  if (!isHex64(p.sha256) || !isHex64(p.index_sha256)) throw corrupt("payload hashes are malformed");
+  if (m.index !== undefined) {
+    if (!Array.isArray(m.index)) throw corrupt("index is not an array");
+    for (const e of m.index) {
+      if (!isObj(e) || typeof e.path !== "string" || typeof e.layer !== "string" || typeof e.kind !== "string"
+        || !isCount(e.size) || !isHex64(e.sha256)) throw corrupt("an index entry is malformed");
+    }
+  }
+  return m;
+}
+
+/** True when the manifest's seal matches its content. */
+export function checkSeal(m: Manifest): boolean {
+  return m.seal === computeSeal(m);
+}

@@ -1,0 +1,21 @@
+/**
+ * memsnap's library entry: atomic, verifiable snapshots of an AI agent's memory.
+ * The CLI uses only what this module exports.
+ */
+export { MemsnapError, ERROR_CODES, isMemsnapError, type ErrorCode, type ErrorClass, type Finding } from "./errors.js";
+export { loadConfig, parseConfig, stripJsonComments, type MemsnapConfig, type ConfiguredSource } from "./config.js";
+export {
+  MANIFEST_VERSION, parseManifest, computeSeal, checkSeal, INDEX_PATH,
+  type Manifest, type IndexEntry, type LayerEntry, type PayloadInfo, type CreatedBy,
+} from "./format/manifest.js";
+export { readLayout, type BundleLayout } from "./format/container.js";
+export { snapshot, storePath, type SnapshotOptions, type SnapshotResult, type SnapshotProgress } from "./pipeline/snapshot.js";
+export { verifyBundle, reportError as verifyError, type VerifyReport, type Check, type CheckStatus } from "./verify.js";
+export { restoreToDir, type RestoreToDirOptions, type RestoreToDirResult } from "./restore/to-dir.js";
+export { generateIdentity, identityFileText, parseIdentities, parseRecipients, recipientFingerprint } from "./pipeline/age.js";
+export { loadIdentities, loadRecipients, loadPassphrase } from "./keys.js";
+export { resolveStore } from "./store/paths.js";
+export { SOURCE_KINDS, sourceKind } from "./sources/registry.js";
+export type { SourceKind, Artifact, LayerCapture, CaptureContext } from "./sources/types.js";
+export type { Keys } from "./pipeline/read-payload.js";
+export { TOOL_NAME, TOOL_VERSION } from "./version.js";

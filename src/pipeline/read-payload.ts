@@ -1,0 +1,212 @@
+/**
+ * Reading a bundle's payload: stored bytes ─hash─▶ [age -d] ─▶ zstd -d (bounded) ─▶ tar ─▶ entries.
+ *
+ * Every stored byte is hashed (payload SHA-256), every entry's bytes are hashed and counted
+ * as they pass to the caller's handler, and the index (the last member) is parsed. The
+ * caller compares the result with the manifest through {@link compareWithIndex}, which
+ * collects every finding instead of stopping at the first.
+ */
+import { createHash } from "node:crypto";
+import { createReadStream } from "node:fs";
+import { Writable } from "node:stream";
+import { pipeline } from "node:stream/promises";
+import tar from "tar-stream";
+import { MemsnapError, type Finding } from "../errors.js";
+import type { BundleLayout } from "../format/container.js";
+import { encodeIndex, INDEX_PATH, type IndexDocument, type Manifest } from "../format/manifest.js";
+import { createAgeDecryptor } from "./age.js";
+import { createZstdDecompressor } from "./zstd.js";
+
+/** Identities and passphrases that may open an encrypted bundle. */
+export interface Keys {
+  identities?: string[];
+  passphrases?: string[];
+}
+
+/** What an entry handler is told about the entry. */
+export interface EntryInfo {
+  name: string;
+  size: number;
+  layer: string;
+  /** Path inside the layer. */
+  rel: string;
+}
+
+export type EntryHandler = (info: EntryInfo, chunks: AsyncIterable<Buffer>) => Promise<void>;
+
+export interface PayloadReadResult {
+  storedSha256: string;
+  storedSize: number;
+  /** Entries in payload order (the index excluded), with what their bytes hashed to. */
+  entries: { name: string; size: number; sha256: string }[];
+  /** The parsed index, or null when it was missing or unparseable (a finding says which). */
+  index: IndexDocument | null;
+  indexSha256: string | null;
+  findings: Finding[];
+}
+
+const INDEX_MAX_BYTES = 256 * 1024 * 1024;
+
+/** Hash a byte range of the bundle file without decrypting it (verify without a key). */
+export async function hashStoredPayload(layout: BundleLayout): Promise<{ sha256: string; size: number; head: Buffer }> {
+  const h = createHash("sha256");
+  let size = 0;
+  let head = Buffer.alloc(0);
+  if (layout.payloadSize > 0) {
+    const src = createReadStream(layout.path, { start: layout.payloadOffset, end: layout.payloadOffset + layout.payloadSize - 1, highWaterMark: 1 << 20 });
+    for await (const c of src) {
+      const b = c as Buffer;
+      if (head.length < 64) head = Buffer.concat([head, b.subarray(0, 64 - head.length)]);
+      h.update(b);
+      size += b.length;
+    }
+  }
+  return { sha256: h.digest("hex"), size, head };
+}
+
+/**
+ * Stream the payload through decryption, decompression and tar parsing, calling `handler`
+ * for every artifact entry. Entry names are checked by the caller's handler (restore) or
+ * reported here as findings (verify). Throws the first fatal stream error (decrypt, corrupt
+ * zstd/tar, or the handler's own error) as a MemsnapError.
+ */
+export async function readPayload(layout: BundleLayout, manifest: Manifest, keys: Keys, handler: EntryHandler, signal?: AbortSignal): Promise<PayloadReadResult> {
+  const stored = createHash("sha256");
+  let storedSize = 0;
+  const stages: NodeJS.ReadWriteStream[] = [];
+  if (manifest.payload.encryption) stages.push(createAgeDecryptor({ identities: keys.identities ?? [], passphrases: keys.passphrases ?? [] }));
+  stages.push(createZstdDecompressor({ maxOutputBytes: manifest.payload.tar_size }));
+  const extract = tar.extract();
+  const src = layout.payloadSize > 0
+    ? createReadStream(layout.path, { start: layout.payloadOffset, end: layout.payloadOffset + layout.payloadSize - 1, highWaterMark: 1 << 20 })
+    : (async function* () { /* empty payload */ })();
+  const flow = pipeline(
+    src,
+    async function* (chunks: AsyncIterable<Buffer>) {
+      for await (const c of chunks) {
+        stored.update(c);
+        storedSize += c.length;
+        yield c;
+      }
+    },
+    ...(stages as [NodeJS.ReadWriteStream]),
+    extract as unknown as Writable,
+    ...(signal ? [{ signal }] : []),
+  );
+  flow.catch(() => undefined);
+  const entries: PayloadReadResult["entries"] = [];
+  const findings: Finding[] = [];
+  let index: IndexDocument | null = null;
+  let indexSha256: string | null = null;
+  let sawIndex = false;
+  try {
+    for await (const entry of extract) {
+      const { name, size, type } = entry.header;
+      const h = createHash("sha256");
+      let n = 0;
+      const chunks = (async function* () {
+        for await (const c of entry as AsyncIterable<Buffer>) {
+          h.update(c);
+          n += c.length;
+          yield c;
+        }
+      })();
+      if (sawIndex) {
+        findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: `entry ${name} follows the index, which must be last`, path: name });
+      }
+      if (name === INDEX_PATH) {
+        sawIndex = true;
+        const parts: Buffer[] = [];
+        for await (const c of chunks) {
+          if (n > INDEX_MAX_BYTES) throw new MemsnapError("MEMSNAP_BUNDLE_MALFORMED", "the payload index is over its size cap");
+          parts.push(c);
+        }
+        const bytes = Buffer.concat(parts);
+        indexSha256 = h.digest("hex");
+        try {
+          const doc = JSON.parse(bytes.toString("utf8")) as IndexDocument;
+          if (doc.format !== "memsnap-index" || !Array.isArray(doc.artifacts)) throw new Error("not an index document");
+          index = doc;
+        } catch (e) {
+          findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: `the payload index does not parse: ${(e as Error).message}`, path: INDEX_PATH });
+        }
+        continue;
+      }
+      const slash = (name ?? "").indexOf("/");
+      const info: EntryInfo = { name, size: size ?? 0, layer: slash > 0 ? name.slice(0, slash) : "", rel: slash > 0 ? name.slice(slash + 1) : name };
+      if (type !== "file") {
+        throw new MemsnapError("MEMSNAP_UNSAFE_PATH", `payload entry ${name} is a ${type ?? "unknown"} entry; only regular files are allowed`, {
+          path: name, hint: "this bundle was not written by memsnap or was tampered with; do not restore it",
+        });
+      }
+      await handler(info, chunks);
+      for await (const _ of chunks) { /* drain whatever the handler left */ }
+      entries.push({ name, size: n, sha256: h.digest("hex") });
+    }
+    await flow;
+  } catch (e) {
+    const flowErr = await flow.then(() => null, (fe: unknown) => fe);
+    const err = e instanceof MemsnapError ? e : flowErr ?? e;
+    if (err instanceof MemsnapError) throw err;
+    throw new MemsnapError("MEMSNAP_PAYLOAD_CORRUPT", `the payload is not a valid tar stream: ${(err as Error).message}`, {
+      cause: err, hint: "the bundle is damaged; use another copy",
+    });
+  }
+  if (!sawIndex) findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: "the payload has no index member", path: INDEX_PATH });
+  return { storedSha256: stored.digest("hex"), storedSize, entries, index, indexSha256, findings };
+}
+
+/**
+ * Compare what the payload held with the index and the manifest: the index hash bound to
+ * the manifest, the index bound to this snapshot, every artifact present once with its
+ * size and SHA-256, nothing extra. Returns every finding.
+ */
+export function compareWithIndex(manifest: Manifest, r: PayloadReadResult): Finding[] {
+  const findings: Finding[] = [...r.findings];
+  if (r.storedSha256 !== manifest.payload.sha256 || r.storedSize !== manifest.payload.stored_size) {
+    findings.push({ code: "MEMSNAP_PAYLOAD_HASH_MISMATCH", message: "the payload bytes do not match the manifest's SHA-256/size" });
+  }
+  const index = r.index;
+  if (!index) return findings;
+  if (r.indexSha256 !== manifest.payload.index_sha256) {
+    findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: "the payload index is not the one the manifest is bound to", path: INDEX_PATH });
+  }
+  if (index.snapshot_id !== manifest.snapshot_id) {
+    findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: `the payload index belongs to snapshot ${String(index.snapshot_id)}`, path: INDEX_PATH });
+  }
+  if (manifest.index && encodeIndex({ format: "memsnap-index", snapshot_id: manifest.snapshot_id, artifacts: manifest.index }).compare(encodeIndex(index)) !== 0) {
+    findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: "the manifest's index differs from the payload's index", path: INDEX_PATH });
+  }
+  const want = new Map<string, { size: number; sha256: string }>();
+  for (const a of index.artifacts) {
+    if (want.has(a.path)) findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: `the index lists ${a.path} twice`, path: a.path });
+    want.set(a.path, a);
+  }
+  const seen = new Set<string>();
+  for (const e of r.entries) {
+    if (seen.has(e.name)) {
+      findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: `duplicate payload entry ${e.name}`, path: e.name });
+      continue;
+    }
+    seen.add(e.name);
+    const w = want.get(e.name);
+    if (!w) {
+      findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: `payload entry ${e.name} is not in the index`, path: e.name });
+    } else if (w.size !== e.size || w.sha256 !== e.sha256) {
+      findings.push({
+        code: "MEMSNAP_ARTIFACT_HASH_MISMATCH",
+        message: w.size !== e.size ? `${e.name}: ${e.size} bytes, index says ${w.size}` : `${e.name}: SHA-256 differs from the index`,
+        path: e.name,
+      });
+    }
+  }
+  for (const p of want.keys()) {
+    if (!seen.has(p)) findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: `indexed artifact ${p} is missing from the payload`, path: p });
+  }
+  return findings;
+}
+
+/** A Writable that discards everything (for draining). */
+export function devNull(): Writable {
+  return new Writable({ write: (_c, _e, cb) => cb() });
+}

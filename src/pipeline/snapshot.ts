@@ -1,0 +1,240 @@
+/**
+ * Snapshot: every source's artifacts → one payload tar → zstd (worker thread) → age
+ * (optional) → the bundle file, in one pass.
+ *
+ *   source bytes ─hash+count─▶ tar entry ─▶ pack ─count─▶ zstd ─▶ [age] ─▶ BundleWriter (hash of stored bytes)
+ *
+ * Each artifact's bytes are hashed as they stream into their tar entry, so the hash in the
+ * index is over exactly the bytes stored. The index is the last payload member because the
+ * hashes are known only once the bytes have streamed (a first member would need a second
+ * read of every source, which is how the system we replace produced unverifiable bundles).
+ * Any failure destroys the pipeline and removes the temp file: no bundle, no leftovers.
+ */
+import { createHash } from "node:crypto";
+import { mkdir, stat } from "node:fs/promises";
+import { hostname } from "node:os";
+import { dirname, join } from "node:path";
+import { Readable, type Writable } from "node:stream";
+import { pipeline } from "node:stream/promises";
+import tar from "tar-stream";
+import type { MemsnapConfig } from "../config.js";
+import { MemsnapError, destinationError } from "../errors.js";
+import { BundleWriter } from "../format/container.js";
+import {
+  computeSeal, encodeIndex, encodeManifest, INDEX_PATH, MANIFEST_VERSION, PAYLOAD_MEMBER_ENCRYPTED, PAYLOAD_MEMBER_PLAIN,
+  type CreatedBy, type IndexDocument, type IndexEntry, type LayerEntry, type Manifest, type RecipientInfo,
+} from "../format/manifest.js";
+import type { Artifact, LayerCapture } from "../sources/types.js";
+import { sourceChanged } from "../sources/walk.js";
+import { ulid } from "../util/ulid.js";
+import { TOOL_NAME, TOOL_VERSION } from "../version.js";
+import { createAgeEncryptor, recipientFingerprint } from "./age.js";
+import { createZstdCompressor } from "./zstd.js";
+
+/** Progress reported while a snapshot runs. */
+export interface SnapshotProgress {
+  bytes: number;
+  totalBytes: number | null;
+  artifacts: number;
+  layer: string;
+}
+
+export interface SnapshotOptions {
+  config: MemsnapConfig;
+  /** Bundle path; default `<store>/<tenant>/<agent>/<id>.memsnap` (then `store` is required). */
+  out?: string;
+  store?: string;
+  recipients?: string[];
+  passphrase?: string;
+  scryptLogN?: number;
+  level?: number;
+  label?: string | null;
+  createdBy?: CreatedBy;
+  parent?: string | null;
+  signal?: AbortSignal;
+  onProgress?: (p: SnapshotProgress) => void;
+}
+
+export interface SnapshotResult {
+  id: string;
+  path: string;
+  manifest: Manifest;
+  /** Bytes of artifacts captured. */
+  inputBytes: number;
+  /** Size of the bundle file. */
+  bundleBytes: number;
+  durationMs: number;
+}
+
+/** Where a snapshot with this id goes in a store. */
+export function storePath(store: string, tenant: string, agent: string, id: string): string {
+  return join(store, tenant, agent, `${id}.memsnap`);
+}
+
+async function packArtifact(
+  pack: tar.Pack, layer: string, a: Artifact, onBytes: (n: number) => void,
+): Promise<IndexEntry> {
+  const name = `${layer}/${a.path}`;
+  const hash = createHash("sha256");
+  let seen = 0;
+  const entry = pack.entry({ name, size: a.size, mode: a.mode, mtime: a.mtime, type: "file" });
+  const src = a.open();
+  await pipeline(
+    src instanceof Readable ? src : Readable.from(src),
+    async function* (chunks: AsyncIterable<Buffer>) {
+      for await (const chunk of chunks) {
+        seen += chunk.length;
+        if (seen > a.size) throw sourceChanged(name, `grew past its declared ${a.size} bytes`);
+        hash.update(chunk);
+        onBytes(chunk.length);
+        yield chunk;
+      }
+      if (seen !== a.size) throw sourceChanged(name, `shrank from ${a.size} to ${seen} bytes`);
+    },
+    entry as unknown as Writable,
+  );
+  await a.check?.();
+  return {
+    path: name, layer, kind: a.kind, size: a.size, sha256: hash.digest("hex"),
+    mode: a.mode, mtime: a.mtime.toISOString(),
+  };
+}
+
+/**
+ * Take a snapshot. Throws MEMSNAP_SOURCE_* when a source is missing, unreadable or changes,
+ * MEMSNAP_DEST_* when the bundle cannot be written, MEMSNAP_USAGE for bad options; in every
+ * failure no bundle and no temp file are left.
+ */
+export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
+  const t0 = performance.now();
+  const cfg = opts.config;
+  const id = ulid();
+  const createdAt = new Date();
+  const recipients = opts.recipients ?? [];
+  if (recipients.length && opts.passphrase) {
+    throw new MemsnapError("MEMSNAP_USAGE", "use recipients or a passphrase, not both", { hint: "drop --recipient or --passphrase-file" });
+  }
+  const encrypted = recipients.length > 0 || !!opts.passphrase;
+  let dest = opts.out;
+  if (!dest) {
+    if (!opts.store) throw new MemsnapError("MEMSNAP_USAGE", "no store and no --out given", { hint: "pass --out FILE or --store DIR" });
+    dest = storePath(opts.store, cfg.tenant, cfg.agent, id);
+    try {
+      await mkdir(dirname(dest), { recursive: true, mode: 0o700 });
+    } catch (e) {
+      throw destinationError(e, dirname(dest));
+    }
+  }
+  if (await stat(dest).then(() => true, () => false)) {
+    throw new MemsnapError("MEMSNAP_DEST_EXISTS", `${dest} already exists`, { path: dest, hint: "choose another --out path or remove the file" });
+  }
+  const level = opts.level ?? cfg.compression.level;
+  const writer = new BundleWriter(dest, encrypted);
+  const captures: LayerCapture[] = [];
+  const pack = tar.pack();
+  let tarSize = 0;
+  let pipelineDone: Promise<void> | undefined;
+  try {
+    const sink = await writer.open();
+    const stages: NodeJS.ReadWriteStream[] = [createZstdCompressor({ level, threads: cfg.compression.threads ?? 0 })];
+    if (encrypted) {
+      stages.push(await createAgeEncryptor(opts.passphrase
+        ? { passphrase: opts.passphrase, ...(opts.scryptLogN ? { scryptLogN: opts.scryptLogN } : {}) }
+        : { recipients }));
+    }
+    pipelineDone = pipeline(
+      pack as unknown as Readable,
+      async function* (chunks: AsyncIterable<Buffer>) {
+        for await (const c of chunks) {
+          tarSize += c.length;
+          yield c;
+        }
+      },
+      ...(stages as [NodeJS.ReadWriteStream]),
+      sink,
+      ...(opts.signal ? [{ signal: opts.signal }] : []),
+    );
+    pipelineDone.catch(() => undefined); // observed below; avoid an unhandled rejection meanwhile
+    // Rejects when the output side fails (disk full, compressor error), so a pending entry write can't hang.
+    const outputFailed = pipelineDone.then(() => new Promise<never>(() => undefined));
+    const guard = <T>(p: Promise<T>): Promise<T> => Promise.race([p, outputFailed]);
+
+    const index: IndexEntry[] = [];
+    const layers: LayerEntry[] = [];
+    let bytes = 0;
+    let estimate: number | null = 0;
+    for (const { impl, cfg: scfg } of cfg.sources) {
+      opts.signal?.throwIfAborted();
+      const cap = await impl.capture(scfg, { baseDir: cfg.baseDir, ...(opts.signal ? { signal: opts.signal } : {}) });
+      captures.push(cap);
+      estimate = estimate === null || cap.estimatedBytes === undefined ? null : estimate + cap.estimatedBytes;
+      const layer: LayerEntry = { name: scfg.name, kind: impl.kind, schema_version: impl.schemaVersion, artifacts: 0, bytes: 0 };
+      const seen = new Set<string>();
+      for await (const a of cap.artifacts) {
+        opts.signal?.throwIfAborted();
+        if (seen.has(a.path)) throw new MemsnapError("MEMSNAP_INTERNAL", `source ${scfg.name} yielded ${a.path} twice`);
+        seen.add(a.path);
+        const e = await guard(packArtifact(pack, scfg.name, a, (n) => {
+          bytes += n;
+          opts.onProgress?.({ bytes, totalBytes: estimate, artifacts: index.length, layer: scfg.name });
+        }));
+        index.push(e);
+        layer.artifacts++;
+        layer.bytes += e.size;
+      }
+      const meta = await cap.finish?.();
+      if (meta) layer.meta = meta;
+      layers.push(layer);
+    }
+    const indexDoc: IndexDocument = { format: "memsnap-index", snapshot_id: id, artifacts: index };
+    const indexBytes = encodeIndex(indexDoc);
+    await guard(new Promise<void>((res, rej) => pack.entry({ name: INDEX_PATH, size: indexBytes.length, mode: 0o644, mtime: createdAt }, indexBytes, (e) => (e ? rej(e) : res()))));
+    pack.finalize();
+    await pipelineDone;
+    const payload = writer.payloadResult();
+    const recipientInfo: RecipientInfo[] = opts.passphrase
+      ? [{ type: "scrypt" }]
+      : recipients.map((r) => ({ type: "x25519", fingerprint: recipientFingerprint(r) }));
+    const body: Omit<Manifest, "seal"> = {
+      format: "memsnap",
+      manifest_version: MANIFEST_VERSION,
+      snapshot_id: id,
+      created_at: createdAt.toISOString(),
+      created_by: opts.createdBy ?? "api",
+      label: opts.label ?? null,
+      tenant: cfg.tenant,
+      agent: cfg.agent,
+      host: hostname(),
+      tool: { name: TOOL_NAME, version: TOOL_VERSION },
+      parent: opts.parent ?? null,
+      layers,
+      payload: {
+        member: encrypted ? PAYLOAD_MEMBER_ENCRYPTED : PAYLOAD_MEMBER_PLAIN,
+        compression: { codec: "zstd", level },
+        encryption: encrypted ? { scheme: "age", recipients: recipientInfo } : null,
+        stored_size: payload.storedSize,
+        sha256: payload.sha256,
+        tar_size: tarSize,
+        index_sha256: createHash("sha256").update(indexBytes).digest("hex"),
+        artifacts: index.length,
+        bytes,
+      },
+      ...(encrypted ? {} : { index }),
+      redaction: { policy: "off" },
+    };
+    const manifest: Manifest = { ...body, seal: computeSeal(body) };
+    await writer.commit(encodeManifest(manifest), payload.storedSize);
+    const bundleBytes = (await stat(dest)).size;
+    return { id, path: dest, manifest, inputBytes: bytes, bundleBytes, durationMs: performance.now() - t0 };
+  } catch (e) {
+    pack.destroy(e as Error);
+    if (pipelineDone) await pipelineDone.catch(() => undefined);
+    await writer.abort();
+    if (opts.signal?.aborted && !(e instanceof MemsnapError)) {
+      throw new MemsnapError("MEMSNAP_INTERNAL", "snapshot aborted", { hint: "no bundle was written", cause: e });
+    }
+    throw e;
+  } finally {
+    for (const c of captures) await c.cleanup?.().catch(() => undefined);
+  }
+}

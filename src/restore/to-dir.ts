@@ -1,0 +1,145 @@
+/**
+ * restore --to DIR: unpack a bundle into a new or empty directory.
+ *
+ * Everything is written into a staging directory beside DIR (same file system), every
+ * artifact's size and SHA-256 is checked as it is written, and only when the whole payload
+ * matched the index is staging renamed to DIR. On any failure staging is removed, so DIR
+ * is either absent/empty as before or complete.
+ */
+import { randomBytes } from "node:crypto";
+import { execFile } from "node:child_process";
+import { mkdir, open, readdir, rename, rm, rmdir, writeFile } from "node:fs/promises";
+import { basename, dirname, join, resolve } from "node:path";
+import { promisify } from "node:util";
+import { MemsnapError, destinationError } from "../errors.js";
+import { readLayout } from "../format/container.js";
+import { MANIFEST_MEMBER, parseManifest, type Manifest } from "../format/manifest.js";
+import { compareWithIndex, readPayload, type Keys } from "../pipeline/read-payload.js";
+import { fsyncDir } from "../util/fs-atomic.js";
+import { checkManifest, checkManifestFindings } from "./preflight.js";
+import { checkEntryName } from "./safe-path.js";
+
+export interface RestoreToDirOptions {
+  keys?: Keys;
+  signal?: AbortSignal;
+  onProgress?: (bytes: number, total: number) => void;
+}
+
+export interface RestoreToDirResult {
+  path: string;
+  manifest: Manifest;
+  artifacts: number;
+  bytes: number;
+  durationMs: number;
+}
+
+async function isEmptyOrAbsent(dir: string): Promise<boolean> {
+  try {
+    return (await readdir(dir)).length === 0;
+  } catch (e) {
+    const code = (e as NodeJS.ErrnoException).code;
+    if (code === "ENOENT") return true;
+    if (code === "ENOTDIR") return false;
+    throw destinationError(e, dir);
+  }
+}
+
+const execFileP = promisify(execFile);
+
+/**
+ * Restore a bundle into `to`. Throws: MEMSNAP_DEST_NOT_EMPTY, MEMSNAP_DEST_UNWRITABLE/FULL,
+ * the bundle's own errors (MEMSNAP_BUNDLE_*, MEMSNAP_MANIFEST_CORRUPT, MEMSNAP_SEAL_MISMATCH,
+ * MEMSNAP_UNSUPPORTED_*), MEMSNAP_IDENTITY_REQUIRED / MEMSNAP_DECRYPT_FAILED, MEMSNAP_UNSAFE_PATH,
+ * and MEMSNAP_ARTIFACT_HASH_MISMATCH / MEMSNAP_INDEX_MISMATCH / MEMSNAP_PAYLOAD_HASH_MISMATCH.
+ */
+export async function restoreToDir(bundle: string, to: string, opts: RestoreToDirOptions = {}): Promise<RestoreToDirResult> {
+  const t0 = performance.now();
+  const target = resolve(to);
+  const layout = await readLayout(bundle);
+  const manifest = parseManifest(layout.manifestBytes);
+  checkManifestFindings(checkManifest(manifest, layout));
+  if (manifest.payload.encryption && !(opts.keys?.identities?.length || opts.keys?.passphrases?.length)) {
+    throw new MemsnapError("MEMSNAP_IDENTITY_REQUIRED", "the bundle is encrypted and no identity was given", {
+      hint: "pass --identity FILE (an age identity file) or --passphrase-file FILE",
+    });
+  }
+  if (!(await isEmptyOrAbsent(target))) {
+    throw new MemsnapError("MEMSNAP_DEST_NOT_EMPTY", `${target} exists and is not empty`, {
+      path: target, hint: "restore into a new or empty directory",
+    });
+  }
+  const staging = join(dirname(target), `.${basename(target)}.memsnap-staging-${process.pid}-${randomBytes(4).toString("hex")}`);
+  try {
+    await mkdir(staging, { recursive: false, mode: 0o700 });
+  } catch (e) {
+    throw destinationError(e, staging);
+  }
+  const layers = new Set(manifest.layers.map((l) => l.name));
+  const total = manifest.payload.bytes;
+  let written = 0;
+  const made = new Set<string>();
+  try {
+    const r = await readPayload(layout, manifest, opts.keys ?? {}, async (info, chunks) => {
+      checkEntryName(info.name, layers);
+      const dest = join(staging, ...info.name.split("/"));
+      const dir = dirname(dest);
+      if (!made.has(dir)) {
+        try {
+          await mkdir(dir, { recursive: true });
+        } catch (e) {
+          const code = (e as NodeJS.ErrnoException).code;
+          if (code === "EEXIST" || code === "ENOTDIR") throw new MemsnapError("MEMSNAP_UNSAFE_PATH", `entry ${info.name} conflicts with an earlier entry`, { path: info.name });
+          throw destinationError(e, dir);
+        }
+        made.add(dir);
+      }
+      let fh;
+      try {
+        fh = await open(dest, "wx", 0o600);
+      } catch (e) {
+        const code = (e as NodeJS.ErrnoException).code;
+        if (code === "EEXIST" || code === "EISDIR") {
+          throw new MemsnapError("MEMSNAP_UNSAFE_PATH", `duplicate or conflicting entry ${info.name}`, { path: info.name, hint: "the bundle is malformed or hostile" });
+        }
+        throw destinationError(e, dest);
+      }
+      try {
+        let n = 0;
+        for await (const c of chunks) {
+          n += c.length;
+          if (n > info.size) throw new MemsnapError("MEMSNAP_ARTIFACT_HASH_MISMATCH", `${info.name} is longer than its header declares`, { path: info.name });
+          await fh.write(c);
+          written += c.length;
+          opts.onProgress?.(written, total);
+        }
+      } catch (e) {
+        throw destinationError(e, dest);
+      } finally {
+        await fh.close();
+      }
+    }, opts.signal);
+    const findings = compareWithIndex(manifest, r);
+    if (findings.length) {
+      const f = findings[0]!;
+      throw new MemsnapError(f.code, findings.length === 1 ? f.message : `${findings.length} problems, first: ${f.message}`, {
+        findings, hint: "the bundle is damaged or was altered; nothing was restored",
+      });
+    }
+    await writeFile(join(staging, ".memsnap", MANIFEST_MEMBER), layout.manifestBytes, { mode: 0o600 }).catch(async (e: unknown) => {
+      if ((e as NodeJS.ErrnoException).code !== "ENOENT") throw e;
+      await mkdir(join(staging, ".memsnap"));
+      await writeFile(join(staging, ".memsnap", MANIFEST_MEMBER), layout.manifestBytes, { mode: 0o600 });
+    });
+    // One syncfs for the whole tree instead of an fsync per file.
+    await execFileP("sync", ["-f", staging]).catch(() => undefined);
+    await rmdir(target).catch((e: NodeJS.ErrnoException) => {
+      if (e.code !== "ENOENT") throw destinationError(e, target);
+    });
+    await rename(staging, target).catch((e: unknown) => { throw destinationError(e, target); });
+    await fsyncDir(dirname(target));
+    return { path: target, manifest, artifacts: r.entries.length, bytes: written, durationMs: performance.now() - t0 };
+  } catch (e) {
+    await rm(staging, { recursive: true, force: true });
+    throw e;
+  }
+}

@@ -1,0 +1,14 @@
+/** The table of source kinds this build knows. Later kinds register here. */
+import { filesSource } from "./files.js";
+import { stateSource } from "./state.js";
+import type { SourceKind } from "./types.js";
+
+export const SOURCE_KINDS: Record<string, SourceKind<{ name: string }>> = {
+  files: filesSource as unknown as SourceKind<{ name: string }>,
+  state: stateSource as unknown as SourceKind<{ name: string }>,
+};
+
+/** The source kind named `kind`, or undefined. */
+export function sourceKind(kind: string): SourceKind<{ name: string }> | undefined {
+  return Object.hasOwn(SOURCE_KINDS, kind) ? SOURCE_KINDS[kind] : undefined;
+}

@@ -1,0 +1,65 @@
+/**
+ * The Source interface every capture source implements.
+ *
+ * A source kind (files, state, and later git, sqlite, pfimg, kv, criu, trace, exec) turns
+ * its config entry into a stream of artifacts, each with a size declared before its bytes
+ * are read. The pipeline hashes each artifact's bytes exactly once as they stream into the
+ * payload tar, so the bytes hashed are the bytes stored. A source that cannot keep its
+ * declared size (a file that grew or shrank) fails the whole snapshot with
+ * MEMSNAP_SOURCE_CHANGED; no bundle is written.
+ */
+import type { Readable } from "node:stream";
+
+/** One artifact a source yields. `open()` is called once, right before its bytes are packed. */
+export interface Artifact {
+  /** Path inside the layer: relative, POSIX separators, no `.`/`..` segments. */
+  path: string;
+  /** Artifact kind recorded in the index (`file`, `json`, …). */
+  kind: string;
+  /** Declared size in bytes; the bytes streamed must match it exactly. */
+  size: number;
+  mode: number;
+  mtime: Date;
+  /** The artifact's bytes. At most `size + 1` bytes are read, so a growing file is detected without reading it to its end. */
+  open(): Readable | AsyncIterable<Buffer>;
+  /** Called after the bytes streamed; throws MEMSNAP_SOURCE_CHANGED if the source changed meanwhile. */
+  check?(): Promise<void>;
+}
+
+/** What a source's capture returns. */
+export interface LayerCapture {
+  artifacts: AsyncIterable<Artifact>;
+  /** Total bytes expected, for progress and ETA, when the source knows it up front. */
+  estimatedBytes?: number;
+  /** Called after every artifact streamed; its result becomes the layer's `meta` in the manifest. */
+  finish?(): Promise<Record<string, unknown> | undefined>;
+  /** Called always (success or failure) to remove temp files the source made. */
+  cleanup?(): Promise<void>;
+}
+
+/** Context given to a capture. */
+export interface CaptureContext {
+  /** Directory relative config paths resolve against. */
+  baseDir: string;
+  signal?: AbortSignal;
+}
+
+/** Context given to a deep verify of one artifact. */
+export interface DeepVerifyContext {
+  /** The artifact's payload path (`<layer>/<path>`) and its layer name. */
+  entry: { path: string; layer: string };
+  /** The artifact's bytes, hashed and checked against the index by the caller as they pass. */
+  bytes: AsyncIterable<Buffer>;
+}
+
+/** A kind of source: config parsing, capture, and the checks only it knows. */
+export interface SourceKind<C extends { name: string } = { name: string }> {
+  kind: string;
+  /** Schema version of this layer kind's artifacts; readers refuse newer ones. */
+  schemaVersion: number;
+  /** Validate a config entry (`where` names it in messages). Unknown keys are MEMSNAP_CONFIG_UNKNOWN_KEY. */
+  parseConfig(raw: Record<string, unknown>, where: string): C;
+  capture(cfg: C, ctx: CaptureContext): Promise<LayerCapture>;
+  /** Optional deep check of one artifact (verify --deep); resolve with a problem description or null. */
+  deepVerify?(ctx: DeepVerifyContext): Promise<string | null>;
+}

@@ -1,0 +1,181 @@
+/**
+ * verify: check a bundle and collect every problem before failing once.
+ *
+ * Without a key it checks the container, the manifest (version, shape, seal), the layer
+ * schema versions, that the payload is what the manifest says it is (age vs zstd), and
+ * the payload's SHA-256 and size. For an unencrypted bundle it also checks every artifact,
+ * since no key is needed for that. With a key it decrypts, decompresses and checks every
+ * artifact's size and SHA-256, missing/extra/duplicate entries, and the index's binding to
+ * the manifest. Checks it could not run are reported as `skipped`, never as passed.
+ */
+import type { Finding } from "./errors.js";
+import { MemsnapError, isMemsnapError, ERROR_CODES } from "./errors.js";
+import { readLayout, type BundleLayout } from "./format/container.js";
+import {
+  checkSeal, encodeIndex, parseManifest, PAYLOAD_MEMBER_ENCRYPTED, PAYLOAD_MEMBER_PLAIN, type Manifest,
+} from "./format/manifest.js";
+import { createHash } from "node:crypto";
+import { AGE_MAGIC } from "./pipeline/age.js";
+import { compareWithIndex, hashStoredPayload, readPayload, type Keys } from "./pipeline/read-payload.js";
+import { ZSTD_MAGIC } from "./pipeline/zstd.js";
+import { sourceKind } from "./sources/registry.js";
+
+export type CheckStatus = "passed" | "failed" | "skipped";
+
+export interface Check {
+  name: string;
+  status: CheckStatus;
+  detail?: string;
+}
+
+export interface VerifyReport {
+  ok: boolean;
+  path: string;
+  manifest: Manifest | null;
+  encrypted: boolean | null;
+  checks: Check[];
+  findings: Finding[];
+}
+
+export interface VerifyOptions {
+  keys?: Keys;
+  /** Also run each layer's own checks (JSON parse, SQLite integrity_check, git bundle verify). */
+  deep?: boolean;
+  signal?: AbortSignal;
+}
+
+/** Check the manifest alone: seal, layer kinds and schema versions, member/encryption agreement. */
+export function checkManifest(m: Manifest, layout: BundleLayout): Finding[] {
+  const f: Finding[] = [];
+  if (!checkSeal(m)) f.push({ code: "MEMSNAP_SEAL_MISMATCH", message: "the manifest seal does not match its content" });
+  for (const l of m.layers) {
+    const k = sourceKind(l.kind);
+    if (!k) f.push({ code: "MEMSNAP_UNSUPPORTED_LAYER", message: `layer ${l.name}: unknown kind "${l.kind}"`, path: l.name });
+    else if (l.schema_version > k.schemaVersion) {
+      f.push({ code: "MEMSNAP_UNSUPPORTED_LAYER", message: `layer ${l.name}: ${l.kind} schema ${l.schema_version} is newer than this memsnap reads (${k.schemaVersion})`, path: l.name });
+    }
+  }
+  const wantMember = m.payload.encryption ? PAYLOAD_MEMBER_ENCRYPTED : PAYLOAD_MEMBER_PLAIN;
+  if (m.payload.member !== wantMember || layout.payloadMember !== wantMember) {
+    f.push({ code: "MEMSNAP_PAYLOAD_MISLABELED", message: `payload member ${layout.payloadMember} does not match the manifest's encryption (${m.payload.encryption ? "age" : "none"})` });
+  }
+  if (layout.payloadSize !== m.payload.stored_size) {
+    f.push({ code: "MEMSNAP_PAYLOAD_HASH_MISMATCH", message: `payload member has ${layout.payloadSize} bytes, manifest says ${m.payload.stored_size}` });
+  }
+  return f;
+}
+
+/** Check the payload's first bytes against the declared encryption. */
+function checkMagic(m: Manifest, head: Buffer): Finding | null {
+  const isAge = head.subarray(0, AGE_MAGIC.length).equals(AGE_MAGIC);
+  const isZstd = head.subarray(0, 4).equals(ZSTD_MAGIC);
+  if (m.payload.encryption && !isAge) {
+    return { code: "MEMSNAP_PAYLOAD_MISLABELED", message: `the manifest says the payload is age-encrypted but it ${isZstd ? "is plaintext zstd" : "is not an age file"}` };
+  }
+  if (!m.payload.encryption && !isZstd) {
+    return { code: "MEMSNAP_PAYLOAD_MISLABELED", message: `the manifest says the payload is plaintext zstd but it ${isAge ? "is age-encrypted" : "is not a zstd stream"}` };
+  }
+  return null;
+}
+
+/** Verify a bundle; never throws for a problem with the bundle (those are findings). */
+export async function verifyBundle(path: string, opts: VerifyOptions = {}): Promise<VerifyReport> {
+  const checks: Check[] = [];
+  const findings: Finding[] = [];
+  const report = (): VerifyReport => ({
+    ok: findings.length === 0, path, manifest, encrypted: manifest ? manifest.payload.encryption !== null : null, checks, findings,
+  });
+  const add = (name: string, fs: Finding[], detail?: string): void => {
+    findings.push(...fs);
+    checks.push({ name, status: fs.length ? "failed" : "passed", ...(fs.length ? { detail: fs.map((x) => x.message).join("; ") } : detail ? { detail } : {}) });
+  };
+  const skip = (name: string, detail: string): void => { checks.push({ name, status: "skipped", detail }); };
+  let manifest: Manifest | null = null;
+  let layout: BundleLayout;
+  try {
+    layout = await readLayout(path);
+    add("container", []);
+    manifest = parseManifest(layout.manifestBytes);
+    add("manifest", [], `manifest_version ${manifest.manifest_version}`);
+  } catch (e) {
+    if (!isMemsnapError(e)) throw e;
+    add(checks.length ? "manifest" : "container", [{ code: e.code, message: e.message }]);
+    return report();
+  }
+  const mf = checkManifest(manifest, layout);
+  add("seal", mf.filter((x) => x.code === "MEMSNAP_SEAL_MISMATCH"));
+  add("layers", mf.filter((x) => x.code === "MEMSNAP_UNSUPPORTED_LAYER"));
+  const labelF = mf.filter((x) => x.code === "MEMSNAP_PAYLOAD_MISLABELED");
+  const magic = labelF.length ? null : checkMagic(manifest, layout.payloadHead);
+  add("payload-label", magic ? [magic] : labelF);
+  const sizeFindings = mf.filter((x) => x.code === "MEMSNAP_PAYLOAD_HASH_MISMATCH");
+  const encrypted = manifest.payload.encryption !== null;
+  if (!encrypted && manifest.index) {
+    const h = createHash("sha256").update(encodeIndex({ format: "memsnap-index", snapshot_id: manifest.snapshot_id, artifacts: manifest.index })).digest("hex");
+    add("index-binding", h === manifest.payload.index_sha256 ? [] : [{ code: "MEMSNAP_INDEX_MISMATCH", message: "the manifest's index does not hash to payload.index_sha256" }]);
+  } else if (!encrypted) {
+    add("index-binding", [{ code: "MEMSNAP_MANIFEST_CORRUPT", message: "an unencrypted bundle's manifest has no index" }]);
+  }
+  const keys = opts.keys ?? {};
+  const haveKey = (keys.identities?.length ?? 0) + (keys.passphrases?.length ?? 0) > 0;
+  const labelBad = labelF.length > 0 || magic !== null;
+  const layersBad = mf.some((x) => x.code === "MEMSNAP_UNSUPPORTED_LAYER");
+  if ((encrypted && !haveKey) || labelBad || layersBad) {
+    const stored = await hashStoredPayload(layout);
+    const ok = stored.sha256 === manifest.payload.sha256 && stored.size === manifest.payload.stored_size;
+    add("payload-sha256", ok ? sizeFindings : [...sizeFindings, { code: "MEMSNAP_PAYLOAD_HASH_MISMATCH", message: "the payload bytes do not hash to the manifest's SHA-256" }]);
+    const why = labelBad ? "not run: the payload is mislabeled" : layersBad ? "not run: unsupported layer" : "needs the key (--identity or --passphrase-file)";
+    skip("decrypt", why);
+    skip("index-binding", why);
+    skip("artifacts", why);
+    if (opts.deep) skip("deep", why);
+    return report();
+  }
+  // Full pass: decrypt (if needed), decompress, hash every entry, optionally deep-check.
+  const deepProblems: Finding[] = [];
+  const layerKinds = new Map(manifest.layers.map((l) => [l.name, l.kind]));
+  try {
+    const r = await readPayload(layout, manifest, keys, async (info, chunks) => {
+      if (!opts.deep) return;
+      const kind = layerKinds.get(info.layer);
+      const impl = kind ? sourceKind(kind) : undefined;
+      if (!impl?.deepVerify) return;
+      const problem = await impl.deepVerify({ entry: { path: info.name, layer: info.layer }, bytes: chunks });
+      if (problem) deepProblems.push({ code: "MEMSNAP_DEEP_VERIFY_FAILED", message: problem, path: info.name });
+    }, opts.signal);
+    const cmp = compareWithIndex(manifest, r);
+    const payloadF = cmp.filter((x) => x.code === "MEMSNAP_PAYLOAD_HASH_MISMATCH");
+    add("payload-sha256", [...sizeFindings, ...payloadF]);
+    if (encrypted) add("decrypt", []);
+    const indexF = cmp.filter((x) => x.code === "MEMSNAP_INDEX_MISMATCH");
+    if (encrypted) add("index-binding", indexF.filter((x) => x.path === ".memsnap/index.json"));
+    add("artifacts", cmp.filter((x) => x.code === "MEMSNAP_ARTIFACT_HASH_MISMATCH" || (x.code === "MEMSNAP_INDEX_MISMATCH" && (!encrypted || x.path !== ".memsnap/index.json"))),
+      `${r.entries.length} artifacts`);
+    if (opts.deep) add("deep", deepProblems);
+  } catch (e) {
+    if (!isMemsnapError(e)) throw e;
+    const stored = await hashStoredPayload(layout);
+    const ok = stored.sha256 === manifest.payload.sha256 && stored.size === manifest.payload.stored_size;
+    add("payload-sha256", ok ? sizeFindings : [...sizeFindings, { code: "MEMSNAP_PAYLOAD_HASH_MISMATCH", message: "the payload bytes do not hash to the manifest's SHA-256" }]);
+    const keyErr = ERROR_CODES[e.code].class === "key";
+    if (encrypted) add("decrypt", keyErr ? [{ code: e.code, message: e.message }] : []);
+    if (!keyErr) add("artifacts", [{ code: e.code, message: e.message }]);
+    else skip("artifacts", "not run: the payload could not be decrypted");
+  }
+  return report();
+}
+
+/** The error verify's CLI raises for a failed report: the single finding's code, or MEMSNAP_VERIFY_FAILED. */
+export function reportError(r: VerifyReport): MemsnapError {
+  const codes = [...new Set(r.findings.map((f) => f.code))];
+  const classes = new Set(codes.map((c) => ERROR_CODES[c].class));
+  const code = codes.length === 1 || classes.size === 1 ? codes[0]! : "MEMSNAP_VERIFY_FAILED";
+  const first = r.findings[0]!;
+  const msg = r.findings.length === 1 ? first.message : `${r.findings.length} problems found, first: ${first.message}`;
+  const hint = ERROR_CODES[code].class === "key"
+    ? "check that --identity names a key this bundle was encrypted to"
+    : ERROR_CODES[code].class === "malformed"
+      ? "the file is not a bundle this memsnap can read (damaged, not a bundle, or from a newer memsnap)"
+      : "the bundle is damaged or was altered; do not restore it, use another copy";
+  return new MemsnapError(code, msg, { findings: r.findings, path: r.path, hint });
+}
