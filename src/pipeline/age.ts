@@ -1,0 +1,762 @@
+/**
+ * Standard age (https://age-encryption.org/v1) encryption and decryption as Node streams.
+ *
+ * The header (recipient stanzas, header MAC, unwrapping the file key) is handled by the
+ * `age-encryption` package (typage); the payload STREAM is done here with node:crypto's
+ * `chacha20-poly1305`, which is an order of magnitude faster than typage's pure-JS
+ * streaming. The output is a plain age v1 file that the `age` CLI reads and writes.
+ *
+ * Payload layout (age v1 spec): 16-byte random nonce, then chunks of 64 KiB plaintext,
+ * each sealed with ChaCha20-Poly1305 under key HKDF-SHA256(fileKey, nonce, "payload")
+ * and nonce = 11-byte big-endian chunk counter || last-flag byte (1 on the final chunk).
+ * Only the final chunk may be shorter than 64 KiB; it is empty only for an empty file.
+ */
+
+import { createCipheriv, createDecipheriv, createHash, createPrivateKey, createPublicKey, hkdfSync, randomBytes, scrypt as scryptCb } from "node:crypto";
+import { Transform, type TransformCallback } from "node:stream";
+import {
+  Decrypter,
+  Encrypter,
+  Stanza,
+  generateX25519Identity,
+  identityToRecipient,
+  type Identity,
+  type Recipient,
+} from "age-encryption";
+import { MemsnapError } from "../errors.js";
+
+/** The first bytes of every (binary, unarmored) age v1 file. */
+export const AGE_MAGIC: Buffer = Buffer.from("age-encryption.org/v1\n", "latin1");
+
+const CHUNK = 64 * 1024;
+const TAG = 16;
+const SEALED_CHUNK = CHUNK + TAG;
+const NONCE_LEN = 16;
+/** Largest header we buffer before giving up. */
+const HEADER_MAX = 64 * 1024;
+const DEFAULT_SCRYPT_LOG_N = 18;
+/** Highest scrypt work factor we write or accept (the same cap as typage). */
+const MAX_SCRYPT_LOG_N = 20;
+const SCRYPT_LABEL = "age-encryption.org/v1/scrypt";
+const ARMOR_BEGIN = "-----BEGIN AGE ENCRYPTED FILE-----";
+
+const DAMAGED_HINT =
+  "check that the identity file (or passphrase) is the one the bundle was encrypted to; if it is, the bundle may be damaged";
+const RECIPIENT_HINT =
+  "a recipient is an X25519 public key starting with age1 (62 characters), as printed by `age-keygen` or `memsnap keygen`; one per line in a recipients file";
+const IDENTITY_HINT =
+  "an identity file holds lines starting with AGE-SECRET-KEY-1 (as written by `age-keygen -o key.txt`); lines starting with # are comments";
+
+// ---------------------------------------------------------------------------------------
+// bech32 (BIP 173), just enough to validate and encode age X25519 keys.
+
+const BECH32_CHARSET = "qpzry9x8gf2tvdw0s3jn54khce6mua7l";
+const BECH32_GEN = [0x3b6a57b2, 0x26508e6d, 0x1ea119fa, 0x3d4233dd, 0x2a1462b3] as const;
+
+function bech32Polymod(values: readonly number[]): number {
+  let chk = 1;
+  for (const v of values) {
+    const b = chk >>> 25;
+    chk = (((chk & 0x1ffffff) << 5) ^ v) >>> 0;
+    for (let i = 0; i < 5; i++) {
+      if ((b >>> i) & 1) chk = (chk ^ BECH32_GEN[i]!) >>> 0;
+    }
+  }
+  return chk;
+}
+
+function bech32HrpExpand(hrp: string): number[] {
+  const out: number[] = [];
+  for (let i = 0; i < hrp.length; i++) out.push(hrp.charCodeAt(i) >> 5);
+  out.push(0);
+  for (let i = 0; i < hrp.length; i++) out.push(hrp.charCodeAt(i) & 31);
+  return out;
+}
+
+function convertBits(data: readonly number[] | Uint8Array, from: number, to: number, pad: boolean): number[] | null {
+  let acc = 0;
+  let bits = 0;
+  const out: number[] = [];
+  const maxv = (1 << to) - 1;
+  for (const value of data) {
+    if (value < 0 || value >> from !== 0) return null;
+    acc = (acc << from) | value;
+    bits += from;
+    while (bits >= to) {
+      bits -= to;
+      out.push((acc >> bits) & maxv);
+    }
+    acc &= (1 << bits) - 1;
+  }
+  if (pad) {
+    if (bits > 0) out.push((acc << (to - bits)) & maxv);
+  } else if (bits >= from || ((acc << (to - bits)) & maxv) !== 0) {
+    return null;
+  }
+  return out;
+}
+
+/** Decode a bech32 string; null when it is not valid bech32 (case, charset, checksum). */
+function bech32Decode(s: string): { hrp: string; bytes: Uint8Array } | null {
+  if (s !== s.toLowerCase() && s !== s.toUpperCase()) return null;
+  const lower = s.toLowerCase();
+  const sep = lower.lastIndexOf("1");
+  if (sep < 1 || sep + 7 > lower.length) return null;
+  const hrp = lower.slice(0, sep);
+  for (let i = 0; i < hrp.length; i++) {
+    const c = hrp.charCodeAt(i);
+    if (c < 33 || c > 126) return null;
+  }
+  const words: number[] = [];
+  for (const ch of lower.slice(sep + 1)) {
+    const w = BECH32_CHARSET.indexOf(ch);
+    if (w < 0) return null;
+    words.push(w);
+  }
+  if (bech32Polymod([...bech32HrpExpand(hrp), ...words]) !== 1) return null;
+  const bytes = convertBits(words.slice(0, -6), 5, 8, false);
+  if (bytes === null) return null;
+  return { hrp, bytes: Uint8Array.from(bytes) };
+}
+
+function bech32Encode(hrp: string, bytes: Uint8Array): string {
+  const words = convertBits(bytes, 8, 5, true) ?? [];
+  const mod = bech32Polymod([...bech32HrpExpand(hrp), ...words, 0, 0, 0, 0, 0, 0]) ^ 1;
+  let out = hrp + "1";
+  for (const w of words) out += BECH32_CHARSET[w];
+  for (let i = 0; i < 6; i++) out += BECH32_CHARSET[(mod >>> (5 * (5 - i))) & 31];
+  return out;
+}
+
+/** The 32 public-key bytes of an `age1…` X25519 recipient, or null when it is not one. */
+function decodeRecipient(s: string): Uint8Array | null {
+  if (!/^age1[qpzry9x8gf2tvdw0s3jn54khce6mua7l]{58}$/.test(s)) return null;
+  const d = bech32Decode(s);
+  if (d === null || d.hrp !== "age" || d.bytes.length !== 32) return null;
+  return d.bytes;
+}
+
+/** The 32 scalar bytes of an `AGE-SECRET-KEY-1…` X25519 identity, or null when it is not one. */
+function decodeIdentity(s: string): Uint8Array | null {
+  if (!/^AGE-SECRET-KEY-1[QPZRY9X8GF2TVDW0S3JN54KHCE6MUA7L]{58}$/.test(s)) return null;
+  const d = bech32Decode(s);
+  if (d === null || d.hrp !== "age-secret-key-" || d.bytes.length !== 32) return null;
+  return d.bytes;
+}
+
+/** PKCS#8 DER prefix of a raw X25519 private key (RFC 8410). */
+const X25519_PKCS8_PREFIX = Buffer.from("302e020100300506032b656e04220420", "hex");
+
+/** The `age1…` recipient of a decoded X25519 scalar, computed synchronously with node:crypto. */
+function recipientOfScalar(scalar: Uint8Array): string {
+  const key = createPrivateKey({ key: Buffer.concat([X25519_PKCS8_PREFIX, scalar]), format: "der", type: "pkcs8" });
+  const jwk = createPublicKey(key).export({ format: "jwk" });
+  if (typeof jwk.x !== "string") throw new MemsnapError("MEMSNAP_INTERNAL", "could not derive an X25519 public key");
+  return bech32Encode("age", Buffer.from(jwk.x, "base64url"));
+}
+
+// ---------------------------------------------------------------------------------------
+// Keys and key files.
+
+/**
+ * Generate a new X25519 age identity and its recipient.
+ *
+ * @returns `identity` (`AGE-SECRET-KEY-1…`) and `recipient` (`age1…`).
+ * @throws MEMSNAP_INTERNAL if key generation fails unexpectedly.
+ */
+export async function generateIdentity(): Promise<{ identity: string; recipient: string }> {
+  try {
+    const identity = await generateX25519Identity();
+    const recipient = await identityToRecipient(identity);
+    return { identity, recipient };
+  } catch (e) {
+    throw new MemsnapError("MEMSNAP_INTERNAL", `could not generate an age identity: ${errMessage(e)}`, { cause: e });
+  }
+}
+
+/**
+ * The text of an identity file in the layout `age-keygen` writes:
+ * `# created: <RFC 3339>`, `# public key: age1…`, then the secret key line.
+ *
+ * @throws MEMSNAP_IDENTITY_INVALID if `identity` is not an X25519 age identity, or
+ *   `recipient` is not the recipient of that identity.
+ */
+export function identityFileText(identity: string, recipient: string, createdAt: Date): string {
+  const scalar = decodeIdentity(identity);
+  if (scalar === null) {
+    throw new MemsnapError("MEMSNAP_IDENTITY_INVALID", "not an X25519 age identity (AGE-SECRET-KEY-1…)", { hint: IDENTITY_HINT });
+  }
+  if (decodeRecipient(recipient) === null || recipientOfScalar(scalar) !== recipient) {
+    throw new MemsnapError("MEMSNAP_IDENTITY_INVALID", `recipient ${recipient} is not the public key of the given identity`, {
+      hint: "pass the recipient returned together with the identity by generateIdentity()",
+    });
+  }
+  const created = createdAt.toISOString().replace(/\.\d{3}Z$/, "Z");
+  return `# created: ${created}\n# public key: ${recipient}\n${identity}\n`;
+}
+
+/** Non-comment, non-blank lines of a key file, with their 1-based line numbers. */
+function keyLines(text: string): Array<{ line: string; n: number }> {
+  const out: Array<{ line: string; n: number }> = [];
+  const lines = text.replace(/^\uFEFF/, "").split("\n");
+  lines.forEach((raw, i) => {
+    const line = raw.trim();
+    if (line === "" || line.startsWith("#")) return;
+    out.push({ line, n: i + 1 });
+  });
+  return out;
+}
+
+/** A recipient shortened for messages (never a secret). */
+function shorten(s: string): string {
+  return s.length > 24 ? `${s.slice(0, 20)}…` : s;
+}
+
+/**
+ * Parse a recipients file (one `age1…` X25519 recipient per line, `#` comments and blank
+ * lines ignored) or a single recipient string.
+ *
+ * @returns the recipients in file order, without duplicates.
+ * @throws MEMSNAP_IDENTITY_INVALID if a line is not an X25519 age recipient (SSH keys,
+ *   post-quantum and plugin recipients are not supported), or there is none.
+ */
+export function parseRecipients(text: string): string[] {
+  const out: string[] = [];
+  for (const { line, n } of keyLines(text)) {
+    if (decodeRecipient(line) === null) {
+      let what = `line ${n} is not an age X25519 recipient: ${shorten(line)}`;
+      if (line.startsWith("AGE-SECRET-KEY-")) what = `line ${n} is a secret identity, not a recipient`;
+      else if (line.startsWith("ssh-")) what = `line ${n} is an SSH key; memsnap supports only age X25519 recipients`;
+      else if (line.startsWith("age1") && line.length !== 62) what = `line ${n} is not an X25519 age recipient (post-quantum, tag and plugin recipients are not supported): ${shorten(line)}`;
+      throw new MemsnapError("MEMSNAP_IDENTITY_INVALID", what, { hint: RECIPIENT_HINT });
+    }
+    if (!out.includes(line)) out.push(line);
+  }
+  if (out.length === 0) {
+    throw new MemsnapError("MEMSNAP_IDENTITY_INVALID", "no age recipient found", { hint: RECIPIENT_HINT });
+  }
+  return out;
+}
+
+/**
+ * Parse an identity file as `age-keygen` writes it: `AGE-SECRET-KEY-1…` lines, `#`
+ * comments and blank lines ignored.
+ *
+ * @returns the identities in file order, without duplicates.
+ * @throws MEMSNAP_IDENTITY_INVALID if a line is not an X25519 age identity, the file is
+ *   itself age-encrypted, or it holds no identity.
+ */
+export function parseIdentities(text: string): string[] {
+  const trimmed = text.replace(/^\uFEFF/, "").trimStart();
+  if (trimmed.startsWith("age-encryption.org/") || trimmed.startsWith(ARMOR_BEGIN)) {
+    throw new MemsnapError("MEMSNAP_IDENTITY_INVALID", "the identity file is itself age-encrypted", {
+      hint: "decrypt it first (age -d -o key.txt key.txt.age) and pass the plain identity file",
+    });
+  }
+  const out: string[] = [];
+  for (const { line, n } of keyLines(text)) {
+    if (decodeIdentity(line) === null) {
+      let what = `line ${n} of the identity file is not an age X25519 identity`;
+      if (line.startsWith("age1")) what = `line ${n} of the identity file is a recipient (public key), not an identity`;
+      else if (line.startsWith("AGE-SECRET-KEY-PQ-") || line.startsWith("AGE-PLUGIN-")) what = `line ${n} is a post-quantum or plugin identity; memsnap supports only X25519 identities`;
+      else if (line.startsWith("-----BEGIN")) what = `line ${n} looks like a PEM/SSH key; memsnap supports only age X25519 identities`;
+      throw new MemsnapError("MEMSNAP_IDENTITY_INVALID", what, { hint: IDENTITY_HINT });
+    }
+    if (!out.includes(line)) out.push(line);
+  }
+  if (out.length === 0) {
+    throw new MemsnapError("MEMSNAP_IDENTITY_INVALID", "the identity file holds no AGE-SECRET-KEY-1 line", { hint: IDENTITY_HINT });
+  }
+  return out;
+}
+
+/**
+ * A short, stable, non-secret fingerprint of a recipient for manifests:
+ * `"sha256:" + the first 16 hex characters of SHA-256(recipient string)`.
+ * (For passphrase bundles the caller records `scrypt` instead.) Never throws.
+ */
+export function recipientFingerprint(recipient: string): string {
+  return "sha256:" + createHash("sha256").update(recipient, "utf8").digest("hex").slice(0, 16);
+}
+
+// ---------------------------------------------------------------------------------------
+// scrypt recipient / identity on node:crypto (async: runs on the libuv thread pool).
+
+function scryptKey(passphrase: string, salt: Uint8Array, logN: number): Promise<Buffer> {
+  const N = 2 ** logN;
+  const r = 8;
+  return new Promise((resolve, reject) => {
+    scryptCb(
+      Buffer.from(passphrase, "utf8"),
+      Buffer.concat([Buffer.from(SCRYPT_LABEL, "latin1"), salt]),
+      32,
+      { N, r, p: 1, maxmem: 128 * r * N + 64 * 1024 * 1024 },
+      (err, key) => (err ? reject(err) : resolve(key)),
+    );
+  });
+}
+
+const ZERO_NONCE = Buffer.alloc(12);
+
+function sealFileKey(key: Buffer, fileKey: Uint8Array): Buffer {
+  const c = createCipheriv("chacha20-poly1305", key, ZERO_NONCE, { authTagLength: TAG });
+  return Buffer.concat([c.update(fileKey), c.final(), c.getAuthTag()]);
+}
+
+function openFileKey(key: Buffer, body: Uint8Array): Uint8Array | null {
+  if (body.length !== 16 + TAG) return null;
+  try {
+    const d = createDecipheriv("chacha20-poly1305", key, ZERO_NONCE, { authTagLength: TAG });
+    d.setAuthTag(body.subarray(16));
+    return new Uint8Array(Buffer.concat([d.update(body.subarray(0, 16)), d.final()]));
+  } catch {
+    return null;
+  }
+}
+
+const base64NoPad = (b: Uint8Array): string => Buffer.from(b).toString("base64").replace(/=+$/, "");
+
+/** age scrypt recipient: `-> scrypt <salt> <logN>`, body = sealed file key. */
+class NodeScryptRecipient implements Recipient {
+  constructor(private readonly passphrase: string, private readonly logN: number) {}
+
+  async wrapFileKey(fileKey: Uint8Array): Promise<Stanza[]> {
+    const salt = randomBytes(16);
+    const key = await scryptKey(this.passphrase, salt, this.logN);
+    return [new Stanza(["scrypt", base64NoPad(salt), String(this.logN)], new Uint8Array(sealFileKey(key, fileKey)))];
+  }
+}
+
+/** age scrypt identity with the same checks as typage's (and age's): the stanza must be alone. */
+class NodeScryptIdentity implements Identity {
+  constructor(private readonly passphrase: string) {}
+
+  async unwrapFileKey(stanzas: Stanza[]): Promise<Uint8Array | null> {
+    for (const s of stanzas) {
+      if (s.args[0] !== "scrypt") continue;
+      if (stanzas.length !== 1) throw new Error("scrypt stanza is not the only one in the header");
+      const [, saltB64, logNStr] = s.args;
+      if (s.args.length !== 3 || saltB64 === undefined || logNStr === undefined || !/^[1-9][0-9]*$/.test(logNStr)) {
+        throw new Error("invalid scrypt stanza");
+      }
+      if (!/^[A-Za-z0-9+/]{22}$/.test(saltB64)) throw new Error("invalid scrypt stanza");
+      const salt = Buffer.from(saltB64, "base64");
+      if (salt.length !== 16) throw new Error("invalid scrypt stanza");
+      const logN = Number(logNStr);
+      if (logN > MAX_SCRYPT_LOG_N) throw new Error(`scrypt work factor 2^${logN} is too high (max 2^${MAX_SCRYPT_LOG_N})`);
+      const key = await scryptKey(this.passphrase, salt, logN);
+      const fileKey = openFileKey(key, s.body);
+      if (fileKey !== null) return fileKey;
+    }
+    return null;
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// STREAM helpers.
+
+function payloadKey(fileKey: Uint8Array, nonce: Uint8Array): Buffer {
+  return Buffer.from(hkdfSync("sha256", fileKey, nonce, "payload", 32));
+}
+
+function chunkNonce(counter: number, last: boolean): Buffer {
+  const n = Buffer.alloc(12);
+  // 11-byte big-endian counter; 2^48 chunks (16 EiB) is far beyond any bundle.
+  n.writeUIntBE(counter, 5, 6);
+  n[11] = last ? 1 : 0;
+  return n;
+}
+
+function errMessage(e: unknown): string {
+  return e instanceof Error ? e.message : String(e);
+}
+
+function decryptFailed(message: string, cause?: unknown): MemsnapError {
+  return new MemsnapError("MEMSNAP_DECRYPT_FAILED", message, { hint: DAMAGED_HINT, ...(cause === undefined ? {} : { cause }) });
+}
+
+function asError(e: unknown): Error {
+  if (e instanceof MemsnapError) return e;
+  return new MemsnapError("MEMSNAP_INTERNAL", `age stream failed: ${errMessage(e)}`, { cause: e });
+}
+
+// ---------------------------------------------------------------------------------------
+// Encryption.
+
+class AgeEncryptStream extends Transform {
+  private readonly key: Buffer;
+  /** Pending plaintext of the current chunk (held back until we know whether it is last). */
+  private readonly buf = Buffer.allocUnsafe(CHUNK);
+  private used = 0;
+  private counter = 0;
+
+  constructor(preamble: Buffer, key: Buffer) {
+    super();
+    this.key = key;
+    this.push(preamble);
+  }
+
+  private seal(plain: Buffer, last: boolean): void {
+    const c = createCipheriv("chacha20-poly1305", this.key, chunkNonce(this.counter, last), { authTagLength: TAG });
+    const ct = c.update(plain);
+    c.final();
+    this.push(ct);
+    this.push(c.getAuthTag());
+    this.counter++;
+  }
+
+  override _transform(chunk: Buffer | string, _enc: BufferEncoding, callback: TransformCallback): void {
+    try {
+      let data = typeof chunk === "string" ? Buffer.from(chunk) : chunk;
+      while (data.length > 0) {
+        if (this.used === CHUNK) {
+          // More input follows, so the held-back full chunk is not the last one.
+          this.seal(this.buf, false);
+          this.used = 0;
+        }
+        if (this.used === 0 && data.length > CHUNK) {
+          // Fast path: a whole chunk followed by more bytes, sealed in place.
+          this.seal(data.subarray(0, CHUNK), false);
+          data = data.subarray(CHUNK);
+          continue;
+        }
+        const n = Math.min(CHUNK - this.used, data.length);
+        data.copy(this.buf, this.used, 0, n);
+        this.used += n;
+        data = data.subarray(n);
+      }
+      callback();
+    } catch (e) {
+      callback(asError(e));
+    }
+  }
+
+  override _flush(callback: TransformCallback): void {
+    try {
+      this.seal(this.buf.subarray(0, this.used), true);
+      this.used = 0;
+      callback();
+    } catch (e) {
+      callback(asError(e));
+    }
+  }
+}
+
+/**
+ * Create a Transform that turns plaintext into a standard age v1 file, encrypted either to
+ * X25519 recipients (`age1…`) or to a passphrase (scrypt, work factor 2^`scryptLogN`,
+ * default 2^18). Readable by `age -d` and by {@link createAgeDecryptor}.
+ *
+ * @throws MEMSNAP_USAGE (rejects) unless exactly one of a non-empty `recipients` or a
+ *   non-empty `passphrase` is given, or when `scryptLogN` is not an integer in 1..20.
+ * @throws MEMSNAP_IDENTITY_INVALID (rejects) if a recipient is not an X25519 age recipient.
+ * @throws MEMSNAP_INTERNAL (rejects) if building the header fails unexpectedly.
+ */
+export async function createAgeEncryptor(opts: {
+  recipients?: string[];
+  passphrase?: string;
+  scryptLogN?: number;
+}): Promise<Transform> {
+  const hasRecipients = opts.recipients !== undefined && opts.recipients.length > 0;
+  const hasPassphrase = opts.passphrase !== undefined;
+  if (hasRecipients === hasPassphrase) {
+    throw new MemsnapError("MEMSNAP_USAGE", hasRecipients
+      ? "encrypt to recipients or to a passphrase, not both"
+      : "encryption needs at least one recipient or a passphrase", {
+      hint: "pass --recipient/--recipients-file, or --passphrase, but not both",
+    });
+  }
+  if (hasPassphrase && opts.passphrase === "") {
+    throw new MemsnapError("MEMSNAP_USAGE", "the passphrase is empty", { hint: "use a long random passphrase" });
+  }
+  const logN = opts.scryptLogN ?? DEFAULT_SCRYPT_LOG_N;
+  if (!Number.isInteger(logN) || logN < 1 || logN > MAX_SCRYPT_LOG_N) {
+    throw new MemsnapError("MEMSNAP_USAGE", `scrypt work factor must be an integer 1..${MAX_SCRYPT_LOG_N}, got ${logN}`);
+  }
+
+  const encrypter = new Encrypter();
+  if (hasRecipients) {
+    for (const r of opts.recipients ?? []) {
+      if (decodeRecipient(r) === null) {
+        throw new MemsnapError("MEMSNAP_IDENTITY_INVALID", `not an age X25519 recipient: ${shorten(r)}`, { hint: RECIPIENT_HINT });
+      }
+      encrypter.addRecipient(r);
+    }
+  } else {
+    encrypter.addRecipient(new NodeScryptRecipient(opts.passphrase ?? "", logN));
+  }
+  // Learn the file key: this recipient sees it and contributes no stanza.
+  let fileKey: Uint8Array | undefined;
+  encrypter.addRecipient({
+    wrapFileKey(k: Uint8Array): Stanza[] {
+      fileKey = Uint8Array.from(k);
+      return [];
+    },
+  });
+
+  let header: Buffer;
+  try {
+    const empty = Buffer.from(await encrypter.encrypt(new Uint8Array(0)));
+    // An encrypted empty file is header || 16-byte nonce || 16-byte tag.
+    header = empty.subarray(0, empty.length - NONCE_LEN - TAG);
+  } catch (e) {
+    throw new MemsnapError("MEMSNAP_INTERNAL", `could not build the age header: ${errMessage(e)}`, { cause: e });
+  }
+  const macLine = header.lastIndexOf("\n--- ", header.length - 2);
+  if (fileKey === undefined || fileKey.length !== 16 || !header.subarray(0, AGE_MAGIC.length).equals(AGE_MAGIC)
+    || macLine < 0 || header[header.length - 1] !== 0x0a) {
+    throw new MemsnapError("MEMSNAP_INTERNAL", "typage produced an unexpected age header");
+  }
+  const nonce = randomBytes(NONCE_LEN);
+  return new AgeEncryptStream(Buffer.concat([header, nonce]), payloadKey(fileKey, nonce));
+}
+
+// ---------------------------------------------------------------------------------------
+// Decryption.
+
+type Phase = "header" | "nonce" | "payload" | "done";
+
+class AgeDecryptStream extends Transform {
+  private phase: Phase = "header";
+  private readonly headerBuf = Buffer.allocUnsafe(HEADER_MAX);
+  private headerLen = 0;
+  private scanFrom = 0;
+  private readonly nonceBuf = Buffer.allocUnsafe(NONCE_LEN);
+  private nonceLen = 0;
+  private fileKey: Uint8Array | undefined;
+  private key: Buffer | undefined;
+  /** The current sealed chunk, held back until we know whether input ends after it. */
+  private readonly buf = Buffer.allocUnsafe(SEALED_CHUNK);
+  private used = 0;
+  private counter = 0;
+
+  constructor(
+    private readonly identities: string[],
+    private readonly passphrases: string[],
+  ) {
+    super();
+  }
+
+  override _transform(chunk: Buffer | string, _enc: BufferEncoding, callback: TransformCallback): void {
+    try {
+      const data = typeof chunk === "string" ? Buffer.from(chunk) : chunk;
+      if (this.phase !== "header") {
+        this.consume(data);
+        callback();
+        return;
+      }
+      const rest = this.takeHeader(data);
+      if (rest === null) {
+        callback();
+        return;
+      }
+      this.openHeader().then(
+        () => {
+          try {
+            this.consume(rest);
+            callback();
+          } catch (e) {
+            callback(asError(e));
+          }
+        },
+        (e: unknown) => callback(asError(e)),
+      );
+    } catch (e) {
+      callback(asError(e));
+    }
+  }
+
+  override _flush(callback: TransformCallback): void {
+    try {
+      this.finish();
+      callback();
+    } catch (e) {
+      callback(asError(e));
+    }
+  }
+
+  /** Check the magic as early as possible. */
+  private checkMagic(): void {
+    const n = Math.min(this.headerLen, AGE_MAGIC.length);
+    if (this.headerBuf.compare(AGE_MAGIC, 0, n, 0, n) === 0) return;
+    const start = this.headerBuf.subarray(0, Math.min(this.headerLen, ARMOR_BEGIN.length)).toString("latin1");
+    if (ARMOR_BEGIN.startsWith(start) && start.length > 0) {
+      throw new MemsnapError("MEMSNAP_PAYLOAD_MISLABELED", "the payload is ASCII-armored age, not binary age", {
+        hint: "memsnap writes binary age; de-armor it with `age -d` first",
+      });
+    }
+    throw new MemsnapError("MEMSNAP_PAYLOAD_MISLABELED", "the payload is not age-encrypted (it does not start with the age v1 header)", {
+      hint: "the bundle may be unencrypted or mislabeled; try it without an identity, or run `memsnap verify`",
+    });
+  }
+
+  private configError(): MemsnapError | null {
+    if (this.identities.length === 0 && this.passphrases.length === 0) {
+      return new MemsnapError("MEMSNAP_IDENTITY_REQUIRED", "the bundle is age-encrypted and no identity or passphrase was given", {
+        hint: "pass --identity <key file> (or the passphrase the bundle was made with)",
+      });
+    }
+    for (const id of this.identities) {
+      if (decodeIdentity(id) === null) {
+        return new MemsnapError("MEMSNAP_IDENTITY_INVALID", "a given identity is not an X25519 age identity (AGE-SECRET-KEY-1…)", {
+          hint: IDENTITY_HINT,
+        });
+      }
+    }
+    return null;
+  }
+
+  /** Buffer header bytes; returns the bytes after the header once it is complete, else null. */
+  private takeHeader(data: Buffer): Buffer | null {
+    const n = Math.min(HEADER_MAX - this.headerLen, data.length);
+    data.copy(this.headerBuf, this.headerLen, 0, n);
+    this.headerLen += n;
+    this.checkMagic();
+    // The header ends with the first line starting "--- " (base64 and "-> " lines never do).
+    const have = this.headerBuf.subarray(0, this.headerLen);
+    let end = -1;
+    const at = have.indexOf("\n--- ", Math.max(0, this.scanFrom - 4), "latin1");
+    if (at >= 0) {
+      const nl = have.indexOf(0x0a, at + 5);
+      if (nl >= 0) end = nl + 1;
+    }
+    if (end < 0) {
+      this.scanFrom = at >= 0 ? at : this.headerLen;
+      if (this.headerLen >= HEADER_MAX) {
+        throw decryptFailed(`the age header is longer than ${HEADER_MAX} bytes or has no MAC line; the bundle is damaged`);
+      }
+      return null;
+    }
+    const fromBuf = this.headerBuf.subarray(end, this.headerLen);
+    const rest = fromBuf.length > 0 ? Buffer.concat([fromBuf, data.subarray(n)]) : data.subarray(n);
+    this.headerLen = end;
+    this.phase = "nonce";
+    return rest;
+  }
+
+  private async openHeader(): Promise<void> {
+    const cfg = this.configError();
+    if (cfg) throw cfg;
+    const header = Uint8Array.from(this.headerBuf.subarray(0, this.headerLen));
+    const d = new Decrypter();
+    for (const id of this.identities) d.addIdentity(id);
+    for (const p of this.passphrases) d.addIdentity(new NodeScryptIdentity(p));
+    let fileKey: Uint8Array;
+    try {
+      fileKey = await d.decryptHeader(header);
+    } catch (e) {
+      const msg = errMessage(e);
+      if (/no identity matched/.test(msg)) {
+        const kinds = [...this.headerBuf.subarray(0, this.headerLen).toString("latin1").matchAll(/^-> (\S+)/gm)].map((m) => m[1]);
+        let extra = "";
+        if (kinds.includes("scrypt") && this.passphrases.length === 0) extra = " (the bundle is encrypted to a passphrase, and none was given)";
+        else if (!kinds.includes("scrypt") && this.identities.length === 0) extra = " (the bundle is encrypted to recipients, and only passphrases were given)";
+        throw decryptFailed(`no given identity or passphrase opens the bundle${extra}`, e);
+      }
+      if (/HMAC/i.test(msg)) throw decryptFailed("the age header MAC does not verify: the header is damaged or was altered", e);
+      throw decryptFailed(`the age header is malformed: ${msg}`, e);
+    }
+    this.fileKey = fileKey;
+  }
+
+  private consume(data: Buffer): void {
+    if (this.phase === "nonce" && data.length > 0) {
+      const n = Math.min(NONCE_LEN - this.nonceLen, data.length);
+      data.copy(this.nonceBuf, this.nonceLen, 0, n);
+      this.nonceLen += n;
+      data = data.subarray(n);
+      if (this.nonceLen === NONCE_LEN) {
+        if (this.fileKey === undefined) throw new MemsnapError("MEMSNAP_INTERNAL", "age file key missing");
+        this.key = payloadKey(this.fileKey, this.nonceBuf);
+        this.fileKey = undefined;
+        this.phase = "payload";
+      }
+    }
+    while (data.length > 0) {
+      if (this.used === SEALED_CHUNK) {
+        // More input follows the held-back full chunk, so it must not be the last one.
+        this.open(this.buf, false);
+        this.used = 0;
+      }
+      if (this.used === 0 && data.length > SEALED_CHUNK) {
+        this.open(data.subarray(0, SEALED_CHUNK), false);
+        data = data.subarray(SEALED_CHUNK);
+        continue;
+      }
+      const n = Math.min(SEALED_CHUNK - this.used, data.length);
+      data.copy(this.buf, this.used, 0, n);
+      this.used += n;
+      data = data.subarray(n);
+    }
+  }
+
+  /** Decrypt one sealed chunk and push its plaintext; throws MEMSNAP_DECRYPT_FAILED. */
+  private open(sealed: Buffer, last: boolean): void {
+    const plain = this.tryOpen(sealed, last);
+    if (plain !== null) {
+      this.push(plain);
+      this.counter++;
+      return;
+    }
+    if (!last && this.tryOpen(sealed, true) !== null) {
+      throw decryptFailed(`trailing data after the final age chunk (chunk ${this.counter})`);
+    }
+    if (last && sealed.length === SEALED_CHUNK && this.tryOpen(sealed, false) !== null) {
+      throw decryptFailed(`the age payload is truncated: it ends after chunk ${this.counter}, which is not marked final`);
+    }
+    throw decryptFailed(`age payload chunk ${this.counter} does not authenticate${last ? " (the file is truncated or damaged)" : ""}`);
+  }
+
+  private tryOpen(sealed: Buffer, last: boolean): Buffer | null {
+    if (this.key === undefined) throw new MemsnapError("MEMSNAP_INTERNAL", "age payload key missing");
+    const d = createDecipheriv("chacha20-poly1305", this.key, chunkNonce(this.counter, last), { authTagLength: TAG });
+    d.setAuthTag(sealed.subarray(sealed.length - TAG));
+    const plain = d.update(sealed.subarray(0, sealed.length - TAG));
+    try {
+      d.final();
+    } catch {
+      return null;
+    }
+    return plain;
+  }
+
+  private finish(): void {
+    if (this.phase === "header") {
+      if (this.headerLen > 0) this.checkMagic();
+      const cfg = this.headerLen >= AGE_MAGIC.length ? this.configError() : null;
+      if (cfg) throw cfg;
+      throw decryptFailed(this.headerLen === 0 ? "the age payload is empty" : "the age file is truncated inside its header");
+    }
+    if (this.phase === "nonce") throw decryptFailed("the age file is truncated: it ends before the payload nonce");
+    if (this.phase === "done") return;
+    if (this.used < TAG) {
+      throw decryptFailed(this.used === 0 && this.counter === 0
+        ? "the age file is truncated: it has no payload after the nonce"
+        : "the age file is truncated inside a chunk");
+    }
+    if (this.used === TAG && this.counter > 0) {
+      throw decryptFailed("the age payload ends with an empty final chunk, which is invalid");
+    }
+    this.open(this.buf.subarray(0, this.used), true);
+    this.used = 0;
+    this.phase = "done";
+    this.key = undefined;
+  }
+}
+
+/**
+ * Create a Transform that turns an age v1 file into its plaintext, opening it with the
+ * given X25519 identities (`AGE-SECRET-KEY-1…`) and/or passphrases. All errors come out as
+ * stream errors, so `stream/promises` `pipeline` rejects with the MemsnapError:
+ *
+ * @throws MEMSNAP_PAYLOAD_MISLABELED if the input does not start with {@link AGE_MAGIC}
+ *   (checked first, e.g. a zstd stream or an armored age file).
+ * @throws MEMSNAP_IDENTITY_REQUIRED if neither identities nor passphrases were given.
+ * @throws MEMSNAP_IDENTITY_INVALID if a given identity is not an X25519 age identity.
+ * @throws MEMSNAP_DECRYPT_FAILED if no identity/passphrase matches, the header is
+ *   malformed or its MAC fails, a chunk does not authenticate, the file is truncated
+ *   (header, nonce, inside a chunk or at a chunk boundary), or data follows the final chunk.
+ */
+export function createAgeDecryptor(opts: { identities?: string[]; passphrases?: string[] }): Transform {
+  return new AgeDecryptStream([...(opts.identities ?? [])], [...(opts.passphrases ?? [])]);
+}
