@@ -7,6 +7,7 @@ import { readFile } from "node:fs/promises";
 import { dirname, resolve } from "node:path";
 import { MemsnapError } from "./errors.js";
 import { ID_PATTERN } from "./format/manifest.js";
+import { parseRedactionConfig, type RedactionConfig } from "./redact/index.js";
 import { sourceKind, SOURCE_KINDS } from "./sources/registry.js";
 import type { SourceKind } from "./sources/types.js";
 import {
@@ -31,6 +32,7 @@ export interface MemsnapConfig {
   recipients: string[];
   recipientsFile?: string;
   compression: { level: number; threads?: number };
+  redaction: RedactionConfig;
   sources: ConfiguredSource[];
 }
 
@@ -68,7 +70,7 @@ export function stripJsonComments(text: string): string {
 export function parseConfig(raw: unknown, file: string | null, baseDir: string): MemsnapConfig {
   const where = file ?? "config";
   if (!isPlainObject(raw)) throw configInvalid(where, "must be a JSON object");
-  rejectUnknownKeys(raw, ["$schema", "tenant", "agent", "store", "recipients", "recipients_file", "compression", "sources"], where);
+  rejectUnknownKeys(raw, ["$schema", "tenant", "agent", "store", "recipients", "recipients_file", "compression", "redaction", "sources"], where);
   const tenant = optString(raw, "tenant", where) ?? "default";
   const agent = reqString(raw, "agent", where);
   for (const [k, v] of [["tenant", tenant], ["agent", agent]] as const) {
@@ -87,6 +89,8 @@ export function parseConfig(raw: unknown, file: string | null, baseDir: string):
     level = optInt(c, "level", w, 1, 19) ?? 3;
     threads = optInt(c, "threads", w, 0, 64);
   }
+  if (raw.redaction !== undefined && !isPlainObject(raw.redaction)) throw configInvalid(where, '"redaction" must be an object');
+  const redaction = parseRedactionConfig(raw.redaction as Record<string, unknown> | undefined, `${where}: redaction`);
   if (!Array.isArray(raw.sources) || raw.sources.length === 0) throw configInvalid(where, '"sources" must be a non-empty array');
   const names = new Set<string>();
   const sources = raw.sources.map((s: unknown, i: number): ConfiguredSource => {
@@ -107,6 +111,7 @@ export function parseConfig(raw: unknown, file: string | null, baseDir: string):
     recipients,
     ...(recipientsFile ? { recipientsFile: resolve(baseDir, recipientsFile) } : {}),
     compression: { level, ...(threads !== undefined ? { threads } : {}) },
+    redaction,
     sources,
   };
 }

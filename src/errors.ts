@@ -45,6 +45,7 @@ export const ERROR_CODES = {
   MEMSNAP_SOURCE_UNREADABLE: { class: "source", meaning: "a source could not be read" },
   MEMSNAP_SOURCE_CHANGED: { class: "source", meaning: "a source file changed size or content while it was captured" },
   MEMSNAP_SOURCE_INVALID: { class: "source", meaning: "a source's content is not what its kind requires (e.g. a state file that is not JSON)" },
+  MEMSNAP_UNREDACTED_SECRETS: { class: "usage", meaning: "a plaintext bundle would hold secrets that cannot be redacted (git history, content-addressed layers)" },
   MEMSNAP_LOCKED: { class: "locked", meaning: "another memsnap process holds the agent's lock" },
   MEMSNAP_DEST_UNWRITABLE: { class: "destination", meaning: "the destination cannot be written (permissions, missing directory)" },
   MEMSNAP_DEST_FULL: { class: "destination", meaning: "the destination file system is full" },

@@ -10,8 +10,8 @@
  * read of every source, which is how the system we replace produced unverifiable bundles).
  * Any failure destroys the pipeline and removes the temp file: no bundle, no leftovers.
  */
-import { createHash } from "node:crypto";
-import { mkdir, stat } from "node:fs/promises";
+import { createHash, randomBytes } from "node:crypto";
+import { mkdir, rm, stat } from "node:fs/promises";
 import { hostname } from "node:os";
 import { dirname, join } from "node:path";
 import { Readable, type Writable } from "node:stream";
@@ -24,6 +24,8 @@ import {
   computeSeal, encodeIndex, encodeManifest, INDEX_PATH, MANIFEST_VERSION, PAYLOAD_MEMBER_ENCRYPTED, PAYLOAD_MEMBER_PLAIN,
   type CreatedBy, type IndexDocument, type IndexEntry, type LayerEntry, type Manifest, type RecipientInfo,
 } from "../format/manifest.js";
+import { createRedactor } from "../redact/index.js";
+import type { Redactor } from "../redact/types.js";
 import type { Artifact, LayerCapture } from "../sources/types.js";
 import { sourceChanged } from "../sources/walk.js";
 import { ulid } from "../util/ulid.js";
@@ -53,6 +55,10 @@ export interface SnapshotOptions {
   parent?: string | null;
   signal?: AbortSignal;
   onProgress?: (p: SnapshotProgress) => void;
+  /** Override the config's redaction switch (`--no-redact`). */
+  redact?: boolean;
+  /** Write a plaintext bundle even when unredactable secrets were found. */
+  allowUnredacted?: boolean;
 }
 
 export interface SnapshotResult {
@@ -130,11 +136,19 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
   }
   const level = opts.level ?? cfg.compression.level;
   const writer = new BundleWriter(dest, encrypted);
+  const workDir = join(dirname(dest), `.memsnap-work-${process.pid}-${randomBytes(4).toString("hex")}`);
+  let redactor: Redactor | undefined;
   const captures: LayerCapture[] = [];
   const pack = tar.pack();
   let tarSize = 0;
   let pipelineDone: Promise<void> | undefined;
   try {
+    try {
+      await mkdir(workDir, { mode: 0o700 });
+    } catch (e) {
+      throw destinationError(e, workDir);
+    }
+    redactor = await createRedactor({ ...cfg.redaction, enabled: opts.redact ?? cfg.redaction.enabled }, workDir);
     const sink = await writer.open();
     const stages: NodeJS.ReadWriteStream[] = [createZstdCompressor({ level, threads: cfg.compression.threads ?? 0 })];
     if (encrypted) {
@@ -165,13 +179,18 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
     let estimate: number | null = 0;
     for (const { impl, cfg: scfg } of cfg.sources) {
       opts.signal?.throwIfAborted();
-      const cap = await impl.capture(scfg, { baseDir: cfg.baseDir, ...(opts.signal ? { signal: opts.signal } : {}) });
+      const cap = await impl.capture(scfg, {
+        baseDir: cfg.baseDir, tmpDir: workDir,
+        ...(opts.signal ? { signal: opts.signal } : {}),
+        ...(redactor ? { redactor } : {}),
+      });
       captures.push(cap);
       estimate = estimate === null || cap.estimatedBytes === undefined ? null : estimate + cap.estimatedBytes;
       const layer: LayerEntry = { name: scfg.name, kind: impl.kind, schema_version: impl.schemaVersion, artifacts: 0, bytes: 0 };
       const seen = new Set<string>();
-      for await (const a of cap.artifacts) {
+      for await (const raw of cap.artifacts) {
         opts.signal?.throwIfAborted();
+        const a = redactor && raw.text ? await redactor.redactArtifact(raw, `${scfg.name}/${raw.path}`) : raw;
         if (seen.has(a.path)) throw new MemsnapError("MEMSNAP_INTERNAL", `source ${scfg.name} yielded ${a.path} twice`);
         seen.add(a.path);
         const e = await guard(packArtifact(pack, scfg.name, a, (n) => {
@@ -189,6 +208,13 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
     const indexDoc: IndexDocument = { format: "memsnap-index", snapshot_id: id, artifacts: index };
     const indexBytes = encodeIndex(indexDoc);
     await guard(new Promise<void>((res, rej) => pack.entry({ name: INDEX_PATH, size: indexBytes.length, mode: 0o644, mtime: createdAt }, indexBytes, (e) => (e ? rej(e) : res()))));
+    const redaction = redactor ? redactor.report() : null;
+    if (redaction && redaction.total_unredacted > 0 && !encrypted && !opts.allowUnredacted) {
+      const where = Object.keys(redaction.unredacted);
+      throw new MemsnapError("MEMSNAP_UNREDACTED_SECRETS",
+        `${redaction.total_unredacted} secret(s) found in content that cannot be redacted (${where.slice(0, 3).join(", ")}${where.length > 3 ? ", …" : ""}); refusing a plaintext bundle`,
+        { hint: "encrypt the bundle (-r age1… or --passphrase-file), or pass --allow-unredacted" });
+    }
     pack.finalize();
     await pipelineDone;
     const payload = writer.payloadResult();
@@ -220,7 +246,7 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
         bytes,
       },
       ...(encrypted ? {} : { index }),
-      redaction: { policy: "off" },
+      redaction: redaction ? { ...redaction } : { policy: "off" },
     };
     const manifest: Manifest = { ...body, seal: computeSeal(body) };
     await writer.commit(encodeManifest(manifest), payload.storedSize);
@@ -236,5 +262,7 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
     throw e;
   } finally {
     for (const c of captures) await c.cleanup?.().catch(() => undefined);
+    await redactor?.cleanup().catch(() => undefined);
+    await rm(workDir, { recursive: true, force: true }).catch(() => undefined);
   }
 }

@@ -17,6 +17,7 @@ import { MANIFEST_MEMBER, parseManifest, type Manifest } from "../format/manifes
 import { compareWithIndex, readPayload, type Keys } from "../pipeline/read-payload.js";
 import { fsyncDir } from "../util/fs-atomic.js";
 import { checkManifest, checkManifestFindings } from "./preflight.js";
+import { sourceKind } from "../sources/registry.js";
 import { checkEntryName } from "./safe-path.js";
 
 export interface RestoreToDirOptions {
@@ -125,10 +126,28 @@ export async function restoreToDir(bundle: string, to: string, opts: RestoreToDi
         findings, hint: "the bundle is damaged or was altered; nothing was restored",
       });
     }
+    // Turn each layer's raw artifacts into their live form (a git repo from its bundle, …).
+    for (const layer of manifest.layers) {
+      const impl = sourceKind(layer.kind);
+      const dir = join(staging, layer.name);
+      if (impl?.materialize) {
+        await mkdir(dir, { recursive: true });
+        await impl.materialize(dir, layer);
+      }
+    }
     await writeFile(join(staging, ".memsnap", MANIFEST_MEMBER), layout.manifestBytes, { mode: 0o600 }).catch(async (e: unknown) => {
       if ((e as NodeJS.ErrnoException).code !== "ENOENT") throw e;
       await mkdir(join(staging, ".memsnap"));
-      await writeFile(join(staging, ".memsnap", MANIFEST_MEMBER), layout.manifestBytes, { mode: 0o600 });
+      // Turn each layer's raw artifacts into their live form (a git repo from its bundle, …).
+    for (const layer of manifest.layers) {
+      const impl = sourceKind(layer.kind);
+      const dir = join(staging, layer.name);
+      if (impl?.materialize) {
+        await mkdir(dir, { recursive: true });
+        await impl.materialize(dir, layer);
+      }
+    }
+    await writeFile(join(staging, ".memsnap", MANIFEST_MEMBER), layout.manifestBytes, { mode: 0o600 });
     });
     // One syncfs for the whole tree instead of an fsync per file.
     await execFileP("sync", ["-f", staging]).catch(() => undefined);

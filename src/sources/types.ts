@@ -9,6 +9,8 @@
  * MEMSNAP_SOURCE_CHANGED; no bundle is written.
  */
 import type { Readable } from "node:stream";
+import type { LayerEntry } from "../format/manifest.js";
+import type { Redactor } from "../redact/types.js";
 
 /** One artifact a source yields. `open()` is called once, right before its bytes are packed. */
 export interface Artifact {
@@ -24,6 +26,8 @@ export interface Artifact {
   open(): Readable | AsyncIterable<Buffer>;
   /** Called after the bytes streamed; throws MEMSNAP_SOURCE_CHANGED if the source changed meanwhile. */
   check?(): Promise<void>;
+  /** True for text the pipeline should redact (memory files, JSON, JSONL) when redaction is on. */
+  text?: boolean;
 }
 
 /** What a source's capture returns. */
@@ -42,6 +46,10 @@ export interface CaptureContext {
   /** Directory relative config paths resolve against. */
   baseDir: string;
   signal?: AbortSignal;
+  /** Present when redaction is on; sources use it for content they rewrite themselves (SQLite cells) or only scan (git history). */
+  redactor?: Redactor;
+  /** A private temp directory for this capture (removed after the snapshot). */
+  tmpDir: string;
 }
 
 /** Context given to a deep verify of one artifact. */
@@ -62,4 +70,11 @@ export interface SourceKind<C extends { name: string } = { name: string }> {
   capture(cfg: C, ctx: CaptureContext): Promise<LayerCapture>;
   /** Optional deep check of one artifact (verify --deep); resolve with a problem description or null. */
   deepVerify?(ctx: DeepVerifyContext): Promise<string | null>;
+  /**
+   * Turn a layer's extracted artifacts into their live form, in place. `dir` holds exactly
+   * the layer's artifacts at their layer paths (already hash-checked); e.g. git rebuilds the
+   * repository from its bundle and lays the uncommitted files on top. Called on staging,
+   * before a restore publishes it. Throws a MemsnapError naming the artifact on failure.
+   */
+  materialize?(dir: string, layer: LayerEntry): Promise<void>;
 }

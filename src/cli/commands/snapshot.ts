@@ -13,6 +13,8 @@ interface SnapshotOpts {
   passphraseFile?: string;
   encrypt: boolean;
   level?: string;
+  redact: boolean;
+  allowUnredacted?: boolean;
 }
 
 export function registerSnapshot(program: Command, global: () => GlobalOpts): void {
@@ -28,6 +30,8 @@ export function registerSnapshot(program: Command, global: () => GlobalOpts): vo
     .option("--passphrase-file <file>", "encrypt with the passphrase on the first line of this file (or set MEMSNAP_PASSPHRASE)")
     .option("--no-encrypt", "write a plaintext bundle even if the config names recipients")
     .option("--level <n>", "zstd level 1-19 (default: the config's, else 3)")
+    .option("--no-redact", "do not redact secrets in text artifacts (default: the config's redaction.enabled, else on)")
+    .option("--allow-unredacted", "write a plaintext bundle even if secrets were found in content that cannot be redacted")
     .addHelpText("after", `
 Examples:
   $ memsnap snapshot --config agent/memsnap.json
@@ -61,6 +65,8 @@ Examples:
         ...(level !== undefined ? { level } : {}),
         label: o.label ?? null,
         createdBy: "cli",
+        ...(o.redact === false ? { redact: false } : {}),
+        ...(o.allowUnredacted ? { allowUnredacted: true } : {}),
         signal,
         onProgress: (p) => progress.update(p.bytes, p.totalBytes),
       }));

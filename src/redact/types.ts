@@ -1,0 +1,49 @@
+/**
+ * The redaction contract between the snapshot pipeline, the sources, and the redactor.
+ *
+ * Text artifacts memsnap owns (memory files, JSON/JSONL, SQLite TEXT cells in the copy) are
+ * rewritten in the bundle: each match becomes `[REDACTED:<rule>]`. Content that cannot be
+ * rewritten without breaking it (git history, content-addressed layers) is scanned and its
+ * findings recorded as unredacted. The live files are never touched. The report never holds
+ * a secret or a hash of one.
+ */
+import type { Artifact } from "../sources/types.js";
+
+/** Per-rule match counts. */
+export type RuleCounts = Record<string, number>;
+
+export interface RedactionReport {
+  /** `off`, or the policy name (e.g. `default`). */
+  policy: string;
+  /** Rule ids that fired at least once (redacted or scanned). */
+  rules_fired: string[];
+  /** Artifacts rewritten: payload path → rule → count. */
+  redacted: Record<string, RuleCounts>;
+  /** Artifacts scanned but not rewritten (history, content-addressed data): payload path → rule → count. */
+  unredacted: Record<string, RuleCounts>;
+  /** Total matches rewritten / found-but-kept. */
+  total_redacted: number;
+  total_unredacted: number;
+  /** Throughput of the redaction stage, for the benchmark. */
+  bytes_scanned: number;
+}
+
+export interface Redactor {
+  /** Cheap, synchronous pre-filter: false means `text` certainly holds no secret any rule matches. */
+  candidate(text: string): boolean;
+  /** Rewrite every match in `text` (idempotent) and record the hits against `artifact` (a payload path). */
+  redactText(text: string, artifact: string): Promise<string>;
+  /** Find matches without rewriting and record them against `artifact` as unredacted. */
+  scanText(text: string, artifact: string): Promise<void>;
+  /**
+   * Redact a text artifact as it streams, spooling the result to a temp file; returns an
+   * artifact over the rewritten bytes (its size is the rewritten size). JSON and JSONL
+   * (by `artifact.kind` `json`/`jsonl` or file extension) stay valid JSON: only string
+   * contents are rewritten.
+   */
+  redactArtifact(artifact: Artifact, payloadPath: string): Promise<Artifact>;
+  /** The report for the manifest. */
+  report(): RedactionReport;
+  /** Remove spool files. */
+  cleanup(): Promise<void>;
+}
