@@ -19,3 +19,4 @@ export { SOURCE_KINDS, sourceKind } from "./sources/registry.js";
 export type { SourceKind, Artifact, LayerCapture, CaptureContext } from "./sources/types.js";
 export type { Keys } from "./pipeline/read-payload.js";
 export { TOOL_NAME, TOOL_VERSION } from "./version.js";
+export { detectAgent, renderConfig, type Detection, type DetectedSource } from "./init.js";

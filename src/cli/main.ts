@@ -1,6 +1,7 @@
 /** The memsnap command-line program. It uses only the library's public entry. */
 import { Command, CommanderError } from "commander";
 import { ERROR_CODES, MemsnapError, TOOL_VERSION } from "../index.js";
+import { registerInit } from "./commands/init.js";
 import { registerInspect } from "./commands/inspect.js";
 import { registerKeygen } from "./commands/keygen.js";
 import { registerRestore } from "./commands/restore.js";
@@ -31,6 +32,7 @@ Examples:
 
 Exit codes:
 ${Object.entries(EXIT_CODE_MEANINGS).map(([c, m]) => `  ${c.padStart(2)}  ${m}`).join("\n")}`);
+  registerInit(program, global);
   registerSnapshot(program, global);
   registerInspect(program, global);
   registerVerify(program, global);

@@ -2,7 +2,8 @@
  * Glob patterns for include/exclude lists, matched against POSIX relative paths.
  * `**` matches any number of path segments, `*` any characters but `/`, `?` one character
  * but `/`, `{a,b}` alternatives. A pattern with no `/` matches the base name at any depth
- * (like .gitignore); a trailing `/` matches a directory and everything below it.
+ * (like .gitignore); a leading `/` or `./` anchors it at the source root; a trailing `/`
+ * matches a directory and everything below it.
  */
 export type Matcher = (relPath: string) => boolean;
 
@@ -42,10 +43,11 @@ function toRegex(glob: string): RegExp {
 /** Compile a list of globs into one matcher (true when any pattern matches). */
 export function compileGlobs(patterns: readonly string[]): Matcher {
   const tests = patterns.map((raw) => {
-    let p = raw.startsWith("./") ? raw.slice(2) : raw;
+    const rooted = raw.startsWith("/") || raw.startsWith("./");
+    let p = raw.startsWith("./") ? raw.slice(2) : raw.startsWith("/") ? raw.slice(1) : raw;
     const dirOnly = p.endsWith("/");
     if (dirOnly) p = p.slice(0, -1);
-    const anchored = p.includes("/");
+    const anchored = rooted || p.includes("/");
     const re = toRegex(p);
     return (rel: string): boolean => {
       const parts = rel.split("/");

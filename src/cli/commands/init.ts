@@ -1,0 +1,56 @@
+import type { Command } from "commander";
+import { open } from "node:fs/promises";
+import { basename, join, resolve } from "node:path";
+import { detectAgent, MemsnapError, renderConfig } from "../../index.js";
+import { printJson } from "../output.js";
+import { collect, type GlobalOpts } from "../common.js";
+
+export function registerInit(program: Command, global: () => GlobalOpts): void {
+  program
+    .command("init [home]")
+    .description("detect an agent's git memdir, SQLite databases and JSON state, and write memsnap.json")
+    .option("--agent <id>", "agent id (default: the home directory's name)")
+    .option("--tenant <id>", "tenant id", "default")
+    .option("-r, --recipient <age1…>", "encrypt snapshots to this recipient (repeatable)", collect, [])
+    .option("-o, --out <file>", "where to write the config (default: <home>/memsnap.json)")
+    .option("--force", "overwrite an existing config")
+    .option("--print", "print the config instead of writing it")
+    .addHelpText("after", `
+Examples:
+  $ memsnap init ~/agents/scribe
+  $ memsnap init . --agent scribe -r age1... && memsnap snapshot`)
+    .action(async (home: string | undefined, o: { agent?: string; tenant: string; recipient: string[]; out?: string; force?: boolean; print?: boolean }) => {
+      const dir = resolve(home ?? ".");
+      const d = await detectAgent(dir);
+      const agent = o.agent ?? basename(dir).toLowerCase().replace(/[^a-z0-9_-]+/g, "-").slice(0, 64);
+      const text = renderConfig(d, { agent, tenant: o.tenant, recipients: o.recipient });
+      const out = resolve(o.out ?? join(dir, "memsnap.json"));
+      if (!o.print) {
+        let fh;
+        try {
+          fh = await open(out, o.force ? "w" : "wx", 0o644);
+        } catch (e) {
+          const code = (e as NodeJS.ErrnoException).code;
+          throw new MemsnapError(code === "EEXIST" ? "MEMSNAP_DEST_EXISTS" : "MEMSNAP_DEST_UNWRITABLE", `cannot write ${out}: ${(e as Error).message}`, {
+            path: out, hint: code === "EEXIST" ? "pass --force to overwrite it, or --print to see the proposal" : "check the directory",
+          });
+        }
+        try {
+          await fh.writeFile(text);
+        } finally {
+          await fh.close();
+        }
+      }
+      if (global().json) {
+        printJson({ ok: true, config: o.print ? null : out, agent, tenant: o.tenant, sources: d.sources });
+        return;
+      }
+      if (o.print) {
+        process.stdout.write(text);
+        return;
+      }
+      process.stdout.write(`found in ${dir}:\n`);
+      for (const s of d.sources) process.stdout.write(`  ${s.kind.padEnd(7)} ${s.name.padEnd(20)} ${s.path}\n`);
+      process.stdout.write(`wrote ${out}\nnext: memsnap snapshot -c ${out}\n`);
+    });
+}
