@@ -1,0 +1,40 @@
+// Every golden bundle of every format version must keep verifying and restoring.
+import { createHash } from "node:crypto";
+import { mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterAll, describe, expect, it } from "vitest";
+import { loadIdentities, restoreToDir, verifyBundle } from "../src/index.js";
+
+const dir = new URL("../fixtures/golden/", import.meta.url).pathname;
+const versions = readdirSync(dir).filter((f) => f.endsWith("-plain.memsnap")).map((f) => f.split("-")[0]!);
+const work = mkdtempSync(join(tmpdir(), "memsnap-golden-"));
+afterAll(() => rmSync(work, { recursive: true, force: true }));
+
+describe.each(versions)("golden %s bundles", (v) => {
+  const expected = readFileSync(join(dir, `${v}-files.sha256`), "utf8").trim().split("\n").map((l) => l.split("  ") as [string, string]);
+
+  it("has files to check", () => {
+    expect(expected.length).toBeGreaterThan(0);
+  });
+
+  for (const kind of ["plain", "age"] as const) {
+    it(`${kind}: verifies with every check run`, async () => {
+      const identities = kind === "age" ? await loadIdentities([join(dir, `${v}-age.key`)]) : [];
+      const r = await verifyBundle(join(dir, `${v}-${kind}.memsnap`), { keys: { identities }, deep: true });
+      expect(r.findings).toEqual([]);
+      expect(r.ok).toBe(true);
+      expect(r.checks.filter((c) => c.status === "skipped")).toEqual([]);
+    });
+
+    it(`${kind}: restores byte for byte`, async () => {
+      const identities = kind === "age" ? await loadIdentities([join(dir, `${v}-age.key`)]) : [];
+      const to = join(work, `${v}-${kind}`);
+      const r = await restoreToDir(join(dir, `${v}-${kind}.memsnap`), to, { keys: { identities } });
+      expect(r.artifacts).toBe(expected.length);
+      for (const [sha, rel] of expected) {
+        expect(createHash("sha256").update(readFileSync(join(to, rel))).digest("hex"), rel).toBe(sha);
+      }
+    });
+  }
+});
