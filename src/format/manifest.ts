@@ -95,13 +95,18 @@ export interface Manifest {
   index?: IndexEntry[];
   redaction: Record<string, unknown>;
   seal: string;
+  /** Optional signature over the seal (see docs/FORMAT.md §2.4); not covered by the seal. */
+  signature?: Record<string, unknown>;
 }
 
 const sha256hex = (s: string | Buffer): string => createHash("sha256").update(s).digest("hex");
 
-/** The seal of a manifest: `sha256:` + hex over the canonical JSON without `seal`. */
+/**
+ * The seal of a manifest: `sha256:` + hex over the canonical JSON without `seal` and without
+ * `signature` (a signature signs the seal, so it cannot be inside it).
+ */
 export function computeSeal(m: Omit<Manifest, "seal"> | Manifest): string {
-  const { seal: _ignored, ...rest } = m as Manifest;
+  const { seal: _ignored, signature: _sig, ...rest } = m as Manifest;
   return `sha256:${sha256hex(canonicalJson(rest))}`;
 }
 
