@@ -8,17 +8,17 @@
  */
 import { randomBytes } from "node:crypto";
 import { execFile } from "node:child_process";
-import { mkdir, open, readdir, rename, rm, rmdir, writeFile } from "node:fs/promises";
+import { mkdir, readdir, rename, rm, rmdir, writeFile } from "node:fs/promises";
 import { basename, dirname, join, resolve } from "node:path";
 import { promisify } from "node:util";
 import { MemsnapError, destinationError } from "../errors.js";
 import { readLayout } from "../format/container.js";
 import { MANIFEST_MEMBER, parseManifest, type Manifest } from "../format/manifest.js";
-import { compareWithIndex, readPayload, type Keys } from "../pipeline/read-payload.js";
+import type { Keys } from "../pipeline/read-payload.js";
 import { fsyncDir } from "../util/fs-atomic.js";
 import { checkManifest, checkManifestFindings } from "./preflight.js";
 import { sourceKind } from "../sources/registry.js";
-import { checkEntryName } from "./safe-path.js";
+import { extractPayload } from "./extract.js";
 
 export interface RestoreToDirOptions {
   keys?: Keys;
@@ -75,57 +75,8 @@ export async function restoreToDir(bundle: string, to: string, opts: RestoreToDi
   } catch (e) {
     throw destinationError(e, staging);
   }
-  const layers = new Set(manifest.layers.map((l) => l.name));
-  const total = manifest.payload.bytes;
-  let written = 0;
-  const made = new Set<string>();
   try {
-    const r = await readPayload(layout, manifest, opts.keys ?? {}, async (info, chunks) => {
-      checkEntryName(info.name, layers);
-      const dest = join(staging, ...info.name.split("/"));
-      const dir = dirname(dest);
-      if (!made.has(dir)) {
-        try {
-          await mkdir(dir, { recursive: true });
-        } catch (e) {
-          const code = (e as NodeJS.ErrnoException).code;
-          if (code === "EEXIST" || code === "ENOTDIR") throw new MemsnapError("MEMSNAP_UNSAFE_PATH", `entry ${info.name} conflicts with an earlier entry`, { path: info.name });
-          throw destinationError(e, dir);
-        }
-        made.add(dir);
-      }
-      let fh;
-      try {
-        fh = await open(dest, "wx", 0o600);
-      } catch (e) {
-        const code = (e as NodeJS.ErrnoException).code;
-        if (code === "EEXIST" || code === "EISDIR") {
-          throw new MemsnapError("MEMSNAP_UNSAFE_PATH", `duplicate or conflicting entry ${info.name}`, { path: info.name, hint: "the bundle is malformed or hostile" });
-        }
-        throw destinationError(e, dest);
-      }
-      try {
-        let n = 0;
-        for await (const c of chunks) {
-          n += c.length;
-          if (n > info.size) throw new MemsnapError("MEMSNAP_ARTIFACT_HASH_MISMATCH", `${info.name} is longer than its header declares`, { path: info.name });
-          await fh.write(c);
-          written += c.length;
-          opts.onProgress?.(written, total);
-        }
-      } catch (e) {
-        throw destinationError(e, dest);
-      } finally {
-        await fh.close();
-      }
-    }, opts.signal);
-    const findings = compareWithIndex(manifest, r);
-    if (findings.length) {
-      const f = findings[0]!;
-      throw new MemsnapError(f.code, findings.length === 1 ? f.message : `${findings.length} problems, first: ${f.message}`, {
-        findings, hint: "the bundle is damaged or was altered; nothing was restored",
-      });
-    }
+    const r = await extractPayload(layout, manifest, (layer) => join(staging, layer), opts);
     // Turn each layer's raw artifacts into their live form (a git repo from its bundle, …).
     for (const layer of manifest.layers) {
       const impl = sourceKind(layer.kind);
@@ -135,20 +86,8 @@ export async function restoreToDir(bundle: string, to: string, opts: RestoreToDi
         await impl.materialize(dir, layer);
       }
     }
-    await writeFile(join(staging, ".memsnap", MANIFEST_MEMBER), layout.manifestBytes, { mode: 0o600 }).catch(async (e: unknown) => {
-      if ((e as NodeJS.ErrnoException).code !== "ENOENT") throw e;
-      await mkdir(join(staging, ".memsnap"));
-      // Turn each layer's raw artifacts into their live form (a git repo from its bundle, …).
-    for (const layer of manifest.layers) {
-      const impl = sourceKind(layer.kind);
-      const dir = join(staging, layer.name);
-      if (impl?.materialize) {
-        await mkdir(dir, { recursive: true });
-        await impl.materialize(dir, layer);
-      }
-    }
+    await mkdir(join(staging, ".memsnap"), { recursive: true });
     await writeFile(join(staging, ".memsnap", MANIFEST_MEMBER), layout.manifestBytes, { mode: 0o600 });
-    });
     // One syncfs for the whole tree instead of an fsync per file.
     await execFileP("sync", ["-f", staging]).catch(() => undefined);
     await rmdir(target).catch((e: NodeJS.ErrnoException) => {
@@ -156,7 +95,7 @@ export async function restoreToDir(bundle: string, to: string, opts: RestoreToDi
     });
     await rename(staging, target).catch((e: unknown) => { throw destinationError(e, target); });
     await fsyncDir(dirname(target));
-    return { path: target, manifest, artifacts: r.entries.length, bytes: written, durationMs: performance.now() - t0 };
+    return { path: target, manifest, artifacts: r.entries.length, bytes: r.entries.reduce((n, e) => n + e.size, 0), durationMs: performance.now() - t0 };
   } catch (e) {
     await rm(staging, { recursive: true, force: true });
     throw e;

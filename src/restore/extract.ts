@@ -1,0 +1,85 @@
+/**
+ * Extract a bundle's payload into staging directories, one per layer, checking every entry's
+ * name, size and SHA-256 as it is written and comparing the whole payload with the index at
+ * the end. Nothing is written outside the staging roots: names are checked before any write,
+ * and only regular files are created.
+ */
+import { mkdir, open } from "node:fs/promises";
+import { dirname, join } from "node:path";
+import { MemsnapError, destinationError } from "../errors.js";
+import type { BundleLayout } from "../format/container.js";
+import type { Manifest } from "../format/manifest.js";
+import { compareWithIndex, readPayload, type Keys, type PayloadReadResult } from "../pipeline/read-payload.js";
+import { crashPoint } from "../util/crash-point.js";
+import { checkEntryName } from "./safe-path.js";
+
+export interface ExtractOptions {
+  keys?: Keys;
+  signal?: AbortSignal;
+  onProgress?: (bytes: number, total: number) => void;
+}
+
+/**
+ * Stream the payload, writing each selected layer's entries under `rootFor(layer)`; entries
+ * of layers for which it returns null are hashed and dropped. Throws MEMSNAP_UNSAFE_PATH,
+ * MEMSNAP_DEST_*, key and integrity errors; on a throw, what was written stays for the
+ * caller to remove (it owns the roots).
+ */
+export async function extractPayload(
+  layout: BundleLayout, manifest: Manifest, rootFor: (layer: string) => string | null, opts: ExtractOptions = {},
+): Promise<PayloadReadResult> {
+  const layers = new Set(manifest.layers.map((l) => l.name));
+  const total = manifest.payload.bytes;
+  let written = 0;
+  const made = new Set<string>();
+  const r = await readPayload(layout, manifest, opts.keys ?? {}, async (info, chunks) => {
+    checkEntryName(info.name, layers);
+    const root = rootFor(info.layer);
+    if (root === null) return;
+    const dest = join(root, ...info.rel.split("/"));
+    const dir = dirname(dest);
+    if (!made.has(dir)) {
+      try {
+        await mkdir(dir, { recursive: true });
+      } catch (e) {
+        const code = (e as NodeJS.ErrnoException).code;
+        if (code === "EEXIST" || code === "ENOTDIR") throw new MemsnapError("MEMSNAP_UNSAFE_PATH", `entry ${info.name} conflicts with an earlier entry`, { path: info.name });
+        throw destinationError(e, dir);
+      }
+      made.add(dir);
+    }
+    let fh;
+    try {
+      fh = await open(dest, "wx", 0o600);
+    } catch (e) {
+      const code = (e as NodeJS.ErrnoException).code;
+      if (code === "EEXIST" || code === "EISDIR") {
+        throw new MemsnapError("MEMSNAP_UNSAFE_PATH", `duplicate or conflicting entry ${info.name}`, { path: info.name, hint: "the bundle is malformed or hostile" });
+      }
+      throw destinationError(e, dest);
+    }
+    try {
+      let n = 0;
+      for await (const c of chunks) {
+        n += c.length;
+        if (n > info.size) throw new MemsnapError("MEMSNAP_ARTIFACT_HASH_MISMATCH", `${info.name} is longer than its header declares`, { path: info.name });
+        await fh.write(c);
+        written += c.length;
+        opts.onProgress?.(written, total);
+      }
+    } catch (e) {
+      throw destinationError(e, dest);
+    } finally {
+      await fh.close();
+    }
+    crashPoint("restore:staged-entry");
+  }, opts.signal);
+  const findings = compareWithIndex(manifest, r);
+  if (findings.length) {
+    const f = findings[0]!;
+    throw new MemsnapError(f.code, findings.length === 1 ? f.message : `${findings.length} problems, first: ${f.message}`, {
+      findings, hint: "the bundle is damaged or was altered; nothing was restored",
+    });
+  }
+  return r;
+}
