@@ -20,3 +20,7 @@ export type { SourceKind, Artifact, LayerCapture, CaptureContext } from "./sourc
 export type { Keys } from "./pipeline/read-payload.js";
 export { TOOL_NAME, TOOL_VERSION } from "./version.js";
 export { detectAgent, renderConfig, type Detection, type DetectedSource } from "./init.js";
+export { restoreInPlace, recoverAgent, selectLayers, type RestoreInPlaceOptions, type RestoreInPlaceResult } from "./restore/in-place.js";
+export type { RestorePlan, LayerPlan } from "./restore/plan.js";
+export { acquireLock, parseDuration, controlDir, type AgentLock, type LockInfo } from "./restore/lock.js";
+export { readJournal, recoverJournal, journalPath, type Journal, type Swap } from "./restore/journal.js";

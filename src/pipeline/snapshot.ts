@@ -25,6 +25,10 @@ import {
   type CreatedBy, type IndexDocument, type IndexEntry, type LayerEntry, type Manifest, type RecipientInfo,
 } from "../format/manifest.js";
 import { createRedactor } from "../redact/index.js";
+import { recoverJournal } from "../restore/journal.js";
+import { acquireLock, type AgentLock } from "../restore/lock.js";
+import { removeOrphans } from "../store/orphans.js";
+import { crashPoint } from "../util/crash-point.js";
 import type { Redactor } from "../redact/types.js";
 import type { Artifact, LayerCapture } from "../sources/types.js";
 import { sourceChanged } from "../sources/walk.js";
@@ -59,6 +63,13 @@ export interface SnapshotOptions {
   redact?: boolean;
   /** Write a plaintext bundle even when unredactable secrets were found. */
   allowUnredacted?: boolean;
+  /** Write a plaintext bundle even with a layer of process memory (criu), which cannot be redacted. */
+  allowPlaintextMemory?: boolean;
+  /**
+   * The agent lock: wait up to `waitMs` for it (default: fail at once if held), `"held"` when
+   * the caller already holds it (the safety snapshot inside a restore), or false for none.
+   */
+  lock?: { waitMs: number } | "held" | false;
 }
 
 export interface SnapshotResult {
@@ -121,6 +132,11 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
     throw new MemsnapError("MEMSNAP_USAGE", "use recipients or a passphrase, not both", { hint: "drop --recipient or --passphrase-file" });
   }
   const encrypted = recipients.length > 0 || !!opts.passphrase;
+  const memory = cfg.sources.filter((s) => s.impl.processMemory).map((s) => s.cfg.name);
+  if (memory.length && !encrypted && !opts.allowPlaintextMemory) {
+    throw new MemsnapError("MEMSNAP_PLAINTEXT_PROCESS_MEMORY", `layer(s) ${memory.join(", ")} hold process memory, which cannot be redacted; refusing a plaintext bundle`,
+      { hint: "encrypt the bundle (-r age1… or --passphrase-file), or pass --allow-plaintext-memory" });
+  }
   let dest = opts.out;
   if (!dest) {
     if (!opts.store) throw new MemsnapError("MEMSNAP_USAGE", "no store and no --out given", { hint: "pass --out FILE or --store DIR" });
@@ -135,6 +151,17 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
     throw new MemsnapError("MEMSNAP_DEST_EXISTS", `${dest} already exists`, { path: dest, hint: "choose another --out path or remove the file" });
   }
   const level = opts.level ?? cfg.compression.level;
+  let lock: AgentLock | null = null;
+  if (opts.lock !== "held" && opts.lock !== false) {
+    lock = await acquireLock(cfg.baseDir, { waitMs: opts.lock?.waitMs ?? 0, command: "snapshot" });
+    try {
+      await recoverJournal(cfg.baseDir); // an interrupted restore is finished or undone before capturing
+    } catch (e) {
+      await lock.release();
+      throw e;
+    }
+  }
+  await removeOrphans(dirname(dest)); // a killed earlier snapshot's temp file and work dir
   const writer = new BundleWriter(dest, encrypted);
   const workDir = join(dirname(dest), `.memsnap-work-${process.pid}-${randomBytes(4).toString("hex")}`);
   let redactor: Redactor | undefined;
@@ -198,6 +225,7 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
           opts.onProgress?.({ bytes, totalBytes: estimate, artifacts: index.length, layer: scfg.name });
         }));
         index.push(e);
+        crashPoint("snapshot:artifact");
         layer.artifacts++;
         layer.bytes += e.size;
       }
@@ -264,5 +292,6 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
     for (const c of captures) await c.cleanup?.().catch(() => undefined);
     await redactor?.cleanup().catch(() => undefined);
     await rm(workDir, { recursive: true, force: true }).catch(() => undefined);
+    await lock?.release();
   }
 }

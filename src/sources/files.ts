@@ -3,6 +3,7 @@ import { resolve } from "node:path";
 import { optStringArray, rejectUnknownKeys, reqString } from "../util/config-check.js";
 import type { SourceKind } from "./types.js";
 import { fileArtifact, walkFiles } from "./walk.js";
+import { pathTarget } from "./live-target.js";
 
 export interface FilesConfig {
   kind: "files";
@@ -26,6 +27,9 @@ export const filesSource: SourceKind<FilesConfig> = {
       exclude: optStringArray(raw, "exclude", where),
     };
   },
+  async liveTarget(cfg, baseDir, layer) {
+    return pathTarget(resolve(baseDir, cfg.path), layer.meta?.root_is_file === true, { include: cfg.include, exclude: cfg.exclude });
+  },
   async capture(cfg, ctx) {
     const root = resolve(ctx.baseDir, cfg.path);
     const { files, skipped } = await walkFiles(root, { include: cfg.include, exclude: cfg.exclude });
@@ -34,7 +38,7 @@ export const filesSource: SourceKind<FilesConfig> = {
       artifacts: (async function* () {
         for (const f of files) yield fileArtifact(f, "file");
       })(),
-      finish: async () => ({ root, skipped }),
+      finish: async () => ({ root, root_is_file: files.length === 1 && files[0]!.abs === root, skipped }),
     };
   },
 };

@@ -11,6 +11,7 @@ import { MemsnapError } from "../errors.js";
 import { optStringArray, rejectUnknownKeys, reqString } from "../util/config-check.js";
 import type { Artifact, SourceKind } from "./types.js";
 import { sourceChanged, sourceError, walkFiles } from "./walk.js";
+import { pathTarget } from "./live-target.js";
 
 export const STATE_MAX_BYTES = 16 * 1024 * 1024;
 
@@ -47,6 +48,9 @@ export const stateSource: SourceKind<StateConfig> = {
       exclude: optStringArray(raw, "exclude", where),
     };
   },
+  async liveTarget(cfg, baseDir, layer) {
+    return pathTarget(resolve(baseDir, cfg.path), layer.meta?.root_is_file === true, { include: cfg.include ?? ["*.json"], exclude: cfg.exclude });
+  },
   async capture(cfg, ctx) {
     const root = resolve(ctx.baseDir, cfg.path);
     const { files } = await walkFiles(root, { include: cfg.include ?? ["*.json"], exclude: cfg.exclude });
@@ -79,7 +83,7 @@ export const stateSource: SourceKind<StateConfig> = {
           };
         }
       })(),
-      finish: async () => ({ root }),
+      finish: async () => ({ root, root_is_file: files.length === 1 && files[0]!.abs === root }),
     };
   },
   async deepVerify({ entry, bytes }) {

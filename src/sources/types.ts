@@ -60,6 +60,18 @@ export interface DeepVerifyContext {
   bytes: AsyncIterable<Buffer>;
 }
 
+/** Where a layer lives on the live agent, and how an in-place restore replaces it. */
+export interface LiveTarget {
+  /** Absolute live root of the layer. */
+  root: string;
+  /** `dir`: the whole root is replaced by the staged layer; `files`: each owned file is swapped on its own. */
+  mode: "dir" | "files";
+  /** files mode: which live files (relative to root) belong to the layer; owned files absent from the bundle are removed. */
+  owns?: (rel: string) => boolean;
+  /** files mode: live siblings removed along with a restored file (SQLite `-wal`/`-shm`). */
+  companions?: (rel: string) => string[];
+}
+
 /** A kind of source: config parsing, capture, and the checks only it knows. */
 export interface SourceKind<C extends { name: string } = { name: string }> {
   kind: string;
@@ -77,4 +89,14 @@ export interface SourceKind<C extends { name: string } = { name: string }> {
    * before a restore publishes it. Throws a MemsnapError naming the artifact on failure.
    */
   materialize?(dir: string, layer: LayerEntry): Promise<void>;
+  /**
+   * True when the layer holds process memory (CRIU pages), which cannot be redacted: a
+   * plaintext bundle with such a layer is refused (MEMSNAP_PLAINTEXT_PROCESS_MEMORY) before
+   * anything is captured, unless the snapshot sets `allowPlaintextMemory`.
+   */
+  processMemory?: boolean;
+  /** Where this source's layer lives, for an in-place restore. Without it the layer can only be restored with --to. */
+  liveTarget?(cfg: C, baseDir: string, layer: LayerEntry): Promise<LiveTarget>;
+  /** Extra plan lines for `restore --dry-run` (git HEAD before → after, SQLite row-count deltas). */
+  planLayer?(cfg: C, baseDir: string, layer: LayerEntry): Promise<string[]>;
 }

@@ -12,6 +12,18 @@ export interface WalkOptions {
   exclude?: readonly string[];
 }
 
+/** A predicate for "this relative path is selected by these include/exclude globs". */
+export function selector(opts: WalkOptions): (rel: string) => boolean {
+  const inc = opts.include?.length ? compileGlobs(opts.include) : null;
+  const exc = opts.exclude?.length ? compileGlobs(opts.exclude) : null;
+  return (rel) => !rel.split("/").some(isMemsnapPrivate) && !exc?.(rel) && (!inc || inc(rel));
+}
+
+/** memsnap's own control dir and in-flight staging/backup/work dirs are never captured or restored over. */
+export function isMemsnapPrivate(name: string): boolean {
+  return name === ".memsnap" || /\.memsnap-(new|old|work|staging)-/.test(name) || /^\.memsnap-work-/.test(name);
+}
+
 /** A regular file found by {@link walkFiles}. */
 export interface FoundFile {
   abs: string;
@@ -66,6 +78,7 @@ export async function walkFiles(root: string, opts: WalkOptions = {}): Promise<W
     }
     names.sort((a, b) => (Buffer.from(a) < Buffer.from(b) ? -1 : a === b ? 0 : 1));
     for (const name of names) {
+      if (isMemsnapPrivate(name)) continue;
       const abs = join(dir, name);
       const rel = relDir ? `${relDir}/${name}` : name;
       if (exc?.(rel)) continue;

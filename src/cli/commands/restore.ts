@@ -1,32 +1,108 @@
 import type { Command } from "commander";
-import { loadIdentities, loadPassphrase, restoreToDir } from "../../index.js";
+import {
+  loadConfig, loadIdentities, loadPassphrase, parseDuration, recoverAgent, resolveStore, restoreInPlace, restoreToDir,
+  type RestorePlan,
+} from "../../index.js";
 import { fmtBytes, fmtRate, printJson, Progress } from "../output.js";
 import { collect, type GlobalOpts, withAbort } from "../common.js";
+
+interface RestoreOpts {
+  to?: string;
+  config: string;
+  identity: string[];
+  passphraseFile?: string;
+  only: string[];
+  asAgent?: boolean;
+  safetySnapshot: boolean;
+  store?: string;
+  wait?: string;
+  dryRun?: boolean;
+}
+
+function printPlan(plan: RestorePlan): void {
+  const out: string[] = [`plan for restoring ${plan.snapshot_id} in place (nothing was changed):`];
+  for (const l of plan.layers) {
+    out.push(`  ${l.layer} (${l.kind}) → ${l.target}  ${fmtBytes(l.bytes)}`);
+    if (plan.file_level && l.mode === "files") {
+      out.push(`    ${l.added.length} added, ${l.changed.length} changed, ${l.removed.length} removed, ${l.unchanged} unchanged`);
+      for (const f of l.added.slice(0, 20)) out.push(`    + ${f}`);
+      for (const f of l.changed.slice(0, 20)) out.push(`    ~ ${f}`);
+      for (const f of l.removed.slice(0, 20)) out.push(`    - ${f}`);
+    }
+    for (const n of l.notes) out.push(`    ${n}`);
+  }
+  if (!plan.file_level) out.push("  (file-level changes need the key: pass --identity)");
+  process.stdout.write(out.join("\n") + "\n");
+}
 
 export function registerRestore(program: Command, global: () => GlobalOpts): void {
   program
     .command("restore <bundle>")
-    .description("restore a bundle into a new or empty directory, checking every hash")
-    .requiredOption("--to <dir>", "directory to restore into (must not exist, or be empty)")
+    .description("restore a bundle in place over the live agent (journaled, locked, safety snapshot first), or into a new directory with --to")
+    .option("--to <dir>", "restore into this new or empty directory instead of the live agent")
+    .option("-c, --config <file>", "the agent's memsnap.json (in-place restore)", "memsnap.json")
     .option("-i, --identity <file>", "age identity file (repeatable)", collect, [])
     .option("--passphrase-file <file>", "passphrase on the first line of this file (or set MEMSNAP_PASSPHRASE)")
+    .option("--only <layer>", "restore only this layer (repeatable)", collect, [])
+    .option("--as-agent", "restore a bundle of another tenant/agent into this config's agent")
+    .option("--no-safety-snapshot", "skip the automatic snapshot of the live state taken before restoring")
+    .option("--store <dir>", "store for the safety snapshot (default: $MEMSNAP_STORE, the config's store, ~/.local/share/memsnap/store)")
+    .option("--wait <duration>", "wait this long for the agent's lock (e.g. 30s, 2m) instead of failing at once")
+    .option("--dry-run", "print what would change and touch nothing")
     .addHelpText("after", `
 Examples:
-  $ memsnap restore snap.memsnap --to ./restored -i key.txt`)
-    .action(async (bundle: string, o: { to: string; identity: string[]; passphraseFile?: string }) => {
+  $ memsnap restore 01J….memsnap -c agent/memsnap.json -i key.txt --dry-run
+  $ memsnap restore 01J….memsnap -c agent/memsnap.json -i key.txt --only memory
+  $ memsnap restore 01J….memsnap --to ./restored -i key.txt`)
+    .action(async (bundle: string, o: RestoreOpts) => {
       const g = global();
       const identities = await loadIdentities(o.identity);
       const passphrase = await loadPassphrase(o.passphraseFile);
+      const keys = { identities, passphrases: passphrase ? [passphrase] : [] };
       const progress = new Progress("restore", !g.json && process.stderr.isTTY === true);
-      const r = await withAbort((signal) => restoreToDir(bundle, o.to, {
-        keys: { identities, passphrases: passphrase ? [passphrase] : [] }, signal,
+      if (o.to) {
+        const r = await withAbort((signal) => restoreToDir(bundle, o.to!, { keys, signal, onProgress: (b, t) => progress.update(b, t) }));
+        progress.done();
+        if (g.json) {
+          printJson({ ok: true, path: r.path, snapshot_id: r.manifest.snapshot_id, artifacts: r.artifacts, bytes: r.bytes, duration_ms: Math.round(r.durationMs) });
+        } else {
+          process.stdout.write(`restored ${r.manifest.snapshot_id} into ${r.path}\n  ${r.artifacts} artifacts, ${fmtBytes(r.bytes)}, every hash checked, in ${(r.durationMs / 1000).toFixed(2)} s (${fmtRate(r.bytes, r.durationMs)})\n`);
+        }
+        return;
+      }
+      const config = await loadConfig(o.config);
+      const r = await withAbort((signal) => restoreInPlace(bundle, config, {
+        keys, only: o.only, asAgent: !!o.asAgent, safetySnapshot: o.safetySnapshot, store: resolveStore(o.store, config.store),
+        ...(o.wait ? { waitMs: parseDuration(o.wait) } : {}), dryRun: !!o.dryRun, signal,
         onProgress: (b, t) => progress.update(b, t),
       }));
       progress.done();
       if (g.json) {
-        printJson({ ok: true, path: r.path, snapshot_id: r.manifest.snapshot_id, artifacts: r.artifacts, bytes: r.bytes, duration_ms: Math.round(r.durationMs) });
-      } else {
-        process.stdout.write(`restored ${r.manifest.snapshot_id} into ${r.path}\n  ${r.artifacts} artifacts, ${fmtBytes(r.bytes)}, every hash checked, in ${(r.durationMs / 1000).toFixed(2)} s (${fmtRate(r.bytes, r.durationMs)})\n`);
+        printJson({
+          ok: true, snapshot_id: r.manifest.snapshot_id, dry_run: !!o.dryRun, layers: r.layers, swaps: r.swaps, bytes: r.bytes,
+          safety_snapshot: r.safetySnapshot ? { id: r.safetySnapshot.id, path: r.safetySnapshot.path } : null,
+          recovered: r.recovered, plan: r.plan ?? null, duration_ms: Math.round(r.durationMs),
+        });
+        return;
       }
+      if (r.plan) {
+        printPlan(r.plan);
+        return;
+      }
+      if (r.recovered) process.stdout.write(`finished an interrupted restore first (${r.recovered})\n`);
+      if (r.safetySnapshot) process.stdout.write(`safety snapshot ${r.safetySnapshot.id} → ${r.safetySnapshot.path}\n`);
+      process.stdout.write(`restored ${r.manifest.snapshot_id} in place: ${r.layers.join(", ")} (${r.swaps} swaps, ${fmtBytes(r.bytes)}, every hash checked) in ${(r.durationMs / 1000).toFixed(2)} s\n`);
+    });
+
+  program
+    .command("recover")
+    .description("finish or roll back an interrupted in-place restore")
+    .option("-c, --config <file>", "the agent's memsnap.json", "memsnap.json")
+    .option("--wait <duration>", "wait this long for the agent's lock")
+    .action(async (o: { config: string; wait?: string }) => {
+      const config = await loadConfig(o.config);
+      const r = await recoverAgent(config, o.wait ? { waitMs: parseDuration(o.wait) } : {});
+      if (global().json) printJson({ ok: true, action: r.action, snapshot_id: r.snapshotId });
+      else process.stdout.write(r.action === "none" ? "nothing to recover\n" : `${r.action === "completed" ? "finished" : "rolled back"} the interrupted restore of ${r.snapshotId}\n`);
     });
 }

@@ -1,5 +1,5 @@
 import type { Command } from "commander";
-import { loadConfig, loadPassphrase, loadRecipients, resolveStore, snapshot } from "../../index.js";
+import { loadConfig, loadPassphrase, loadRecipients, parseDuration, resolveStore, snapshot } from "../../index.js";
 import { fmtBytes, fmtRate, printJson, Progress } from "../output.js";
 import { collect, type GlobalOpts, withAbort } from "../common.js";
 
@@ -15,6 +15,8 @@ interface SnapshotOpts {
   level?: string;
   redact: boolean;
   allowUnredacted?: boolean;
+  allowPlaintextMemory?: boolean;
+  wait?: string;
 }
 
 export function registerSnapshot(program: Command, global: () => GlobalOpts): void {
@@ -31,7 +33,9 @@ export function registerSnapshot(program: Command, global: () => GlobalOpts): vo
     .option("--no-encrypt", "write a plaintext bundle even if the config names recipients")
     .option("--level <n>", "zstd level 1-19 (default: the config's, else 3)")
     .option("--no-redact", "do not redact secrets in text artifacts (default: the config's redaction.enabled, else on)")
+    .option("--wait <duration>", "wait this long for the agent's lock (e.g. 30s) instead of failing at once")
     .option("--allow-unredacted", "write a plaintext bundle even if secrets were found in content that cannot be redacted")
+    .option("--allow-plaintext-memory", "write a plaintext bundle even with a criu layer (process memory cannot be redacted)")
     .addHelpText("after", `
 Examples:
   $ memsnap snapshot --config agent/memsnap.json
@@ -67,6 +71,8 @@ Examples:
         createdBy: "cli",
         ...(o.redact === false ? { redact: false } : {}),
         ...(o.allowUnredacted ? { allowUnredacted: true } : {}),
+        ...(o.allowPlaintextMemory ? { allowPlaintextMemory: true } : {}),
+        ...(o.wait ? { lock: { waitMs: parseDuration(o.wait) } } : {}),
         signal,
         onProgress: (p) => progress.update(p.bytes, p.totalBytes),
       }));

@@ -1,0 +1,240 @@
+/**
+ * restore BUNDLE (in place): put a bundle back into the agent's live locations.
+ *
+ *  1. check the manifest (version, seal, layers, payload label) — before touching anything;
+ *  2. take the agent's lock (and finish any interrupted restore first);
+ *  3. take a safety snapshot of the live state (`auto:pre-restore-<id>`), inside the lock;
+ *  4. write the journal (phase `staging`), extract every selected layer into a staging
+ *     sibling of its live root, checking every hash, and materialize it;
+ *  5. list the swaps in the journal (phase `swapping`), fsynced;
+ *  6. swap with renames, fsync, mark `committed`, then delete the old copies.
+ *
+ * A crash before step 5 leaves the live state untouched (recover removes staging); from step
+ * 5 on, recover finishes the swaps. Either way the live state is the old one or the bundle's.
+ */
+import { randomBytes } from "node:crypto";
+import { readdir, rm, lstat } from "node:fs/promises";
+import { join } from "node:path";
+import type { ConfiguredSource, MemsnapConfig } from "../config.js";
+import { MemsnapError } from "../errors.js";
+import { readLayout } from "../format/container.js";
+import { parseManifest, type IndexEntry, type LayerEntry, type Manifest } from "../format/manifest.js";
+import { readPayload, type Keys } from "../pipeline/read-payload.js";
+import { snapshot, type SnapshotResult } from "../pipeline/snapshot.js";
+import type { LiveTarget } from "../sources/types.js";
+import { isMemsnapPrivate } from "../sources/walk.js";
+import { crashPoint } from "../util/crash-point.js";
+import { extractPayload } from "./extract.js";
+import { newJournal, recoverJournal, rollForward, writeJournal, cleanup, type Swap } from "./journal.js";
+import { acquireLock, type AgentLock } from "./lock.js";
+import { checkManifest, checkManifestFindings } from "./preflight.js";
+import { planRestore, type RestorePlan } from "./plan.js";
+
+export interface RestoreInPlaceOptions {
+  keys?: Keys;
+  /** Restore only these layers (by name). */
+  only?: string[];
+  /** Restore a bundle of another tenant/agent into this agent. */
+  asAgent?: boolean;
+  /** Take the automatic safety snapshot first (default true). */
+  safetySnapshot?: boolean;
+  /** Store for the safety snapshot. */
+  store?: string;
+  /** How long to wait for the agent's lock (ms; default 0). */
+  waitMs?: number;
+  dryRun?: boolean;
+  signal?: AbortSignal;
+  onProgress?: (bytes: number, total: number) => void;
+}
+
+export interface RestoreInPlaceResult {
+  manifest: Manifest;
+  layers: string[];
+  swaps: number;
+  bytes: number;
+  safetySnapshot: SnapshotResult | null;
+  recovered: string | null;
+  plan?: RestorePlan;
+  durationMs: number;
+}
+
+/** A layer to restore with its config source and live target. */
+export interface SelectedLayer {
+  layer: LayerEntry;
+  source: ConfiguredSource;
+  target: LiveTarget;
+}
+
+/** Match the bundle's layers to the config's sources. Throws MEMSNAP_USAGE for a layer with no place to go. */
+export async function selectLayers(manifest: Manifest, config: MemsnapConfig, only?: string[]): Promise<SelectedLayer[]> {
+  const wanted = only?.length ? new Set(only) : null;
+  if (wanted) {
+    for (const name of wanted) {
+      if (!manifest.layers.some((l) => l.name === name)) {
+        throw new MemsnapError("MEMSNAP_USAGE", `--only ${name}: the bundle has no such layer`, { hint: `its layers: ${manifest.layers.map((l) => l.name).join(", ")}` });
+      }
+    }
+  }
+  const out: SelectedLayer[] = [];
+  for (const layer of manifest.layers) {
+    if (wanted && !wanted.has(layer.name)) continue;
+    const source = config.sources.find((s) => s.cfg.name === layer.name);
+    if (!source || source.impl.kind !== layer.kind) {
+      throw new MemsnapError("MEMSNAP_USAGE", `layer ${layer.name} (${layer.kind}) has no ${layer.kind} source named ${layer.name} in the config`, {
+        hint: "restore it with --to DIR, or leave it out with --only",
+      });
+    }
+    if (!source.impl.liveTarget) {
+      throw new MemsnapError("MEMSNAP_USAGE", `layer ${layer.name}: ${layer.kind} layers cannot be restored in place yet`, { hint: "restore it with --to DIR, or leave it out with --only" });
+    }
+    out.push({ layer, source, target: await source.impl.liveTarget(source.cfg, config.baseDir, layer) });
+  }
+  return out;
+}
+
+async function listFiles(root: string): Promise<string[]> {
+  const out: string[] = [];
+  const walk = async (dir: string, rel: string): Promise<void> => {
+    let names: string[];
+    try {
+      names = await readdir(dir);
+    } catch (e) {
+      if ((e as NodeJS.ErrnoException).code === "ENOENT" || (e as NodeJS.ErrnoException).code === "ENOTDIR") return;
+      throw e;
+    }
+    for (const n of names.sort()) {
+      if (isMemsnapPrivate(n)) continue;
+      const p = join(dir, n);
+      const r = rel ? `${rel}/${n}` : n;
+      const st = await lstat(p);
+      if (st.isDirectory()) await walk(p, r);
+      else out.push(r);
+    }
+  };
+  await walk(root, "");
+  return out;
+}
+
+async function buildSwaps(sel: SelectedLayer, staged: string, backup: string): Promise<Swap[]> {
+  const { target, layer } = sel;
+  if (target.mode === "dir") return [{ layer: layer.name, target: target.root, staged, backup }];
+  const swaps: Swap[] = [];
+  const newFiles = await listFiles(staged);
+  const have = new Set(newFiles);
+  const removals = new Set<string>();
+  for (const rel of newFiles) {
+    swaps.push({ layer: layer.name, target: join(target.root, rel), staged: join(staged, rel), backup: join(backup, rel) });
+    for (const c of target.companions?.(rel) ?? []) removals.add(c);
+  }
+  for (const rel of await listFiles(target.root)) {
+    if (!have.has(rel) && target.owns?.(rel)) {
+      removals.add(rel);
+      for (const c of target.companions?.(rel) ?? []) removals.add(c);
+    }
+  }
+  for (const rel of removals) {
+    if (!have.has(rel)) swaps.push({ layer: layer.name, target: join(target.root, rel), staged: null, backup: join(backup, rel) });
+  }
+  return swaps;
+}
+
+/**
+ * Restore a bundle into the agent described by `config`. Throws MEMSNAP_LOCKED, the bundle's
+ * integrity/key/format errors (before anything live is touched), MEMSNAP_USAGE for an agent
+ * mismatch or a layer without a target, and MEMSNAP_DEST_* for write failures (staging removed).
+ */
+export async function restoreInPlace(bundle: string, config: MemsnapConfig, opts: RestoreInPlaceOptions = {}): Promise<RestoreInPlaceResult> {
+  const t0 = performance.now();
+  const layout = await readLayout(bundle);
+  const manifest = parseManifest(layout.manifestBytes);
+  checkManifestFindings(checkManifest(manifest, layout));
+  if (!opts.asAgent && (manifest.tenant !== config.tenant || manifest.agent !== config.agent)) {
+    throw new MemsnapError("MEMSNAP_AGENT_MISMATCH",
+      `bundle is for ${manifest.tenant}/${manifest.agent}, the config is for ${config.tenant}/${config.agent}`,
+      { hint: "pass --as-agent to restore it into this agent anyway" });
+  }
+  const keys = opts.keys ?? {};
+  if (manifest.payload.encryption && !(keys.identities?.length || keys.passphrases?.length)) {
+    throw new MemsnapError("MEMSNAP_IDENTITY_REQUIRED", "the bundle is encrypted and no identity was given", {
+      hint: "pass --identity FILE (an age identity file) or --passphrase-file FILE",
+    });
+  }
+  const selected = await selectLayers(manifest, config, opts.only);
+  if (opts.dryRun) {
+    const plan = await planRestore(layout, manifest, config, selected, keys, opts.signal);
+    return { manifest, layers: selected.map((s) => s.layer.name), swaps: 0, bytes: 0, safetySnapshot: null, recovered: null, plan, durationMs: performance.now() - t0 };
+  }
+  const lock: AgentLock = await acquireLock(config.baseDir, { waitMs: opts.waitMs ?? 0, command: "restore" });
+  try {
+    crashPoint("restore:locked");
+    const rec = await recoverJournal(config.baseDir);
+    let safety: SnapshotResult | null = null;
+    if (opts.safetySnapshot !== false) {
+      if (!opts.store) throw new MemsnapError("MEMSNAP_USAGE", "a safety snapshot needs a store", { hint: "pass --store, or --no-safety-snapshot" });
+      safety = await snapshot({
+        config, store: opts.store, createdBy: "pre-restore", label: `auto:pre-restore-${manifest.snapshot_id}`,
+        recipients: config.recipients, redact: false, allowUnredacted: true, lock: "held",
+        ...(opts.signal ? { signal: opts.signal } : {}),
+      });
+      crashPoint("restore:safety-snapshot-done");
+    }
+    const tag = `${manifest.snapshot_id.slice(-8).toLowerCase()}${randomBytes(2).toString("hex")}`;
+    const journal = newJournal(manifest.snapshot_id, layout.path);
+    const roots = new Map<string, { staged: string; backup: string }>();
+    for (const s of selected) {
+      const staged = `${s.target.root}.memsnap-new-${tag}`;
+      const backup = `${s.target.root}.memsnap-old-${tag}`;
+      roots.set(s.layer.name, { staged, backup });
+      journal.staging.push(staged);
+      journal.backups.push(backup);
+    }
+    await writeJournal(config.baseDir, journal);
+    crashPoint("restore:journal-staging");
+    let swapping = false;
+    try {
+      const r = await extractPayload(layout, manifest, (layer) => roots.get(layer)?.staged ?? null, {
+        keys, ...(opts.signal ? { signal: opts.signal } : {}), ...(opts.onProgress ? { onProgress: opts.onProgress } : {}),
+      });
+      for (const s of selected) {
+        const dir = roots.get(s.layer.name)!.staged;
+        await (await import("node:fs/promises")).mkdir(dir, { recursive: true });
+        await s.source.impl.materialize?.(dir, s.layer);
+      }
+      crashPoint("restore:staged");
+      for (const s of selected) {
+        const { staged, backup } = roots.get(s.layer.name)!;
+        journal.swaps.push(...(await buildSwaps(s, staged, backup)));
+      }
+      journal.phase = "swapping";
+      await writeJournal(config.baseDir, journal);
+      swapping = true;
+      crashPoint("restore:journal-swapping");
+      await rollForward(config.baseDir, journal);
+      const bytes = r.entries.filter((e) => roots.has(e.name.split("/")[0]!)).reduce((n, e) => n + e.size, 0);
+      return {
+        manifest, layers: selected.map((s) => s.layer.name), swaps: journal.swaps.length, bytes, safetySnapshot: safety,
+        recovered: rec?.action ?? null, durationMs: performance.now() - t0,
+      };
+    } catch (e) {
+      // Before the swap phase the live state is untouched: remove staging and the journal.
+      if (!swapping) await cleanup(config.baseDir, journal).catch(() => undefined);
+      throw e;
+    }
+  } finally {
+    await lock.release();
+  }
+}
+
+/** `memsnap recover`: finish or roll back an interrupted restore, under the agent's lock. */
+export async function recoverAgent(config: MemsnapConfig, opts: { waitMs?: number } = {}): Promise<{ action: "rolled-back" | "completed" | "none"; snapshotId: string | null }> {
+  const lock = await acquireLock(config.baseDir, { waitMs: opts.waitMs ?? 0, command: "recover" });
+  try {
+    const r = await recoverJournal(config.baseDir);
+    return r ? { action: r.action, snapshotId: r.journal.snapshot_id } : { action: "none", snapshotId: null };
+  } finally {
+    await lock.release();
+  }
+}
+
+
+

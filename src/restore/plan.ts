@@ -1,0 +1,89 @@
+/** restore --dry-run: what an in-place restore would change, computed without touching anything. */
+import { createHash } from "node:crypto";
+import { createReadStream } from "node:fs";
+import { lstat, readdir } from "node:fs/promises";
+import { join } from "node:path";
+import type { MemsnapConfig } from "../config.js";
+import type { BundleLayout } from "../format/container.js";
+import type { IndexEntry, Manifest } from "../format/manifest.js";
+import { readPayload, type Keys } from "../pipeline/read-payload.js";
+import { isMemsnapPrivate } from "../sources/walk.js";
+import type { SelectedLayer } from "./in-place.js";
+
+export interface LayerPlan {
+  layer: string;
+  kind: string;
+  target: string;
+  mode: "dir" | "files";
+  bytes: number;
+  added: string[];
+  removed: string[];
+  changed: string[];
+  unchanged: number;
+  notes: string[];
+}
+
+export interface RestorePlan {
+  snapshot_id: string;
+  /** False when the bundle is encrypted and no key was given: only layer totals are known. */
+  file_level: boolean;
+  layers: LayerPlan[];
+}
+
+async function sha256File(path: string): Promise<string> {
+  const h = createHash("sha256");
+  for await (const c of createReadStream(path)) h.update(c as Buffer);
+  return h.digest("hex");
+}
+
+async function liveFiles(root: string): Promise<string[]> {
+  const out: string[] = [];
+  const walk = async (dir: string, rel: string): Promise<void> => {
+    const names = await readdir(dir).catch(() => [] as string[]);
+    for (const n of names.sort()) {
+      if (isMemsnapPrivate(n)) continue;
+      const p = join(dir, n);
+      const r = rel ? `${rel}/${n}` : n;
+      const st = await lstat(p);
+      if (st.isDirectory()) await walk(p, r);
+      else out.push(r);
+    }
+  };
+  await walk(root, "");
+  return out;
+}
+
+/** Build the plan. Reads the payload (hashing only) when the index is encrypted and a key is given. */
+export async function planRestore(
+  layout: BundleLayout, manifest: Manifest, config: MemsnapConfig, selected: SelectedLayer[], keys: Keys, signal?: AbortSignal,
+): Promise<RestorePlan> {
+  let index: IndexEntry[] | null = manifest.index ?? null;
+  if (!index && (keys.identities?.length || keys.passphrases?.length)) {
+    const r = await readPayload(layout, manifest, keys, async () => undefined, signal);
+    index = r.index?.artifacts ?? null;
+  }
+  const layers: LayerPlan[] = [];
+  for (const s of selected) {
+    const p: LayerPlan = {
+      layer: s.layer.name, kind: s.layer.kind, target: s.target.root, mode: s.target.mode, bytes: s.layer.bytes,
+      added: [], removed: [], changed: [], unchanged: 0, notes: [],
+    };
+    if (s.target.mode === "dir") p.notes.push(`replaces the directory ${s.target.root}`);
+    if (index && s.target.mode === "files") {
+      const prefix = `${s.layer.name}/`;
+      const want = new Map(index.filter((e) => e.layer === s.layer.name).map((e) => [e.path.slice(prefix.length), e.sha256]));
+      const live = (await liveFiles(s.target.root)).filter((rel) => s.target.owns?.(rel) ?? true);
+      const liveSet = new Set(live);
+      for (const [rel, sha] of want) {
+        if (!liveSet.has(rel)) p.added.push(rel);
+        else if ((await sha256File(join(s.target.root, rel))) !== sha) p.changed.push(rel);
+        else p.unchanged++;
+      }
+      for (const rel of live) if (!want.has(rel)) p.removed.push(rel);
+    }
+    const extra = await s.source.impl.planLayer?.(s.source.cfg, config.baseDir, s.layer);
+    if (extra) p.notes.push(...extra);
+    layers.push(p);
+  }
+  return { snapshot_id: manifest.snapshot_id, file_level: index !== null, layers };
+}
