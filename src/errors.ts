@@ -61,6 +61,7 @@ export const ERROR_CODES = {
   MEMSNAP_DEST_NOT_EMPTY: { class: "destination", meaning: "restore --to needs a new or empty directory" },
   MEMSNAP_DEST_EXISTS: { class: "destination", meaning: "the output file already exists" },
   MEMSNAP_UNSAFE_PATH: { class: "unsafe", meaning: "a bundle entry would write outside its target or is not a regular file" },
+  MEMSNAP_UNSAFE_BUNDLE: { class: "unsafe", meaning: "a bundle exceeds its own declared sizes (zstd/tar bomb, entry longer than declared, oversized manifest)" },
 } as const satisfies Record<string, { class: ErrorClass; meaning: string }>;
 
 /** A stable error code string. */

@@ -200,7 +200,11 @@ export async function readLayout(path: string): Promise<BundleLayout> {
     }
     if (!second) throw truncated(path, "no manifest member");
     if (second.name !== MANIFEST_MEMBER || second.type !== "0") throw malformed(path, `second member is ${JSON.stringify(second.name)}`);
-    if (second.size > MANIFEST_MAX_BYTES) throw malformed(path, `manifest of ${second.size} bytes is over the ${MANIFEST_MAX_BYTES}-byte cap`);
+    if (second.size > MANIFEST_MAX_BYTES) {
+      throw new MemsnapError("MEMSNAP_UNSAFE_BUNDLE", `${path}: manifest of ${second.size} bytes is over the ${MANIFEST_MAX_BYTES}-byte cap`, {
+        path, hint: "refusing to read it; this bundle was not written by memsnap or was tampered with",
+      });
+    }
     const end = mPos + BLOCK + second.size + padding(second.size) + 2 * BLOCK;
     if (fileSize < mPos + BLOCK + second.size) throw truncated(path, "inside the manifest");
     if (fileSize < end) throw truncated(path, "in the end-of-archive blocks");

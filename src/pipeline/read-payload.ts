@@ -8,7 +8,7 @@
  */
 import { createHash } from "node:crypto";
 import { createReadStream } from "node:fs";
-import { Writable } from "node:stream";
+import { Duplex, Writable } from "node:stream";
 import { pipeline } from "node:stream/promises";
 import tar from "tar-stream";
 import { MemsnapError, type Finding } from "../errors.js";
@@ -46,6 +46,7 @@ export interface PayloadReadResult {
 }
 
 const INDEX_MAX_BYTES = 256 * 1024 * 1024;
+const BOMB_MARGIN = 4 * 1024 * 1024;
 
 /** Hash a byte range of the bundle file without decrypting it (verify without a key). */
 export async function hashStoredPayload(layout: BundleLayout): Promise<{ sha256: string; size: number; head: Buffer }> {
@@ -75,7 +76,21 @@ export async function readPayload(layout: BundleLayout, manifest: Manifest, keys
   let storedSize = 0;
   const stages: NodeJS.ReadWriteStream[] = [];
   if (manifest.payload.encryption) stages.push(createAgeDecryptor({ identities: keys.identities ?? [], passphrases: keys.passphrases ?? [] }));
-  stages.push(createZstdDecompressor({ maxOutputBytes: manifest.payload.tar_size }));
+  // The manifest declares the tar size: past it the payload is a bomb. The decompressor's own
+  // hard stop sits a margin above, so the counting stage below reports it first, as unsafe.
+  stages.push(createZstdDecompressor({ maxOutputBytes: manifest.payload.tar_size + BOMB_MARGIN }));
+  let tarBytes = 0;
+  stages.push(Duplex.from(async function* (chunks: AsyncIterable<Buffer>) {
+    for await (const c of chunks) {
+      tarBytes += c.length;
+      if (tarBytes > manifest.payload.tar_size) {
+        throw new MemsnapError("MEMSNAP_UNSAFE_BUNDLE", `the payload decompresses past its declared ${manifest.payload.tar_size} bytes`, {
+          hint: "a zstd or tar bomb, or a tampered manifest: nothing was restored",
+        });
+      }
+      yield c;
+    }
+  }) as unknown as NodeJS.ReadWriteStream);
   const extract = tar.extract();
   const src = layout.payloadSize > 0
     ? createReadStream(layout.path, { start: layout.payloadOffset, end: layout.payloadOffset + layout.payloadSize - 1, highWaterMark: 1 << 20 })

@@ -32,8 +32,15 @@ export async function extractPayload(
   const total = manifest.payload.bytes;
   let written = 0;
   const made = new Set<string>();
+  const declared = manifest.index ? new Map(manifest.index.map((e) => [e.path, e.size])) : null;
   const r = await readPayload(layout, manifest, opts.keys ?? {}, async (info, chunks) => {
     checkEntryName(info.name, layers);
+    const want = declared?.get(info.name);
+    if (want !== undefined && info.size > want) {
+      throw new MemsnapError("MEMSNAP_UNSAFE_BUNDLE", `entry ${info.name} is ${info.size} bytes, the index declares ${want}`, {
+        path: info.name, hint: "this bundle was not written by memsnap or was tampered with; nothing was restored",
+      });
+    }
     const root = rootFor(info.layer);
     if (root === null) return;
     const dest = join(root, ...info.rel.split("/"));
