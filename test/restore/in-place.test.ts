@@ -1,0 +1,137 @@
+// In-place restore through the real CLI: safety snapshot, agent checks, --only, --dry-run, locking.
+import { spawn, spawnSync } from "node:child_process";
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { hostname, tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterAll, beforeEach, describe, expect, it } from "vitest";
+import { acquireLock, parseManifest, readLayout } from "../../src/index.js";
+
+const BIN = new URL("../../bin/memsnap.js", import.meta.url).pathname;
+const work = mkdtempSync(join(tmpdir(), "memsnap-inplace-"));
+afterAll(() => rmSync(work, { recursive: true, force: true }));
+
+function cli(args: string[]) {
+  const r = spawnSync(process.execPath, [BIN, ...args], { encoding: "utf8" });
+  return { code: r.status, stdout: r.stdout, stderr: r.stderr };
+}
+
+let agent = "";
+let store = "";
+let bundle = "";
+let bundleId = "";
+
+function makeAgent(name = "scribe"): string {
+  const a = mkdtempSync(join(work, "agent-"));
+  mkdirSync(join(a, "memory", "people"), { recursive: true });
+  mkdirSync(join(a, "state"));
+  writeFileSync(join(a, "memory", "MEMORY.md"), "# v1\n");
+  writeFileSync(join(a, "memory", "people", "ada.md"), "ada v1\n");
+  writeFileSync(join(a, "memory", "keep.bin"), "not a markdown file: outside the layer's globs\n");
+  writeFileSync(join(a, "state", "cursor.json"), '{"c":1}');
+  writeFileSync(join(a, "memsnap.json"), JSON.stringify({
+    agent: name, redaction: { enabled: false },
+    sources: [
+      { kind: "files", name: "memory", path: "memory", include: ["**/*.md"] },
+      { kind: "state", name: "state", path: "state" },
+    ],
+  }));
+  return a;
+}
+
+beforeEach(() => {
+  agent = makeAgent();
+  store = join(agent, "..", `store-${Date.now()}`);
+  const r = cli(["snapshot", "-c", join(agent, "memsnap.json"), "--store", store, "--json"]);
+  expect(r.code, r.stderr).toBe(0);
+  ({ path: bundle, id: bundleId } = JSON.parse(r.stdout) as { path: string; id: string });
+  // the live agent moves on
+  writeFileSync(join(agent, "memory", "MEMORY.md"), "# v2\n");
+  rmSync(join(agent, "memory", "people", "ada.md"));
+  writeFileSync(join(agent, "memory", "new.md"), "new\n");
+  writeFileSync(join(agent, "memory", "keep.bin"), "changed, but not ours\n");
+  writeFileSync(join(agent, "state", "cursor.json"), '{"c":2}');
+});
+
+describe("restore in place", () => {
+  it("restores the layers, keeps files outside the layer's globs, and takes a labelled safety snapshot first", () => {
+    const r = cli(["restore", bundle, "-c", join(agent, "memsnap.json"), "--store", store, "--json"]);
+    expect(r.code, r.stderr).toBe(0);
+    const out = JSON.parse(r.stdout) as { safety_snapshot: { path: string }; layers: string[] };
+    expect(out.layers).toEqual(["memory", "state"]);
+    expect(readFileSync(join(agent, "memory", "MEMORY.md"), "utf8")).toBe("# v1\n");
+    expect(readFileSync(join(agent, "memory", "people", "ada.md"), "utf8")).toBe("ada v1\n");
+    expect(existsSync(join(agent, "memory", "new.md"))).toBe(false);
+    expect(readFileSync(join(agent, "memory", "keep.bin"), "utf8")).toBe("changed, but not ours\n");
+    expect(readFileSync(join(agent, "state", "cursor.json"), "utf8")).toBe('{"c":1}');
+    // the safety snapshot holds the pre-restore state and says what it is
+    return readLayout(out.safety_snapshot.path).then((l) => {
+      const m = parseManifest(l.manifestBytes);
+      expect(m.created_by).toBe("pre-restore");
+      expect(m.label).toBe(`auto:pre-restore-${bundleId}`);
+      expect(m.index?.some((e) => e.path === "memory/new.md")).toBe(true);
+    });
+  });
+
+  it("--no-safety-snapshot skips it; restoring the same bundle twice works", () => {
+    for (let i = 0; i < 2; i++) {
+      const r = cli(["restore", bundle, "-c", join(agent, "memsnap.json"), "--no-safety-snapshot", "--json"]);
+      expect(r.code, r.stderr).toBe(0);
+      expect((JSON.parse(r.stdout) as { safety_snapshot: unknown }).safety_snapshot).toBeNull();
+    }
+    expect(readdirSync(join(store, "default", "scribe"))).toHaveLength(1);
+  });
+
+  it("--only restores one layer", () => {
+    const r = cli(["restore", bundle, "-c", join(agent, "memsnap.json"), "--store", store, "--only", "state"]);
+    expect(r.code, r.stderr).toBe(0);
+    expect(readFileSync(join(agent, "state", "cursor.json"), "utf8")).toBe('{"c":1}');
+    expect(readFileSync(join(agent, "memory", "MEMORY.md"), "utf8")).toBe("# v2\n");
+  });
+
+  it("--dry-run prints the plan and touches nothing", () => {
+    const r = cli(["restore", bundle, "-c", join(agent, "memsnap.json"), "--store", store, "--dry-run", "--json"]);
+    expect(r.code, r.stderr).toBe(0);
+    const plan = (JSON.parse(r.stdout) as { plan: { layers: { layer: string; added: string[]; removed: string[]; changed: string[] }[] } }).plan;
+    const mem = plan.layers.find((l) => l.layer === "memory")!;
+    expect(mem.added).toEqual(["people/ada.md"]);
+    expect(mem.removed).toEqual(["new.md"]);
+    expect(mem.changed).toEqual(["MEMORY.md"]);
+    expect(readFileSync(join(agent, "memory", "MEMORY.md"), "utf8")).toBe("# v2\n");
+    expect(readdirSync(join(store, "default", "scribe"))).toHaveLength(1);
+  });
+
+  it("refuses another agent's bundle unless --as-agent", () => {
+    const other = makeAgent("other");
+    const r = cli(["restore", bundle, "-c", join(other, "memsnap.json"), "--no-safety-snapshot"]);
+    expect(r.code).toBe(2);
+    expect(r.stderr).toContain("[MEMSNAP_AGENT_MISMATCH]");
+    expect(r.stderr).toContain("hint: pass --as-agent");
+    const ok = cli(["restore", bundle, "-c", join(other, "memsnap.json"), "--no-safety-snapshot", "--as-agent"]);
+    expect(ok.code, ok.stderr).toBe(0);
+  });
+
+  it("fails with the locked code while another process holds the agent, and waits with --wait", async () => {
+    const lock = await acquireLock(agent, { command: "test" });
+    const r = cli(["restore", bundle, "-c", join(agent, "memsnap.json"), "--store", store]);
+    expect(r.code).toBe(7);
+    expect(r.stderr).toContain("[MEMSNAP_LOCKED]");
+    expect(r.stderr).toContain(`pid ${process.pid}`);
+    expect(readFileSync(join(agent, "memory", "MEMORY.md"), "utf8")).toBe("# v2\n");
+    // with --wait it proceeds once the lock is released
+    const child = spawn(process.execPath, [BIN, "restore", bundle, "-c", join(agent, "memsnap.json"), "--store", store, "--wait", "20s"]);
+    const done = new Promise<number | null>((res) => child.on("exit", res));
+    await new Promise((r2) => setTimeout(r2, 700));
+    await lock.release();
+    expect(await done).toBe(0);
+    expect(readFileSync(join(agent, "memory", "MEMORY.md"), "utf8")).toBe("# v1\n");
+  });
+
+  it("takes over a stale lock left by a dead process", () => {
+    mkdirSync(join(agent, ".memsnap"), { recursive: true });
+    const dead = spawnSync(process.execPath, ["-e", "process.exit(0)"]).pid;
+    writeFileSync(join(agent, ".memsnap", "lock"), JSON.stringify({ pid: dead, host: hostname(), started_at: new Date().toISOString(), command: "snapshot" }));
+    const r = cli(["restore", bundle, "-c", join(agent, "memsnap.json"), "--no-safety-snapshot"]);
+    expect(r.code, r.stderr).toBe(0);
+    expect(existsSync(join(agent, ".memsnap", "lock"))).toBe(false);
+  });
+});
