@@ -24,3 +24,4 @@ export { restoreInPlace, recoverAgent, selectLayers, type RestoreInPlaceOptions,
 export type { RestorePlan, LayerPlan } from "./restore/plan.js";
 export { acquireLock, parseDuration, controlDir, type AgentLock, type LockInfo } from "./restore/lock.js";
 export { readJournal, recoverJournal, journalPath, type Journal, type Swap } from "./restore/journal.js";
+export { generateSigningKey, loadSigningKey, loadTrusted, checkSignature, parsePublicKey, publicKeyString, keyId, type ManifestSignature, type SignatureStatus } from "./sign.js";

@@ -18,7 +18,9 @@ import { createHash } from "node:crypto";
 import { AGE_MAGIC } from "./pipeline/age.js";
 import { compareWithIndex, hashStoredPayload, readPayload, type Keys } from "./pipeline/read-payload.js";
 import { ZSTD_MAGIC } from "./pipeline/zstd.js";
+import { checkSignature, type SignatureStatus } from "./sign.js";
 import { sourceKind } from "./sources/registry.js";
+import type { KeyObject } from "node:crypto";
 
 export type CheckStatus = "passed" | "failed" | "skipped";
 
@@ -39,6 +41,8 @@ export interface VerifyReport {
 
 export interface VerifyOptions {
   keys?: Keys;
+  /** Public keys whose signature proves who made the bundle; when given, an unsigned or untrusted bundle fails. */
+  trusted?: KeyObject[];
   /** Also run each layer's own checks (JSON parse, SQLite integrity_check, git bundle verify). */
   deep?: boolean;
   signal?: AbortSignal;
@@ -103,6 +107,8 @@ export async function verifyBundle(path: string, opts: VerifyOptions = {}): Prom
     return report();
   }
   const mf = checkManifest(manifest, layout);
+  const sig = checkSignature(manifest, opts.trusted ?? []);
+  const sigFindings: Finding[] = signatureFindings(sig, (opts.trusted?.length ?? 0) > 0);
   add("seal", mf.filter((x) => x.code === "MEMSNAP_SEAL_MISMATCH"));
   add("layers", mf.filter((x) => x.code === "MEMSNAP_UNSUPPORTED_LAYER"));
   const labelF = mf.filter((x) => x.code === "MEMSNAP_PAYLOAD_MISLABELED");
@@ -129,6 +135,7 @@ export async function verifyBundle(path: string, opts: VerifyOptions = {}): Prom
     skip("index-binding", why);
     skip("artifacts", why);
     if (opts.deep) skip("deep", why);
+    finishSignature();
     return report();
   }
   // Full pass: decrypt (if needed), decompress, hash every entry, optionally deep-check.
@@ -162,7 +169,26 @@ export async function verifyBundle(path: string, opts: VerifyOptions = {}): Prom
     if (!keyErr) add("artifacts", [{ code: e.code, message: e.message }]);
     else skip("artifacts", "not run: the payload could not be decrypted");
   }
+  finishSignature();
   return report();
+
+  function finishSignature(): void {
+    const payloadBad = findings.some((x) => x.code === "MEMSNAP_PAYLOAD_HASH_MISMATCH");
+    if (sig.state === "valid" && payloadBad) {
+      sigFindings.push({ code: "MEMSNAP_SIGNATURE_INVALID", message: "the payload does not match the SHA-256 the signature commits to" });
+    }
+    if (sig.state === "unsigned" && !sigFindings.length) skip("signature", "the bundle is unsigned");
+    else add("signature", sigFindings, sig.state === "valid" ? `signed by ${sig.key_id}${sig.trusted ? " (trusted)" : " (not checked against a trusted key: pass --trust)"}` : undefined);
+  }
+}
+
+/** Findings for a signature status; `requireTrust` when the caller named trusted keys. */
+export function signatureFindings(sig: SignatureStatus, requireTrust: boolean): Finding[] {
+  if (sig.state === "invalid") return [{ code: "MEMSNAP_SIGNATURE_INVALID", message: `signature invalid: ${sig.reason}` }];
+  if (!requireTrust) return [];
+  if (sig.state === "unsigned") return [{ code: "MEMSNAP_SIGNATURE_REQUIRED", message: "the bundle is unsigned" }];
+  if (!sig.trusted) return [{ code: "MEMSNAP_SIGNATURE_UNTRUSTED", message: `signed by ${sig.key_id}, which is not a trusted key` }];
+  return [];
 }
 
 /** The error verify's CLI raises for a failed report: the single finding's code, or MEMSNAP_VERIFY_FAILED. */
@@ -172,7 +198,11 @@ export function reportError(r: VerifyReport): MemsnapError {
   const code = codes.length === 1 || classes.size === 1 ? codes[0]! : "MEMSNAP_VERIFY_FAILED";
   const first = r.findings[0]!;
   const msg = r.findings.length === 1 ? first.message : `${r.findings.length} problems found, first: ${first.message}`;
-  const hint = ERROR_CODES[code].class === "key"
+  const hint = code === "MEMSNAP_SIGNATURE_REQUIRED" || code === "MEMSNAP_SIGNATURE_UNTRUSTED"
+    ? "only a bundle signed by a --trust key proves who made it; check the key, or drop --trust"
+    : code === "MEMSNAP_SIGNATURE_INVALID"
+      ? "the manifest or the payload changed after signing; do not restore it"
+      : ERROR_CODES[code].class === "key"
     ? "check that --identity names a key this bundle was encrypted to"
     : ERROR_CODES[code].class === "malformed"
       ? "the file is not a bundle this memsnap can read (damaged, not a bundle, or from a newer memsnap)"

@@ -10,7 +10,7 @@
  * read of every source, which is how the system we replace produced unverifiable bundles).
  * Any failure destroys the pipeline and removes the temp file: no bundle, no leftovers.
  */
-import { createHash, randomBytes } from "node:crypto";
+import { createHash, randomBytes, type KeyObject } from "node:crypto";
 import { mkdir, rm, stat } from "node:fs/promises";
 import { hostname } from "node:os";
 import { dirname, join } from "node:path";
@@ -27,6 +27,7 @@ import {
 import { createRedactor } from "../redact/index.js";
 import { recoverJournal } from "../restore/journal.js";
 import { acquireLock, type AgentLock } from "../restore/lock.js";
+import { signManifest } from "../sign.js";
 import { removeOrphans } from "../store/orphans.js";
 import { crashPoint } from "../util/crash-point.js";
 import type { Redactor } from "../redact/types.js";
@@ -70,6 +71,8 @@ export interface SnapshotOptions {
    * the caller already holds it (the safety snapshot inside a restore), or false for none.
    */
   lock?: { waitMs: number } | "held" | false;
+  /** Sign the manifest with this Ed25519 private key. */
+  signKey?: KeyObject;
 }
 
 export interface SnapshotResult {
@@ -276,7 +279,8 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
       ...(encrypted ? {} : { index }),
       redaction: redaction ? { ...redaction } : { policy: "off" },
     };
-    const manifest: Manifest = { ...body, seal: computeSeal(body) };
+    const sealed: Manifest = { ...body, seal: computeSeal(body) };
+    const manifest: Manifest = opts.signKey ? { ...sealed, signature: { ...signManifest(sealed, opts.signKey) } } : sealed;
     await writer.commit(encodeManifest(manifest), payload.storedSize);
     const bundleBytes = (await stat(dest)).size;
     return { id, path: dest, manifest, inputBytes: bytes, bundleBytes, durationMs: performance.now() - t0 };

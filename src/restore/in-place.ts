@@ -27,10 +27,10 @@ import { crashPoint } from "../util/crash-point.js";
 import { extractPayload } from "./extract.js";
 import { newJournal, recoverJournal, rollForward, writeJournal, cleanup, type Swap } from "./journal.js";
 import { acquireLock, type AgentLock } from "./lock.js";
-import { checkManifest, checkManifestFindings } from "./preflight.js";
+import { checkManifest, checkManifestFindings, enforceSignature, type SignaturePolicy } from "./preflight.js";
 import { planRestore, type RestorePlan } from "./plan.js";
 
-export interface RestoreInPlaceOptions {
+export interface RestoreInPlaceOptions extends SignaturePolicy {
   keys?: Keys;
   /** Restore only these layers (by name). */
   only?: string[];
@@ -148,6 +148,7 @@ export async function restoreInPlace(bundle: string, config: MemsnapConfig, opts
   const layout = await readLayout(bundle);
   const manifest = parseManifest(layout.manifestBytes);
   checkManifestFindings(checkManifest(manifest, layout));
+  enforceSignature(manifest, opts);
   if (!opts.asAgent && (manifest.tenant !== config.tenant || manifest.agent !== config.agent)) {
     throw new MemsnapError("MEMSNAP_AGENT_MISMATCH",
       `bundle is for ${manifest.tenant}/${manifest.agent}, the config is for ${config.tenant}/${config.agent}`,

@@ -1,5 +1,9 @@
 /** Checks a restore makes on the manifest before it writes anything. */
+import type { KeyObject } from "node:crypto";
 import { MemsnapError, type Finding } from "../errors.js";
+import type { Manifest } from "../format/manifest.js";
+import { checkSignature } from "../sign.js";
+import { signatureFindings } from "../verify.js";
 export { checkManifest } from "../verify.js";
 
 /** Throw the first manifest finding as an error (restore refuses before touching anything). */
@@ -9,5 +13,25 @@ export function checkManifestFindings(findings: Finding[]): void {
   throw new MemsnapError(f.code, f.message, {
     findings,
     hint: f.code === "MEMSNAP_UNSUPPORTED_LAYER" ? "upgrade memsnap to restore this bundle" : "the bundle is damaged or was altered; nothing was restored",
+  });
+}
+
+/** Options shared by both restores for signed manifests. */
+export interface SignaturePolicy {
+  /** Refuse unsigned bundles and bundles not signed by one of `trusted`. */
+  requireSignature?: boolean;
+  trusted?: KeyObject[];
+}
+
+/**
+ * Enforce the signature policy before anything is written. An invalid signature always
+ * fails (MEMSNAP_SIGNATURE_INVALID); with requireSignature an unsigned bundle fails
+ * (MEMSNAP_SIGNATURE_REQUIRED) and so does one signed by an untrusted key (MEMSNAP_SIGNATURE_UNTRUSTED).
+ */
+export function enforceSignature(m: Manifest, policy: SignaturePolicy): void {
+  const f = signatureFindings(checkSignature(m, policy.trusted ?? []), !!policy.requireSignature)[0];
+  if (!f) return;
+  throw new MemsnapError(f.code, f.message, {
+    hint: f.code === "MEMSNAP_SIGNATURE_INVALID" ? "the manifest was altered after signing; do not restore it" : "pass --trust with the signer's public key (memsnap-ed25519:…), or drop --require-signature",
   });
 }

@@ -16,11 +16,11 @@ import { readLayout } from "../format/container.js";
 import { MANIFEST_MEMBER, parseManifest, type Manifest } from "../format/manifest.js";
 import type { Keys } from "../pipeline/read-payload.js";
 import { fsyncDir } from "../util/fs-atomic.js";
-import { checkManifest, checkManifestFindings } from "./preflight.js";
+import { checkManifest, checkManifestFindings, enforceSignature, type SignaturePolicy } from "./preflight.js";
 import { sourceKind } from "../sources/registry.js";
 import { extractPayload } from "./extract.js";
 
-export interface RestoreToDirOptions {
+export interface RestoreToDirOptions extends SignaturePolicy {
   keys?: Keys;
   signal?: AbortSignal;
   onProgress?: (bytes: number, total: number) => void;
@@ -59,6 +59,7 @@ export async function restoreToDir(bundle: string, to: string, opts: RestoreToDi
   const layout = await readLayout(bundle);
   const manifest = parseManifest(layout.manifestBytes);
   checkManifestFindings(checkManifest(manifest, layout));
+  enforceSignature(manifest, opts);
   if (manifest.payload.encryption && !(opts.keys?.identities?.length || opts.keys?.passphrases?.length)) {
     throw new MemsnapError("MEMSNAP_IDENTITY_REQUIRED", "the bundle is encrypted and no identity was given", {
       hint: "pass --identity FILE (an age identity file) or --passphrase-file FILE",

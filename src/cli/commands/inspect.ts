@@ -32,6 +32,7 @@ Examples:
         `format     ${m.format} manifest v${m.manifest_version}, seal ${sealOk ? "ok" : "MISMATCH"}`,
         `payload    ${m.payload.member}: ${fmtBytes(m.payload.stored_size)} stored, ${fmtBytes(m.payload.bytes)} in ${m.payload.artifacts} artifacts, zstd ${m.payload.compression.level}`,
         `encryption ${enc}`,
+        `signature  ${m.signature ? `${String((m.signature as { key_id?: unknown }).key_id)} (verify --trust to check it)` : "unsigned"}`,
         `layers`,
         ...m.layers.map((l) => `  ${l.name.padEnd(16)} ${l.kind.padEnd(8)} v${l.schema_version}  ${String(l.artifacts).padStart(7)} artifacts  ${fmtBytes(l.bytes)}`),
         `redaction  ${String((m.redaction as { policy?: unknown }).policy ?? "-")}`,

@@ -1,39 +1,57 @@
 import type { Command } from "commander";
 import { open } from "node:fs/promises";
-import { generateIdentity, identityFileText, MemsnapError } from "../../index.js";
+import { generateIdentity, generateSigningKey, identityFileText, keyId, MemsnapError } from "../../index.js";
 import { printJson } from "../output.js";
 import type { GlobalOpts } from "../common.js";
 
 export function registerKeygen(program: Command, global: () => GlobalOpts): void {
   program
     .command("keygen")
-    .description("make an age X25519 identity file (mode 0600) and print its recipient")
-    .requiredOption("-o, --out <file>", "where to write the identity (must not exist)")
+    .description("make an age X25519 identity file (mode 0600) and print its recipient; with --sign, an Ed25519 signing key")
+    .requiredOption("-o, --out <file>", "where to write the key (must not exist)")
+    .option("--sign", "make an Ed25519 manifest-signing key instead (writes FILE and FILE.pub, prints the public key)")
     .addHelpText("after", `
 Examples:
   $ memsnap keygen -o ~/.config/memsnap/key.txt
-  $ memsnap snapshot -r "$(memsnap keygen -o key.txt)"`)
-    .action(async (o: { out: string }) => {
+  $ memsnap snapshot -r "$(memsnap keygen -o key.txt)"
+  $ memsnap keygen --sign -o signing.key        # prints memsnap-ed25519:…, also in signing.key.pub`)
+    .action(async (o: { out: string; sign?: boolean }) => {
+      if (o.sign) {
+        const { privatePem, publicKey } = generateSigningKey();
+        await writeNew(o.out, privatePem, 0o600);
+        await writeNew(`${o.out}.pub`, `${publicKey}\n`, 0o644);
+        if (global().json) printJson({ ok: true, path: o.out, public_key: publicKey, key_id: keyId(publicKey) });
+        else {
+          process.stderr.write(`memsnap: wrote signing key to ${o.out} and public key to ${o.out}.pub\n`);
+          process.stdout.write(`${publicKey}\n`);
+        }
+        return;
+      }
       const { identity, recipient } = await generateIdentity();
-      let fh;
-      try {
-        fh = await open(o.out, "wx", 0o600);
-      } catch (e) {
-        const code = (e as NodeJS.ErrnoException).code;
-        throw new MemsnapError(code === "EEXIST" ? "MEMSNAP_DEST_EXISTS" : "MEMSNAP_DEST_UNWRITABLE", `cannot create ${o.out}: ${(e as Error).message}`, {
-          path: o.out, hint: code === "EEXIST" ? "keygen never overwrites a key; choose another path" : "check the directory",
-        });
-      }
-      try {
-        await fh.writeFile(identityFileText(identity, recipient, new Date()));
-        await fh.sync();
-      } finally {
-        await fh.close();
-      }
+      await writeNew(o.out, identityFileText(identity, recipient, new Date()), 0o600);
       if (global().json) printJson({ ok: true, path: o.out, recipient });
       else {
         process.stderr.write(`memsnap: wrote identity to ${o.out} (keep it secret; without it encrypted bundles cannot be restored)\n`);
         process.stdout.write(`${recipient}\n`);
       }
     });
+}
+
+/** Create a key file that must not exist yet, durably. */
+async function writeNew(path: string, text: string, mode: number): Promise<void> {
+  let fh;
+  try {
+    fh = await open(path, "wx", mode);
+  } catch (e) {
+    const code = (e as NodeJS.ErrnoException).code;
+    throw new MemsnapError(code === "EEXIST" ? "MEMSNAP_DEST_EXISTS" : "MEMSNAP_DEST_UNWRITABLE", `cannot create ${path}: ${(e as Error).message}`, {
+      path, hint: code === "EEXIST" ? "keygen never overwrites a key; choose another path" : "check the directory",
+    });
+  }
+  try {
+    await fh.writeFile(text);
+    await fh.sync();
+  } finally {
+    await fh.close();
+  }
 }

@@ -1,6 +1,6 @@
 import type { Command } from "commander";
 import {
-  loadConfig, loadIdentities, loadPassphrase, parseDuration, recoverAgent, resolveStore, restoreInPlace, restoreToDir,
+  loadConfig, loadIdentities, loadPassphrase, loadTrusted, parseDuration, recoverAgent, resolveStore, restoreInPlace, restoreToDir,
   type RestorePlan,
 } from "../../index.js";
 import { fmtBytes, fmtRate, printJson, Progress } from "../output.js";
@@ -17,6 +17,8 @@ interface RestoreOpts {
   store?: string;
   wait?: string;
   dryRun?: boolean;
+  requireSignature?: boolean;
+  trust: string[];
 }
 
 function printPlan(plan: RestorePlan): void {
@@ -49,6 +51,8 @@ export function registerRestore(program: Command, global: () => GlobalOpts): voi
     .option("--store <dir>", "store for the safety snapshot (default: $MEMSNAP_STORE, the config's store, ~/.local/share/memsnap/store)")
     .option("--wait <duration>", "wait this long for the agent's lock (e.g. 30s, 2m) instead of failing at once")
     .option("--dry-run", "print what would change and touch nothing")
+    .option("--require-signature", "refuse unsigned bundles and bundles not signed by a --trust key")
+    .option("--trust <pubkey|file>", "trusted signing public key (memsnap-ed25519:… or a file of them; repeatable)", collect, [])
     .addHelpText("after", `
 Examples:
   $ memsnap restore 01J….memsnap -c agent/memsnap.json -i key.txt --dry-run
@@ -59,9 +63,10 @@ Examples:
       const identities = await loadIdentities(o.identity);
       const passphrase = await loadPassphrase(o.passphraseFile);
       const keys = { identities, passphrases: passphrase ? [passphrase] : [] };
+      const sigPolicy = { requireSignature: !!o.requireSignature, trusted: await loadTrusted(o.trust) };
       const progress = new Progress("restore", !g.json && process.stderr.isTTY === true);
       if (o.to) {
-        const r = await withAbort((signal) => restoreToDir(bundle, o.to!, { keys, signal, onProgress: (b, t) => progress.update(b, t) }));
+        const r = await withAbort((signal) => restoreToDir(bundle, o.to!, { ...sigPolicy, keys, signal, onProgress: (b, t) => progress.update(b, t) }));
         progress.done();
         if (g.json) {
           printJson({ ok: true, path: r.path, snapshot_id: r.manifest.snapshot_id, artifacts: r.artifacts, bytes: r.bytes, duration_ms: Math.round(r.durationMs) });
@@ -72,7 +77,7 @@ Examples:
       }
       const config = await loadConfig(o.config);
       const r = await withAbort((signal) => restoreInPlace(bundle, config, {
-        keys, only: o.only, asAgent: !!o.asAgent, safetySnapshot: o.safetySnapshot, store: resolveStore(o.store, config.store),
+        ...sigPolicy, keys, only: o.only, asAgent: !!o.asAgent, safetySnapshot: o.safetySnapshot, store: resolveStore(o.store, config.store),
         ...(o.wait ? { waitMs: parseDuration(o.wait) } : {}), dryRun: !!o.dryRun, signal,
         onProgress: (b, t) => progress.update(b, t),
       }));

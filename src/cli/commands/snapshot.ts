@@ -1,5 +1,5 @@
 import type { Command } from "commander";
-import { loadConfig, loadPassphrase, loadRecipients, parseDuration, resolveStore, snapshot } from "../../index.js";
+import { loadConfig, loadPassphrase, loadRecipients, loadSigningKey, parseDuration, resolveStore, snapshot } from "../../index.js";
 import { fmtBytes, fmtRate, printJson, Progress } from "../output.js";
 import { collect, type GlobalOpts, withAbort } from "../common.js";
 
@@ -17,6 +17,7 @@ interface SnapshotOpts {
   allowUnredacted?: boolean;
   allowPlaintextMemory?: boolean;
   wait?: string;
+  signKey?: string;
 }
 
 export function registerSnapshot(program: Command, global: () => GlobalOpts): void {
@@ -33,6 +34,7 @@ export function registerSnapshot(program: Command, global: () => GlobalOpts): vo
     .option("--no-encrypt", "write a plaintext bundle even if the config names recipients")
     .option("--level <n>", "zstd level 1-19 (default: the config's, else 3)")
     .option("--no-redact", "do not redact secrets in text artifacts (default: the config's redaction.enabled, else on)")
+    .option("--sign-key <file>", "sign the manifest with this Ed25519 key (memsnap keygen --sign)")
     .option("--wait <duration>", "wait this long for the agent's lock (e.g. 30s) instead of failing at once")
     .option("--allow-unredacted", "write a plaintext bundle even if secrets were found in content that cannot be redacted")
     .option("--allow-plaintext-memory", "write a plaintext bundle even with a criu layer (process memory cannot be redacted)")
@@ -60,6 +62,7 @@ Examples:
         const { MemsnapError } = await import("../../index.js");
         throw new MemsnapError("MEMSNAP_USAGE", `--level must be an integer from 1 to 19, got ${o.level}`);
       }
+      const signKey = o.signKey ? await loadSigningKey(o.signKey) : undefined;
       const progress = new Progress("snapshot", !g.json && process.stderr.isTTY === true);
       const r = await withAbort((signal) => snapshot({
         config,
@@ -73,6 +76,7 @@ Examples:
         ...(o.allowUnredacted ? { allowUnredacted: true } : {}),
         ...(o.allowPlaintextMemory ? { allowPlaintextMemory: true } : {}),
         ...(o.wait ? { lock: { waitMs: parseDuration(o.wait) } } : {}),
+        ...(signKey ? { signKey } : {}),
         signal,
         onProgress: (p) => progress.update(p.bytes, p.totalBytes),
       }));
@@ -82,7 +86,7 @@ Examples:
         printJson({
           ok: true, id: r.id, path: r.path, input_bytes: r.inputBytes, bundle_bytes: r.bundleBytes,
           artifacts: m.payload.artifacts, layers: m.layers.map((l) => ({ name: l.name, kind: l.kind, artifacts: l.artifacts, bytes: l.bytes })),
-          encrypted: m.payload.encryption !== null, duration_ms: Math.round(r.durationMs),
+          encrypted: m.payload.encryption !== null, signed: m.signature !== undefined, duration_ms: Math.round(r.durationMs),
           mb_per_s: Number((r.inputBytes / 1e6 / (r.durationMs / 1000)).toFixed(1)),
         });
         return;

@@ -1,5 +1,5 @@
 import type { Command } from "commander";
-import { loadIdentities, loadPassphrase, verifyBundle, verifyError } from "../../index.js";
+import { loadIdentities, loadPassphrase, loadTrusted, verifyBundle, verifyError } from "../../index.js";
 import { printJson } from "../output.js";
 import { collect, type GlobalOpts, withAbort } from "../common.js";
 
@@ -9,16 +9,19 @@ export function registerVerify(program: Command, global: () => GlobalOpts): void
     .description("check a bundle; without a key checks what can be checked and says what was not")
     .option("-i, --identity <file>", "age identity file to decrypt with (repeatable)", collect, [])
     .option("--passphrase-file <file>", "passphrase on the first line of this file (or set MEMSNAP_PASSPHRASE)")
+    .option("--trust <pubkey|file>", "require a valid signature by this public key (memsnap-ed25519:… or a file of them; repeatable)", collect, [])
     .option("--deep", "also run each layer's own checks (e.g. JSON parse of state files)")
     .addHelpText("after", `
 Examples:
   $ memsnap verify snap.memsnap                      # keyless: structure, seal, payload SHA-256
-  $ memsnap verify snap.memsnap -i key.txt --deep    # every artifact, plus layer checks`)
-    .action(async (bundle: string, o: { identity: string[]; passphraseFile?: string; deep?: boolean }) => {
+  $ memsnap verify snap.memsnap -i key.txt --deep    # every artifact, plus layer checks
+  $ memsnap verify snap.memsnap --trust signing.key.pub   # who made it, offline, no decryption key`)
+    .action(async (bundle: string, o: { identity: string[]; passphraseFile?: string; deep?: boolean; trust: string[] }) => {
+      const trusted = await loadTrusted(o.trust);
       const identities = await loadIdentities(o.identity);
       const passphrase = await loadPassphrase(o.passphraseFile);
       const r = await withAbort((signal) => verifyBundle(bundle, {
-        keys: { identities, passphrases: passphrase ? [passphrase] : [] }, deep: !!o.deep, signal,
+        keys: { identities, passphrases: passphrase ? [passphrase] : [] }, deep: !!o.deep, trusted, signal,
       }));
       if (global().json) {
         printJson({ ok: r.ok, path: r.path, snapshot_id: r.manifest?.snapshot_id ?? null, encrypted: r.encrypted, checks: r.checks, findings: r.findings });
