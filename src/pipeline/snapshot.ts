@@ -201,6 +201,7 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
     pipelineDone.catch(() => undefined); // observed below; avoid an unhandled rejection meanwhile
     // Rejects when the output side fails (disk full, compressor error), so a pending entry write can't hang.
     const outputFailed = pipelineDone.then(() => new Promise<never>(() => undefined));
+    outputFailed.catch(() => undefined); // observed through guard(); a source failing first must not leave it unhandled
     const guard = <T>(p: Promise<T>): Promise<T> => Promise.race([p, outputFailed]);
 
     const index: IndexEntry[] = [];

@@ -1,11 +1,13 @@
 /** The table of source kinds this build knows. Later kinds register here. */
 import { filesSource } from "./files.js";
 import { stateSource } from "./state.js";
+import { sqliteSource } from "./sqlite.js";
 import type { SourceKind } from "./types.js";
 
 export const SOURCE_KINDS: Record<string, SourceKind<{ name: string }>> = {
   files: filesSource as unknown as SourceKind<{ name: string }>,
   state: stateSource as unknown as SourceKind<{ name: string }>,
+  sqlite: sqliteSource as unknown as SourceKind<{ name: string }>,
 };
 
 /** The source kind named `kind`, or undefined. */
