@@ -1,0 +1,622 @@
+#!/usr/bin/env node
+/**
+ * bench.mjs — memsnap vs. a tar | zstd | age baseline on a generated agent-memory mix.
+ *
+ *   npm run bench                                  # build, then scale 1 (~1 GiB)
+ *   node scripts/bench.mjs [--scale S] [--seed N] [--report] [--keep] [--skip-gen] [--regen]
+ *                          [--cold] [--runs N] [--baseline-only] [--cli PATH]
+ *
+ *   --scale S        size of the mix in GiB (default 1; e.g. 0.05 for a quick run)
+ *   --seed N         generator seed (default 1)
+ *   --report         also write .bench/report.md and .bench/report.json
+ *   --keep           keep the archives, bundle and restored trees (default: delete them at the end)
+ *   --skip-gen       never generate: use the existing .bench/mix-<scale>/ as it is (fails if absent)
+ *   --regen          regenerate the mix even when a matching cached one exists
+ *   --cold           drop the page cache (sync; echo 3 > /proc/sys/vm/drop_caches) before every
+ *                    measured command; default is warm: the mix is read once into the page cache
+ *                    and every command (both sides) runs with it cached
+ *   --runs N         measure every command N times and report the median time (default 1)
+ *   --baseline-only  do not run memsnap (exit 0 if the baselines pass)
+ *   --cli PATH       memsnap CLI to run with node (default bin/memsnap.js)
+ *
+ * Everything is measured in one run so that the ratios compare like with like. Each measured
+ * command runs under `/usr/bin/time -f '%e %M'` (peak RSS); seconds are wall clock around it.
+ * Untimed `sync` between commands keeps one step's writeback out of the next one's time.
+ * Neither baseline fsyncs its output; if memsnap does, that cost is in its numbers.
+ *
+ * Exit status: 0 when every command ran (targets missed or not: this reports, it does not gate);
+ * 1 when a command failed, memsnap's CLI is missing, or a restore does not match the mix; 2 on
+ * bad arguments.
+ */
+import fs from "node:fs";
+import path from "node:path";
+import { fileURLToPath } from "node:url";
+import { generateMix, formatSummary, GEN_VERSION } from "./gen-mix.mjs";
+import {
+  MB,
+  bashPipeline,
+  compareTree,
+  dropCaches,
+  findTreeRoot,
+  fmtBytes,
+  fmtMBs,
+  fmtRatio,
+  fmtRss,
+  fmtS,
+  hashTree,
+  machineInfo,
+  markdownTable,
+  runChecked,
+  shq,
+  syncDisks,
+  textTable,
+  timedRun,
+  warmTree,
+} from "./lib/measure.mjs";
+
+const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
+const BENCH = path.join(ROOT, ".bench");
+const RSS_TARGET_MIB = 200;
+
+const log = (m) => console.error(`bench: ${m}`);
+
+// ---------------------------------------------------------------------------------------------
+// arguments
+// ---------------------------------------------------------------------------------------------
+
+function parseArgs(argv) {
+  const o = { cli: "bin/memsnap.js", scale: 1, seed: 1, report: false, keep: false, skipGen: false, regen: false, cold: false, runs: 1, baselineOnly: false };
+  for (let i = 0; i < argv.length; i++) {
+    const a = argv[i];
+    const val = () => {
+      if (i + 1 >= argv.length) throw new Error(`${a} needs a value`);
+      return argv[++i];
+    };
+    if (a === "--scale") o.scale = Number(val());
+    else if (a === "--seed") o.seed = Number(val());
+    else if (a === "--report") o.report = true;
+    else if (a === "--keep") o.keep = true;
+    else if (a === "--skip-gen") o.skipGen = true;
+    else if (a === "--regen") o.regen = true;
+    else if (a === "--cold") o.cold = true;
+    else if (a === "--runs") o.runs = Number(val());
+    else if (a === "--baseline-only") o.baselineOnly = true;
+    else if (a === "--cli") o.cli = val();
+    else if (a === "-h" || a === "--help") o.help = true;
+    else throw new Error(`unknown argument ${a}`);
+  }
+  if (!(o.scale > 0)) throw new Error("--scale must be a number > 0");
+  if (!Number.isInteger(o.seed)) throw new Error("--seed must be an integer");
+  if (!Number.isInteger(o.runs) || o.runs < 1) throw new Error("--runs must be an integer ≥ 1");
+  if (o.skipGen && o.regen) throw new Error("--skip-gen and --regen exclude each other");
+  return o;
+}
+
+// ---------------------------------------------------------------------------------------------
+// the mix (cached per scale)
+// ---------------------------------------------------------------------------------------------
+
+async function prepareMix(opts) {
+  const base = path.join(BENCH, `mix-${String(opts.scale)}`);
+  const data = path.join(base, "data"); // the tree that is snapshotted (.done stays outside it)
+  const doneFile = path.join(base, ".done");
+  const manifestFile = path.join(base, "manifest.json");
+  let done = null;
+  try {
+    done = JSON.parse(fs.readFileSync(doneFile, "utf8"));
+  } catch {
+    /* none */
+  }
+  const matches = done && done.seed === opts.seed && done.scale === opts.scale && done.version === GEN_VERSION;
+  let genSeconds = null;
+  if (opts.skipGen) {
+    if (!done || !fs.existsSync(data)) throw new Error(`--skip-gen: no generated mix at ${base} (run without --skip-gen once)`);
+    if (!matches) log(`warning: cached mix was made with seed ${done.seed}, scale ${done.scale}, v${done.version}; using it anyway (--skip-gen)`);
+    else log(`using cached mix ${path.relative(ROOT, data)} (--skip-gen)`);
+  } else if (matches && !opts.regen && fs.existsSync(data)) {
+    log(`reusing cached mix ${path.relative(ROOT, data)} (seed ${opts.seed}, scale ${opts.scale}; --regen to rebuild)`);
+  } else {
+    log(`generating mix: scale ${opts.scale}, seed ${opts.seed} → ${path.relative(ROOT, data)}`);
+    fs.rmSync(base, { recursive: true, force: true });
+    fs.mkdirSync(base, { recursive: true });
+    const summary = await generateMix({ scale: opts.scale, out: data, seed: opts.seed, log: (m) => log(`  gen: ${m}`) });
+    genSeconds = summary.seconds;
+    console.log(formatSummary(summary));
+    log("hashing the mix (restore checks compare against it)");
+    const manifest = hashTree(data);
+    fs.writeFileSync(manifestFile, JSON.stringify(manifest));
+    done = { version: GEN_VERSION, seed: opts.seed, scale: opts.scale, digest: manifest.digest, summary };
+    fs.writeFileSync(doneFile, JSON.stringify(done, null, 2) + "\n");
+  }
+  let manifest;
+  try {
+    manifest = JSON.parse(fs.readFileSync(manifestFile, "utf8"));
+  } catch {
+    log("hashing the mix (no manifest.json)");
+    manifest = hashTree(data);
+    fs.writeFileSync(manifestFile, JSON.stringify(manifest));
+  }
+  return { dir: data, summary: done.summary, manifest, genSeconds, reused: genSeconds === null };
+}
+
+// ---------------------------------------------------------------------------------------------
+// measuring
+// ---------------------------------------------------------------------------------------------
+
+const median = (xs) => {
+  const s = [...xs].sort((a, b) => a - b);
+  const m = Math.floor(s.length / 2);
+  return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2;
+};
+
+/**
+ * Runs one command `runs` times (prep before each, untimed) and summarises.
+ * @returns {{ok, seconds, allSeconds, rssKiB, stdout, stderr, code, display}}
+ */
+async function measure(ctx, { argv, display, prep, captureStdout = false }) {
+  const times = [];
+  const cpu = [];
+  const foreign = [];
+  let rss = null;
+  let last = null;
+  for (let r = 0; r < ctx.opts.runs; r++) {
+    if (prep) prep();
+    if (ctx.opts.cold) {
+      if (!dropCaches()) ctx.notes.add("--cold: could not drop the page cache (not root?); ran warm");
+    } else syncDisks();
+    last = await timedRun(argv, { cwd: ROOT, tmpDir: ctx.tmp, captureStdout });
+    if (!last.ok) break;
+    times.push(last.seconds);
+    if (last.cpuSeconds != null) cpu.push(last.cpuSeconds);
+    if (last.foreignCpuSeconds != null) foreign.push(last.foreignCpuSeconds);
+    ctx.foreign.cpu += last.foreignCpuSeconds ?? 0;
+    ctx.foreign.wall += last.seconds;
+    if (last.rssKiB != null) rss = Math.max(rss ?? 0, last.rssKiB);
+  }
+  syncDisks();
+  return {
+    ok: last.ok,
+    code: last.code,
+    signal: last.signal,
+    seconds: last.ok ? median(times) : null,
+    allSeconds: times,
+    cpuSeconds: cpu.length ? median(cpu) : null,
+    foreignCpuSeconds: foreign.length ? median(foreign) : null,
+    rssKiB: last.ok ? rss : last.rssKiB,
+    stdout: last.stdout,
+    stderr: last.stderr,
+    display,
+  };
+}
+
+function failureText(res) {
+  const why = res.signal ? `killed by ${res.signal}` : `exit ${res.code}`;
+  const tail = (res.stderr || "").trim().split("\n").filter((l) => l.trim()).slice(-12).join("\n    ");
+  return `${why}${tail ? `\n    ${tail}` : ""}`;
+}
+
+function parseJsonOut(res, what, ctx) {
+  const s = (res.stdout || "").trim();
+  if (!s) return null;
+  try {
+    return JSON.parse(s);
+  } catch {
+    // tolerate log lines around the object: take the last line that parses
+    for (const line of s.split("\n").reverse()) {
+      try {
+        return JSON.parse(line);
+      } catch {
+        /* next */
+      }
+    }
+    ctx.notes.add(`memsnap ${what} --json did not print parseable JSON`);
+    return null;
+  }
+}
+
+/** The fields the bench passes through from memsnap's JSON. */
+function passthrough(obj) {
+  if (!obj || typeof obj !== "object") return null;
+  const out = {};
+  for (const k of ["throughput", "stages", "redaction"]) if (obj[k] !== undefined) out[k] = obj[k];
+  return Object.keys(out).length ? out : null;
+}
+
+/** Keeps report.json small: arrays longer than 20 items are cut. */
+function compact(v, depth = 0) {
+  if (Array.isArray(v)) {
+    const a = v.slice(0, 20).map((x) => compact(x, depth + 1));
+    if (v.length > 20) a.push(`… ${v.length - 20} more`);
+    return a;
+  }
+  if (v && typeof v === "object" && depth < 8) return Object.fromEntries(Object.entries(v).map(([k, x]) => [k, compact(x, depth + 1)]));
+  return v;
+}
+
+// ---------------------------------------------------------------------------------------------
+// main
+// ---------------------------------------------------------------------------------------------
+
+async function main() {
+  let opts;
+  try {
+    opts = parseArgs(process.argv.slice(2));
+  } catch (e) {
+    console.error(`bench: ${e.message}`);
+    process.exit(2);
+  }
+  if (opts.help) {
+    const src = fs.readFileSync(fileURLToPath(import.meta.url), "utf8");
+    const doc = src.split("\n");
+    console.log(doc.slice(2, doc.indexOf(" */")).map((l) => l.replace(/^ \* ?/, "")).join("\n"));
+    return 0;
+  }
+
+  const t0 = Date.now();
+  fs.mkdirSync(BENCH, { recursive: true });
+  const tmp = path.join(BENCH, "tmp");
+  fs.mkdirSync(tmp, { recursive: true });
+  const ctx = { opts, tmp, notes: new Set(), foreign: { cpu: 0, wall: 0 } };
+  const failures = [];
+
+  // 1. mix
+  const mix = await prepareMix(opts);
+  const mixBytes = mix.manifest.bytes;
+  const topLevel = [...new Set(Object.keys(mix.manifest.files).map((f) => f.split("/")[0]))].sort();
+
+  // 2. age key
+  const keyFile = path.join(BENCH, "key.txt");
+  fs.rmSync(keyFile, { force: true });
+  runChecked(["age-keygen", "-o", keyFile]);
+  const recipient = /^# public key: (age1\S+)$/m.exec(fs.readFileSync(keyFile, "utf8"))?.[1];
+  if (!recipient) throw new Error(`no "# public key:" line in ${keyFile}`);
+
+  // paths (relative to the repo root for display; commands run with cwd = repo root)
+  const rel = (p) => {
+    const r = path.relative(ROOT, p);
+    return r.startsWith("..") ? p : r;
+  };
+  const outDir = path.join(BENCH, "out");
+  const baseArchive = path.join(outDir, "base.tar.zst.age");
+  const bundle = path.join(outDir, "snap.memsnap");
+  const restoreBase = path.join(BENCH, "restore-base");
+  const restoreMemsnap = path.join(BENCH, "restore-memsnap");
+  const configFile = path.join(BENCH, "memsnap.json");
+  fs.rmSync(outDir, { recursive: true, force: true });
+  fs.mkdirSync(outDir, { recursive: true });
+  const config = {
+    tenant: "bench",
+    agent: "bench",
+    sources: [{ kind: "files", name: "mix", path: mix.dir }],
+    recipients: [recipient],
+    compression: { level: 3 },
+  };
+  fs.writeFileSync(configFile, JSON.stringify(config, null, 2) + "\n");
+
+  // memsnap available?
+  const cli = path.resolve(ROOT, opts.cli);
+  let memsnapSkip = null;
+  if (opts.baselineOnly) memsnapSkip = "skipped (--baseline-only)";
+  else if (!fs.existsSync(cli)) {
+    memsnapSkip = "not run: memsnap CLI missing";
+    const msg = `memsnap CLI not found at ${rel(cli)} — memsnap steps skipped, baselines still measured (build it with \`npm run build\`; --baseline-only silences this)`;
+    log(msg);
+    failures.push(msg);
+  } else if (!fs.existsSync(path.join(ROOT, "dist"))) {
+    log("warning: dist/ does not exist — memsnap will probably fail to load; run `npm run build` (npm run bench does)");
+  }
+  const memsnap = (...args) => ["node", rel(cli), ...args];
+
+  // cache state
+  let cacheMode = "warm";
+  if (opts.cold) {
+    if (dropCaches()) cacheMode = "cold (page cache dropped before every measured command)";
+    else {
+      cacheMode = "warm (--cold asked, but the page cache could not be dropped)";
+      opts.cold = false;
+    }
+  } else {
+    log(`warming the page cache with the mix (${fmtBytes(mixBytes)})`);
+    await warmTree(mix.dir);
+    cacheMode = "warm (mix read into the page cache first; outputs cached as written)";
+  }
+  syncDisks();
+
+  const rows = [];
+  const memsnapJson = {};
+  const addRow = (row) => {
+    rows.push(row);
+    const b = row.baseline;
+    const m = row.memsnap;
+    const bs = b ? (b.ok ? `${fmtS(b.seconds)} s, ${fmtRss(b.rssKiB)}` : `FAILED (${failureText(b)})`) : "—";
+    const ms = m ? (m.ok ? `${fmtS(m.seconds)} s, ${fmtRss(m.rssKiB)}` : m.skipped ? m.skipped : `FAILED (${failureText(m)})`) : "—";
+    log(`${row.op}: memsnap ${ms}; baseline ${bs}`);
+  };
+  const skipped = (why) => ({ ok: false, skipped: why });
+  const runMemsnap = async (what, spec) => {
+    if (memsnapSkip) return skipped(memsnapSkip);
+    const r = await measure(ctx, { ...spec, captureStdout: true });
+    r.json = parseJsonOut(r, what, ctx);
+    memsnapJson[what] = r.json;
+    if (r.ok && r.json && r.json.ok === false) {
+      r.ok = false;
+      r.stderr += `\n${what} --json reported ok: false`;
+    }
+    if (!r.ok) failures.push(`memsnap ${what} failed: ${failureText(r)}`);
+    return r;
+  };
+  const runBaseline = async (what, spec) => {
+    const r = await measure(ctx, spec);
+    if (!r.ok) failures.push(`baseline ${what} failed: ${failureText(r)}`);
+    return r;
+  };
+
+  // 3/4. snapshot
+  log("snapshot");
+  const baseSnap = await runBaseline("snapshot", {
+    argv: bashPipeline(`tar -cf - -C ${shq(mix.dir)} . | zstd -3 -T2 -q | age -r ${shq(recipient)} > ${shq(rel(baseArchive))}`),
+    display: "tar -cf - -C MIX . | zstd -3 -T2 | age -r R > base.tar.zst.age",
+    prep: () => fs.rmSync(baseArchive, { force: true }),
+  });
+  const memSnap = await runMemsnap("snapshot", {
+    argv: memsnap("snapshot", "--config", rel(configFile), "--out", rel(bundle), "--json"),
+    display: `node ${rel(cli)} snapshot --config ${rel(configFile)} --out ${rel(bundle)} --json`,
+    prep: () => fs.rmSync(bundle, { force: true }),
+  });
+  addRow({ op: "snapshot", baseline: baseSnap, memsnap: memSnap, bytes: mixBytes, bytesOf: "mix", maxRatio: 1.3 });
+  const haveBundle = memSnap.ok && fs.existsSync(bundle);
+  if (memSnap.ok && !haveBundle) failures.push(`memsnap snapshot exited 0 but ${rel(bundle)} does not exist`);
+  const noBundle = skipped(memsnapSkip ?? "skipped: no bundle (snapshot failed)");
+
+  // verify without key vs sha256sum of the bundle
+  log("verify");
+  const hashTarget = haveBundle ? bundle : baseArchive;
+  if (!haveBundle) ctx.notes.add("sha256sum baseline hashed base.tar.zst.age (no memsnap bundle to hash)");
+  const hashBytes = fs.existsSync(hashTarget) ? fs.statSync(hashTarget).size : null;
+  const baseVerify = await runBaseline("verify", {
+    argv: ["sha256sum", rel(hashTarget)],
+    display: `sha256sum ${haveBundle ? "<memsnap bundle>" : "base.tar.zst.age"}`,
+  });
+  const memVerify = haveBundle
+    ? await runMemsnap("verify", {
+        argv: memsnap("verify", rel(bundle), "--json"),
+        display: `node ${rel(cli)} verify ${rel(bundle)} --json`,
+      })
+    : noBundle;
+  addRow({ op: "verify (no key)", baseline: baseVerify, memsnap: memVerify, bytes: hashBytes, bytesOf: "bundle", maxRatio: 1.0 });
+
+  // verify with key vs decrypt + decompress + hash of the baseline archive
+  const baseVerifyKey = await runBaseline("verify with key", {
+    argv: bashPipeline(`age -d -i ${shq(rel(keyFile))} ${shq(rel(baseArchive))} | zstd -d -q | sha256sum`),
+    display: "age -d -i key base.tar.zst.age | zstd -d | sha256sum",
+  });
+  const memVerifyKey = haveBundle
+    ? await runMemsnap("verify-key", {
+        argv: memsnap("verify", rel(bundle), "--identity", rel(keyFile), "--json"),
+        display: `node ${rel(cli)} verify ${rel(bundle)} --identity ${rel(keyFile)} --json`,
+      })
+    : noBundle;
+  addRow({ op: "verify (key)", baseline: baseVerifyKey, memsnap: memVerifyKey, bytes: mixBytes, bytesOf: "mix", maxRatio: null });
+
+  // restore
+  log("restore");
+  const baseRestore = await runBaseline("restore", {
+    argv: bashPipeline(`age -d -i ${shq(rel(keyFile))} ${shq(rel(baseArchive))} | zstd -d -q | tar -xf - -C ${shq(rel(restoreBase))}`),
+    display: "age -d -i key base.tar.zst.age | zstd -d | tar -xf - -C OUT",
+    prep: () => {
+      fs.rmSync(restoreBase, { recursive: true, force: true });
+      fs.mkdirSync(restoreBase);
+    },
+  });
+  const memRestore = haveBundle
+    ? await runMemsnap("restore", {
+        argv: memsnap("restore", rel(bundle), "--to", rel(restoreMemsnap), "--identity", rel(keyFile), "--json"),
+        display: `node ${rel(cli)} restore ${rel(bundle)} --to ${rel(restoreMemsnap)} --identity ${rel(keyFile)} --json`,
+        prep: () => fs.rmSync(restoreMemsnap, { recursive: true, force: true }),
+      })
+    : noBundle;
+  addRow({ op: "restore", baseline: baseRestore, memsnap: memRestore, bytes: mixBytes, bytesOf: "mix", maxRatio: 1.3 });
+
+  // restore correctness (untimed): content of every mix file
+  const restoreCheck = {};
+  if (baseRestore.ok) {
+    const c = compareTree(mix.manifest, restoreBase);
+    restoreCheck.baseline = summarizeCheck(c, rel(restoreBase));
+    if (!c.ok) failures.push(`baseline restore does not match the mix: ${restoreCheck.baseline.text}`);
+  }
+  if (memRestore.ok) {
+    const where = findTreeRoot(restoreMemsnap, topLevel);
+    if (!where) {
+      restoreCheck.memsnap = { ok: null, text: `layout not recognised: no directory under ${rel(restoreMemsnap)} holds ${topLevel.join(", ")}` };
+      ctx.notes.add(`memsnap restore check skipped: ${restoreCheck.memsnap.text}`);
+    } else {
+      const c = compareTree(mix.manifest, where);
+      restoreCheck.memsnap = summarizeCheck(c, rel(where));
+      if (!c.ok) failures.push(`memsnap restore does not match the mix: ${restoreCheck.memsnap.text}`);
+    }
+  }
+
+  // sizes
+  const sizeOf = (p) => (fs.existsSync(p) ? fs.statSync(p).size : null);
+  const sizes = { mix: mixBytes, baseline: sizeOf(baseArchive), memsnap: haveBundle ? sizeOf(bundle) : null };
+
+  // ---------------------------------------------------------------------------------------------
+  // table
+  const header = ["operation", "memsnap s", "baseline s", "ratio", "memsnap MB/s", "peak RSS memsnap", "peak RSS baseline", "target", "status"];
+  const RIGHT = [false, true, true, true, true, true, true, false, false];
+  const tableRows = [];
+  const rowData = [];
+  for (const r of rows) {
+    const m = r.memsnap;
+    const b = r.baseline;
+    const ratio = m.ok && b.ok && b.seconds > 0 ? m.seconds / b.seconds : null;
+    const mbps = m.ok && r.bytes ? r.bytes / MB / m.seconds : null;
+    const baseMbps = b.ok && r.bytes ? r.bytes / MB / b.seconds : null;
+    const target = r.maxRatio == null ? `RSS ≤ ${RSS_TARGET_MIB} MiB` : `≤ ${r.maxRatio.toFixed(1)}×, RSS ≤ ${RSS_TARGET_MIB} MiB`;
+    let status;
+    const missed = [];
+    if (!m.ok) status = m.skipped ? "n/a" : "FAILED";
+    else if (!b.ok) status = "baseline FAILED";
+    else {
+      if (r.maxRatio != null && ratio > r.maxRatio) missed.push("time");
+      if (m.rssKiB != null && m.rssKiB / 1024 > RSS_TARGET_MIB) missed.push("RSS");
+      status = missed.length ? `MISS (${missed.join(", ")})` : "ok";
+    }
+    tableRows.push([
+      r.op,
+      m.ok ? fmtS(m.seconds) : "—",
+      b.ok ? fmtS(b.seconds) : "FAILED",
+      fmtRatio(ratio),
+      fmtMBs(mbps),
+      m.ok ? fmtRss(m.rssKiB) : "—",
+      b.ok ? fmtRss(b.rssKiB) : "—",
+      target,
+      status,
+    ]);
+    rowData.push({
+      op: r.op,
+      status,
+      ratio,
+      target: { maxTimeRatio: r.maxRatio, maxRssMiB: RSS_TARGET_MIB },
+      throughputBytes: r.bytes,
+      throughputOf: r.bytesOf,
+      memsnap: m.skipped
+        ? { ok: false, skipped: m.skipped }
+        : { ok: m.ok, command: m.display, seconds: m.seconds, runs: m.allSeconds, cpuSeconds: m.cpuSeconds, foreignCpuSeconds: m.foreignCpuSeconds, rssKiB: m.rssKiB, mbPerS: mbps, error: m.ok ? undefined : failureText(m) },
+      baseline: { ok: b.ok, command: b.display, seconds: b.seconds, runs: b.allSeconds, cpuSeconds: b.cpuSeconds, foreignCpuSeconds: b.foreignCpuSeconds, rssKiB: b.rssKiB, mbPerS: baseMbps, error: b.ok ? undefined : failureText(b) },
+    });
+  }
+
+  const machine = machineInfo();
+  // Other processes competing for the CPUs make wall times noisy; say so.
+  const foreignShare = ctx.foreign.wall > 0 ? ctx.foreign.cpu / (ctx.foreign.wall * machine.nproc) : 0;
+  const contention = { foreignCpuSeconds: Math.round(ctx.foreign.cpu * 100) / 100, measuredWallSeconds: Math.round(ctx.foreign.wall * 100) / 100, share: Math.round(foreignShare * 1000) / 1000 };
+  if (foreignShare > 0.05)
+    ctx.notes.add(`other processes (and kernel writeback) used ${contention.foreignCpuSeconds} CPU-s during the ${contention.measuredWallSeconds} s of measured commands (${(100 * foreignShare).toFixed(0)} % of the machine): wall times are noisy, rerun on an idle machine`);
+  const lines = [];
+  lines.push("");
+  lines.push(`memsnap bench — scale ${opts.scale} (${fmtBytes(mixBytes)}, ${mix.manifest.count} files), seed ${opts.seed}, ${opts.runs} run(s) per command (median), page cache: ${cacheMode}`);
+  lines.push(`machine: ${machine.nproc} CPUs (${machine.cpu}), ${machine.memGiB} GiB RAM, node ${machine.node}`);
+  lines.push("");
+  lines.push(textTable(header, tableRows, RIGHT));
+  lines.push("");
+  lines.push("baselines:");
+  for (const r of rows) lines.push(`  ${r.op.padEnd(16)} ${r.baseline.display}`);
+  lines.push("MB/s = 10^6 bytes per second of the mix (uncompressed) for snapshot, verify (key) and restore; of the bundle for verify (no key).");
+  lines.push(`cpu s (user+sys): ${rows.map((r) => `${r.op} memsnap ${r.memsnap.cpuSeconds ?? "—"} / baseline ${r.baseline.cpuSeconds ?? "—"}`).join("; ")}`);
+  lines.push("ratio = memsnap seconds / baseline seconds (verify (no key) ≤ 1.0× means at least sha256sum's speed). Peak RSS of a pipeline = its largest process.");
+  const sizeLine =
+    `sizes: mix ${fmtBytes(sizes.mix)}; baseline archive ${fmtBytes(sizes.baseline)}` +
+    (sizes.baseline ? ` (${((100 * sizes.baseline) / sizes.mix).toFixed(1)} % of mix)` : "") +
+    `; memsnap bundle ${sizes.memsnap == null ? "—" : fmtBytes(sizes.memsnap)}` +
+    (sizes.memsnap && sizes.baseline ? ` (${((100 * sizes.memsnap) / sizes.mix).toFixed(1)} % of mix, ${(sizes.memsnap / sizes.baseline).toFixed(3)}× the baseline archive)` : "");
+  lines.push(sizeLine);
+  const checkLine = `restore check: baseline ${restoreCheck.baseline?.text ?? "—"}; memsnap ${restoreCheck.memsnap?.text ?? "—"}`;
+  lines.push(checkLine);
+
+  const through = {};
+  for (const [k, v] of Object.entries(memsnapJson)) {
+    const p = passthrough(v);
+    if (p) through[k] = p;
+  }
+  const redactionMBs = memsnapJson.snapshot?.redaction?.mb_per_s;
+  if (redactionMBs != null) lines.push(`memsnap redaction: ${redactionMBs} MB/s`);
+  for (const [k, v] of Object.entries(through)) lines.push(`memsnap ${k}: ${JSON.stringify(v)}`);
+  for (const n of ctx.notes) lines.push(`note: ${n}`);
+  if (mix.genSeconds != null) lines.push(`mix generated in ${mix.genSeconds.toFixed(2)} s`);
+  if (failures.length) {
+    lines.push("");
+    lines.push("FAILURES:");
+    for (const f of failures) lines.push(`  - ${f}`);
+  }
+  console.log(lines.join("\n"));
+
+  // ---------------------------------------------------------------------------------------------
+  // report
+  if (opts.report) {
+    const md = [];
+    md.push("# memsnap benchmark");
+    md.push("");
+    md.push(`- date: ${new Date().toISOString()}`);
+    md.push(`- machine: \`nproc\` = ${machine.nproc} (${machine.cpu}), ${machine.memGiB} GiB RAM, ${machine.os}`);
+    md.push(`- node ${machine.node}; ${Object.values(machine.tools).filter(Boolean).join("; ")}`);
+    md.push(`- mix: scale ${opts.scale}, seed ${opts.seed}, ${fmtBytes(mixBytes)} in ${mix.manifest.count} files (${classLine(mix.summary)})`);
+    md.push(`- runs per command: ${opts.runs} (median); page cache: ${cacheMode}`);
+    md.push("");
+    md.push(markdownTable(header, tableRows, RIGHT));
+    md.push("");
+    md.push("Baselines:");
+    md.push("");
+    for (const r of rows) md.push(`- ${r.op}: \`${r.baseline.display}\``);
+    md.push("");
+    md.push("Notes:");
+    md.push("");
+    md.push("- MB/s = 10^6 bytes/s of the uncompressed mix (snapshot, verify (key), restore) or of the bundle (verify (no key)).");
+    md.push("- ratio = memsnap time / baseline time; targets: snapshot ≤ 1.3×, restore ≤ 1.3×, verify without key at least sha256sum's speed (≤ 1.0×), peak RSS ≤ 200 MiB.");
+    md.push("- Peak RSS from `/usr/bin/time -f '%e %M'`; for a `bash -c` pipeline it is the largest process of the pipeline, not the sum.");
+    md.push("- Neither baseline fsyncs its output; untimed `sync` runs between commands.");
+    md.push(`- CPU seconds (user+sys, memsnap / baseline): ${rows.map((r) => `${r.op} ${r.memsnap.cpuSeconds ?? "—"} / ${r.baseline.cpuSeconds ?? "—"}`).join("; ")}`);
+    md.push(`- ${sizeLine}`);
+    md.push(`- ${checkLine}`);
+    if (redactionMBs != null) md.push(`- memsnap redaction: ${redactionMBs} MB/s`);
+    for (const [k, v] of Object.entries(through)) md.push(`- memsnap ${k}: \`${JSON.stringify(v)}\``);
+    for (const n of ctx.notes) md.push(`- ${n}`);
+    if (failures.length) {
+      md.push("");
+      md.push("Failures:");
+      md.push("");
+      for (const f of failures) md.push(`- ${f.replace(/\n\s*/g, " / ")}`);
+    }
+    fs.writeFileSync(path.join(BENCH, "report.md"), md.join("\n") + "\n");
+    const report = {
+      version: 1,
+      date: new Date().toISOString(),
+      machine,
+      params: { scale: opts.scale, seed: opts.seed, runs: opts.runs, cache: cacheMode },
+      mix: { bytes: mixBytes, files: mix.manifest.count, digest: mix.manifest.digest, generatedSeconds: mix.genSeconds, summary: mix.summary },
+      targets: { snapshotMaxRatio: 1.3, restoreMaxRatio: 1.3, verifyNoKeyMaxRatio: 1.0, maxRssMiB: RSS_TARGET_MIB },
+      rows: rowData,
+      sizes,
+      restoreCheck,
+      contention,
+      memsnap: { available: !memsnapSkip, skipped: memsnapSkip, redactionMBPerS: redactionMBs ?? null, passthrough: through, json: compact(memsnapJson) },
+      notes: [...ctx.notes],
+      failures,
+      ok: failures.length === 0,
+    };
+    fs.writeFileSync(path.join(BENCH, "report.json"), JSON.stringify(report, null, 2) + "\n");
+    log(`wrote ${rel(path.join(BENCH, "report.md"))} and ${rel(path.join(BENCH, "report.json"))}`);
+  }
+
+  if (!opts.keep) {
+    for (const p of [outDir, restoreBase, restoreMemsnap]) fs.rmSync(p, { recursive: true, force: true });
+  }
+  fs.rmSync(tmp, { recursive: true, force: true });
+  log(`done in ${((Date.now() - t0) / 1000).toFixed(1)} s${failures.length ? ` with ${failures.length} failure(s)` : ""}`);
+  return failures.length ? 1 : 0;
+}
+
+function summarizeCheck(c, where) {
+  if (c.ok) return { ok: true, text: `ok (${where}: every mix file present with identical bytes${c.extra.length ? `; ${c.extra.length} extra file(s)` : ""})`, extra: c.extra.slice(0, 20) };
+  return {
+    ok: false,
+    text: `MISMATCH in ${where}: ${c.missing.length} missing, ${c.mismatched.length} different (e.g. ${[...c.missing, ...c.mismatched].slice(0, 3).join(", ")})`,
+    missing: c.missing.slice(0, 50),
+    mismatched: c.mismatched.slice(0, 50),
+  };
+}
+
+function classLine(summary) {
+  if (!summary?.classes) return "";
+  return Object.entries(summary.classes)
+    .map(([k, c]) => `${k} ${fmtBytes(c.bytes)}`)
+    .join(", ");
+}
+
+main().then(
+  (code) => process.exit(code),
+  (e) => {
+    console.error(`bench: ${e.stack || e.message}`);
+    process.exit(1);
+  },
+);
