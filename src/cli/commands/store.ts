@@ -1,0 +1,167 @@
+import type { Command } from "commander";
+import { existsSync } from "node:fs";
+import {
+  deleteSnapshots, diffSnapshots, exportSnapshot, findSnapshot, listSnapshots, loadConfig, loadIdentities,
+  loadPassphrase, parseDuration, pruneStore, resolveStore, type MemsnapConfig, type RetentionPolicy,
+} from "../../index.js";
+import { fmtBytes, printJson } from "../output.js";
+import { collect, type GlobalOpts } from "../common.js";
+
+interface StoreOpts {
+  store?: string;
+  config?: string;
+  tenant?: string;
+  agent?: string;
+}
+
+async function context(o: StoreOpts): Promise<{ store: string; filter: { tenant?: string; agent?: string }; config: MemsnapConfig | null }> {
+  const cfgPath = o.config ?? (existsSync("memsnap.json") ? "memsnap.json" : undefined);
+  const config = cfgPath ? await loadConfig(cfgPath) : null;
+  const tenant = o.tenant ?? config?.tenant;
+  const agent = o.agent ?? config?.agent;
+  return { store: resolveStore(o.store, config?.store), filter: { ...(tenant ? { tenant } : {}), ...(agent ? { agent } : {}) }, config };
+}
+
+function storeOptions(c: Command): Command {
+  return c
+    .option("--store <dir>", "store directory (default: $MEMSNAP_STORE, the config's store, ~/.local/share/memsnap/store)")
+    .option("-c, --config <file>", "take the store, tenant and agent from this memsnap.json (default: ./memsnap.json if present)")
+    .option("--tenant <id>", "only this tenant")
+    .option("--agent <id>", "only this agent");
+}
+
+/** Parse the prune options into a policy. */
+export function policyFrom(o: Record<string, string | string[] | undefined>): RetentionPolicy {
+  const n = (k: string): number | undefined => {
+    const v = o[k];
+    if (v === undefined) return undefined;
+    const x = Number(v);
+    if (!Number.isInteger(x) || x < 0) throw new Error(`--${k.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`)} must be a non-negative integer`);
+    return x;
+  };
+  const p: RetentionPolicy = {};
+  for (const [k, key] of [["keepLast", "last"], ["keepHourly", "hourly"], ["keepDaily", "daily"], ["keepWeekly", "weekly"], ["keepMonthly", "monthly"], ["keepYearly", "yearly"]] as const) {
+    const v = n(k);
+    if (v !== undefined) p[key] = v;
+  }
+  if (typeof o.keepWithin === "string") p.within = parseDuration(o.keepWithin);
+  if (Array.isArray(o.keepLabel) && o.keepLabel.length) p.labels = o.keepLabel;
+  return p;
+}
+
+export function addRetentionOptions(c: Command): Command {
+  return c
+    .option("--keep-last <n>", "keep the n newest")
+    .option("--keep-hourly <n>", "keep the newest of each of the last n hours that have one")
+    .option("--keep-daily <n>", "… days")
+    .option("--keep-weekly <n>", "… ISO weeks")
+    .option("--keep-monthly <n>", "… months")
+    .option("--keep-yearly <n>", "… years")
+    .option("--keep-within <duration>", "keep everything within this long of the newest (e.g. 48h)")
+    .option("--keep-label <glob>", "keep snapshots whose label matches (repeatable)", collect, []);
+}
+
+export function registerStore(program: Command, global: () => GlobalOpts): void {
+  storeOptions(program.command("list").description("list the snapshots in the store"))
+    .addHelpText("after", `
+Examples:
+  $ memsnap list -c agent/memsnap.json
+  $ memsnap list --store /backups --json`)
+    .action(async (o: StoreOpts) => {
+      const { store, filter } = await context(o);
+      const bad: string[] = [];
+      const snaps = await listSnapshots(store, filter, (p) => bad.push(p));
+      if (global().json) {
+        printJson({
+          ok: true, store, snapshots: snaps.map((s) => ({
+            id: s.id, tenant: s.tenant, agent: s.agent, created_at: s.created_at, label: s.label, created_by: s.created_by,
+            size: s.size, encrypted: s.encrypted, signed: s.signed, path: s.path,
+          })), unreadable: bad,
+        });
+        return;
+      }
+      if (!snaps.length) process.stdout.write(`no snapshots in ${store}\n`);
+      else {
+        const rows = snaps.map((s) => [s.id, `${s.tenant}/${s.agent}`, s.created_at.replace(/\.\d+Z$/, "Z"), s.created_by, fmtBytes(s.size), s.encrypted ? "yes" : "no", s.signed ? "yes" : "no", s.label ?? ""]);
+        const head = ["ID", "AGENT", "CREATED", "BY", "SIZE", "ENC", "SIGNED", "LABEL"];
+        const w = head.map((h, i) => Math.max(h.length, ...rows.map((r) => r[i]!.length)));
+        for (const r of [head, ...rows]) process.stdout.write(r.map((c, i) => c.padEnd(w[i]!)).join("  ").trimEnd() + "\n");
+      }
+      for (const p of bad) process.stderr.write(`memsnap: warning: unreadable bundle ${p}\n`);
+    });
+
+  storeOptions(program.command("diff <a> <b>").description("what changed between two snapshots, per layer"))
+    .option("-i, --identity <file>", "age identity, for encrypted snapshots (repeatable)", collect, [])
+    .option("--passphrase-file <file>", "passphrase file")
+    .addHelpText("after", `
+Examples:
+  $ memsnap diff 01JD0A 01JD0B                 # ids or unique id prefixes
+  $ memsnap diff a.memsnap b.memsnap -i key.txt --json`)
+    .action(async (a: string, b: string, o: StoreOpts & { identity: string[]; passphraseFile?: string }) => {
+      const { store, filter } = await context(o);
+      const [sa, sb] = [await findSnapshot(store, a, filter), await findSnapshot(store, b, filter)];
+      const passphrase = await loadPassphrase(o.passphraseFile);
+      const diff = await diffSnapshots(sa, sb, { identities: await loadIdentities(o.identity), passphrases: passphrase ? [passphrase] : [] });
+      if (global().json) {
+        printJson({ ok: true, a: sa.id, b: sb.id, layers: diff });
+        return;
+      }
+      const out = [`${sa.id} → ${sb.id}`];
+      for (const l of diff) {
+        out.push(`${l.layer} (${l.kind}): ${l.added.length} added, ${l.changed.length} changed, ${l.removed.length} removed, ${l.unchanged} unchanged`);
+        for (const x of l.added.slice(0, 50)) out.push(`  + ${x.path} (${fmtBytes(x.size)})`);
+        for (const x of l.changed.slice(0, 50)) out.push(`  ~ ${x.path} (${fmtBytes(x.from)} → ${fmtBytes(x.to)})`);
+        for (const x of l.removed.slice(0, 50)) out.push(`  - ${x.path} (${fmtBytes(x.size)})`);
+        for (const n of l.notes) out.push(`  ${n}`);
+      }
+      process.stdout.write(out.join("\n") + "\n");
+    });
+
+  storeOptions(program.command("export <id>").description("copy a snapshot out of the store"))
+    .requiredOption("--to <path>", "destination file (must not exist)")
+    .action(async (id: string, o: StoreOpts & { to: string }) => {
+      const { store, filter } = await context(o);
+      const s = await findSnapshot(store, id, filter);
+      await exportSnapshot(s, o.to);
+      if (global().json) printJson({ ok: true, id: s.id, path: o.to, size: s.size });
+      else process.stdout.write(`exported ${s.id} to ${o.to} (${fmtBytes(s.size)})\n`);
+    });
+
+  storeOptions(program.command("delete <id...>").description("delete snapshots (never an agent's last one without --force)"))
+    .option("--force", "allow deleting an agent's last snapshot")
+    .action(async (ids: string[], o: StoreOpts & { force?: boolean }) => {
+      const { store, filter } = await context(o);
+      const targets = [];
+      for (const id of ids) targets.push(await findSnapshot(store, id, filter));
+      const deleted = await deleteSnapshots(store, targets, { force: !!o.force });
+      if (global().json) printJson({ ok: true, deleted });
+      else for (const p of deleted) process.stdout.write(`deleted ${p}\n`);
+    });
+
+  addRetentionOptions(storeOptions(program.command("prune").description("delete snapshots the retention policy does not keep, and dead processes' leftovers")))
+    .option("--dry-run", "list what would be kept and removed, with the rule that decided each")
+    .addHelpText("after", `
+Examples:
+  $ memsnap prune --keep-last 5 --keep-daily 7 --keep-weekly 4 --dry-run
+  $ memsnap prune -c agent/memsnap.json --keep-within 48h --keep-label 'release-*'`)
+    .action(async (o: StoreOpts & Record<string, string | string[] | undefined> & { dryRun?: boolean }) => {
+      const { store, filter } = await context(o);
+      const policy = policyFrom(o);
+      const res = await pruneStore(store, policy, { ...filter, dryRun: !!o.dryRun });
+      if (global().json) {
+        printJson({
+          ok: true, dry_run: !!o.dryRun, agents: res.map((r) => ({
+            tenant: r.tenant, agent: r.agent, removed: r.removed, orphans: r.orphans,
+            decisions: r.decisions.map((d) => ({ id: d.snapshot.id, keep: d.keep, reasons: d.reasons, created_at: d.snapshot.created_at, label: d.snapshot.label })),
+          })),
+        });
+        return;
+      }
+      for (const r of res) {
+        process.stdout.write(`${r.tenant}/${r.agent}:\n`);
+        for (const d of r.decisions) process.stdout.write(`  ${d.keep ? "keep  " : o.dryRun ? "would remove" : "remove"} ${d.snapshot.id} ${d.snapshot.created_at}${d.keep ? `  (${d.reasons.join(", ")})` : ""}\n`);
+        for (const p of r.orphans) process.stdout.write(`  removed leftover ${p}\n`);
+      }
+    });
+}
+

@@ -1,0 +1,140 @@
+/**
+ * The local directory store: `<store>/<tenant>/<agent>/<snapshot-id>.memsnap`.
+ *
+ * Listing reads each bundle's manifest with a few positioned reads (never the payload).
+ * Deleting and pruning take the agent's store lock (`<store>/<tenant>/<agent>/.memsnap/lock`)
+ * so concurrent memsnap processes never race past the delete floor: an agent's last
+ * snapshot is never deleted without --force.
+ */
+import { copyFile, open, readdir, stat, unlink } from "node:fs/promises";
+import { join } from "node:path";
+import { MemsnapError, destinationError } from "../errors.js";
+import { readLayout, tempPathFor } from "../format/container.js";
+import { checkSeal, ID_PATTERN, parseManifest, type Manifest } from "../format/manifest.js";
+import { acquireLock } from "../restore/lock.js";
+import { commitRename, unlinkQuiet } from "../util/fs-atomic.js";
+import { isUlid } from "../util/ulid.js";
+
+export interface StoredSnapshot {
+  id: string;
+  path: string;
+  tenant: string;
+  agent: string;
+  created_at: string;
+  created_by: string;
+  label: string | null;
+  size: number;
+  encrypted: boolean;
+  signed: boolean;
+  manifest: Manifest;
+}
+
+/** Where an agent's bundles live in a store. */
+export function agentDir(store: string, tenant: string, agent: string): string {
+  return join(store, tenant, agent);
+}
+
+async function dirs(p: string): Promise<string[]> {
+  const names = await readdir(p, { withFileTypes: true }).catch(() => []);
+  return names.filter((d) => d.isDirectory() && ID_PATTERN.test(d.name)).map((d) => d.name).sort();
+}
+
+/**
+ * List the snapshots in a store, oldest first, optionally for one tenant/agent. Unreadable
+ * bundles are reported through `onBad` and skipped.
+ */
+export async function listSnapshots(store: string, filter: { tenant?: string; agent?: string } = {}, onBad?: (path: string, e: unknown) => void): Promise<StoredSnapshot[]> {
+  const out: StoredSnapshot[] = [];
+  for (const tenant of filter.tenant ? [filter.tenant] : await dirs(store)) {
+    for (const agent of filter.agent ? [filter.agent] : await dirs(join(store, tenant))) {
+      const dir = agentDir(store, tenant, agent);
+      const names = (await readdir(dir).catch(() => [] as string[])).filter((n) => n.endsWith(".memsnap") && isUlid(n.slice(0, -8))).sort();
+      for (const n of names) {
+        const path = join(dir, n);
+        try {
+          const layout = await readLayout(path);
+          const m = parseManifest(layout.manifestBytes);
+          out.push({
+            id: m.snapshot_id, path, tenant: m.tenant, agent: m.agent, created_at: m.created_at, created_by: m.created_by,
+            label: m.label, size: layout.fileSize, encrypted: m.payload.encryption !== null, signed: m.signature !== undefined, manifest: m,
+          });
+        } catch (e) {
+          onBad?.(path, e);
+        }
+      }
+    }
+  }
+  return out.sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
+}
+
+/** Find one snapshot by id (or unique id prefix, or a path to a bundle). Throws MEMSNAP_USAGE. */
+export async function findSnapshot(store: string, ref: string, filter: { tenant?: string; agent?: string } = {}): Promise<StoredSnapshot> {
+  if (ref.endsWith(".memsnap") || ref.includes("/")) {
+    const layout = await readLayout(ref);
+    const m = parseManifest(layout.manifestBytes);
+    return {
+      id: m.snapshot_id, path: ref, tenant: m.tenant, agent: m.agent, created_at: m.created_at, created_by: m.created_by,
+      label: m.label, size: layout.fileSize, encrypted: m.payload.encryption !== null, signed: m.signature !== undefined, manifest: m,
+    };
+  }
+  const all = await listSnapshots(store, filter);
+  const hits = all.filter((s) => s.id === ref.toUpperCase() || s.id.startsWith(ref.toUpperCase()));
+  if (hits.length === 1) return hits[0]!;
+  throw new MemsnapError("MEMSNAP_USAGE", hits.length ? `snapshot id ${ref} is ambiguous (${hits.length} matches)` : `no snapshot ${ref} in ${store}`, {
+    hint: hits.length ? "give more characters of the id" : "see `memsnap list`",
+  });
+}
+
+/** Copy a bundle to `to` (temp → fsync → rename), then check the copy's container and seal. Throws MEMSNAP_DEST_*. */
+export async function exportSnapshot(s: StoredSnapshot, to: string): Promise<void> {
+  if (await stat(to).then(() => true, () => false)) {
+    throw new MemsnapError("MEMSNAP_DEST_EXISTS", `${to} already exists`, { path: to, hint: "choose another --to path" });
+  }
+  const tmp = tempPathFor(to);
+  try {
+    await copyFile(s.path, tmp);
+    const fh = await open(tmp, "r+");
+    await fh.sync();
+    await fh.close();
+    const layout = await readLayout(tmp);
+    if (!checkSeal(parseManifest(layout.manifestBytes)) || layout.fileSize !== s.size) throw new Error("the copy does not match the original");
+    await commitRename(tmp, to);
+  } catch (e) {
+    await unlinkQuiet(tmp).catch(() => undefined);
+    throw destinationError(e, to);
+  }
+}
+
+/**
+ * Delete snapshots of one agent under its store lock. Refuses (MEMSNAP_USAGE) to delete the
+ * agent's last snapshot unless `force`.
+ */
+export async function deleteSnapshots(store: string, targets: StoredSnapshot[], opts: { force?: boolean; waitMs?: number } = {}): Promise<string[]> {
+  const deleted: string[] = [];
+  const byAgent = new Map<string, StoredSnapshot[]>();
+  for (const t of targets) byAgent.set(`${t.tenant}/${t.agent}`, [...(byAgent.get(`${t.tenant}/${t.agent}`) ?? []), t]);
+  for (const [, ts] of byAgent) {
+    const { tenant, agent } = ts[0]!;
+    const dir = agentDir(store, tenant, agent);
+    const lock = await acquireLock(dir, { waitMs: opts.waitMs ?? 10_000, command: "delete" });
+    try {
+      const remaining = await listSnapshots(store, { tenant, agent });
+      const doomed = new Set(ts.map((t) => t.id));
+      const survivors = remaining.filter((r) => !doomed.has(r.id));
+      if (survivors.length === 0 && !opts.force) {
+        throw new MemsnapError("MEMSNAP_USAGE", `refusing to delete the last snapshot of ${tenant}/${agent}`, {
+          hint: "pass --force to delete it anyway",
+        });
+      }
+      for (const t of ts) {
+        await unlink(t.path).catch((e: NodeJS.ErrnoException) => { if (e.code !== "ENOENT") throw e; });
+        deleted.push(t.path);
+      }
+    } finally {
+      await lock.release();
+    }
+  }
+  return deleted;
+}
+
+
