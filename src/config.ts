@@ -7,6 +7,7 @@ import { readFile } from "node:fs/promises";
 import { dirname, resolve } from "node:path";
 import { MemsnapError } from "./errors.js";
 import { ID_PATTERN } from "./format/manifest.js";
+import { parseHooks, type HooksConfig } from "./hooks.js";
 import { parseRedactionConfig, type RedactionConfig } from "./redact/index.js";
 import { sourceKind, SOURCE_KINDS } from "./sources/registry.js";
 import type { SourceKind } from "./sources/types.js";
@@ -33,6 +34,7 @@ export interface MemsnapConfig {
   recipientsFile?: string;
   compression: { level: number; threads?: number };
   redaction: RedactionConfig;
+  hooks: HooksConfig;
   sources: ConfiguredSource[];
 }
 
@@ -70,7 +72,7 @@ export function stripJsonComments(text: string): string {
 export function parseConfig(raw: unknown, file: string | null, baseDir: string): MemsnapConfig {
   const where = file ?? "config";
   if (!isPlainObject(raw)) throw configInvalid(where, "must be a JSON object");
-  rejectUnknownKeys(raw, ["$schema", "tenant", "agent", "store", "recipients", "recipients_file", "compression", "redaction", "sources"], where);
+  rejectUnknownKeys(raw, ["$schema", "tenant", "agent", "store", "recipients", "recipients_file", "compression", "redaction", "hooks", "sources"], where);
   const tenant = optString(raw, "tenant", where) ?? "default";
   const agent = reqString(raw, "agent", where);
   for (const [k, v] of [["tenant", tenant], ["agent", agent]] as const) {
@@ -91,6 +93,7 @@ export function parseConfig(raw: unknown, file: string | null, baseDir: string):
   }
   if (raw.redaction !== undefined && !isPlainObject(raw.redaction)) throw configInvalid(where, '"redaction" must be an object');
   const redaction = parseRedactionConfig(raw.redaction as Record<string, unknown> | undefined, `${where}: redaction`);
+  const hooks = parseHooks(raw.hooks, `${where}: hooks`);
   if (!Array.isArray(raw.sources) || raw.sources.length === 0) throw configInvalid(where, '"sources" must be a non-empty array');
   const names = new Set<string>();
   const sources = raw.sources.map((s: unknown, i: number): ConfiguredSource => {
@@ -112,6 +115,7 @@ export function parseConfig(raw: unknown, file: string | null, baseDir: string):
     ...(recipientsFile ? { recipientsFile: resolve(baseDir, recipientsFile) } : {}),
     compression: { level, ...(threads !== undefined ? { threads } : {}) },
     redaction,
+    hooks,
     sources,
   };
 }

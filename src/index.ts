@@ -29,3 +29,5 @@ export { listSnapshots, findSnapshot, exportSnapshot, deleteSnapshots, agentDir,
 export { decide as decideRetention, hasRules, type RetentionPolicy, type PruneDecision } from "./store/prune.js";
 export { pruneStore, diffSnapshots, indexOf, type PruneResult, type LayerDiff } from "./store/ops.js";
 export { removeOrphans } from "./store/orphans.js";
+export { runSchedule, parseCron, nextCron, printUnits, type ScheduleOptions, type Cron } from "./schedule.js";
+export { runHook, parseHooks, type HooksConfig, type HookEvent, type HookResult } from "./hooks.js";

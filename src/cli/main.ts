@@ -6,6 +6,7 @@ import { registerInspect } from "./commands/inspect.js";
 import { registerKeygen } from "./commands/keygen.js";
 import { registerRestore } from "./commands/restore.js";
 import { registerSnapshot } from "./commands/snapshot.js";
+import { registerSchedule } from "./commands/schedule.js";
 import { registerStore } from "./commands/store.js";
 import { registerVerify } from "./commands/verify.js";
 import type { GlobalOpts } from "./common.js";
@@ -40,6 +41,7 @@ ${Object.entries(EXIT_CODE_MEANINGS).map(([c, m]) => `  ${c.padStart(2)}  ${m}`)
   registerRestore(program, global);
   registerKeygen(program, global);
   registerStore(program, global);
+  registerSchedule(program, global);
   const json = argv.includes("--json");
   try {
     await program.parseAsync(argv, { from: "user" });

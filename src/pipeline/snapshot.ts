@@ -170,13 +170,14 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
   let redactor: Redactor | undefined;
   const captures: LayerCapture[] = [];
   const pack = tar.pack();
+  pack.on("error", () => undefined); // surfaced through the pipeline; destroying an unpiped pack must not crash
   let tarSize = 0;
   let pipelineDone: Promise<void> | undefined;
   try {
     try {
       await mkdir(workDir, { mode: 0o700 });
     } catch (e) {
-      throw destinationError(e, workDir);
+      throw destinationError(e, dest);
     }
     redactor = await createRedactor({ ...cfg.redaction, enabled: opts.redact ?? cfg.redaction.enabled }, workDir);
     const sink = await writer.open();

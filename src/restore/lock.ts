@@ -52,10 +52,10 @@ export function isStale(info: LockInfo | null): boolean {
  * Take the agent's lock, waiting up to `waitMs` (0: fail at once). Throws MEMSNAP_LOCKED with
  * the holder's pid, host and start time when it stays held.
  */
-export async function acquireLock(agentBase: string, opts: { waitMs?: number; command: string }): Promise<AgentLock> {
+export async function acquireLock(agentBase: string, opts: { waitMs?: number; command: string; name?: string }): Promise<AgentLock> {
   const dir = controlDir(agentBase);
   await mkdir(dir, { recursive: true, mode: 0o700 });
-  const path = join(dir, "lock");
+  const path = join(dir, opts.name ?? "lock");
   const deadline = Date.now() + (opts.waitMs ?? 0);
   const mine: LockInfo = { pid: process.pid, host: hostname(), started_at: new Date().toISOString(), command: opts.command };
   for (let attempt = 0; ; attempt++) {

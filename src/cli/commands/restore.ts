@@ -4,7 +4,7 @@ import {
   type RestorePlan,
 } from "../../index.js";
 import { fmtBytes, fmtRate, printJson, Progress } from "../output.js";
-import { collect, type GlobalOpts, withAbort } from "../common.js";
+import { collect, errorJson, hook, type GlobalOpts, withAbort } from "../common.js";
 
 interface RestoreOpts {
   to?: string;
@@ -76,12 +76,25 @@ Examples:
         return;
       }
       const config = await loadConfig(o.config);
-      const r = await withAbort((signal) => restoreInPlace(bundle, config, {
+      let r;
+      try {
+        r = await withAbort((signal) => restoreInPlace(bundle, config, {
         ...sigPolicy, keys, only: o.only, asAgent: !!o.asAgent, safetySnapshot: o.safetySnapshot, store: resolveStore(o.store, config.store),
         ...(o.wait ? { waitMs: parseDuration(o.wait) } : {}), dryRun: !!o.dryRun, signal,
         onProgress: (b, t) => progress.update(b, t),
-      }));
+        }));
+      } catch (e) {
+        progress.done();
+        if (!o.dryRun) await hook(config.hooks, "on_failed", { tenant: config.tenant, agent: config.agent, command: "restore", bundle, error: errorJson(e) }, config.baseDir);
+        throw e;
+      }
       progress.done();
+      if (!o.dryRun) {
+        await hook(config.hooks, "on_restored", {
+          snapshot_id: r.manifest.snapshot_id, bundle, tenant: config.tenant, agent: config.agent, layers: r.layers,
+          safety_snapshot_id: r.safetySnapshot?.id ?? null,
+        }, config.baseDir);
+      }
       if (g.json) {
         printJson({
           ok: true, snapshot_id: r.manifest.snapshot_id, dry_run: !!o.dryRun, layers: r.layers, swaps: r.swaps, bytes: r.bytes,

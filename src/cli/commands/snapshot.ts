@@ -1,7 +1,7 @@
 import type { Command } from "commander";
 import { loadConfig, loadPassphrase, loadRecipients, loadSigningKey, parseDuration, resolveStore, snapshot } from "../../index.js";
 import { fmtBytes, fmtRate, printJson, Progress } from "../output.js";
-import { collect, type GlobalOpts, withAbort } from "../common.js";
+import { collect, errorJson, hook, type GlobalOpts, withAbort } from "../common.js";
 
 interface SnapshotOpts {
   config: string;
@@ -64,7 +64,9 @@ Examples:
       }
       const signKey = o.signKey ? await loadSigningKey(o.signKey) : undefined;
       const progress = new Progress("snapshot", !g.json && process.stderr.isTTY === true);
-      const r = await withAbort((signal) => snapshot({
+      let r;
+      try {
+        r = await withAbort((signal) => snapshot({
         config,
         ...(o.out ? { out: o.out } : { store: resolveStore(o.store, config.store) }),
         recipients,
@@ -79,8 +81,17 @@ Examples:
         ...(signKey ? { signKey } : {}),
         signal,
         onProgress: (p) => progress.update(p.bytes, p.totalBytes),
-      }));
+        }));
+      } catch (e) {
+        progress.done();
+        await hook(config.hooks, "on_failed", { tenant: config.tenant, agent: config.agent, command: "snapshot", error: errorJson(e) }, config.baseDir);
+        throw e;
+      }
       progress.done();
+      await hook(config.hooks, "on_created", {
+        snapshot_id: r.id, path: r.path, tenant: config.tenant, agent: config.agent, label: r.manifest.label, created_by: "cli",
+        bytes: r.inputBytes, bundle_bytes: r.bundleBytes, encrypted: r.manifest.payload.encryption !== null,
+      }, config.baseDir);
       const m = r.manifest;
       if (g.json) {
         printJson({

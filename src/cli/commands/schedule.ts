@@ -1,0 +1,58 @@
+import type { Command } from "commander";
+import { resolve } from "node:path";
+import { loadConfig, parseCron, parseDuration, printUnits, resolveStore, runSchedule, MemsnapError } from "../../index.js";
+import { addRetentionOptions, policyFrom } from "./store.js";
+import type { GlobalOpts } from "../common.js";
+
+export function registerSchedule(program: Command, _global: () => GlobalOpts): void {
+  addRetentionOptions(program.command("schedule")
+    .description("run as a foreground service: snapshot on a schedule, then prune; one JSON line per event on stdout")
+    .option("-c, --config <file>", "the agent's memsnap.json", "memsnap.json")
+    .option("--every <duration>", "interval between snapshots (e.g. 15m, 1h)")
+    .option("--cron <expr>", 'cron expression in UTC (e.g. "0 * * * *")')
+    .option("--jitter <duration>", "random delay added to each run, up to this long", "0s")
+    .option("--missed <policy>", "after sleeping past runs: run-once (one snapshot at wake-up) or skip", "run-once")
+    .option("--store <dir>", "store directory")
+    .option("--max-runs <n>", "stop after n runs")
+    .option("--print <kind>", "print unit files for the host's scheduler instead: systemd or cron"))
+    .addHelpText("after", `
+Examples:
+  $ memsnap schedule -c agent/memsnap.json --every 1h --jitter 5m --keep-last 24 --keep-daily 7
+  $ memsnap schedule -c agent/memsnap.json --cron "*/15 * * * *" --keep-within 48h
+  $ memsnap schedule -c agent/memsnap.json --every 1h --keep-daily 7 --print systemd`)
+    .action(async (o: Record<string, string | string[] | undefined> & { config: string; every?: string; cron?: string; jitter: string; missed: string; store?: string; maxRuns?: string; print?: string }) => {
+      if (!!o.every === !!o.cron) throw new MemsnapError("MEMSNAP_USAGE", "give exactly one of --every and --cron", { hint: "e.g. --every 1h" });
+      if (o.missed !== "run-once" && o.missed !== "skip") throw new MemsnapError("MEMSNAP_USAGE", "--missed must be run-once or skip");
+      const everyMs = o.every ? parseDuration(o.every) : undefined;
+      if (everyMs !== undefined && everyMs < 100) throw new MemsnapError("MEMSNAP_USAGE", "--every must be at least 100ms");
+      const cron = o.cron ? parseCron(o.cron) : undefined;
+      const retention = policyFrom(o);
+      const config = await loadConfig(o.config);
+      if (o.print) {
+        if (o.print !== "systemd" && o.print !== "cron") throw new MemsnapError("MEMSNAP_USAGE", "--print takes systemd or cron");
+        const pruneArgs = process.argv.slice(2).filter((a, i, all) => /^--keep-/.test(a) || /^--keep-/.test(all[i - 1] ?? ""));
+        process.stdout.write(printUnits(o.print, {
+          bin: `${process.execPath} ${resolve(process.argv[1] ?? "memsnap")}`, configPath: config.file ?? resolve(o.config),
+          ...(o.every ? { every: o.every } : {}), ...(o.cron ? { cron: o.cron } : {}), pruneArgs, agent: config.agent,
+        }));
+        return;
+      }
+      const ac = new AbortController();
+      const stop = (sig: string) => () => { process.stdout.write(JSON.stringify({ ts: new Date().toISOString(), event: "signal", signal: sig }) + "\n"); ac.abort(); };
+      const onTerm = stop("SIGTERM");
+      const onInt = stop("SIGINT");
+      process.on("SIGTERM", onTerm);
+      process.on("SIGINT", onInt);
+      try {
+        await runSchedule({
+          config, store: resolveStore(o.store, config.store), ...(everyMs !== undefined ? { everyMs } : {}), ...(cron ? { cron } : {}),
+          jitterMs: parseDuration(o.jitter), missed: o.missed, retention,
+          ...(o.maxRuns ? { maxRuns: Number(o.maxRuns) } : {}), signal: ac.signal,
+          log: (e) => process.stdout.write(JSON.stringify({ ts: new Date().toISOString(), ...e }) + "\n"),
+        });
+      } finally {
+        process.off("SIGTERM", onTerm);
+        process.off("SIGINT", onInt);
+      }
+    });
+}

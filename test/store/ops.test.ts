@@ -1,0 +1,165 @@
+// Operating a store through the real CLI: list, diff, export, delete, prune (with concurrent
+// processes and other processes' temp files), hooks, and the scheduler as a real service.
+import { spawn, spawnSync } from "node:child_process";
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, utimesSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterAll, beforeAll, describe, expect, it } from "vitest";
+
+const BIN = new URL("../../bin/memsnap.js", import.meta.url).pathname;
+const work = mkdtempSync(join(tmpdir(), "memsnap-ops-"));
+afterAll(() => rmSync(work, { recursive: true, force: true }));
+const agent = join(work, "agent");
+const store = join(work, "store");
+const agentStore = join(store, "default", "ops");
+
+function cli(args: string[]) {
+  const r = spawnSync(process.execPath, [BIN, ...args], { encoding: "utf8", cwd: work });
+  return { code: r.status, stdout: r.stdout, stderr: r.stderr };
+}
+function json<T>(args: string[]): T {
+  const r = cli([...args, "--json"]);
+  expect(r.code, r.stderr).toBe(0);
+  return JSON.parse(r.stdout) as T;
+}
+const cfg = ["-c", join(agent, "memsnap.json")];
+
+beforeAll(() => {
+  mkdirSync(join(agent, "mem"), { recursive: true });
+  writeFileSync(join(agent, "mem", "a.md"), "a\n");
+  writeFileSync(join(agent, "mem", "b.md"), "b\n");
+  writeFileSync(join(agent, "memsnap.json"), JSON.stringify({
+    agent: "ops", store: "../store", redaction: { enabled: false },
+    hooks: { on_created: ["/bin/sh", "-c", `cat >> ${join(work, "hook.jsonl")}`], on_failed: ["/bin/sh", "-c", "exit 3"] },
+    sources: [{ kind: "files", name: "mem", path: "mem" }],
+  }));
+});
+
+describe("store operations", () => {
+  let first = "";
+  let second = "";
+
+  it("snapshots into the store layout and lists them", () => {
+    first = json<{ id: string }>(["snapshot", ...cfg, "--label", "one"]).id;
+    writeFileSync(join(agent, "mem", "a.md"), "a changed\n");
+    rmSync(join(agent, "mem", "b.md"));
+    writeFileSync(join(agent, "mem", "c.md"), "c\n");
+    second = json<{ id: string }>(["snapshot", ...cfg, "--label", "two"]).id;
+    expect(readdirSync(agentStore).filter((n) => /^[0-9A-Z]{26}\.memsnap$/.test(n)).sort()).toEqual([`${first}.memsnap`, `${second}.memsnap`]);
+    const l = json<{ snapshots: { id: string; label: string; created_by: string; encrypted: boolean; signed: boolean; size: number }[] }>(["list", ...cfg]);
+    expect(l.snapshots.map((s) => [s.id, s.label, s.created_by, s.encrypted, s.signed])).toEqual([[first, "one", "cli", false, false], [second, "two", "cli", false, false]]);
+    const table = cli(["list", ...cfg]).stdout;
+    expect(table.split("\n")[0]).toMatch(/^ID\s+AGENT\s+CREATED\s+BY\s+SIZE\s+ENC\s+SIGNED\s+LABEL/);
+  });
+
+  it("the on_created hook received the snapshot's metadata on stdin", () => {
+    const lines = readFileSync(join(work, "hook.jsonl"), "utf8").trim().split("\n").map((l) => JSON.parse(l) as { event: string; snapshot_id: string });
+    expect(lines.map((l) => [l.event, l.snapshot_id])).toEqual([["on_created", first], ["on_created", second]]);
+  });
+
+  it("a failing hook is reported and never breaks the command", () => {
+    const r = cli(["snapshot", ...cfg, "--out", "/nonexistent-dir/x.memsnap"]);
+    expect(r.code).toBe(8);
+    expect(r.stderr).toContain("warning: hook on_failed");
+  });
+
+  it("diff shows added, changed and removed artifacts per layer", () => {
+    const d = json<{ layers: { layer: string; added: { path: string }[]; changed: { path: string }[]; removed: { path: string }[] }[] }>(["diff", first.slice(0, 20), second, ...cfg]);
+    expect(d.layers[0]!.added.map((x) => x.path)).toEqual(["mem/c.md"]);
+    expect(d.layers[0]!.changed.map((x) => x.path)).toEqual(["mem/a.md"]);
+    expect(d.layers[0]!.removed.map((x) => x.path)).toEqual(["mem/b.md"]);
+  });
+
+  it("export copies a verified bundle out and refuses to overwrite", () => {
+    json(["export", first, ...cfg, "--to", join(work, "exported.memsnap")]);
+    expect(readFileSync(join(work, "exported.memsnap")).equals(readFileSync(join(agentStore, `${first}.memsnap`)))).toBe(true);
+    const again = cli(["export", first, ...cfg, "--to", join(work, "exported.memsnap")]);
+    expect(again.code).toBe(8);
+    expect(again.stderr).toContain("[MEMSNAP_DEST_EXISTS]");
+  });
+
+  it("delete refuses the agent's last snapshot without --force", () => {
+    json(["delete", first, ...cfg]);
+    const r = cli(["delete", second, ...cfg]);
+    expect(r.code).toBe(2);
+    expect(r.stderr).toContain("refusing to delete the last snapshot");
+    expect(existsSync(join(agentStore, `${second}.memsnap`))).toBe(true);
+  });
+
+  it("prune --dry-run lists decisions with their rule; prune applies them; concurrent prunes and snapshots are safe", async () => {
+    for (let i = 0; i < 4; i++) json(["snapshot", ...cfg]);
+    const dry = json<{ agents: { decisions: { id: string; keep: boolean; reasons: string[] }[] }[] }>(["prune", ...cfg, "--keep-last", "2", "--dry-run"]);
+    const ds = dry.agents[0]!.decisions;
+    expect(ds.filter((d) => d.keep).map((d) => d.reasons[d.reasons.length - 1])).toEqual(["last 1/2", "last 2/2"]);
+    expect(ds.filter((d) => !d.keep)).toHaveLength(3);
+    expect(readdirSync(agentStore).filter((n) => /^[0-9A-Z]{26}\.memsnap$/.test(n))).toHaveLength(5);
+    // three processes at once: two prunes and a snapshot; all succeed, and the store ends consistent
+    const run = (args: string[]) => new Promise<number | null>((res) => spawn(process.execPath, [BIN, ...args], { cwd: work, stdio: "ignore" }).on("exit", res));
+    const codes = await Promise.all([
+      run(["prune", ...cfg, "--keep-last", "2"]), run(["prune", ...cfg, "--keep-last", "2"]), run(["snapshot", ...cfg, "--wait", "30s"]),
+    ]);
+    expect(codes).toEqual([0, 0, 0]);
+    const left = readdirSync(agentStore).filter((n) => /^[0-9A-Z]{26}\.memsnap$/.test(n));
+    expect(left.length).toBeGreaterThanOrEqual(2);
+    expect(left.length).toBeLessThanOrEqual(3);
+    const ok = cli(["verify", join(agentStore, left[0]!)]);
+    expect(ok.code, ok.stderr).toBe(0);
+  });
+
+  it("prune removes dead processes' leftovers by age and never a live process's temp file", () => {
+    const deadPid = spawnSync(process.execPath, ["-e", "0"]).pid!;
+    const old = Date.now() / 1000 - 3600;
+    const live = join(agentStore, `.X.memsnap.tmp-${process.pid}-abcd1234`);
+    const dead = join(agentStore, `.Y.memsnap.tmp-${deadPid}-abcd1234`);
+    const fresh = join(agentStore, `.Z.memsnap.tmp-${deadPid}-ffff0000`);
+    for (const p of [live, dead, fresh]) writeFileSync(p, "partial");
+    utimesSync(live, old, old);
+    utimesSync(dead, old, old);
+    const r = json<{ agents: { orphans: string[] }[] }>(["prune", ...cfg, "--keep-last", "10"]);
+    expect(r.agents[0]!.orphans).toEqual([dead]);
+    expect(existsSync(live)).toBe(true);
+    expect(existsSync(fresh)).toBe(true); // younger than the age threshold
+    rmSync(live);
+    rmSync(fresh);
+  });
+});
+
+describe("schedule", () => {
+  it("prints unit files for systemd and cron", () => {
+    const s = cli(["schedule", ...cfg, "--every", "1h", "--keep-daily", "7", "--print", "systemd"]);
+    expect(s.code, s.stderr).toBe(0);
+    expect(s.stdout).toContain("[Service]");
+    expect(s.stdout).toMatch(/ExecStart=.* schedule -c .*memsnap\.json --every 1h --keep-daily 7/);
+    const c = cli(["schedule", ...cfg, "--cron", "*/15 * * * *", "--keep-last", "3", "--print", "cron"]);
+    expect(c.code, c.stderr).toBe(0);
+    expect(c.stdout).toMatch(/^\*\/15 \* \* \* \* .* snapshot -c .* && .* prune -c .* --keep-last 3/m);
+  });
+
+  it("runs as a service at a fast interval, never overlaps itself, prunes, logs JSON lines, and stops cleanly on SIGTERM", async () => {
+    const lines: Record<string, unknown>[] = [];
+    const child = spawn(process.execPath, [BIN, "schedule", ...cfg, "--every", "300ms", "--keep-last", "3"], { cwd: work });
+    let buf = "";
+    child.stdout.on("data", (c: Buffer) => {
+      buf += c.toString();
+      let i;
+      while ((i = buf.indexOf("\n")) >= 0) {
+        lines.push(JSON.parse(buf.slice(0, i)) as Record<string, unknown>);
+        buf = buf.slice(i + 1);
+      }
+    });
+    const exited = new Promise<number | null>((res) => child.on("exit", res));
+    while (lines.filter((l) => l.event === "snapshot").length < 3) await new Promise((r) => setTimeout(r, 50));
+    // a second scheduler for the same agent refuses to start
+    const second = cli(["schedule", ...cfg, "--every", "1s"]);
+    expect(second.code).toBe(7);
+    expect(second.stderr).toContain("[MEMSNAP_LOCKED]");
+    child.kill("SIGTERM");
+    expect(await exited).toBe(0);
+    expect(lines[0]!.event).toBe("started");
+    expect(lines[lines.length - 1]!.event).toBe("stopped");
+    expect(lines.some((l) => l.event === "prune")).toBe(true);
+    expect(lines.every((l) => typeof l.ts === "string")).toBe(true);
+    expect(readdirSync(agentStore).filter((n) => /^[0-9A-Z]{26}\.memsnap$/.test(n)).length).toBeLessThanOrEqual(4);
+    expect(readdirSync(agentStore).filter((n) => n.startsWith("."))).toEqual([".memsnap"]); // no partial files
+  });
+});
