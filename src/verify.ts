@@ -19,6 +19,7 @@ import { AGE_MAGIC } from "./pipeline/age.js";
 import { compareWithIndex, hashStoredPayload, readPayload, type Keys } from "./pipeline/read-payload.js";
 import { ZSTD_MAGIC } from "./pipeline/zstd.js";
 import { checkSignature, type SignatureStatus } from "./sign.js";
+import { checkEntryName } from "./restore/safe-path.js";
 import { sourceKind } from "./sources/registry.js";
 import type { KeyObject } from "node:crypto";
 
@@ -46,6 +47,8 @@ export interface VerifyOptions {
   /** Also run each layer's own checks (JSON parse, SQLite integrity_check, git bundle verify). */
   deep?: boolean;
   signal?: AbortSignal;
+  /** Called as stored payload bytes are read. */
+  onProgress?: (bytes: number, total: number) => void;
 }
 
 /** Check the manifest alone: seal, layer kinds and schema versions, member/encryption agreement. */
@@ -127,12 +130,14 @@ export async function verifyBundle(path: string, opts: VerifyOptions = {}): Prom
   const labelBad = labelF.length > 0 || magic !== null;
   const layersBad = mf.some((x) => x.code === "MEMSNAP_UNSUPPORTED_LAYER");
   if ((encrypted && !haveKey) || labelBad || layersBad) {
-    const stored = await hashStoredPayload(layout);
+    const stored = await hashStoredPayload(layout, opts.onProgress);
     const ok = stored.sha256 === manifest.payload.sha256 && stored.size === manifest.payload.stored_size;
     add("payload-sha256", ok ? sizeFindings : [...sizeFindings, { code: "MEMSNAP_PAYLOAD_HASH_MISMATCH", message: "the payload bytes do not hash to the manifest's SHA-256" }]);
     const why = labelBad ? "not run: the payload is mislabeled" : layersBad ? "not run: unsupported layer" : "needs the key (--identity or --passphrase-file)";
-    skip("decrypt", why);
-    skip("index-binding", why);
+    if (encrypted) {
+      skip("decrypt", why);
+      skip("index-binding", why);
+    }
     skip("artifacts", why);
     if (opts.deep) skip("deep", why);
     finishSignature();
@@ -140,23 +145,32 @@ export async function verifyBundle(path: string, opts: VerifyOptions = {}): Prom
   }
   // Full pass: decrypt (if needed), decompress, hash every entry, optionally deep-check.
   const deepProblems: Finding[] = [];
+  const unsafe: Finding[] = [];
   const layerKinds = new Map(manifest.layers.map((l) => [l.name, l.kind]));
   try {
+    const layerNames = new Set(manifest.layers.map((l) => l.name));
     const r = await readPayload(layout, manifest, keys, async (info, chunks) => {
+      try {
+        checkEntryName(info.name, layerNames);
+      } catch (e) {
+        if (!isMemsnapError(e)) throw e;
+        unsafe.push({ code: e.code, message: e.message, path: info.name });
+        return;
+      }
       if (!opts.deep) return;
       const kind = layerKinds.get(info.layer);
       const impl = kind ? sourceKind(kind) : undefined;
       if (!impl?.deepVerify) return;
       const problem = await impl.deepVerify({ entry: { path: info.name, layer: info.layer }, bytes: chunks });
       if (problem) deepProblems.push({ code: "MEMSNAP_DEEP_VERIFY_FAILED", message: problem, path: info.name });
-    }, opts.signal);
+    }, opts.signal, opts.onProgress);
     const cmp = compareWithIndex(manifest, r);
     const payloadF = cmp.filter((x) => x.code === "MEMSNAP_PAYLOAD_HASH_MISMATCH");
     add("payload-sha256", [...sizeFindings, ...payloadF]);
     if (encrypted) add("decrypt", []);
     const indexF = cmp.filter((x) => x.code === "MEMSNAP_INDEX_MISMATCH");
     if (encrypted) add("index-binding", indexF.filter((x) => x.path === ".memsnap/index.json"));
-    add("artifacts", cmp.filter((x) => x.code === "MEMSNAP_ARTIFACT_HASH_MISMATCH" || (x.code === "MEMSNAP_INDEX_MISMATCH" && (!encrypted || x.path !== ".memsnap/index.json"))),
+    add("artifacts", [...unsafe, ...cmp.filter((x) => x.code === "MEMSNAP_ARTIFACT_HASH_MISMATCH" || (x.code === "MEMSNAP_INDEX_MISMATCH" && (!encrypted || x.path !== ".memsnap/index.json")))],
       `${r.entries.length} artifacts`);
     if (opts.deep) add("deep", deepProblems);
   } catch (e) {

@@ -216,6 +216,8 @@ export async function readLayout(path: string): Promise<BundleLayout> {
     const trailer = await readAt(fh, mPos + BLOCK + second.size, padding(second.size) + 2 * BLOCK);
     if (!trailer.every((b) => b === 0)) throw malformed(path, "end-of-archive blocks are not zero");
     const payloadHead = await readAt(fh, payloadOffset, Math.min(64, first.size));
+    const payloadPad = await readAt(fh, payloadOffset + first.size, padding(first.size));
+    if (!payloadPad.every((b) => b === 0)) throw malformed(path, "the padding after the payload is not zero");
     return { path, fileSize, payloadMember: first.name, payloadOffset, payloadSize: first.size, manifestBytes, payloadHead };
   } finally {
     await fh.close();

@@ -8,7 +8,7 @@
  */
 import { createHash } from "node:crypto";
 import { createReadStream } from "node:fs";
-import { Duplex, Writable } from "node:stream";
+import { Transform, Writable, type TransformCallback } from "node:stream";
 import { pipeline } from "node:stream/promises";
 import tar from "tar-stream";
 import { MemsnapError, type Finding } from "../errors.js";
@@ -48,8 +48,26 @@ export interface PayloadReadResult {
 const INDEX_MAX_BYTES = 256 * 1024 * 1024;
 const BOMB_MARGIN = 4 * 1024 * 1024;
 
+/** Passes bytes through and fails once more than `limit` have passed (a plain Transform, so teardown propagates). */
+class BoundCounter extends Transform {
+  private n = 0;
+  constructor(private readonly limit: number) {
+    super();
+  }
+  override _transform(c: Buffer, _e: BufferEncoding, cb: TransformCallback): void {
+    this.n += c.length;
+    if (this.n > this.limit) {
+      cb(new MemsnapError("MEMSNAP_UNSAFE_BUNDLE", `the payload decompresses past its declared ${this.limit} bytes`, {
+        hint: "a zstd or tar bomb, or a tampered manifest: nothing was restored",
+      }));
+      return;
+    }
+    cb(null, c);
+  }
+}
+
 /** Hash a byte range of the bundle file without decrypting it (verify without a key). */
-export async function hashStoredPayload(layout: BundleLayout): Promise<{ sha256: string; size: number; head: Buffer }> {
+export async function hashStoredPayload(layout: BundleLayout, onStored?: (storedBytes: number, storedTotal: number) => void): Promise<{ sha256: string; size: number; head: Buffer }> {
   const h = createHash("sha256");
   let size = 0;
   let head = Buffer.alloc(0);
@@ -60,6 +78,7 @@ export async function hashStoredPayload(layout: BundleLayout): Promise<{ sha256:
       if (head.length < 64) head = Buffer.concat([head, b.subarray(0, 64 - head.length)]);
       h.update(b);
       size += b.length;
+      onStored?.(size, layout.payloadSize);
     }
   }
   return { sha256: h.digest("hex"), size, head };
@@ -71,7 +90,10 @@ export async function hashStoredPayload(layout: BundleLayout): Promise<{ sha256:
  * reported here as findings (verify). Throws the first fatal stream error (decrypt, corrupt
  * zstd/tar, or the handler's own error) as a MemsnapError.
  */
-export async function readPayload(layout: BundleLayout, manifest: Manifest, keys: Keys, handler: EntryHandler, signal?: AbortSignal): Promise<PayloadReadResult> {
+export async function readPayload(
+  layout: BundleLayout, manifest: Manifest, keys: Keys, handler: EntryHandler, signal?: AbortSignal,
+  onStored?: (storedBytes: number, storedTotal: number) => void,
+): Promise<PayloadReadResult> {
   const stored = createHash("sha256");
   let storedSize = 0;
   const stages: NodeJS.ReadWriteStream[] = [];
@@ -79,18 +101,7 @@ export async function readPayload(layout: BundleLayout, manifest: Manifest, keys
   // The manifest declares the tar size: past it the payload is a bomb. The decompressor's own
   // hard stop sits a margin above, so the counting stage below reports it first, as unsafe.
   stages.push(createZstdDecompressor({ maxOutputBytes: manifest.payload.tar_size + BOMB_MARGIN }));
-  let tarBytes = 0;
-  stages.push(Duplex.from(async function* (chunks: AsyncIterable<Buffer>) {
-    for await (const c of chunks) {
-      tarBytes += c.length;
-      if (tarBytes > manifest.payload.tar_size) {
-        throw new MemsnapError("MEMSNAP_UNSAFE_BUNDLE", `the payload decompresses past its declared ${manifest.payload.tar_size} bytes`, {
-          hint: "a zstd or tar bomb, or a tampered manifest: nothing was restored",
-        });
-      }
-      yield c;
-    }
-  }) as unknown as NodeJS.ReadWriteStream);
+  stages.push(new BoundCounter(manifest.payload.tar_size));
   const extract = tar.extract();
   const src = layout.payloadSize > 0
     ? createReadStream(layout.path, { start: layout.payloadOffset, end: layout.payloadOffset + layout.payloadSize - 1, highWaterMark: 1 << 20 })
@@ -101,6 +112,7 @@ export async function readPayload(layout: BundleLayout, manifest: Manifest, keys
       for await (const c of chunks) {
         stored.update(c);
         storedSize += c.length;
+        onStored?.(storedSize, layout.payloadSize);
         yield c;
       }
     },

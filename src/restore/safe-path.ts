@@ -17,7 +17,6 @@ export function checkEntryName(name: string, layers: ReadonlySet<string>): void 
   if (name === "") throw unsafe(name, "empty name");
   if (name.includes("\0")) throw unsafe(name, "NUL byte in name");
   if (name.startsWith("/")) throw unsafe(name, "absolute path");
-  if (name.includes("\\")) throw unsafe(name, "backslash in name");
   const parts = name.split("/");
   for (const p of parts) {
     if (p === "..") throw unsafe(name, "'..' segment");

@@ -40,7 +40,6 @@ async function isEmptyOrAbsent(dir: string): Promise<boolean> {
   } catch (e) {
     const code = (e as NodeJS.ErrnoException).code;
     if (code === "ENOENT") return true;
-    if (code === "ENOTDIR") return false;
     throw destinationError(e, dir);
   }
 }

@@ -12,6 +12,10 @@ function escape(ch: string): string {
 }
 
 function toRegex(glob: string): RegExp {
+  return new RegExp(`^${toSource(glob)}$`);
+}
+
+function toSource(glob: string): string {
   let src = "";
   for (let i = 0; i < glob.length; i++) {
     const c = glob[i]!;
@@ -31,13 +35,13 @@ function toRegex(glob: string): RegExp {
         src += "\\{";
         continue;
       }
-      src += `(?:${glob.slice(i + 1, close).split(",").map((p) => p.split("").map(escape).join("")).join("|")})`;
+      src += `(?:${glob.slice(i + 1, close).split(",").map(toSource).join("|")})`;
       i = close;
     } else {
       src += escape(c);
     }
   }
-  return new RegExp(`^${src}$`);
+  return src;
 }
 
 /** Compile a list of globs into one matcher (true when any pattern matches). */

@@ -1,6 +1,6 @@
 import type { Command } from "commander";
 import { loadIdentities, loadPassphrase, loadTrusted, verifyBundle, verifyError } from "../../index.js";
-import { printJson } from "../output.js";
+import { printJson, Progress } from "../output.js";
 import { collect, type GlobalOpts, withAbort } from "../common.js";
 
 export function registerVerify(program: Command, global: () => GlobalOpts): void {
@@ -20,9 +20,12 @@ Examples:
       const trusted = await loadTrusted(o.trust);
       const identities = await loadIdentities(o.identity);
       const passphrase = await loadPassphrase(o.passphraseFile);
+      const progress = new Progress("verify", !global().json && process.stderr.isTTY === true);
       const r = await withAbort((signal) => verifyBundle(bundle, {
         keys: { identities, passphrases: passphrase ? [passphrase] : [] }, deep: !!o.deep, trusted, signal,
+        onProgress: (b, t) => progress.update(b, t),
       }));
+      progress.done();
       if (global().json) {
         printJson({ ok: r.ok, path: r.path, snapshot_id: r.manifest?.snapshot_id ?? null, encrypted: r.encrypted, checks: r.checks, findings: r.findings });
       } else {
@@ -30,8 +33,10 @@ Examples:
           const mark = c.status === "passed" ? "ok     " : c.status === "failed" ? "FAILED " : "skipped";
           process.stdout.write(`${mark} ${c.name}${c.detail ? `: ${c.detail}` : ""}\n`);
         }
-        const skipped = r.checks.filter((c) => c.status === "skipped").length;
-        if (r.ok) process.stdout.write(`verified ${r.manifest?.snapshot_id}${skipped ? ` (${skipped} check(s) not run: pass --identity to run them)` : ""}\n`);
+        const skipped = r.checks.filter((c) => c.status === "skipped");
+        const needKey = skipped.filter((c) => c.detail?.startsWith("needs the key"));
+        const note = needKey.length ? ` (${needKey.length} check(s) not run: pass --identity to run them)` : skipped.length ? ` (not run: ${skipped.map((c) => c.name).join(", ")})` : "";
+        if (r.ok) process.stdout.write(`verified ${r.manifest?.snapshot_id}${note}\n`);
       }
       if (!r.ok) {
         const err = verifyError(r);
