@@ -16,6 +16,7 @@ import type { BundleLayout } from "../format/container.js";
 import { encodeIndex, INDEX_PATH, type IndexDocument, type Manifest } from "../format/manifest.js";
 import { createAgeDecryptor } from "./age.js";
 import { createZstdDecompressor } from "./zstd.js";
+import { Tap } from "../util/tap.js";
 
 /** Identities and passphrases that may open an encrypted bundle. */
 export interface Keys {
@@ -108,14 +109,11 @@ export async function readPayload(
     : (async function* () { /* empty payload */ })();
   const flow = pipeline(
     src,
-    async function* (chunks: AsyncIterable<Buffer>) {
-      for await (const c of chunks) {
-        stored.update(c);
-        storedSize += c.length;
-        onStored?.(storedSize, layout.payloadSize);
-        yield c;
-      }
-    },
+    new Tap((c) => {
+      stored.update(c);
+      storedSize += c.length;
+      onStored?.(storedSize, layout.payloadSize);
+    }),
     ...(stages as [NodeJS.ReadWriteStream]),
     extract as unknown as Writable,
     ...(signal ? [{ signal }] : []),

@@ -12,7 +12,7 @@
  */
 import { createHash, randomBytes, type KeyObject } from "node:crypto";
 import { mkdir, rm, stat } from "node:fs/promises";
-import { hostname } from "node:os";
+import { availableParallelism, hostname } from "node:os";
 import { dirname, join } from "node:path";
 import { Readable, type Writable } from "node:stream";
 import { pipeline } from "node:stream/promises";
@@ -30,6 +30,7 @@ import { acquireLock, type AgentLock } from "../restore/lock.js";
 import { signManifest } from "../sign.js";
 import { removeOrphans } from "../store/orphans.js";
 import { crashPoint } from "../util/crash-point.js";
+import { Tap } from "../util/tap.js";
 import type { Redactor } from "../redact/types.js";
 import type { Artifact, LayerCapture } from "../sources/types.js";
 import { sourceChanged } from "../sources/walk.js";
@@ -86,6 +87,11 @@ export interface SnapshotResult {
   durationMs: number;
 }
 
+/** zstd worker threads when the config says nothing: both cores on a multi-core machine. */
+export function defaultZstdThreads(): number {
+  return availableParallelism() >= 2 ? 2 : 0;
+}
+
 /** Where a snapshot with this id goes in a store. */
 export function storePath(store: string, tenant: string, agent: string, id: string): string {
   return join(store, tenant, agent, `${id}.memsnap`);
@@ -100,17 +106,15 @@ async function packArtifact(
   const entry = pack.entry({ name, size: a.size, mode: a.mode, mtime: a.mtime, type: "file" });
   const src = a.open();
   await pipeline(
-    src instanceof Readable ? src : Readable.from(src),
-    async function* (chunks: AsyncIterable<Buffer>) {
-      for await (const chunk of chunks) {
-        seen += chunk.length;
-        if (seen > a.size) throw sourceChanged(name, `grew past its declared ${a.size} bytes`);
-        hash.update(chunk);
-        onBytes(chunk.length);
-        yield chunk;
-      }
+    src instanceof Readable ? src : Readable.from(src, { objectMode: false, highWaterMark: 1 }),
+    new Tap((chunk) => {
+      seen += chunk.length;
+      if (seen > a.size) throw sourceChanged(name, `grew past its declared ${a.size} bytes`);
+      hash.update(chunk);
+      onBytes(chunk.length);
+    }, () => {
       if (seen !== a.size) throw sourceChanged(name, `shrank from ${a.size} to ${seen} bytes`);
-    },
+    }),
     entry as unknown as Writable,
   );
   await a.check?.();
@@ -181,7 +185,7 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
     }
     redactor = await createRedactor({ ...cfg.redaction, enabled: opts.redact ?? cfg.redaction.enabled }, workDir);
     const sink = await writer.open();
-    const stages: NodeJS.ReadWriteStream[] = [createZstdCompressor({ level, threads: cfg.compression.threads ?? 0 })];
+    const stages: NodeJS.ReadWriteStream[] = [createZstdCompressor({ level, threads: cfg.compression.threads ?? defaultZstdThreads() })];
     if (encrypted) {
       stages.push(await createAgeEncryptor(opts.passphrase
         ? { passphrase: opts.passphrase, ...(opts.scryptLogN ? { scryptLogN: opts.scryptLogN } : {}) }
@@ -189,12 +193,7 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
     }
     pipelineDone = pipeline(
       pack as unknown as Readable,
-      async function* (chunks: AsyncIterable<Buffer>) {
-        for await (const c of chunks) {
-          tarSize += c.length;
-          yield c;
-        }
-      },
+      new Tap((c) => { tarSize += c.length; }),
       ...(stages as [NodeJS.ReadWriteStream]),
       sink,
       ...(opts.signal ? [{ signal: opts.signal }] : []),

@@ -13,6 +13,8 @@ import { compareWithIndex, readPayload, type Keys, type PayloadReadResult } from
 import { crashPoint } from "../util/crash-point.js";
 import { checkEntryName } from "./safe-path.js";
 
+const WRITE_BATCH = 1 << 20;
+
 export interface ExtractOptions {
   keys?: Keys;
   signal?: AbortSignal;
@@ -67,13 +69,23 @@ export async function extractPayload(
     }
     try {
       let n = 0;
+      // Coalesce the tar parser's small chunks into ~1 MiB writes.
+      let batch: Buffer[] = [];
+      let batched = 0;
       for await (const c of chunks) {
         n += c.length;
         if (n > info.size) throw new MemsnapError("MEMSNAP_ARTIFACT_HASH_MISMATCH", `${info.name} is longer than its header declares`, { path: info.name });
-        await fh.write(c);
+        batch.push(c);
+        batched += c.length;
+        if (batched >= WRITE_BATCH) {
+          await fh.writev(batch);
+          batch = [];
+          batched = 0;
+        }
         written += c.length;
         opts.onProgress?.(written, total);
       }
+      if (batched) await fh.writev(batch);
     } catch (e) {
       throw destinationError(e, dest);
     } finally {
