@@ -1,0 +1,866 @@
+/**
+ * The `kv` source: KV-cache page dumps, deduplicated by content.
+ *
+ * Input formats:
+ * - `memsnap`: a directory with `kv-manifest.json` and data files (docs/FORMAT.md "KV dump format");
+ * - `pfimg-paged`: a ProcessFork `paged-batchinvariant-v1` page manifest (JSON, or its
+ *   zstd blob) inside a store-like directory whose `blobs/sha256/<xx>/<hex>[.zst]` hold the
+ *   K and V pages;
+ * - `lmcache`: headerless LMCache-style chunk files, shape given in the config.
+ *
+ * Each data file is cut into pages (tiles). Every page's SHA-256 (over its original bytes)
+ * is computed as it streams; each distinct non-zero page is stored once as `pages/<sha256>`
+ * (or `pages/<sha256>.s2|.s4` when byte-plane shuffled), zero pages are flags only, other
+ * files are kept verbatim under `files/<path>`, and the last artifact, `kv-index.json`, maps
+ * every original page and every tile of every data file to its content. Restore rebuilds the
+ * dump directory byte for byte. The dump is never held in memory: pages stream one read
+ * block (≤ 4 MiB) at a time.
+ */
+import { createHash, randomBytes } from "node:crypto";
+import { createReadStream } from "node:fs";
+import type { Stats } from "node:fs";
+import { chmod, lstat, mkdir, open, readdir, readFile, rename, rm, stat, utimes, type FileHandle } from "node:fs/promises";
+import { basename, dirname, join, resolve } from "node:path";
+import { Readable } from "node:stream";
+import type { LayerEntry } from "../format/manifest.js";
+import { MemsnapError, isMemsnapError } from "../errors.js";
+import type { Redactor } from "../redact/types.js";
+import { configInvalid, isPlainObject, optString, rejectUnknownKeys, reqString } from "../util/config-check.js";
+import {
+  KV_INDEX, KV_INDEX_FORMAT, KV_MANIFEST, KV_MANIFEST_MAX_BYTES, KV_MAX_PAGE_BYTES, PAGE_ARTIFACT_RE, kvInvalid,
+  pageArtifact, parseKvIndex, parseKvManifest, shuffle as shufflePlanes, unshuffle,
+  type KvContent, type KvIndex, type KvIndexFile,
+} from "./kv-format.js";
+import {
+  FrameHasher, TextScanner, canonicalDtype, decompressToBuffer, dtypeBytes, hashFrameChunks, isAllZero, parsePageManifest,
+  sha256Hex, zstdCompressSync,
+} from "./pfimg-format.js";
+import type { Artifact, SourceKind } from "./types.js";
+import { sourceChanged, sourceError, walkFiles } from "./walk.js";
+
+export interface KvShape {
+  n_layers: number;
+  n_kv_heads: number;
+  head_dim: number;
+  dtype: string;
+  block_size: number;
+  tokens_per_chunk: number;
+}
+
+export interface KvConfig {
+  kind: "kv";
+  name: string;
+  path: string;
+  format?: "memsnap" | "pfimg-paged" | "lmcache";
+  shape?: KvShape;
+  shuffle?: "auto" | "on" | "off";
+}
+
+type Format = NonNullable<KvConfig["format"]>;
+
+/** Bytes read from a data file at a time (whole pages). */
+const READ_BLOCK = 4 * 1024 * 1024;
+/** Auto shuffle: at most this many pages, this many bytes, compressed both ways at zstd -3. */
+const SAMPLE_PAGES = 32;
+const SAMPLE_MAX_BYTES = 4 * 1024 * 1024;
+const SAMPLE_LEVEL = 3;
+/** Keep the shuffle when it makes the sample at least this much smaller. */
+const SHUFFLE_MIN_SAVING = 0.03;
+/** Verbatim JSON files at most this big are scanned with the redactor. */
+const SCAN_MAX = 64 * 1024 * 1024;
+
+// ------------------------------------------------------------------------------ plan
+
+interface Tile {
+  offset: number;
+  len: number;
+  label: string;
+  /** Digest the dump declares (lowercase hex), or null. */
+  sha: string | null;
+  /** The dump declares the page all-zero. */
+  zero: boolean;
+}
+
+interface DataFile {
+  rel: string;
+  abs: string;
+  stats: Stats;
+  tiles: Tile[];
+}
+
+interface VerbatimFile {
+  rel: string;
+  abs: string;
+  stats: Stats;
+  /** Bytes read (and validated) while planning; streamed as is. */
+  kept: Buffer | null;
+  /** A ProcessFork page blob kept as its stored zstd frame: verified while streaming. */
+  zst: { hex: string; what: string; expectRaw: number | null } | null;
+  scan: boolean;
+}
+
+interface KvPlan {
+  format: Format;
+  root: string;
+  dtype: string;
+  elem: number;
+  pageBytes: number;
+  data: DataFile[];
+  verbatim: VerbatimFile[];
+  /** Original pages stored inside verbatim zstd blobs: [label, blob hex]. */
+  framePages: [string, string][];
+  meta: Record<string, unknown>;
+}
+
+function digestMismatch(msg: string, path: string): MemsnapError {
+  return new MemsnapError("MEMSNAP_SOURCE_DIGEST_MISMATCH", msg, {
+    path, hint: "the dump's pages do not match its manifest: re-export the KV dump (a page changed after it was hashed, or the file is damaged)",
+  });
+}
+
+async function statFile(abs: string, what: string): Promise<Stats> {
+  let st: Stats;
+  try {
+    st = await lstat(abs);
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code === "ENOENT") throw kvInvalid(`kv: ${what} ${abs} is missing`, abs);
+    throw sourceError(e, abs);
+  }
+  if (!st.isFile()) throw kvInvalid(`kv: ${what} ${abs} is not a regular file`, abs);
+  return st;
+}
+
+async function readSmall(abs: string, st: Stats, cap: number): Promise<Buffer> {
+  if (st.size > cap) throw kvInvalid(`kv: ${abs} is ${st.size} bytes, over the ${cap}-byte cap`, abs);
+  let b: Buffer;
+  try {
+    b = await readFile(abs);
+  } catch (e) {
+    throw sourceError(e, abs);
+  }
+  if (b.length !== st.size) throw sourceChanged(abs, `size ${st.size} → ${b.length}`);
+  return b;
+}
+
+const sizeWord = (n: number): string => `${n} byte${n === 1 ? "" : "s"}`;
+
+function checkShape(cfg: KvConfig, got: { nLayers: number | null; nKvHeads: number | null; headDim: number | null; dtype: string | null; blockSize: number | null }, where: string): void {
+  const s = cfg.shape;
+  if (!s) return;
+  const pairs: [string, unknown, unknown][] = [
+    ["n_layers", s.n_layers, got.nLayers], ["n_kv_heads", s.n_kv_heads, got.nKvHeads], ["head_dim", s.head_dim, got.headDim],
+    ["block_size", s.block_size, got.blockSize],
+  ];
+  for (const [k, want, have] of pairs) {
+    if (have !== null && want !== have) throw kvInvalid(`kv: ${where} has ${k} ${String(have)}, the config's shape says ${String(want)}`);
+  }
+  if (got.dtype !== null && canonicalDtype(got.dtype) !== canonicalDtype(s.dtype)) throw kvInvalid(`kv: ${where} has dtype ${got.dtype}, the config's shape says ${s.dtype}`);
+}
+
+async function planMemsnap(root: string, cfg: KvConfig): Promise<KvPlan> {
+  const mAbs = join(root, KV_MANIFEST);
+  const mSt = await statFile(mAbs, "dump manifest");
+  const mBytes = await readSmall(mAbs, mSt, KV_MANIFEST_MAX_BYTES);
+  const m = parseKvManifest(mBytes, mAbs);
+  checkShape(cfg, { nLayers: m.nLayers, nKvHeads: m.nKvHeads, headDim: m.headDim, dtype: m.dtype, blockSize: m.blockSize }, mAbs);
+  const byFile = new Map<string, Tile[]>();
+  for (const f of m.dataFiles) {
+    if (f.path === KV_MANIFEST) throw kvInvalid(`kv: ${mAbs} lists itself as a data file`, mAbs);
+    byFile.set(f.path, []);
+  }
+  for (const p of m.pages) {
+    byFile.get(p.file)!.push({ offset: p.offset, len: m.pageBytes, label: `L${p.layer}/B${p.block}`, sha: p.sha256, zero: p.zero });
+  }
+  const data: DataFile[] = [];
+  for (const f of m.dataFiles) {
+    const abs = join(root, ...f.path.split("/"));
+    const st = await statFile(abs, `data file ${f.path} named by ${KV_MANIFEST}:`);
+    const tiles = byFile.get(f.path)!.sort((a, b) => a.offset - b.offset);
+    tiles.forEach((t, i) => {
+      if (t.offset !== i * m.pageBytes) {
+        throw kvInvalid(`kv: data file ${f.path}: pages must tile it from offset 0 without gaps or overlaps; page ${t.label} is at offset ${t.offset}, expected ${i * m.pageBytes}`, abs);
+      }
+    });
+    const want = tiles.length * m.pageBytes;
+    if (st.size !== want) {
+      throw kvInvalid(`kv: data file ${f.path} is ${sizeWord(st.size)}, but its ${tiles.length} page(s) of [2, ${m.blockSize}, ${m.nKvHeads}, ${m.headDim}] ${m.dtype} (${m.pageBytes} bytes each) need ${want}`, abs);
+    }
+    if (f.bytes !== null && f.bytes !== st.size) throw kvInvalid(`kv: data file ${f.path} is ${sizeWord(st.size)}, ${KV_MANIFEST} says ${f.bytes}`, abs);
+    data.push({ rel: f.path, abs, stats: st, tiles });
+  }
+  const dataSet = new Set(m.dataFiles.map((f) => f.path));
+  const { files, skipped } = await walkFiles(root);
+  const verbatim: VerbatimFile[] = [];
+  for (const f of files) {
+    if (dataSet.has(f.rel)) continue;
+    if (f.rel === KV_MANIFEST) verbatim.push({ rel: f.rel, abs: f.abs, stats: mSt, kept: mBytes, zst: null, scan: true });
+    else verbatim.push({ rel: f.rel, abs: f.abs, stats: f.stats, kept: null, zst: null, scan: /\.(json|jsonl|txt|md)$/.test(f.rel) && f.stats.size <= SCAN_MAX });
+  }
+  return {
+    format: "memsnap", root, dtype: m.dtype, elem: dtypeBytes(m.dtype)!, pageBytes: m.pageBytes, data, verbatim, framePages: [],
+    meta: {
+      engine: m.engine,
+      model: { n_layers: m.nLayers, n_kv_heads: m.nKvHeads, head_dim: m.headDim },
+      block_size: m.blockSize,
+      sequences: m.sequences.length,
+      declared_sha256: m.pages.filter((p) => p.sha256 !== null).length,
+      skipped,
+    },
+  };
+}
+
+/** The nearest directory at or above `from` holding `blobs/sha256`. */
+async function findBlobRoot(from: string): Promise<string | null> {
+  let d = from;
+  for (;;) {
+    if (await stat(join(d, "blobs", "sha256")).then((s) => s.isDirectory(), () => false)) return d;
+    const up = dirname(d);
+    if (up === d) return null;
+    d = up;
+  }
+}
+
+async function readPageManifest(abs: string, st: Stats): Promise<Buffer> {
+  const raw = await readSmall(abs, st, KV_MANIFEST_MAX_BYTES);
+  if (!abs.endsWith(".zst")) return raw;
+  let out: { bytes: Buffer; hex: string };
+  try {
+    out = await decompressToBuffer(raw, KV_MANIFEST_MAX_BYTES);
+  } catch (e) {
+    throw kvInvalid(`kv: ${abs} is not a valid zstd frame: ${(e as Error).message}`, abs);
+  }
+  const m = /([0-9a-f]{64})\.zst$/.exec(abs);
+  if (m && out.hex !== m[1]) throw digestMismatch(`kv: page manifest ${abs} decompresses to sha256:${out.hex}, not the digest in its name`, abs);
+  return out.bytes;
+}
+
+async function planPfimgPaged(manifestAbs: string, cfg: KvConfig): Promise<KvPlan> {
+  const mSt = await statFile(manifestAbs, "page manifest");
+  const bytes = await readPageManifest(manifestAbs, mSt);
+  const pm = parsePageManifest(bytes, `kv: page manifest ${manifestAbs}`, manifestAbs);
+  checkShape(cfg, { nLayers: pm.nLayers, nKvHeads: pm.nHeads, headDim: pm.headDim, dtype: pm.dtype, blockSize: pm.pageSizeTokens }, manifestAbs);
+  const root = await findBlobRoot(dirname(manifestAbs));
+  if (!root) throw kvInvalid(`kv: no blobs/sha256/ directory at or above ${dirname(manifestAbs)} to hold the pages of ${manifestAbs}`, manifestAbs);
+  const mRel = manifestAbs.slice(root.length + 1).split("\\").join("/");
+  const dtype = pm.dtype ?? cfg.shape?.dtype ?? "bf16";
+  const verbatim: VerbatimFile[] = [{ rel: mRel, abs: manifestAbs, stats: mSt, kept: null, zst: null, scan: false }];
+  const data: DataFile[] = [];
+  const framePages: [string, string][] = [];
+  const seen = new Map<string, "zst" | "raw">();
+  const rawLabels: [string, string][] = [];
+  for (const p of pm.pages) {
+    for (const kv of ["k", "v"] as const) {
+      const hex = p[kv];
+      const label = `${p.ix}/${kv}`;
+      const what = `page ${kv} of page ${p.ix}`;
+      const prior = seen.get(hex);
+      if (prior === "zst") {
+        framePages.push([label, hex]);
+        continue;
+      }
+      if (prior === "raw") {
+        rawLabels.push([label, hex]);
+        continue;
+      }
+      const zRel = `blobs/sha256/${hex.slice(0, 2)}/${hex}.zst`;
+      const rRel = `blobs/sha256/${hex.slice(0, 2)}/${hex}`;
+      const zAbs = join(root, ...zRel.split("/"));
+      const rAbs = join(root, ...rRel.split("/"));
+      const zSt = await lstat(zAbs).catch(() => null);
+      if (zSt?.isFile()) {
+        verbatim.push({ rel: zRel, abs: zAbs, stats: zSt, kept: null, zst: { hex, what, expectRaw: pm.pageBytes }, scan: false });
+        framePages.push([label, hex]);
+        seen.set(hex, "zst");
+        continue;
+      }
+      const rSt = await lstat(rAbs).catch(() => null);
+      if (!rSt?.isFile()) throw kvInvalid(`kv: blob sha256:${hex} (${what}) is missing: neither ${zRel} nor ${rRel} under ${root}`, zAbs);
+      if (pm.pageBytes !== null && rSt.size !== pm.pageBytes) {
+        throw kvInvalid(`kv: blob sha256:${hex} (${what}) is ${sizeWord(rSt.size)}; a page of ${pm.nLayers} layers × ${pm.pageSizeTokens} tokens × ${pm.nHeads} heads × ${pm.headDim} × ${dtype} is ${pm.pageBytes}`, rAbs);
+      }
+      if (rSt.size > KV_MAX_PAGE_BYTES) throw kvInvalid(`kv: blob sha256:${hex} (${what}) is over the ${KV_MAX_PAGE_BYTES}-byte page cap`, rAbs);
+      data.push({ rel: rRel, abs: rAbs, stats: rSt, tiles: [{ offset: 0, len: rSt.size, label, sha: hex, zero: false }] });
+      seen.set(hex, "raw");
+    }
+  }
+  return {
+    format: "pfimg-paged", root, dtype, elem: dtypeBytes(dtype) ?? 1, pageBytes: pm.pageBytes ?? 0, data, verbatim, framePages,
+    meta: {
+      manifest: mRel,
+      model: { n_layers: pm.nLayers, n_kv_heads: pm.nHeads, head_dim: pm.headDim },
+      block_size: pm.pageSizeTokens,
+      pfimg_pages: pm.pages.length,
+      extra_labels: rawLabels,
+    },
+  };
+}
+
+async function planLmcache(pathAbs: string, cfg: KvConfig): Promise<KvPlan> {
+  const s = cfg.shape!;
+  const eb = dtypeBytes(s.dtype)!;
+  const row = 2 * s.n_layers * s.n_kv_heads * s.head_dim * eb;
+  const pageBytes = s.block_size * s.n_kv_heads * s.head_dim * eb;
+  if (pageBytes > KV_MAX_PAGE_BYTES) throw kvInvalid(`kv: pages of ${pageBytes} bytes are over the ${KV_MAX_PAGE_BYTES}-byte cap`);
+  const st = await stat(pathAbs).catch((e: unknown) => { throw sourceError(e, pathAbs); });
+  const root = st.isDirectory() ? pathAbs : dirname(pathAbs);
+  const { files, skipped } = await walkFiles(pathAbs);
+  const data: DataFile[] = [];
+  for (const f of files) {
+    const size = f.stats.size;
+    const tokens = size / row;
+    if (size === 0 || !Number.isInteger(tokens) || tokens > s.tokens_per_chunk) {
+      throw kvInvalid(`kv: chunk file ${f.rel} is ${sizeWord(size)}, not 1..${s.tokens_per_chunk} tokens of [${s.n_layers} layers, 2, tokens, ${s.n_kv_heads} heads, ${s.head_dim}] ${s.dtype} (${row} bytes per token)`, f.abs);
+    }
+    const tiles: Tile[] = [];
+    for (let off = 0, i = 0; off < size; off += pageBytes, i++) {
+      tiles.push({ offset: off, len: Math.min(pageBytes, size - off), label: `${f.rel}#${i}`, sha: null, zero: false });
+    }
+    data.push({ rel: f.rel, abs: f.abs, stats: f.stats, tiles });
+  }
+  return {
+    format: "lmcache", root, dtype: s.dtype, elem: eb, pageBytes, data, verbatim: [], framePages: [],
+    meta: {
+      model: { n_layers: s.n_layers, n_kv_heads: s.n_kv_heads, head_dim: s.head_dim },
+      block_size: s.block_size,
+      tokens_per_chunk: s.tokens_per_chunk,
+      layout: "[n_layers, 2, tokens, n_kv_heads, head_dim]",
+      chunks: data.length,
+      skipped,
+    },
+  };
+}
+
+/** Which format a path holds, when the config does not say. */
+async function detect(pathAbs: string, cfg: KvConfig): Promise<{ format: Format; target: string }> {
+  let st: Stats;
+  try {
+    st = await stat(pathAbs);
+  } catch (e) {
+    throw sourceError(e, pathAbs);
+  }
+  const looksPaged = async (abs: string): Promise<boolean> => {
+    try {
+      const s2 = await stat(abs);
+      if (!s2.isFile() || s2.size > KV_MANIFEST_MAX_BYTES) return false;
+      const b = await readPageManifest(abs, s2);
+      parsePageManifest(b, abs);
+      return true;
+    } catch {
+      return false;
+    }
+  };
+  if (st.isDirectory()) {
+    const want = cfg.format;
+    if (want === "lmcache") return { format: "lmcache", target: pathAbs };
+    if (want === "memsnap" || (!want && (await stat(join(pathAbs, KV_MANIFEST)).then(() => true, () => false)))) return { format: "memsnap", target: pathAbs };
+    for (const n of ["cache-manifest.json", "manifest.json"]) {
+      const abs = join(pathAbs, n);
+      if (want === "pfimg-paged" || !want) {
+        if (await looksPaged(abs)) return { format: "pfimg-paged", target: abs };
+      }
+    }
+    if (want === "pfimg-paged") throw kvInvalid(`kv: ${pathAbs} holds no paged-batchinvariant-v1 page manifest (cache-manifest.json or manifest.json); point path at the manifest file`, pathAbs);
+    if (cfg.shape) return { format: "lmcache", target: pathAbs };
+    throw kvInvalid(`kv: cannot tell what ${pathAbs} holds: no ${KV_MANIFEST}, no page manifest, and no shape for LMCache chunks`, pathAbs);
+  }
+  if (cfg.format === "memsnap" || (!cfg.format && basename(pathAbs) === KV_MANIFEST)) return { format: "memsnap", target: dirname(pathAbs) };
+  if (cfg.format === "pfimg-paged") return { format: "pfimg-paged", target: pathAbs };
+  if (cfg.format === "lmcache") return { format: "lmcache", target: pathAbs };
+  if (await looksPaged(pathAbs)) return { format: "pfimg-paged", target: pathAbs };
+  if (cfg.shape) return { format: "lmcache", target: pathAbs };
+  throw kvInvalid(`kv: cannot tell what ${pathAbs} holds: not ${KV_MANIFEST}, not a page manifest, and no shape for LMCache chunks`, pathAbs);
+}
+
+// ------------------------------------------------------------------------------ shuffle decision
+
+interface ShuffleDecision {
+  mode: "auto" | "on" | "off";
+  applied: boolean;
+  elem_bytes: number;
+  reason?: string;
+  sample?: { pages: number; bytes: number; zstd3_plain: number; zstd3_shuffled: number; saving_pct: number };
+}
+
+async function decideShuffle(plan: KvPlan, mode: "auto" | "on" | "off"): Promise<ShuffleDecision> {
+  const elem = plan.elem;
+  if (elem !== 2 && elem !== 4) return { mode, applied: false, elem_bytes: elem, reason: `${plan.dtype} has ${elem}-byte elements; byte-plane shuffle applies to 2- and 4-byte dtypes` };
+  if (plan.data.length === 0) return { mode, applied: false, elem_bytes: elem, reason: "no raw pages (ProcessFork zstd blobs are kept as stored)" };
+  if (mode === "off") return { mode, applied: false, elem_bytes: elem };
+  if (mode === "on") return { mode, applied: true, elem_bytes: elem };
+  // auto: compress a spread-out sample of non-zero pages both ways at zstd -3.
+  const all: { f: DataFile; t: Tile }[] = [];
+  for (const f of plan.data) for (const t of f.tiles) if (t.len % elem === 0 && !t.zero) all.push({ f, t });
+  const want = Math.min(all.length, SAMPLE_PAGES * 2);
+  const plain: Buffer[] = [];
+  const shuf: Buffer[] = [];
+  let bytes = 0;
+  for (let k = 0; k < want && plain.length < SAMPLE_PAGES && bytes < SAMPLE_MAX_BYTES; k++) {
+    const { f, t } = all[Math.floor((k * all.length) / want)]!;
+    const len = Math.min(t.len, SAMPLE_MAX_BYTES - bytes);
+    const n = len - (len % elem);
+    if (n === 0) break;
+    const b = Buffer.alloc(n);
+    let fh: FileHandle | undefined;
+    try {
+      fh = await open(f.abs, "r");
+      await fh.read(b, 0, n, t.offset);
+    } catch (e) {
+      throw sourceError(e, f.abs);
+    } finally {
+      await fh?.close();
+    }
+    if (isAllZero(b)) continue;
+    plain.push(b);
+    shuf.push(shufflePlanes(b, elem));
+    bytes += n;
+  }
+  if (plain.length === 0) return { mode, applied: false, elem_bytes: elem, reason: "no non-zero pages to sample" };
+  const a = zstdCompressSync(Buffer.concat(plain), SAMPLE_LEVEL).length;
+  const s = zstdCompressSync(Buffer.concat(shuf), SAMPLE_LEVEL).length;
+  const saving = 1 - s / a;
+  return {
+    mode, applied: saving >= SHUFFLE_MIN_SAVING, elem_bytes: elem,
+    sample: { pages: plain.length, bytes, zstd3_plain: a, zstd3_shuffled: s, saving_pct: Math.round(saving * 10000) / 100 },
+  };
+}
+
+// ------------------------------------------------------------------------------ capture
+
+function unchanged(abs: string, before: Stats): () => Promise<void> {
+  return async () => {
+    let now: Stats;
+    try {
+      now = await stat(abs);
+    } catch {
+      throw sourceChanged(abs, "it was removed");
+    }
+    if (now.size !== before.size) throw sourceChanged(abs, `size ${before.size} → ${now.size}`);
+    if (now.mtimeMs !== before.mtimeMs) throw sourceChanged(abs, "modified during capture");
+  };
+}
+
+/** Content table of the index, built while pages stream. */
+class Contents {
+  readonly list: KvContent[] = [];
+  readonly #raw = new Map<string, number>();
+  readonly #frames = new Map<string, number>();
+  readonly labels: [string, number][] = [];
+
+  raw(hex: string): number | undefined {
+    return this.#raw.get(hex);
+  }
+  addRaw(c: KvContent): number {
+    this.list.push(c);
+    this.#raw.set(c.sha256, this.list.length - 1);
+    return this.list.length - 1;
+  }
+  frame(hex: string): number | undefined {
+    return this.#frames.get(hex);
+  }
+  addFrame(c: KvContent): number {
+    this.list.push(c);
+    this.#frames.set(c.sha256, this.list.length - 1);
+    return this.list.length - 1;
+  }
+}
+
+function verbatimArtifact(v: VerbatimFile, layer: string, redactor: Redactor | undefined, contents: Contents): Artifact {
+  const path = `files/${v.rel}`;
+  return {
+    path,
+    kind: v.zst ? "kv-blob" : "file",
+    size: v.stats.size,
+    mode: v.stats.mode & 0o7777,
+    mtime: v.stats.mtime,
+    open: () => (async function* () {
+      const scanner = redactor && v.scan ? new TextScanner(redactor, `${layer}/${path}`, true) : null;
+      const hasher = v.zst ? new FrameHasher(v.zst.expectRaw !== null ? { maxOutput: v.zst.expectRaw } : {}) : null;
+      let ended = false;
+      try {
+        const src: AsyncIterable<Buffer> | Buffer[] = v.kept ? [v.kept] : createReadStream(v.abs, { start: 0, end: v.stats.size, highWaterMark: 1 << 20 });
+        for await (const c of src) {
+          await hasher?.push(c);
+          await scanner?.push(c);
+          yield c;
+        }
+        await scanner?.end();
+        if (hasher && v.zst) {
+          let d;
+          try {
+            d = await hasher.end();
+          } catch (e) {
+            if (isMemsnapError(e) && /exceeds the declared size/.test(e.message)) {
+              throw kvInvalid(`kv: blob sha256:${v.zst.hex} (${v.zst.what}) decompresses to more than the ${v.zst.expectRaw} bytes of a page`, v.abs);
+            }
+            throw digestMismatch(`kv: blob sha256:${v.zst.hex} (${v.zst.what}) is not a valid zstd frame: ${(e as Error).message}`, v.abs);
+          }
+          ended = true;
+          if (d.hex !== v.zst.hex) throw digestMismatch(`kv: blob sha256:${v.zst.hex} (${v.zst.what}) decompresses to content with digest sha256:${d.hex}`, v.abs);
+          if (v.zst.expectRaw !== null && d.size !== v.zst.expectRaw) throw kvInvalid(`kv: blob sha256:${v.zst.hex} (${v.zst.what}) holds ${sizeWord(d.size)}, a page is ${v.zst.expectRaw}`, v.abs);
+          if (contents.frame(d.hex) === undefined) contents.addFrame({ sha256: d.hex, bytes: d.size, zero: d.zero, artifact: path, encoding: "zstd" });
+        }
+      } catch (e) {
+        if (isMemsnapError(e)) throw e;
+        if ((e as NodeJS.ErrnoException).code === "ENOENT") throw sourceChanged(v.abs, "it was removed");
+        throw sourceError(e, v.abs);
+      } finally {
+        if (!ended) hasher?.abort();
+      }
+    })(),
+    check: unchanged(v.abs, v.stats),
+  };
+}
+
+interface Counters {
+  bytesStored: number;
+}
+
+/** Stream one data file's tiles; yields an artifact per new distinct non-zero page. */
+async function* dataArtifacts(f: DataFile, plan: KvPlan, shuffle: ShuffleDecision, contents: Contents, tiles: number[], counters: Counters, signal?: AbortSignal): AsyncGenerator<Artifact> {
+  let fh: FileHandle;
+  try {
+    fh = await open(f.abs, "r");
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code === "ENOENT") throw sourceChanged(f.abs, "it was removed");
+    throw sourceError(e, f.abs);
+  }
+  try {
+    let i = 0;
+    while (i < f.tiles.length) {
+      signal?.throwIfAborted();
+      // Whole tiles, up to READ_BLOCK bytes (at least one tile). A fresh buffer each time:
+      // yielded pages may still sit in the tar stream's queue.
+      let j = i;
+      let len = 0;
+      while (j < f.tiles.length && (j === i || len + f.tiles[j]!.len <= READ_BLOCK)) len += f.tiles[j++]!.len;
+      const start = f.tiles[i]!.offset;
+      const buf = Buffer.allocUnsafe(len);
+      let got = 0;
+      while (got < len) {
+        const r = await fh.read(buf, got, len - got, start + got).catch((e: unknown) => { throw sourceError(e, f.abs); });
+        if (r.bytesRead === 0) throw sourceChanged(f.abs, `it ends at ${start + got} bytes, shorter than its ${f.stats.size}`);
+        got += r.bytesRead;
+      }
+      let off = 0;
+      for (; i < j; i++) {
+        const t = f.tiles[i]!;
+        const page = buf.subarray(off, off + t.len);
+        off += t.len;
+        const hex = createHash("sha256").update(page).digest("hex");
+        const zero = isAllZero(page);
+        if (t.sha !== null && t.sha !== hex) {
+          throw digestMismatch(`kv: page ${t.label} (${f.rel} at offset ${t.offset}) hashes to sha256:${hex}, but the dump's manifest says sha256:${t.sha}`, f.abs);
+        }
+        if (t.zero && !zero) throw digestMismatch(`kv: page ${t.label} (${f.rel} at offset ${t.offset}) is marked zero but holds non-zero bytes`, f.abs);
+        let idx = contents.raw(hex);
+        if (idx === undefined) {
+          if (zero) {
+            idx = contents.addRaw({ sha256: hex, bytes: t.len, zero: true, artifact: null });
+          } else {
+            const elem = shuffle.applied && t.len % plan.elem === 0 ? plan.elem : 1;
+            const body = elem > 1 ? shufflePlanes(page, elem) : page;
+            const path = pageArtifact(hex, elem);
+            idx = contents.addRaw({ sha256: hex, bytes: t.len, zero: false, artifact: path });
+            counters.bytesStored += body.length;
+            yield {
+              path, kind: "kv-page", size: body.length, mode: 0o644, mtime: f.stats.mtime,
+              open: () => Readable.from([body]),
+            };
+          }
+        }
+        tiles.push(idx);
+        contents.labels.push([t.label, idx]);
+      }
+    }
+  } finally {
+    await fh.close().catch(() => undefined);
+  }
+  await unchanged(f.abs, f.stats)();
+}
+
+// ------------------------------------------------------------------------------ restore
+
+/** Layers already materialized in this process (restore may call materialize twice). */
+const materialized = new WeakMap<LayerEntry, Set<string>>();
+
+function restoreBad(msg: string, path: string): MemsnapError {
+  return new MemsnapError("MEMSNAP_ARTIFACT_HASH_MISMATCH", msg, { path, hint: "the bundle's KV layer is damaged; use another copy" });
+}
+
+/** Write every byte of `bufs` (writev, then plain writes for whatever a short writev left). */
+async function writeAll(fh: FileHandle, bufs: Buffer[], len: number): Promise<void> {
+  const { bytesWritten } = await fh.writev(bufs);
+  if (bytesWritten === len) return;
+  let skip = bytesWritten;
+  for (const b of bufs) {
+    if (skip >= b.length) {
+      skip -= b.length;
+      continue;
+    }
+    let off = skip;
+    skip = 0;
+    while (off < b.length) off += (await fh.write(b, off, b.length - off)).bytesWritten;
+  }
+}
+
+async function materializeKv(dir: string, layer: LayerEntry): Promise<void> {
+  const done = materialized.get(layer) ?? new Set<string>();
+  if (done.has(dir)) return;
+  const idxAbs = join(dir, KV_INDEX);
+  const idxBytes = await readFile(idxAbs).catch(() => null);
+  const want = layer.meta?.index_sha256;
+  if (idxBytes === null || (typeof want === "string" && sha256Hex(idxBytes) !== want)) {
+    // Already rebuilt (its kv-index.json was consumed, or the file there is the dump's own).
+    done.add(dir);
+    materialized.set(layer, done);
+    return;
+  }
+  let index: KvIndex;
+  try {
+    index = parseKvIndex(idxBytes);
+  } catch (e) {
+    throw restoreBad(`${layer.name}/${KV_INDEX}: ${(e as Error).message}`, `${layer.name}/${KV_INDEX}`);
+  }
+  // Move the bundle-side artifacts aside, then rebuild the original files in `dir`.
+  const src = join(dir, `.memsnap-work-kv-${randomBytes(4).toString("hex")}`);
+  await mkdir(src);
+  for (const n of await readdir(dir)) {
+    if (n === KV_INDEX || n === "pages" || n === "files") await rename(join(dir, n), join(src, n));
+  }
+  const zeroBufs = new Map<number, Buffer>();
+  const cache = new Map<number, Buffer>();
+  const pageBytes = async (ci: number): Promise<Buffer> => {
+    const c = index.contents[ci]!;
+    if (c.zero) {
+      let z = zeroBufs.get(c.bytes);
+      if (!z) zeroBufs.set(c.bytes, (z = Buffer.alloc(c.bytes)));
+      return z;
+    }
+    const hit = cache.get(ci);
+    if (hit) return hit;
+    const m = c.artifact ? PAGE_ARTIFACT_RE.exec(c.artifact) : null;
+    if (!m || m[1] !== c.sha256) throw restoreBad(`${layer.name}: content ${c.sha256} has no page artifact`, layer.name);
+    const where = `${layer.name}/${c.artifact!}`;
+    let b: Buffer = await readFile(join(src, ...c.artifact!.split("/"))).catch(() => {
+      throw restoreBad(`${where} is missing from the bundle`, where);
+    });
+    if (m[2]) b = unshuffle(b, Number(m[2]));
+    if (b.length !== c.bytes || sha256Hex(b) !== c.sha256) throw restoreBad(`${where}: page does not hash to its name after un-shuffling`, where);
+    if (cache.size >= 64) cache.delete(cache.keys().next().value!);
+    cache.set(ci, b);
+    return b;
+  };
+  for (const f of index.files as KvIndexFile[]) {
+    if (f.path.split("/")[0]!.startsWith(".memsnap-work-kv-")) throw new MemsnapError("MEMSNAP_UNSAFE_PATH", `${layer.name}: kv-index names a reserved path ${f.path}`, { path: f.path });
+    const target = join(dir, ...f.path.split("/"));
+    await mkdir(dirname(target), { recursive: true });
+    if (f.tiles) {
+      const fh = await open(target, "wx", 0o600).catch((e: unknown) => {
+        throw new MemsnapError("MEMSNAP_UNSAFE_PATH", `${layer.name}: cannot create ${f.path} (${(e as Error).message})`, { path: f.path });
+      });
+      let n = 0;
+      try {
+        // Gather pages into writes of up to 4 MiB.
+        let batch: Buffer[] = [];
+        let batchLen = 0;
+        for (const ci of f.tiles) {
+          const b = await pageBytes(ci);
+          batch.push(b);
+          batchLen += b.length;
+          n += b.length;
+          if (batchLen >= READ_BLOCK || batch.length >= 512) {
+            await writeAll(fh, batch, batchLen);
+            batch = [];
+            batchLen = 0;
+          }
+        }
+        if (batch.length) await writeAll(fh, batch, batchLen);
+      } finally {
+        await fh.close();
+      }
+      if (n !== f.bytes) throw restoreBad(`${layer.name}/${f.path}: rebuilt ${n} bytes, the index says ${f.bytes}`, f.path);
+    } else {
+      const from = join(src, ...f.artifact!.split("/"));
+      const st = await stat(from).catch(() => null);
+      if (!st || st.size !== f.bytes) throw restoreBad(`${layer.name}/${f.artifact!} is missing or has the wrong size`, f.artifact!);
+      await rename(from, target);
+    }
+    await chmod(target, f.mode & 0o7777);
+    const t = new Date(f.mtime);
+    if (!Number.isNaN(t.getTime())) await utimes(target, t, t);
+  }
+  await rm(src, { recursive: true, force: true });
+  done.add(dir);
+  materialized.set(layer, done);
+}
+
+async function collect(it: AsyncIterable<Buffer>, limit: number): Promise<Buffer | null> {
+  const parts: Buffer[] = [];
+  let n = 0;
+  for await (const c of it) {
+    n += c.length;
+    if (n > limit) return null;
+    parts.push(c);
+  }
+  return Buffer.concat(parts);
+}
+
+// ------------------------------------------------------------------------------ the source
+
+const SHAPE_KEYS = ["n_layers", "n_kv_heads", "head_dim", "dtype", "block_size", "tokens_per_chunk"];
+
+function parseShape(raw: unknown, where: string): KvShape {
+  const w = `${where}: shape`;
+  if (!isPlainObject(raw)) throw configInvalid(where, '"shape" must be an object {n_layers, n_kv_heads, head_dim, dtype, block_size, tokens_per_chunk}');
+  rejectUnknownKeys(raw, SHAPE_KEYS, w);
+  const int = (k: string, def?: number): number => {
+    const v = raw[k] ?? def;
+    if (!Number.isSafeInteger(v) || (v as number) < 1 || (v as number) > 1 << 20) throw configInvalid(w, `"${k}" must be an integer from 1 to ${1 << 20}`);
+    return v as number;
+  };
+  const dtype = reqString(raw, "dtype", w);
+  if (dtypeBytes(dtype) === null) throw configInvalid(w, `"dtype" must be bf16, f16, f32 or fp8e4m3, got ${JSON.stringify(dtype)}`);
+  return {
+    n_layers: int("n_layers"), n_kv_heads: int("n_kv_heads"), head_dim: int("head_dim"), dtype,
+    block_size: int("block_size", 16), tokens_per_chunk: int("tokens_per_chunk", 256),
+  };
+}
+
+export const kvSource: SourceKind<KvConfig> = {
+  kind: "kv",
+  schemaVersion: 1,
+  parseConfig(raw, where) {
+    rejectUnknownKeys(raw, ["kind", "name", "path", "format", "shape", "shuffle"], where);
+    const format = optString(raw, "format", where);
+    if (format !== undefined && !["memsnap", "pfimg-paged", "lmcache"].includes(format)) {
+      throw configInvalid(where, `"format" must be "memsnap", "pfimg-paged" or "lmcache", got ${JSON.stringify(format)}`);
+    }
+    const shuffle = optString(raw, "shuffle", where);
+    if (shuffle !== undefined && !["auto", "on", "off"].includes(shuffle)) throw configInvalid(where, `"shuffle" must be "auto", "on" or "off", got ${JSON.stringify(shuffle)}`);
+    const shape = raw.shape === undefined ? undefined : parseShape(raw.shape, where);
+    if (format === "lmcache" && !shape) throw configInvalid(where, '"format": "lmcache" needs "shape" {n_layers, n_kv_heads, head_dim, dtype, block_size, tokens_per_chunk} (chunk files are headerless)');
+    return {
+      kind: "kv",
+      name: reqString(raw, "name", where),
+      path: reqString(raw, "path", where),
+      ...(format !== undefined ? { format: format as Format } : {}),
+      ...(shape ? { shape } : {}),
+      ...(shuffle !== undefined ? { shuffle: shuffle as "auto" | "on" | "off" } : {}),
+    };
+  },
+  async capture(cfg, ctx) {
+    const pathAbs = resolve(ctx.baseDir, cfg.path);
+    const { format, target } = await detect(pathAbs, cfg);
+    if (format === "lmcache" && !cfg.shape) throw kvInvalid(`kv: LMCache chunks at ${pathAbs} need the shape in the config`, pathAbs);
+    const plan = format === "memsnap" ? await planMemsnap(target, cfg)
+      : format === "pfimg-paged" ? await planPfimgPaged(target, cfg)
+        : await planLmcache(target, cfg);
+    const shuffle = await decideShuffle(plan, cfg.shuffle ?? "auto");
+    const contents = new Contents();
+    const files: KvIndexFile[] = [];
+    const counters: Counters = { bytesStored: 0 };
+    let indexHex = "";
+    const layer = cfg.name;
+    const fileEntry = (rel: string, st: Stats): Omit<KvIndexFile, "artifact" | "tiles"> => ({
+      path: rel, bytes: st.size, mode: st.mode & 0o7777, mtime: st.mtime.toISOString(),
+    });
+    return {
+      estimatedBytes: plan.data.reduce((n, f) => n + f.stats.size, 0) + plan.verbatim.reduce((n, v) => n + v.stats.size, 0),
+      artifacts: (async function* (): AsyncGenerator<Artifact> {
+        for (const v of plan.verbatim) {
+          files.push({ ...fileEntry(v.rel, v.stats), artifact: `files/${v.rel}` });
+          if (v.zst) counters.bytesStored += v.stats.size;
+          yield verbatimArtifact(v, layer, ctx.redactor, contents);
+        }
+        for (const f of plan.data) {
+          const tiles: number[] = [];
+          yield* dataArtifacts(f, plan, shuffle, contents, tiles, counters, ctx.signal);
+          files.push({ ...fileEntry(f.rel, f.stats), tiles });
+        }
+        for (const [label, hex] of plan.framePages) contents.labels.push([label, contents.frame(hex)!]);
+        for (const [label, hex] of (plan.meta.extra_labels as [string, string][] | undefined) ?? []) contents.labels.push([label, contents.raw(hex)!]);
+        delete plan.meta.extra_labels;
+        const index: KvIndex = {
+          format: KV_INDEX_FORMAT, version: 1, source_format: plan.format, dtype: plan.dtype, page_bytes: plan.pageBytes,
+          shuffle: { applied: shuffle.applied, elem_bytes: plan.elem },
+          contents: contents.list, pages: contents.labels, files,
+        };
+        const bytes = Buffer.from(JSON.stringify(index) + "\n", "utf8");
+        indexHex = sha256Hex(bytes);
+        yield { path: KV_INDEX, kind: "json", size: bytes.length, mode: 0o644, mtime: new Date(), open: () => Readable.from([bytes]) };
+      })(),
+      finish: async () => {
+        const uniq = new Set<string>();
+        let zero = 0;
+        let bytesTotal = 0;
+        for (const [, ci] of contents.labels) {
+          const c = contents.list[ci]!;
+          bytesTotal += c.bytes;
+          if (c.zero) zero++;
+          else uniq.add(c.sha256);
+        }
+        const total = contents.labels.length;
+        return {
+          format: plan.format,
+          root: plan.root,
+          ...plan.meta,
+          dtype: plan.dtype,
+          page_bytes: plan.pageBytes,
+          files: { data: plan.data.length, verbatim: plan.verbatim.length },
+          pages_total: total,
+          pages_unique: uniq.size,
+          pages_zero: zero,
+          dedup_ratio: Math.round((total / Math.max(1, uniq.size)) * 1000) / 1000,
+          bytes_total: bytesTotal,
+          bytes_stored: counters.bytesStored,
+          shuffle,
+          index_sha256: indexHex,
+        };
+      },
+    };
+  },
+  async deepVerify({ entry, bytes }) {
+    const rel = entry.path.startsWith(`${entry.layer}/`) ? entry.path.slice(entry.layer.length + 1) : entry.path;
+    const pm = PAGE_ARTIFACT_RE.exec(rel);
+    if (pm) {
+      const buf = await collect(bytes, KV_MAX_PAGE_BYTES);
+      if (buf === null) return `${entry.path}: page over ${KV_MAX_PAGE_BYTES} bytes`;
+      const elem = pm[2] ? Number(pm[2]) : 1;
+      if (buf.length % elem !== 0) return `${entry.path}: ${buf.length} bytes is not a whole number of ${elem}-byte elements`;
+      const h = sha256Hex(elem > 1 ? unshuffle(buf, elem) : buf);
+      return h === pm[1] ? null : `${entry.path}: page hashes to sha256:${h}${elem > 1 ? " after un-shuffling" : ""}, not the digest in its name`;
+    }
+    if (rel === KV_INDEX) {
+      const buf = await collect(bytes, KV_MANIFEST_MAX_BYTES * 4);
+      if (buf === null) return `${entry.path}: index too large`;
+      try {
+        parseKvIndex(buf);
+        return null;
+      } catch (e) {
+        return `${entry.path}: ${(e as Error).message}`;
+      }
+    }
+    const zm = /(?:^|\/)blobs\/sha256\/([0-9a-f]{2})\/([0-9a-f]{64})\.zst$/.exec(rel);
+    if (rel.startsWith("files/") && zm) {
+      try {
+        const d = await hashFrameChunks(bytes);
+        return d.hex === zm[2] ? null : `${entry.path}: blob decompresses to sha256:${d.hex}, not the digest in its name`;
+      } catch (e) {
+        return `${entry.path}: blob is not a valid zstd frame (${(e as Error).message})`;
+      }
+    }
+    if (rel === `files/${KV_MANIFEST}`) {
+      const buf = await collect(bytes, KV_MANIFEST_MAX_BYTES);
+      if (buf === null) return `${entry.path}: over ${KV_MANIFEST_MAX_BYTES} bytes`;
+      try {
+        parseKvManifest(buf, entry.path);
+        return null;
+      } catch (e) {
+        return `${entry.path}: ${(e as Error).message}`;
+      }
+    }
+    if (!rel.startsWith("files/")) return `${entry.path}: not a kv layer path (pages/…, files/…, ${KV_INDEX})`;
+    return null;
+  },
+  materialize: materializeKv,
+};
