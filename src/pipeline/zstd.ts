@@ -62,9 +62,9 @@ export interface ZstdDecompressorOptions {
 }
 
 /** Size of each input buffer handed to the worker (also the most input per zstd call). */
-const IN_BUF = 256 * 1024;
+const IN_BUF = 1024 * 1024;
 /** Most input buffers out at the worker at a time (4 MiB of input in flight). */
-const IN_FLIGHT_BUFS = 16;
+const IN_FLIGHT_BUFS = 4;
 /** Most output bytes the worker may post before the main thread returns credit. */
 const OUT_CREDIT = 4 * 1024 * 1024;
 /** Size of each output buffer the worker fills before posting it. */
