@@ -2,6 +2,7 @@
 import { filesSource } from "./files.js";
 import { stateSource } from "./state.js";
 import { sqliteSource } from "./sqlite.js";
+import { gitSource } from "./git.js";
 import { pfimgSource } from "./pfimg.js";
 import { kvSource } from "./kv.js";
 import type { SourceKind } from "./types.js";
@@ -9,6 +10,7 @@ import type { SourceKind } from "./types.js";
 export const SOURCE_KINDS: Record<string, SourceKind<{ name: string }>> = {
   files: filesSource as unknown as SourceKind<{ name: string }>,
   state: stateSource as unknown as SourceKind<{ name: string }>,
+  git: gitSource as unknown as SourceKind<{ name: string }>,
   sqlite: sqliteSource as unknown as SourceKind<{ name: string }>,
   pfimg: pfimgSource as unknown as SourceKind<{ name: string }>,
   kv: kvSource as unknown as SourceKind<{ name: string }>,
