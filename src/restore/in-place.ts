@@ -174,7 +174,7 @@ export async function restoreInPlace(bundle: string, config: MemsnapConfig, opts
       if (!opts.store) throw new MemsnapError("MEMSNAP_USAGE", "a safety snapshot needs a store", { hint: "pass --store, or --no-safety-snapshot" });
       safety = await snapshot({
         config, store: opts.store, createdBy: "pre-restore", label: `auto:pre-restore-${manifest.snapshot_id}`,
-        recipients: config.recipients, redact: false, allowUnredacted: true, lock: "held",
+        recipients: config.recipients, redact: false, allowUnredacted: true, allowPlaintextMemory: true, lock: "held",
         ...(opts.signal ? { signal: opts.signal } : {}),
       });
       crashPoint("restore:safety-snapshot-done");

@@ -1,11 +1,14 @@
 /** The table of source kinds this build knows. Later kinds register here. */
 import { filesSource } from "./files.js";
 import { stateSource } from "./state.js";
-import { sqliteSource } from "./sqlite.js";
-import { gitSource } from "./git.js";
 import { pfimgSource } from "./pfimg.js";
 import { kvSource } from "./kv.js";
+import { sqliteSource } from "./sqlite.js";
+import { gitSource } from "./git.js";
 import type { SourceKind } from "./types.js";
+import { criuSource } from "./criu.js";
+import { traceSource } from "./trace.js";
+import { execSource } from "./exec.js";
 
 export const SOURCE_KINDS: Record<string, SourceKind<{ name: string }>> = {
   files: filesSource as unknown as SourceKind<{ name: string }>,
@@ -14,6 +17,9 @@ export const SOURCE_KINDS: Record<string, SourceKind<{ name: string }>> = {
   sqlite: sqliteSource as unknown as SourceKind<{ name: string }>,
   pfimg: pfimgSource as unknown as SourceKind<{ name: string }>,
   kv: kvSource as unknown as SourceKind<{ name: string }>,
+  criu: criuSource as unknown as SourceKind<{ name: string }>,
+  trace: traceSource as unknown as SourceKind<{ name: string }>,
+  exec: execSource as unknown as SourceKind<{ name: string }>,
 };
 
 /** The source kind named `kind`, or undefined. */

@@ -1,0 +1,440 @@
+/**
+ * The `trace` source: agentlog traces (`*.agentlog`, JSONL), every record validated.
+ *
+ * A record is `{version:"0.1", id, kind, ts, parent, meta?, payload}`. `id` is `sha256:` + hex
+ * SHA-256 of the canonical JSON of `payload` (src/util/canonical-agentlog.ts). The first record
+ * is `metadata` with `parent: null`; every other record's parent is the id of an earlier record
+ * (a later `metadata` record may start a new chain with `parent: null`). Any record that breaks
+ * this is MEMSNAP_TRACE_INVALID and no bundle is written.
+ *
+ * Without redaction the file's bytes are packed as they are, each record checked as it streams
+ * by. A trace that is being appended is captured up to its last complete record (a partial
+ * last line is left out and counted in the meta); growth during the capture is allowed,
+ * shrinking is MEMSNAP_SOURCE_CHANGED.
+ *
+ * With redaction on, string values in `payload` and `meta` go through the redactor; a record
+ * whose payload changed gets a new id (its canonical hash), and later records' parent links are
+ * rewritten to the new ids (a map old id → new id), so the bundled trace verifies. Records memsnap
+ * did not change keep their exact bytes; rewritten ones keep key order and number spelling.
+ * The result is spooled to the capture's temp dir, record by record. The layer meta says how
+ * many records were re-sealed, per artifact.
+ */
+import { createReadStream, type Stats } from "node:fs";
+import { mkdtemp, open, rm, stat } from "node:fs/promises";
+import { join, resolve } from "node:path";
+import { MemsnapError } from "../errors.js";
+import type { Redactor } from "../redact/types.js";
+import {
+  agentlogId, JsonNumber, JsonSyntaxError, mapStrings, parseLossless, serializeFaithful, type JsonObject, type JsonValue,
+} from "../util/canonical-agentlog.js";
+import { optStringArray, rejectUnknownKeys, reqString } from "../util/config-check.js";
+import type { Artifact, SourceKind } from "./types.js";
+import { fileArtifact, sourceChanged, sourceError, walkFiles, type FoundFile } from "./walk.js";
+
+export interface TraceConfig {
+  kind: "trace";
+  name: string;
+  path: string;
+  include?: string[];
+  exclude?: string[];
+}
+
+// ---- record format ------------------------------------------------------------------------
+
+export const AGENTLOG_VERSION = "0.1";
+export const AGENTLOG_KINDS: ReadonlySet<string> = new Set([
+  "metadata", "chat_request", "chat_response", "tool_call", "tool_result", "error", "replay_summary", "chunk", "harness_event", "blob_ref",
+]);
+const ID = /^sha256:[0-9a-f]{64}$/;
+/** Longest record line memsnap parses. */
+export const MAX_RECORD_BYTES = 256 * 1024 * 1024;
+
+export class TraceRecordError extends Error {
+  constructor(readonly line: number, readonly why: string) {
+    super(`line ${line}: ${why}`);
+  }
+}
+
+export interface TraceRecord {
+  obj: JsonObject;
+  id: string;
+  kind: string;
+  parent: string | null;
+  payload: JsonValue;
+}
+
+const decoder = new TextDecoder("utf-8", { fatal: true });
+/** A set key for an id: its 32 raw bytes as a latin1 string (half the memory of the hex). */
+const idKey = (id: string): string => Buffer.from(id.slice(7), "hex").toString("latin1");
+const show = (v: JsonValue | undefined): string => JSON.stringify(v instanceof JsonNumber ? v.text : v instanceof Map ? "{…}" : v ?? null);
+
+/** Checks records in order; holds the ids seen so far (for parent links). */
+export class TraceValidator {
+  private readonly seen = new Set<string>();
+  records = 0;
+
+  /** Parse and check one line (without its newline). Throws TraceRecordError. */
+  check(line: Buffer, lineNo: number): TraceRecord {
+    const fail = (why: string): never => {
+      throw new TraceRecordError(lineNo, why);
+    };
+    if (line.length === 0) fail("empty line (one JSON record per line)");
+    if (line.length > MAX_RECORD_BYTES) fail(`record over ${MAX_RECORD_BYTES} bytes`);
+    let text = "";
+    try {
+      text = decoder.decode(line);
+    } catch {
+      fail("not valid UTF-8");
+    }
+    let v: JsonValue = null;
+    try {
+      v = parseLossless(text);
+    } catch (e) {
+      fail(`not valid JSON (${e instanceof JsonSyntaxError ? e.message : String(e)})`);
+    }
+    if (!(v instanceof Map)) return fail("a record must be a JSON object");
+    const obj = v;
+    const version = obj.get("version");
+    if (version !== AGENTLOG_VERSION) fail(`version ${show(version)} is not "${AGENTLOG_VERSION}"`);
+    const id = obj.get("id");
+    if (typeof id !== "string" || !ID.test(id)) return fail('"id" must be "sha256:" + 64 lowercase hex digits');
+    const kind = obj.get("kind");
+    if (typeof kind !== "string" || !AGENTLOG_KINDS.has(kind)) return fail(`unknown kind ${show(kind)}`);
+    const ts = obj.get("ts");
+    if (typeof ts !== "string" && !(ts instanceof JsonNumber)) fail('"ts" must be a string or a number');
+    if (!obj.has("parent")) fail('"parent" is missing (null for the first record)');
+    const parent = obj.get("parent");
+    if (parent !== null && (typeof parent !== "string" || !ID.test(parent))) return fail('"parent" must be null or a record id');
+    if (obj.has("meta") && !(obj.get("meta") instanceof Map)) fail('"meta" must be an object');
+    if (!obj.has("payload")) fail('"payload" is missing');
+    const payload = obj.get("payload")!;
+    let computed = "";
+    try {
+      computed = agentlogId(payload);
+    } catch (e) {
+      fail(`the payload has no canonical form (${(e as Error).message})`);
+    }
+    if (computed !== id) fail(`record id ${id} does not match its payload (the canonical payload hashes to ${computed})`);
+    if (this.records === 0) {
+      if (kind !== "metadata") fail(`the first record must be kind "metadata", not "${kind}"`);
+      if (parent !== null) fail("the first record's parent must be null");
+    } else if (parent === null) {
+      if (kind !== "metadata") fail(`parent is null, but only a metadata record may start a chain (kind "${kind}")`);
+    } else if (!this.seen.has(idKey(parent))) {
+      fail(`parent ${parent} is not an earlier record (parents point backwards)`);
+    }
+    this.seen.add(idKey(id));
+    this.records++;
+    return { obj, id, kind, parent, payload };
+  }
+}
+
+/** Splits a byte stream into lines, counting them. */
+export class LineSplitter {
+  private parts: Buffer[] = [];
+  private pending = 0;
+  line = 0;
+
+  /** Feed a chunk; yields every complete line (without `\n`). */
+  *push(chunk: Buffer): Generator<{ line: Buffer; no: number }> {
+    let start = 0;
+    for (;;) {
+      const nl = chunk.indexOf(0x0a, start);
+      if (nl < 0) break;
+      const piece = chunk.subarray(start, nl);
+      const line = this.parts.length ? Buffer.concat([...this.parts, piece]) : piece;
+      this.parts = [];
+      this.pending = 0;
+      start = nl + 1;
+      yield { line, no: ++this.line };
+    }
+    if (start < chunk.length) {
+      const rest = chunk.subarray(start);
+      this.pending += rest.length;
+      if (this.pending > MAX_RECORD_BYTES) throw new TraceRecordError(this.line + 1, `record over ${MAX_RECORD_BYTES} bytes`);
+      this.parts.push(rest);
+    }
+  }
+
+  /** The last line when the stream did not end with `\n`, or null. */
+  end(): { line: Buffer; no: number } | null {
+    if (this.parts.length === 0) return null;
+    const line = Buffer.concat(this.parts);
+    this.parts = [];
+    return { line, no: ++this.line };
+  }
+}
+
+/** Check a whole trace as it streams; resolves with the record count or throws TraceRecordError. */
+export async function validateTrace(bytes: AsyncIterable<Buffer>): Promise<number> {
+  const v = new TraceValidator();
+  const s = new LineSplitter();
+  for await (const c of bytes) for (const l of s.push(c)) v.check(l.line, l.no);
+  const last = s.end();
+  if (last) v.check(last.line, last.no);
+  return v.records;
+}
+
+// ---- capture ------------------------------------------------------------------------------
+
+function invalid(file: string, e: TraceRecordError): MemsnapError {
+  return new MemsnapError("MEMSNAP_TRACE_INVALID", `trace ${file}: ${e.message}`, {
+    path: file, hint: "the trace was damaged or edited by hand (ids are SHA-256 of the canonical payload); fix or exclude the file",
+  });
+}
+
+/**
+ * How much of a trace to capture: everything up to the last complete record. A last line
+ * without `\n` counts when it parses as JSON (a finished file without a final newline), and is
+ * left out when it does not (a record being written).
+ */
+async function completePrefix(abs: string, size: number): Promise<{ size: number; tail: number }> {
+  if (size === 0) return { size, tail: 0 };
+  const fh = await open(abs, "r");
+  try {
+    const last = Buffer.alloc(1);
+    await fh.read(last, 0, 1, size - 1);
+    if (last[0] === 0x0a) return { size, tail: 0 };
+    const BLOCK = 64 * 1024;
+    let nl = -1;
+    for (let end = size; end > 0 && nl < 0; end -= BLOCK) {
+      const start = Math.max(0, end - BLOCK);
+      const buf = Buffer.alloc(end - start);
+      await fh.read(buf, 0, buf.length, start);
+      const i = buf.lastIndexOf(0x0a);
+      if (i >= 0) nl = start + i;
+    }
+    const tailLen = size - (nl + 1);
+    if (tailLen <= MAX_RECORD_BYTES) {
+      const tail = Buffer.alloc(tailLen);
+      await fh.read(tail, 0, tailLen, nl + 1);
+      try {
+        parseLossless(decoder.decode(tail));
+        return { size, tail: 0 };
+      } catch {
+        /* a record still being written */
+      }
+    }
+    return { size: nl + 1, tail: tailLen };
+  } finally {
+    await fh.close();
+  }
+}
+
+/** The trace's first `size` bytes, checked record by record as they stream into the bundle. */
+function plainArtifact(f: FoundFile, size: number, onRecords: (n: number) => void): Artifact {
+  return {
+    path: f.rel,
+    kind: "agentlog",
+    size,
+    mode: f.stats.mode & 0o7777,
+    mtime: f.stats.mtime,
+    text: false, // redaction would break the ids; this source redacts and re-seals itself
+    open: () => (async function* () {
+      const v = new TraceValidator();
+      const s = new LineSplitter();
+      if (size === 0) return;
+      const src = createReadStream(f.abs, { start: 0, end: size - 1, highWaterMark: 1 << 20 });
+      try {
+        for await (const chunk of src) {
+          for (const l of s.push(chunk as Buffer)) v.check(l.line, l.no);
+          yield chunk as Buffer;
+        }
+        const last = s.end();
+        if (last) v.check(last.line, last.no);
+        onRecords(v.records);
+      } catch (e) {
+        if (e instanceof TraceRecordError) throw invalid(f.abs, e);
+        if ((e as NodeJS.ErrnoException).code === "ENOENT") throw sourceChanged(f.abs, "it was removed");
+        throw sourceError(e, f.abs);
+      } finally {
+        src.destroy();
+      }
+    })(),
+    check: async () => {
+      let now: Stats;
+      try {
+        now = await stat(f.abs);
+      } catch {
+        throw sourceChanged(f.abs, "it was removed");
+      }
+      if (now.size < size) throw sourceChanged(f.abs, `it shrank from ${size} to ${now.size} bytes (a trace may only grow)`);
+    },
+  };
+}
+
+interface ResealStats {
+  records: number;
+  resealed: number;
+  parents: number;
+}
+
+/** Validate, redact and re-seal one trace into `spool`. */
+async function resealTrace(f: FoundFile, size: number, spool: string, redactor: Redactor, payloadPath: string): Promise<ResealStats> {
+  const out = await open(spool, "wx", 0o600);
+  let pending: Buffer[] = [];
+  let pendingBytes = 0;
+  const flush = async (): Promise<void> => {
+    if (pendingBytes === 0) return;
+    const b = Buffer.concat(pending);
+    pending = [];
+    pendingBytes = 0;
+    await out.write(b);
+  };
+  const write = async (b: Buffer | string): Promise<void> => {
+    const buf = typeof b === "string" ? Buffer.from(b, "utf8") : b;
+    pending.push(buf);
+    pendingBytes += buf.length;
+    if (pendingBytes >= 1 << 20) await flush();
+  };
+  const v = new TraceValidator();
+  const s = new LineSplitter();
+  const remap = new Map<string, string>();
+  const stats: ResealStats = { records: 0, resealed: 0, parents: 0 };
+  const redact = async (x: string): Promise<string> => (redactor.candidate(x) ? redactor.redactText(x, payloadPath) : x);
+  const one = async (line: Buffer, no: number, newline: boolean): Promise<void> => {
+    const r = v.check(line, no);
+    stats.records++;
+    const payload = await mapStrings(r.payload, redact);
+    const metaV = r.obj.get("meta");
+    const meta = metaV === undefined ? null : await mapStrings(metaV, redact);
+    let id = r.id;
+    if (payload.changed) {
+      id = agentlogId(payload.value);
+      if (id !== r.id) {
+        stats.resealed++;
+        if (!remap.has(r.id)) remap.set(r.id, id);
+      }
+    }
+    const parent = r.parent === null ? null : remap.get(r.parent) ?? r.parent;
+    if (parent !== r.parent) stats.parents++;
+    if (!payload.changed && !meta?.changed && parent === r.parent) {
+      await write(line);
+    } else {
+      const obj: JsonObject = new Map(r.obj);
+      obj.set("id", id);
+      obj.set("parent", parent);
+      obj.set("payload", payload.value);
+      if (meta) obj.set("meta", meta.value);
+      await write(serializeFaithful(obj));
+    }
+    if (newline) await write("\n");
+  };
+  const src = size > 0 ? createReadStream(f.abs, { start: 0, end: size - 1, highWaterMark: 1 << 20 }) : null;
+  let read = 0;
+  try {
+    if (src) {
+      for await (const chunk of src) {
+        read += (chunk as Buffer).length;
+        for (const l of s.push(chunk as Buffer)) await one(l.line, l.no, true);
+      }
+    }
+    if (read !== size) throw sourceChanged(f.abs, `it shrank from ${size} to ${read} bytes (a trace may only grow)`);
+    const last = s.end();
+    if (last) await one(last.line, last.no, false);
+    await flush();
+    await out.close();
+  } catch (e) {
+    src?.destroy();
+    await out.close().catch(() => undefined);
+    if (e instanceof TraceRecordError) throw invalid(f.abs, e);
+    if (e instanceof MemsnapError) throw e;
+    throw sourceError(e, f.abs);
+  }
+  return stats;
+}
+
+/** Drain `bytes` completely, whatever `fn` does with them (a deep check must not stop the payload read). */
+async function consumeAll<T>(bytes: AsyncIterable<Buffer>, fn: (b: AsyncIterable<Buffer>) => Promise<T>): Promise<T> {
+  const it = bytes[Symbol.asyncIterator]();
+  const view: AsyncIterable<Buffer> = {
+    [Symbol.asyncIterator]: () => ({ next: () => it.next(), return: async () => ({ done: true as const, value: undefined }) }),
+  };
+  try {
+    return await fn(view);
+  } finally {
+    for (;;) if ((await it.next()).done) break;
+  }
+}
+
+/** agentlog traces; see the module comment. */
+export const traceSource: SourceKind<TraceConfig> = {
+  kind: "trace",
+  schemaVersion: 1,
+  parseConfig(raw, where) {
+    rejectUnknownKeys(raw, ["kind", "name", "path", "include", "exclude"], where);
+    const cfg: TraceConfig = { kind: "trace", name: reqString(raw, "name", where), path: reqString(raw, "path", where) };
+    const include = optStringArray(raw, "include", where);
+    const exclude = optStringArray(raw, "exclude", where);
+    if (include) cfg.include = include;
+    if (exclude) cfg.exclude = exclude;
+    return cfg;
+  },
+  async capture(cfg, ctx) {
+    const root = resolve(ctx.baseDir, cfg.path);
+    const { files, skipped } = await walkFiles(root, { include: cfg.include ?? ["*.agentlog"], ...(cfg.exclude ? { exclude: cfg.exclude } : {}) });
+    const prefixes: { f: FoundFile; size: number; tail: number }[] = [];
+    for (const f of files) {
+      try {
+        prefixes.push({ f, ...(await completePrefix(f.abs, f.stats.size)) });
+      } catch (e) {
+        throw sourceError(e, f.abs);
+      }
+    }
+    const redactor = ctx.redactor;
+    let spoolDir: string | null = null;
+    const partial: Record<string, number> = {};
+    const resealed: Record<string, { records: number; parents_rewritten: number }> = {};
+    let records = 0;
+    let resealedTotal = 0;
+    let parentsTotal = 0;
+    for (const p of prefixes) if (p.tail > 0) partial[p.f.rel] = p.tail;
+    return {
+      estimatedBytes: prefixes.reduce((n, p) => n + p.size, 0),
+      artifacts: (async function* (): AsyncGenerator<Artifact> {
+        let i = 0;
+        for (const { f, size } of prefixes) {
+          if (!redactor) {
+            yield plainArtifact(f, size, (n) => { records += n; });
+            continue;
+          }
+          spoolDir ??= await mkdtemp(join(ctx.tmpDir, `trace-${cfg.name}-`));
+          const spool = join(spoolDir, `${i++}.agentlog`);
+          const st = await resealTrace(f, size, spool, redactor, `${cfg.name}/${f.rel}`);
+          records += st.records;
+          resealedTotal += st.resealed;
+          parentsTotal += st.parents;
+          if (st.resealed || st.parents) resealed[f.rel] = { records: st.resealed, parents_rewritten: st.parents };
+          const a = fileArtifact({ abs: spool, rel: f.rel, stats: await stat(spool) }, "agentlog", f.rel);
+          a.mode = f.stats.mode & 0o7777;
+          a.mtime = f.stats.mtime;
+          a.text = false;
+          yield a;
+        }
+      })(),
+      finish: async () => ({
+        root,
+        files: prefixes.length,
+        skipped,
+        records,
+        ...(redactor ? { resealed_records: resealedTotal, parents_rewritten: parentsTotal, resealed } : {}),
+        ...(Object.keys(partial).length ? { partial_tail_bytes: partial } : {}),
+      }),
+      cleanup: async () => {
+        if (spoolDir) await rm(spoolDir, { recursive: true, force: true });
+      },
+    };
+  },
+  async deepVerify({ entry, bytes }) {
+    return consumeAll(bytes, async (b) => {
+      try {
+        await validateTrace(b);
+        return null;
+      } catch (e) {
+        if (e instanceof TraceRecordError) return `${entry.path}: ${e.message}`;
+        throw e;
+      }
+    });
+  },
+};
+
