@@ -85,6 +85,8 @@ export interface SnapshotResult {
   /** Size of the bundle file. */
   bundleBytes: number;
   durationMs: number;
+  /** Wall time spent redacting text artifacts in the pipeline (sources' own redaction excluded). */
+  redactionMs: number;
 }
 
 /** zstd worker threads when the config says nothing: both cores on a multi-core machine. */
@@ -207,6 +209,7 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
     const index: IndexEntry[] = [];
     const layers: LayerEntry[] = [];
     let bytes = 0;
+    let redactMs = 0;
     let estimate: number | null = 0;
     for (const { impl, cfg: scfg } of cfg.sources) {
       opts.signal?.throwIfAborted();
@@ -221,7 +224,12 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
       const seen = new Set<string>();
       for await (const raw of cap.artifacts) {
         opts.signal?.throwIfAborted();
-        const a = redactor && raw.text ? await redactor.redactArtifact(raw, `${scfg.name}/${raw.path}`) : raw;
+        let a = raw;
+        if (redactor && raw.text) {
+          const r0 = performance.now();
+          a = await redactor.redactArtifact(raw, `${scfg.name}/${raw.path}`);
+          redactMs += performance.now() - r0;
+        }
         if (seen.has(a.path)) throw new MemsnapError("MEMSNAP_INTERNAL", `source ${scfg.name} yielded ${a.path} twice`);
         seen.add(a.path);
         const e = await guard(packArtifact(pack, scfg.name, a, (n) => {
@@ -284,7 +292,7 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
     const manifest: Manifest = opts.signKey ? { ...sealed, signature: { ...signManifest(sealed, opts.signKey) } } : sealed;
     await writer.commit(encodeManifest(manifest), payload.storedSize);
     const bundleBytes = (await stat(dest)).size;
-    return { id, path: dest, manifest, inputBytes: bytes, bundleBytes, durationMs: performance.now() - t0 };
+    return { id, path: dest, manifest, inputBytes: bytes, bundleBytes, durationMs: performance.now() - t0, redactionMs: redactMs };
   } catch (e) {
     pack.destroy(e as Error);
     if (pipelineDone) await pipelineDone.catch(() => undefined);

@@ -1,23 +1,276 @@
-/** Redaction entry point. Placeholder until the redactor lands: redaction config parses, and `enabled: false` is honoured. */
-import { optBool, optStringArray, rejectUnknownKeys } from "../util/config-check.js";
-import type { Redactor } from "./types.js";
+/**
+ * Redaction entry point: the `redaction` config, and the redactor the snapshot pipeline and
+ * the sources use (contract: ./types.ts).
+ *
+ *   "redaction": {
+ *     "enabled": true,                       // default true; --no-redact overrides
+ *     "allow": ["AKIAI44QH8DHBEXAMPLE", "/^sk_test_/"],   // literals or /regex/flags: kept, not redacted
+ *     "rules": { "disable": ["memsnap/bearer-token", "@secretlint/secretlint-rule-aws"] }
+ *   }
+ *
+ * Rules: secretlint's recommend preset (AWS id scan on) plus memsnap's own (./rules.ts).
+ * Each match becomes `[REDACTED:<rule id>]`; a second pass changes nothing. The report's
+ * policy is `default`, or `custom` when the config allows or disables anything.
+ */
+import { randomBytes } from "node:crypto";
+import { createReadStream } from "node:fs";
+import { mkdir, open, rm, type FileHandle } from "node:fs/promises";
+import { extname, join } from "node:path";
+import { Readable } from "node:stream";
+import { destinationError } from "../errors.js";
+import type { Artifact } from "../sources/types.js";
+import { sourceChanged } from "../sources/walk.js";
+import { configInvalid, isPlainObject, optBool, optStringArray, rejectUnknownKeys } from "../util/config-check.js";
+import { compileAllow, type AllowMatcher } from "./allow.js";
+import { Engine } from "./engine.js";
+import { candidate } from "./prefilter.js";
+import { ReportBuilder } from "./report.js";
+import { ALL_RULE_IDS, MEMSNAP_RULES, SECRETLINT_RULE_IDS } from "./rules.js";
+import { createSecretlintScanner } from "./secretlint.js";
+import { processText, StreamRedactor } from "./stream.js";
+import type { RedactionReport, Redactor } from "./types.js";
+
+export type { RedactionReport, Redactor, RuleCounts } from "./types.js";
+export { candidate } from "./prefilter.js";
+export { ALL_RULE_IDS, MEMSNAP_RULE_IDS, SECRETLINT_RULE_IDS } from "./rules.js";
+
+/** Every rule id with what it finds (for docs and `--help` output). */
+export function describeRules(): Array<{ id: string; description: string }> {
+  return [
+    ...MEMSNAP_RULES.map((r) => ({ id: r.id, description: r.description })),
+    ...SECRETLINT_RULE_IDS.map((id) => ({ id, description: `secretlint recommend preset: ${id.replace("@secretlint/secretlint-rule-", "")}` })),
+  ];
+}
 
 export interface RedactionConfig {
   enabled: boolean;
-  /** Literal strings or /regex/ patterns whose matches are never redacted (false positives). */
+  /** Literal strings or /regex/flags patterns whose matches are never redacted (false positives). */
   allow: string[];
+  /** Rule ids switched off (`redaction.rules.disable`). */
+  disable?: string[];
 }
 
 /** Parse the config's `redaction` object. Throws MEMSNAP_CONFIG_INVALID / _UNKNOWN_KEY. */
 export function parseRedactionConfig(raw: Record<string, unknown> | undefined, where: string): RedactionConfig {
-  if (raw === undefined) return { enabled: true, allow: [] };
-  rejectUnknownKeys(raw, ["enabled", "allow"], where);
-  return { enabled: optBool(raw, "enabled", where) ?? true, allow: optStringArray(raw, "allow", where) ?? [] };
+  if (raw === undefined) return { enabled: true, allow: [], disable: [] };
+  rejectUnknownKeys(raw, ["enabled", "allow", "rules"], where);
+  const enabled = optBool(raw, "enabled", where) ?? true;
+  const allow = optStringArray(raw, "allow", where) ?? [];
+  compileAllow(allow, where); // reject bad regexes now
+  let disable: string[] = [];
+  if (raw.rules !== undefined) {
+    const w = `${where}.rules`;
+    if (!isPlainObject(raw.rules)) throw configInvalid(where, '"rules" must be an object');
+    rejectUnknownKeys(raw.rules, ["disable"], w);
+    disable = optStringArray(raw.rules, "disable", w) ?? [];
+    for (const id of disable) {
+      if (!ALL_RULE_IDS.includes(id)) {
+        throw configInvalid(w, `unknown rule ${JSON.stringify(id)} in "disable" (known: ${ALL_RULE_IDS.join(", ")})`);
+      }
+    }
+  }
+  return { enabled, allow, disable };
 }
 
-/** Create a redactor for one snapshot; spool files go under `tmpDir`. */
-export async function createRedactor(cfg: RedactionConfig, tmpDir: string): Promise<Redactor | undefined> {
-  void tmpDir;
-  void cfg;
-  return undefined;
+const JSON_EXT = new Set([".json", ".jsonl", ".ndjson"]);
+
+/** JSON-aware redaction for `json`/`jsonl` kinds and .json/.jsonl/.ndjson files. */
+export function isJsonArtifact(a: Pick<Artifact, "kind" | "path">): boolean {
+  return a.kind === "json" || a.kind === "jsonl" || JSON_EXT.has(extname(a.path).toLowerCase());
 }
+
+const JSON_MAX = 16 << 20;
+
+/** One JSON object or array (checked only for texts that could hold a match at all). */
+function looksLikeJson(text: string): boolean {
+  const t = text.trim();
+  if (t.length < 2 || t.length > JSON_MAX || !((t[0] === "{" && t.endsWith("}")) || (t[0] === "[" && t.endsWith("]")))) return false;
+  if (!candidate(t)) return false;
+  try {
+    JSON.parse(t);
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+/** Output up to this size stays in memory; larger output is spooled to a file. */
+const MEM_MAX = 1 << 20;
+
+class MemsnapRedactor implements Redactor {
+  private readonly report_: ReportBuilder;
+  private spoolDir: string | undefined;
+  private readonly spools = new Set<string>();
+  private seq = 0;
+
+  constructor(private readonly engine: Engine, private readonly tmpDir: string, policy: string) {
+    this.report_ = new ReportBuilder(policy);
+  }
+
+  candidate(text: string): boolean {
+    return candidate(text);
+  }
+
+  /** A text that is one JSON document (a JSON column, a tool result) is redacted string by string, so it stays valid. */
+  async redactText(text: string, artifact: string): Promise<string> {
+    this.report_.scanned(Buffer.byteLength(text));
+    return processText(this.engine, text, looksLikeJson(text), false, (rule, red) => this.report_.add(artifact, rule, red));
+  }
+
+  async scanText(text: string, artifact: string): Promise<void> {
+    this.report_.scanned(Buffer.byteLength(text));
+    await processText(this.engine, text, looksLikeJson(text), true, (rule) => this.report_.add(artifact, rule, false));
+  }
+
+  /** Redact a whole text the way {@link redactArtifact} redacts a stream (JSON-aware with `json`). */
+  async redactDocument(text: string, artifact: string, json: boolean): Promise<string> {
+    this.report_.scanned(Buffer.byteLength(text));
+    return processText(this.engine, text, json, false, (rule, red) => this.report_.add(artifact, rule, red));
+  }
+
+  async redactArtifact(a: Artifact, payloadPath: string): Promise<Artifact> {
+    const mem: Buffer[] = [];
+    let memLen = 0;
+    let fh: FileHandle | undefined;
+    let spool: string | undefined;
+    let size = 0;
+    const write = async (chunks: Buffer[]): Promise<void> => {
+      for (const c of chunks) size += c.length;
+      if (!fh) {
+        for (const c of chunks) {
+          mem.push(c.length === c.buffer.byteLength ? c : Buffer.from(c)); // do not pin the source's block
+          memLen += c.length;
+        }
+        if (memLen <= MEM_MAX) return;
+        spool = await this.newSpool();
+        try {
+          fh = await open(spool, "wx", 0o600);
+        } catch (e) {
+          throw destinationError(e, spool);
+        }
+        chunks = mem.splice(0);
+        memLen = 0;
+      }
+      await writeAll(fh, chunks, spool!);
+    };
+    const sr = new StreamRedactor(this.engine, {
+      json: isJsonArtifact(a),
+      count: (rule, red) => this.report_.add(payloadPath, rule, red),
+      scanned: (n) => this.report_.scanned(n),
+    }, write);
+    try {
+      const src = a.open();
+      let seen = 0;
+      for await (const chunk of src as AsyncIterable<Buffer>) {
+        seen += chunk.length;
+        if (seen > a.size) throw sourceChanged(payloadPath, `grew past its declared ${a.size} bytes`);
+        await sr.push(chunk);
+      }
+      if (seen !== a.size) throw sourceChanged(payloadPath, `shrank from ${a.size} to ${seen} bytes`);
+      await sr.end();
+      if (fh) await fh.close().catch((e: unknown) => { throw destinationError(e, spool!); });
+      fh = undefined;
+    } catch (e) {
+      await sr.settle();
+      await fh?.close().catch(() => undefined);
+      if (spool) await this.dropSpool(spool);
+      throw e;
+    }
+    const out: Artifact = {
+      path: a.path, kind: a.kind, size, mode: a.mode, mtime: a.mtime,
+      ...(a.text !== undefined ? { text: a.text } : {}),
+      ...(a.check ? { check: () => a.check!() } : {}),
+      open: spool === undefined ? memOpen(mem) : this.spoolOpen(spool),
+    };
+    return out;
+  }
+
+  report(): RedactionReport {
+    return this.report_.report();
+  }
+
+  async cleanup(): Promise<void> {
+    this.spools.clear();
+    if (this.spoolDir) await rm(this.spoolDir, { recursive: true, force: true });
+    this.spoolDir = undefined;
+  }
+
+  private async newSpool(): Promise<string> {
+    if (!this.spoolDir) {
+      const dir = join(this.tmpDir, `redact-${process.pid}-${randomBytes(4).toString("hex")}`);
+      try {
+        await mkdir(dir, { recursive: true, mode: 0o700 });
+      } catch (e) {
+        throw destinationError(e, dir);
+      }
+      this.spoolDir = dir;
+    }
+    const p = join(this.spoolDir, `${++this.seq}.spool`);
+    this.spools.add(p);
+    return p;
+  }
+
+  private async dropSpool(p: string): Promise<void> {
+    this.spools.delete(p);
+    await rm(p, { force: true }).catch(() => undefined);
+  }
+
+  /** Read the spool; it is removed once read to its end (the pipeline opens an artifact once). */
+  private spoolOpen(p: string): () => Readable {
+    return () => {
+      const s = createReadStream(p, { highWaterMark: 1 << 20 });
+      s.once("end", () => void this.dropSpool(p));
+      return s;
+    };
+  }
+}
+
+function memOpen(bufs: Buffer[]): () => Readable {
+  const whole = bufs.length === 1 ? bufs[0]! : Buffer.concat(bufs);
+  return () => Readable.from(whole.length ? [whole] : []);
+}
+
+async function writeAll(fh: FileHandle, chunks: Buffer[], path: string): Promise<void> {
+  try {
+    let i = 0;
+    while (i < chunks.length) {
+      const batch = chunks.slice(i, i + 256);
+      const want = batch.reduce((n, c) => n + c.length, 0);
+      const { bytesWritten } = await fh.writev(batch);
+      if (bytesWritten !== want) {
+        // a short write: finish this batch piece by piece
+        let skip = bytesWritten;
+        for (const c of batch) {
+          if (skip >= c.length) {
+            skip -= c.length;
+            continue;
+          }
+          let rest = c.subarray(skip);
+          skip = 0;
+          while (rest.length) {
+            const r = await fh.write(rest);
+            rest = rest.subarray(r.bytesWritten);
+          }
+        }
+      }
+      i += batch.length;
+    }
+  } catch (e) {
+    throw destinationError(e, path);
+  }
+}
+
+/** Create a redactor for one snapshot; spool files go under `tmpDir`. Undefined when redaction is off. */
+export async function createRedactor(cfg: RedactionConfig, tmpDir: string): Promise<Redactor | undefined> {
+  if (!cfg.enabled) return undefined;
+  const disabled = new Set(cfg.disable ?? []);
+  const allow: AllowMatcher = compileAllow(cfg.allow, "redaction");
+  const secretlint = await createSecretlintScanner(disabled);
+  const rules = MEMSNAP_RULES.filter((r) => !disabled.has(r.id));
+  const policy = cfg.allow.length === 0 && disabled.size === 0 ? "default" : "custom";
+  return new MemsnapRedactor(new Engine(rules, secretlint, allow), tmpDir, policy);
+}
+
+/** The redactor class's extra method, for tests and tools: JSON-aware redaction of a whole text. */
+export type DocumentRedactor = Redactor & { redactDocument(text: string, artifact: string, json: boolean): Promise<string> };
+

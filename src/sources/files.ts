@@ -5,6 +5,9 @@ import type { SourceKind } from "./types.js";
 import { fileArtifact, walkFiles } from "./walk.js";
 import { pathTarget } from "./live-target.js";
 
+/** Files whose content the pipeline redacts (memory notes, JSON, JSONL, config-like text). */
+const TEXT_EXT = /\.(md|markdown|txt|text|json|jsonl|ndjson|ya?ml|toml|ini|cfg|conf|env|csv|tsv|log|html?|xml|rst|org)$/i;
+
 export interface FilesConfig {
   kind: "files";
   name: string;
@@ -36,7 +39,10 @@ export const filesSource: SourceKind<FilesConfig> = {
     return {
       estimatedBytes: files.reduce((n, f) => n + f.stats.size, 0),
       artifacts: (async function* () {
-        for (const f of files) yield fileArtifact(f, "file");
+        for (const f of files) {
+          const kind = /\.(jsonl|ndjson)$/i.test(f.rel) ? "jsonl" : /\.json$/i.test(f.rel) ? "json" : "file";
+          yield { ...fileArtifact(f, kind), text: TEXT_EXT.test(f.rel) };
+        }
       })(),
       finish: async () => ({ root, root_is_file: files.length === 1 && files[0]!.abs === root, skipped }),
     };

@@ -78,7 +78,7 @@ export const stateSource: SourceKind<StateConfig> = {
             });
           }
           yield {
-            path: f.rel, kind: "json", size: bytes.length, mode: f.stats.mode & 0o7777, mtime: f.stats.mtime,
+            path: f.rel, kind: "json", text: true, size: bytes.length, mode: f.stats.mode & 0o7777, mtime: f.stats.mtime,
             open: () => Readable.from([bytes]),
           };
         }

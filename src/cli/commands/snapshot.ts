@@ -99,6 +99,7 @@ Examples:
           artifacts: m.payload.artifacts, layers: m.layers.map((l) => ({ name: l.name, kind: l.kind, artifacts: l.artifacts, bytes: l.bytes })),
           encrypted: m.payload.encryption !== null, signed: m.signature !== undefined, duration_ms: Math.round(r.durationMs),
           mb_per_s: Number((r.inputBytes / 1e6 / (r.durationMs / 1000)).toFixed(1)),
+          redaction: redactionStats(m.redaction, r.redactionMs),
         });
         return;
       }
@@ -111,4 +112,13 @@ Examples:
         `  time     ${(r.durationMs / 1000).toFixed(2)} s (${fmtRate(r.inputBytes, r.durationMs)})\n`,
       );
     });
+}
+
+function redactionStats(rep: Record<string, unknown>, ms: number): Record<string, unknown> {
+  if (rep.policy === "off") return { policy: "off" };
+  const scanned = typeof rep.bytes_scanned === "number" ? rep.bytes_scanned : 0;
+  return {
+    policy: rep.policy, total_redacted: rep.total_redacted, total_unredacted: rep.total_unredacted, bytes_scanned: scanned,
+    ms: Math.round(ms), mb_per_s: ms > 0 ? Number((scanned / 1e6 / (ms / 1000)).toFixed(1)) : null,
+  };
 }

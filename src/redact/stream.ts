@@ -1,0 +1,214 @@
+/**
+ * Redaction of whole texts and of byte streams.
+ *
+ * A stream is processed in pieces of about {@link PIECE} bytes, each cut at the last line
+ * start that no region crosses; the rest (an incomplete line, an open PEM block) is carried
+ * into the next piece, up to {@link CARRY_CAP} bytes, beyond which the piece is processed as
+ * it is (a secret straddling that forced cut may be missed; a JSON string cut there is
+ * continued correctly). Output goes out in batches of about {@link BLOCK} bytes. The pre-filter runs over a latin1 view of the bytes (a copy at memory
+ * speed; offsets are byte offsets); only regions are decoded as UTF-8, and bytes outside the
+ * regions are passed on as they are, so text without a candidate costs about one scan.
+ *
+ * Bytes that are not text are never rewritten: an artifact with a NUL byte in its first
+ * 8000 bytes (what git calls binary), and any region holding a NUL byte or invalid UTF-8,
+ * pass through unchanged, and what the rules find in them is counted as unredacted.
+ */
+import { isUtf8 } from "node:buffer";
+import type { Engine, Redacted, RegionText } from "./engine.js";
+import { jsonEndState, type JsonState } from "./json.js";
+import { planRegions, type RegionPlan } from "./regions.js";
+import type { Finding } from "./rules.js";
+
+/** Output is written in batches of about this many bytes. */
+export const BLOCK = 1 << 20;
+/** Input is scanned in pieces of about this many bytes. */
+export const PIECE = 1 << 20;
+/** An unfinished line or open PEM block is carried at most this far; beyond, a piece is cut where it ends. */
+export const CARRY_CAP = 1 << 20;
+const BINARY_SNIFF = 8000;
+
+export type CountFn = (rule: string, redacted: boolean) => void;
+
+/** Redact (or, with `scanOnly`, only scan) a whole string. */
+export async function processText(engine: Engine, text: string, json: boolean, scanOnly: boolean, count: CountFn): Promise<string> {
+  const plan = planRegions(text, true, !json);
+  if (plan.regions.length === 0) return text;
+  const regions: RegionText[] = plan.regions.map((r) => ({ text: text.slice(r.start, r.end), json }));
+  if (scanOnly) {
+    for (const f of await engine.find(regions)) for (const x of f) count(x.rule, false);
+    return text;
+  }
+  const done = await engine.redact(regions);
+  let out = "";
+  let at = 0;
+  plan.regions.forEach((r, i) => {
+    const d = done[i]!;
+    if (d.findings.length === 0) return;
+    for (const x of d.findings) count(x.rule, true);
+    out += text.slice(at, r.start) + d.text;
+    at = r.end;
+  });
+  return at === 0 && out === "" ? text : out + text.slice(at);
+}
+
+export interface StreamOptions {
+  json: boolean;
+  count: CountFn;
+  /** Bytes of input processed, as they are. */
+  scanned: (bytes: number) => void;
+}
+
+/**
+ * Redact a byte stream piece by piece, handing the output to `write` in order, in batches of
+ * about {@link BLOCK} bytes; a write runs while the next pieces are scanned, `end()` waits for
+ * the last one. Input is scanned in pieces of about {@link PIECE} bytes where they lie, without
+ * copying; only a carried unfinished line is joined with the head of the next piece.
+ */
+export class StreamRedactor {
+  private carry: Buffer | null = null;
+  private pending: Buffer[] = [];
+  private pendingLen = 0;
+  private first = true;
+  private binary = false;
+  private state: JsonState = 0;
+  private out: Buffer[] = [];
+  private outLen = 0;
+  private writing: Promise<void> = Promise.resolve();
+
+  constructor(
+    private readonly engine: Engine,
+    private readonly opts: StreamOptions,
+    private readonly write: (chunks: Buffer[]) => Promise<void>,
+  ) {}
+
+  async push(chunk: Buffer): Promise<void> {
+    for (let off = 0; off < chunk.length; off += PIECE) await this.pushPiece(chunk.subarray(off, off + PIECE));
+  }
+
+  async end(): Promise<void> {
+    if (this.carry || this.pendingLen > 0) await this.process(this.take(), true);
+    await this.flush();
+    await this.writing;
+  }
+
+  /** Wait for a write in flight, ignoring its outcome (cleanup after a failure). */
+  async settle(): Promise<void> {
+    await this.writing.catch(() => undefined);
+  }
+
+  private async pushPiece(piece: Buffer): Promise<void> {
+    if (this.carry && this.pendingLen === 0 && !this.carry.includes(10)) {
+      // finish the carried line with the head of this piece
+      const nl = piece.indexOf(10);
+      if (nl >= 0) {
+        const head = Buffer.concat([this.carry, piece.subarray(0, nl + 1)]);
+        this.carry = null;
+        await this.process(head, false);
+        piece = piece.subarray(nl + 1);
+        if (piece.length === 0) return;
+      }
+    }
+    if (!this.carry && this.pendingLen === 0 && piece.length >= PIECE / 2) {
+      await this.process(piece, false);
+      return;
+    }
+    this.pending.push(piece);
+    this.pendingLen += piece.length;
+    // A long carry (a long line, an open PEM block) is re-scanned only after it has doubled.
+    const carried = this.carry?.length ?? 0;
+    if (carried + this.pendingLen >= Math.max(PIECE, 2 * carried)) await this.process(this.take(), false);
+  }
+
+  private take(): Buffer {
+    const parts = this.carry ? [this.carry, ...this.pending] : this.pending;
+    const len = (this.carry?.length ?? 0) + this.pendingLen;
+    this.carry = null;
+    this.pending = [];
+    this.pendingLen = 0;
+    return parts.length === 1 ? parts[0]! : Buffer.concat(parts, len);
+  }
+
+  private async emit(chunks: Buffer[]): Promise<void> {
+    for (const c of chunks) {
+      if (c.length === 0) continue;
+      this.out.push(c);
+      this.outLen += c.length;
+    }
+    if (this.outLen >= BLOCK) await this.flush();
+  }
+
+  private async flush(): Promise<void> {
+    if (this.outLen === 0) return;
+    const chunks = this.out;
+    this.out = [];
+    this.outLen = 0;
+    await this.writing;
+    this.writing = this.write(chunks);
+    this.writing.catch(() => undefined); // observed by the next flush / end / settle
+  }
+
+  /** Process `buf` up to its cut; what follows the cut becomes the carry. */
+  private async process(buf: Buffer, final: boolean): Promise<void> {
+    if (this.first) {
+      this.first = false;
+      this.binary = buf.subarray(0, BINARY_SNIFF).includes(0);
+    }
+    const view = buf.toString("latin1");
+    const windows = !this.opts.json;
+    let plan: RegionPlan = planRegions(view, final, windows);
+    let forced = false;
+    if (!final && buf.length - plan.cut > CARRY_CAP) {
+      plan = planRegions(view, true, windows);
+      forced = true;
+    }
+    const state0 = this.state;
+    await this.processPiece(buf, plan, state0);
+    this.opts.scanned(plan.cut);
+    if (this.opts.json) {
+      if (forced) {
+        const nl = view.lastIndexOf("\n");
+        this.state = jsonEndState(view.slice(nl + 1), nl < 0 ? state0 : 0);
+      } else if (plan.cut > 0) {
+        this.state = 0;
+      }
+    }
+    if (plan.cut < buf.length) this.carry = buf.subarray(plan.cut);
+  }
+
+  private async processPiece(buf: Buffer, plan: RegionPlan, state0: JsonState): Promise<void> {
+    const piece = buf.subarray(0, plan.cut);
+    if (plan.regions.length === 0) {
+      await this.emit(piece.length ? [piece] : []);
+      return;
+    }
+    const texts: RegionText[] = [];
+    const rewritable: boolean[] = [];
+    for (const r of plan.regions) {
+      const bytes = buf.subarray(r.start, r.end);
+      rewritable.push(!this.binary && !bytes.includes(0) && isUtf8(bytes));
+      texts.push({ text: bytes.toString("utf8"), json: this.opts.json, state: r.start === 0 ? state0 : 0 });
+    }
+    const ok = texts.filter((_, i) => rewritable[i]);
+    const bad = texts.filter((_, i) => !rewritable[i]);
+    const done: Redacted[] = ok.length ? await this.engine.redact(ok) : [];
+    const scanned: Finding[][] = bad.length ? await this.engine.find(bad) : [];
+    const out: Buffer[] = [];
+    let at = 0;
+    let k = 0;
+    let j = 0;
+    plan.regions.forEach((r, i) => {
+      if (!rewritable[i]) {
+        for (const x of scanned[j++]!) this.opts.count(x.rule, false);
+        return;
+      }
+      const d = done[k++]!;
+      if (d.findings.length === 0) return;
+      for (const x of d.findings) this.opts.count(x.rule, true);
+      if (r.start > at) out.push(buf.subarray(at, r.start));
+      out.push(Buffer.from(d.text, "utf8"));
+      at = r.end;
+    });
+    if (plan.cut > at) out.push(buf.subarray(at, plan.cut));
+    await this.emit(out);
+  }
+}
