@@ -175,7 +175,9 @@ export async function readLayout(path: string): Promise<BundleLayout> {
       `cannot open bundle ${path}: ${(e as Error).message}`, { path, hint: "check the bundle path" });
   }
   try {
-    const fileSize = (await fh.stat()).size;
+    const st = await fh.stat();
+    if (!st.isFile()) throw malformed(path, "not a regular file");
+    const fileSize = st.size;
     const h0 = await readAt(fh, 0, BLOCK);
     if (h0.length < BLOCK) throw fileSize === 0 ? truncated(path, "empty file") : truncated(path, "inside the first header");
     let first;

@@ -269,6 +269,8 @@ class ZstdWorkerStream extends Duplex implements ZstdDuplex {
     this.#worker = new Worker(WORKER_SOURCE, {
       eval: true,
       execArgv: [],
+      // The worker's JS only shuffles buffers: a small young generation keeps its heap (and peak RSS) small.
+      resourceLimits: { maxYoungGenerationSizeMb: 4 },
       workerData: {
         ...data,
         mode,
