@@ -16,6 +16,7 @@
  *   traces/   ~12 %  JSONL conversation traces (compressible text).
  *   memory/   ~1.3 % 3000 × S small markdown notes (1–8 KiB) in nested directories.
  *   state/    tiny   JSON cursors (cursor.json, dream-run.json, ...).
+ *   runtime/  ~5 %   a memsnap KV dump (shared prefixes, zero pages), a ProcessFork store, a CRIU dump.
  *
  * The classes keep the 45 : 30 : 10 proportions of the benchmark brief but are scaled up so the
  * whole tree adds up to S GiB (45 + 30 + 10 + markdown alone would only be ~0.86 GiB).
@@ -33,12 +34,15 @@
  *               const summary = await generateMix({ scale: 0.05, out: "/tmp/mix", seed: 1 });
  */
 import { createCipheriv, createHash } from "node:crypto";
+import { generateKvDump, kvDumpOptionsForBytes } from "./lib/gen-kv.mjs";
+import { generatePfimgStore } from "./lib/gen-pfimg.mjs";
+import { genCriuDump } from "./lib/gen-criu.mjs";
 import fs from "node:fs";
 import path from "node:path";
 import { spawn } from "node:child_process";
 import { fileURLToPath } from "node:url";
 
-export const GEN_VERSION = 1;
+export const GEN_VERSION = 2;
 
 const KiB = 1024;
 const MiB = 1024 * KiB;
@@ -679,6 +683,19 @@ function measureTree(root) {
  * Generates the mix into `out` (created; must not exist or be empty).
  * @returns {Promise<object>} summary: { scale, seed, version, seconds, totalBytes, totalFiles, classes, details }
  */
+/**
+ * Runtime layers in their own formats, under runtime/: a memsnap KV dump with shared prefixes
+ * and zero pages (about `kvBytes`), a small ProcessFork image store with a fork and a CRIU
+ * procs blob, and a synthetic CRIU dump of two processes.
+ */
+function genRuntime(out, kvBytes, scale, seed) {
+  const dir = path.join(out, "runtime");
+  const kv = generateKvDump({ dir: path.join(dir, "kvdump"), seed, ...kvDumpOptionsForBytes(kvBytes) });
+  const pf = generatePfimgStore({ root: path.join(dir, "pfimg"), seed, forks: 2, merge: true, criu: true, pages: 4 });
+  const criu = genCriuDump(path.join(dir, "criu"), { pids: [1000, 1001], pagesPerProcess: Math.max(16, Math.round(256 * scale)), seed });
+  return { kvBytes: kv.dataBytes, pfimgImages: pf.images.length, criuBytes: criu.bytes };
+}
+
 export async function generateMix({ scale = 1, out, seed = 1, log = () => {} } = {}) {
   if (!out) throw new Error("generateMix: out is required");
   if (!(scale > 0)) throw new Error(`generateMix: bad scale ${scale}`);
@@ -709,7 +726,9 @@ export async function generateMix({ scale = 1, out, seed = 1, log = () => {} } =
   log("vectors.db");
   const vectorRows = await genVectorsDb(path.join(dbDir, "vectors.db"), budget.db * 0.5, seed);
   log("kv pages");
-  const kv = genKv(out, budget.kv, scale, seed);
+  const kv = genKv(out, budget.kv * 0.9, scale, seed);
+  log("runtime layers: KV dump, ProcessFork store, CRIU dump");
+  const runtime = genRuntime(out, budget.kv * 0.1, scale, seed);
   log("traces");
   const traces = genTraces(out, budget.traces, scale, seed);
   log("markdown");
