@@ -13,18 +13,18 @@
  * 5 on, recover finishes the swaps. Either way the live state is the old one or the bundle's.
  */
 import { randomBytes } from "node:crypto";
-import { readdir, rm, lstat } from "node:fs/promises";
+import { mkdir } from "node:fs/promises";
 import { join } from "node:path";
 import type { ConfiguredSource, MemsnapConfig } from "../config.js";
 import { MemsnapError } from "../errors.js";
 import { readLayout } from "../format/container.js";
-import { parseManifest, type IndexEntry, type LayerEntry, type Manifest } from "../format/manifest.js";
-import { readPayload, type Keys } from "../pipeline/read-payload.js";
+import { parseManifest, type LayerEntry, type Manifest } from "../format/manifest.js";
+import type { Keys } from "../pipeline/read-payload.js";
 import { snapshot, type SnapshotResult } from "../pipeline/snapshot.js";
 import type { LiveTarget } from "../sources/types.js";
-import { isMemsnapPrivate } from "../sources/walk.js";
 import { crashPoint } from "../util/crash-point.js";
 import { extractPayload } from "./extract.js";
+import { listFiles } from "./live-files.js";
 import { newJournal, recoverJournal, rollForward, writeJournal, cleanup, type Swap } from "./journal.js";
 import { acquireLock, type AgentLock } from "./lock.js";
 import { checkManifest, checkManifestFindings, enforceSignature, type SignaturePolicy } from "./preflight.js";
@@ -89,29 +89,6 @@ export async function selectLayers(manifest: Manifest, config: MemsnapConfig, on
     }
     out.push({ layer, source, target: await source.impl.liveTarget(source.cfg, config.baseDir, layer) });
   }
-  return out;
-}
-
-async function listFiles(root: string): Promise<string[]> {
-  const out: string[] = [];
-  const walk = async (dir: string, rel: string): Promise<void> => {
-    let names: string[];
-    try {
-      names = await readdir(dir);
-    } catch (e) {
-      if ((e as NodeJS.ErrnoException).code === "ENOENT" || (e as NodeJS.ErrnoException).code === "ENOTDIR") return;
-      throw e;
-    }
-    for (const n of names.sort()) {
-      if (isMemsnapPrivate(n)) continue;
-      const p = join(dir, n);
-      const r = rel ? `${rel}/${n}` : n;
-      const st = await lstat(p);
-      if (st.isDirectory()) await walk(p, r);
-      else out.push(r);
-    }
-  };
-  await walk(root, "");
   return out;
 }
 
@@ -198,7 +175,7 @@ export async function restoreInPlace(bundle: string, config: MemsnapConfig, opts
       });
       for (const s of selected) {
         const dir = roots.get(s.layer.name)!.staged;
-        await (await import("node:fs/promises")).mkdir(dir, { recursive: true });
+        await mkdir(dir, { recursive: true });
         await s.source.impl.materialize?.(dir, s.layer);
       }
       crashPoint("restore:staged");

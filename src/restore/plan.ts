@@ -1,14 +1,13 @@
 /** restore --dry-run: what an in-place restore would change, computed without touching anything. */
 import { createHash } from "node:crypto";
 import { createReadStream } from "node:fs";
-import { lstat, readdir } from "node:fs/promises";
 import { join } from "node:path";
 import type { MemsnapConfig } from "../config.js";
 import type { BundleLayout } from "../format/container.js";
 import type { IndexEntry, Manifest } from "../format/manifest.js";
 import { readPayload, type Keys } from "../pipeline/read-payload.js";
-import { isMemsnapPrivate } from "../sources/walk.js";
 import type { SelectedLayer } from "./in-place.js";
+import { listFiles } from "./live-files.js";
 
 export interface LayerPlan {
   layer: string;
@@ -36,23 +35,6 @@ async function sha256File(path: string): Promise<string> {
   return h.digest("hex");
 }
 
-async function liveFiles(root: string): Promise<string[]> {
-  const out: string[] = [];
-  const walk = async (dir: string, rel: string): Promise<void> => {
-    const names = await readdir(dir).catch(() => [] as string[]);
-    for (const n of names.sort()) {
-      if (isMemsnapPrivate(n)) continue;
-      const p = join(dir, n);
-      const r = rel ? `${rel}/${n}` : n;
-      const st = await lstat(p);
-      if (st.isDirectory()) await walk(p, r);
-      else out.push(r);
-    }
-  };
-  await walk(root, "");
-  return out;
-}
-
 /** Build the plan. Reads the payload (hashing only) when the index is encrypted and a key is given. */
 export async function planRestore(
   layout: BundleLayout, manifest: Manifest, config: MemsnapConfig, selected: SelectedLayer[], keys: Keys, signal?: AbortSignal,
@@ -72,7 +54,7 @@ export async function planRestore(
     if (index && s.target.mode === "files") {
       const prefix = `${s.layer.name}/`;
       const want = new Map(index.filter((e) => e.layer === s.layer.name).map((e) => [e.path.slice(prefix.length), e.sha256]));
-      const live = (await liveFiles(s.target.root)).filter((rel) => s.target.owns?.(rel) ?? true);
+      const live = (await listFiles(s.target.root)).filter((rel) => s.target.owns?.(rel) ?? true);
       const liveSet = new Set(live);
       for (const [rel, sha] of want) {
         if (!liveSet.has(rel)) p.added.push(rel);
