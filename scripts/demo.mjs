@@ -23,10 +23,11 @@ function run(args, { show = true } = {}) {
 
 process.stdout.write(`demo workspace: ${work} (shown as $DEMO)\n`);
 const recipient = run(["keygen", "-o", join(work, "key.txt")]).trim();
-const out = run(["snapshot", "-c", join(agent, "memsnap.json"), "--store", join(work, "store"), "-r", recipient, "--label", "demo"]);
+run(["keygen", "--sign", "-o", join(work, "sign.key")]);
+const out = run(["snapshot", "-c", join(agent, "memsnap.json"), "--store", join(work, "store"), "-r", recipient, "--sign-key", join(work, "sign.key"), "--label", "demo"]);
 const snap = { path: /^\s+path\s+(.+)$/m.exec(out)[1] };
 run(["inspect", snap.path]);
-run(["verify", snap.path]);
+run(["verify", snap.path, "--trust", join(work, "sign.key.pub")]);
 run(["verify", snap.path, "-i", join(work, "key.txt"), "--deep"]);
 run(["restore", snap.path, "--to", join(work, "restored"), "-i", join(work, "key.txt")]);
 const a = readFileSync(join(agent, "memory", "MEMORY.md"));

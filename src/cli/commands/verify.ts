@@ -35,8 +35,13 @@ Examples:
         }
         const skipped = r.checks.filter((c) => c.status === "skipped");
         const needKey = skipped.filter((c) => c.detail?.startsWith("needs the key"));
-        const note = needKey.length ? ` (${needKey.length} check(s) not run: pass --identity to run them)` : skipped.length ? ` (not run: ${skipped.map((c) => c.name).join(", ")})` : "";
-        if (r.ok) process.stdout.write(`verified ${r.manifest?.snapshot_id}${note}\n`);
+        const others = skipped.filter((c) => !needKey.includes(c) && c.name !== "signature");
+        const note = [
+          ...(needKey.length ? [`${needKey.length} check(s) not run: pass --identity to run them`] : []),
+          ...(others.length ? [`not run: ${others.map((c) => c.name).join(", ")}`] : []),
+          ...(skipped.some((c) => c.name === "signature") ? ["unsigned"] : []),
+        ].join("; ");
+        if (r.ok) process.stdout.write(`verified ${r.manifest?.snapshot_id}${note ? ` (${note})` : ""}\n`);
       }
       if (!r.ok) {
         const err = verifyError(r);
