@@ -99,6 +99,29 @@ export function defaultZstdThreads(): number {
   return 0;
 }
 
+const REDACT_LOOKAHEAD = 2;
+
+/** Yield `prepare(x)` for each item in order, with up to `depth` preparations started ahead. */
+async function* lookahead<T, U>(items: AsyncIterable<T>, prepare: (x: T) => Promise<U>, depth: number): AsyncGenerator<U> {
+  const queue: Promise<U>[] = [];
+  const it = items[Symbol.asyncIterator]();
+  let done = false;
+  try {
+    for (;;) {
+      while (!done && queue.length <= depth) {
+        const n = await it.next();
+        if (n.done) done = true;
+        else queue.push(prepare(n.value));
+      }
+      const next = queue.shift();
+      if (!next) return;
+      yield await next;
+    }
+  } finally {
+    if (!done) await it.return?.();
+  }
+}
+
 /** Where a snapshot with this id goes in a store. */
 export function storePath(store: string, tenant: string, agent: string, id: string): string {
   return join(store, tenant, agent, `${id}.memsnap`);
@@ -228,14 +251,17 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
       estimate = estimate === null || cap.estimatedBytes === undefined ? null : estimate + cap.estimatedBytes;
       const layer: LayerEntry = { name: scfg.name, kind: impl.kind, schema_version: impl.schemaVersion, artifacts: 0, bytes: 0 };
       const seen = new Set<string>();
-      for await (const raw of cap.artifacts) {
+      // Redact the next text artifacts while the current one packs: redaction is main-thread
+      // work that fills the time the main thread would otherwise wait on the compressor.
+      const prepare = (raw: Artifact): Promise<Artifact> => {
+        if (!redactor || !raw.text) return Promise.resolve(raw);
+        const r0 = performance.now();
+        const p = redactor.redactArtifact(raw, `${scfg.name}/${raw.path}`).finally(() => { redactMs += performance.now() - r0; });
+        p.catch(() => undefined); // awaited in order below
+        return p;
+      };
+      for await (const a of lookahead(cap.artifacts, prepare, impl.independentArtifacts ? REDACT_LOOKAHEAD : 0)) {
         opts.signal?.throwIfAborted();
-        let a = raw;
-        if (redactor && raw.text) {
-          const r0 = performance.now();
-          a = await redactor.redactArtifact(raw, `${scfg.name}/${raw.path}`);
-          redactMs += performance.now() - r0;
-        }
         if (seen.has(a.path)) throw new MemsnapError("MEMSNAP_INTERNAL", `source ${scfg.name} yielded ${a.path} twice`);
         seen.add(a.path);
         const e = await guard(packArtifact(pack, scfg.name, a, (n) => {

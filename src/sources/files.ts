@@ -20,6 +20,7 @@ export interface FilesConfig {
 export const filesSource: SourceKind<FilesConfig> = {
   kind: "files",
   schemaVersion: 1,
+  independentArtifacts: true,
   parseConfig(raw, where) {
     rejectUnknownKeys(raw, ["kind", "name", "path", "include", "exclude"], where);
     return {

@@ -38,6 +38,7 @@ async function collect(it: AsyncIterable<Buffer>, limit: number): Promise<Buffer
 export const stateSource: SourceKind<StateConfig> = {
   kind: "state",
   schemaVersion: 1,
+  independentArtifacts: true,
   parseConfig(raw, where) {
     rejectUnknownKeys(raw, ["kind", "name", "path", "include", "exclude"], where);
     return {

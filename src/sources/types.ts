@@ -95,6 +95,12 @@ export interface SourceKind<C extends { name: string } = { name: string }> {
    * anything is captured, unless the snapshot sets `allowPlaintextMemory`.
    */
   processMemory?: boolean;
+  /**
+   * True when pulling the next artifact does not disturb one not yet packed (plain files), so the
+   * pipeline may prepare (redact) upcoming artifacts ahead. Sources that stream from one process
+   * or reuse temp copies must leave it unset: their artifacts are pulled strictly one at a time.
+   */
+  independentArtifacts?: boolean;
   /** Where this source's layer lives, for an in-place restore. Without it the layer can only be restored with --to. */
   liveTarget?(cfg: C, baseDir: string, layer: LayerEntry): Promise<LiveTarget>;
   /** Extra plan lines for `restore --dry-run` (git HEAD before → after, SQLite row-count deltas). */
