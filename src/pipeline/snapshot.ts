@@ -30,7 +30,6 @@ import { acquireLock, type AgentLock } from "../restore/lock.js";
 import { signManifest } from "../sign.js";
 import { removeOrphans } from "../store/orphans.js";
 import { crashPoint } from "../util/crash-point.js";
-import { GcPacer } from "../util/gc.js";
 import { Tap } from "../util/tap.js";
 import type { Redactor } from "../redact/types.js";
 import type { Artifact, LayerCapture } from "../sources/types.js";
@@ -238,7 +237,6 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
     const layers: LayerEntry[] = [];
     let bytes = 0;
     let redactMs = 0;
-    const pacer = new GcPacer();
     let estimate: number | null = 0;
     for (const { impl, cfg: scfg } of cfg.sources) {
       opts.signal?.throwIfAborted();
@@ -266,7 +264,6 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
         seen.add(a.path);
         const e = await guard(packArtifact(pack, scfg.name, a, (n) => {
           bytes += n;
-          pacer.add(n);
           opts.onProgress?.({ bytes, totalBytes: estimate, artifacts: index.length, layer: scfg.name });
         }));
         index.push(e);
