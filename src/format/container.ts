@@ -87,6 +87,23 @@ export class BundleWriter {
     return this.sink;
   }
 
+  /**
+   * Create the temp file and write the placeholder payload header, for a writer that writes
+   * the payload itself at `start` (positional writes, e.g. from a worker thread). The fd stays
+   * open until {@link commit} or {@link abort}. Throws MEMSNAP_DEST_* on failure.
+   */
+  async openRaw(): Promise<{ fd: number; start: number }> {
+    try {
+      this.fh = await open(this.tmpPath, "wx", 0o600);
+      this.header = encodeHeader(this.encrypted ? PAYLOAD_MEMBER_ENCRYPTED : PAYLOAD_MEMBER_PLAIN, 0, this.mtime, 0o600);
+      await this.fh.write(this.header, 0, BLOCK, 0);
+    } catch (e) {
+      await this.abort();
+      throw destinationError(e, this.destPath);
+    }
+    return { fd: this.fh.fd, start: BLOCK };
+  }
+
   /** What the payload sink has seen so far (call after the payload stream finished). */
   payloadResult(): PayloadWritten {
     if (!this.sink) throw new Error("BundleWriter not open");

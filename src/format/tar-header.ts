@@ -51,6 +51,63 @@ export function encodeHeader(name: string, size: number, mtime: Date, mode = 0o6
   return buf;
 }
 
+/** One PAX extended-header record: `"<len> <key>=<value>\n"`, where `<len>` counts the whole record. */
+function paxRecord(key: string, value: string): string {
+  const body = ` ${key}=${value}\n`;
+  let len = Buffer.byteLength(body);
+  let n = len + String(len).length;
+  if (String(n).length !== String(len).length) n = len + String(n).length;
+  len = n;
+  return `${len}${body}`;
+}
+
+/** Split a name into ustar prefix (≤ 155 bytes) and name (≤ 100 bytes) at a `/`, or null. */
+function splitUstar(name: string): { prefix: string; base: string } | null {
+  if (Buffer.byteLength(name) !== name.length) return null; // non-ASCII: PAX carries it exactly
+  if (name.length <= 100) return { prefix: "", base: name };
+  for (let i = name.indexOf("/"); i >= 0; i = name.indexOf("/", i + 1)) {
+    if (i <= 155 && name.length - i - 1 <= 100 && name.length - i - 1 > 0) return { prefix: name.slice(0, i), base: name.slice(i + 1) };
+  }
+  return null;
+}
+
+function rawHeader(name: string, prefix: string, size: number, mtimeSec: number, mode: number, type: number): Buffer {
+  const buf = Buffer.alloc(BLOCK);
+  buf.write(name, 0, 100, "utf8");
+  writeOctal(buf, 100, 8, mode & 0o7777);
+  writeOctal(buf, 108, 8, 0);
+  writeOctal(buf, 116, 8, 0);
+  writeSize(buf, size);
+  writeOctal(buf, 136, 12, mtimeSec);
+  buf[156] = type;
+  buf.write("ustar\0", 257, 6, "ascii");
+  buf.write("00", 263, 2, "ascii");
+  buf.write(prefix, 345, 155, "utf8");
+  setChecksum(buf);
+  return buf;
+}
+
+/**
+ * The header block(s) of one regular-file member of the payload tar: a plain ustar header
+ * when the name fits (directly or split into prefix/name at a `/`), otherwise a PAX extended
+ * header carrying the exact `path` followed by a ustar header with a truncated name, as GNU
+ * tar and tar-stream write them. The member's bytes and padding follow.
+ */
+export function encodeEntryHeader(name: string, size: number, mtime: Date, mode = 0o644): Buffer {
+  const t = Math.floor(mtime.getTime() / 1000);
+  const mtimeSec = Number.isFinite(t) ? Math.min(Math.max(t, 0), 0o77777777777) : 0;
+  const split = splitUstar(name);
+  if (split) return rawHeader(split.base, split.prefix, size, mtimeSec, mode, 0x30);
+  const pax = Buffer.from(paxRecord("path", name), "utf8");
+  const short = Buffer.from(name, "utf8").subarray(0, 99).toString("latin1").replace(/[^\x20-\x7e]/g, "_");
+  const paxName = `PaxHeader/${short}`.slice(0, 99);
+  return Buffer.concat([
+    rawHeader(paxName, "", pax.length, mtimeSec, 0o644, 0x78),
+    pax, Buffer.alloc(padding(pax.length)),
+    rawHeader(short, "", size, mtimeSec, mode, 0x30),
+  ]);
+}
+
 /** Rewrite the size field (and checksum) of an encoded header in place. */
 export function patchSize(buf: Buffer, size: number): void {
   writeSize(buf, size);

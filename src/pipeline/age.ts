@@ -452,11 +452,35 @@ class AgeEncryptStream extends Transform {
  * @throws MEMSNAP_IDENTITY_INVALID (rejects) if a recipient is not an X25519 age recipient.
  * @throws MEMSNAP_INTERNAL (rejects) if building the header fails unexpectedly.
  */
-export async function createAgeEncryptor(opts: {
+export async function createAgeEncryptor(opts: AgeEncryptOptions): Promise<Transform> {
+  const { preamble, key } = await prepareAgeEncryption(opts);
+  return new AgeEncryptStream(preamble, key);
+}
+
+export interface AgeEncryptOptions {
   recipients?: string[];
   passphrase?: string;
   scryptLogN?: number;
-}): Promise<Transform> {
+}
+
+/** What a STREAM encryptor needs: the bytes before the first chunk, and the payload key. */
+export interface AgeStreamParams {
+  /** The age header (with its MAC line) followed by the 16-byte payload nonce. */
+  preamble: Buffer;
+  /** The ChaCha20-Poly1305 payload key (HKDF of the file key and the nonce). */
+  key: Buffer;
+}
+
+/** STREAM chunk size (plaintext bytes per sealed chunk) and tag size, for encryptors outside this module. */
+export const AGE_CHUNK = CHUNK;
+export const AGE_TAG = TAG;
+
+/**
+ * Build the age header for the recipients or passphrase and derive the payload key, so that
+ * the STREAM part can run elsewhere (the snapshot's payload worker). Same checks and errors as
+ * {@link createAgeEncryptor}.
+ */
+export async function prepareAgeEncryption(opts: AgeEncryptOptions): Promise<AgeStreamParams> {
   const hasRecipients = opts.recipients !== undefined && opts.recipients.length > 0;
   const hasPassphrase = opts.passphrase !== undefined;
   if (hasRecipients === hasPassphrase) {
@@ -508,7 +532,7 @@ export async function createAgeEncryptor(opts: {
     throw new MemsnapError("MEMSNAP_INTERNAL", "typage produced an unexpected age header");
   }
   const nonce = randomBytes(NONCE_LEN);
-  return new AgeEncryptStream(Buffer.concat([header, nonce]), payloadKey(fileKey, nonce));
+  return { preamble: Buffer.concat([header, nonce]), key: payloadKey(fileKey, nonce) };
 }
 
 // ---------------------------------------------------------------------------------------

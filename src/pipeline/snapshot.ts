@@ -2,24 +2,26 @@
  * Snapshot: every source's artifacts → one payload tar → zstd (worker thread) → age
  * (optional) → the bundle file, in one pass.
  *
- *   source bytes ─hash+count─▶ tar entry ─▶ pack ─count─▶ zstd ─▶ [age] ─▶ BundleWriter (hash of stored bytes)
+ *   main thread:   source bytes ─hash─▶ tar framing ─┐
+ *   payload worker: ┌─────────────────────────────────┘
+ *                   └▶ zstd (level per class) ─▶ [age STREAM] ─▶ SHA-256 of stored bytes ─▶ pwrite into the temp file
  *
  * Each artifact's bytes are hashed as they stream into their tar entry, so the hash in the
  * index is over exactly the bytes stored. The index is the last payload member because the
  * hashes are known only once the bytes have streamed (a first member would need a second
  * read of every source, which is how the system we replace produced unverifiable bundles).
- * Any failure destroys the pipeline and removes the temp file: no bundle, no leftovers.
+ * The tar is framed here (ustar, PAX for long names) rather than by a tar library, so that a
+ * level change (./levels.ts) lands exactly between two members' bytes. Any failure stops the
+ * worker and removes the temp file: no bundle, no leftovers.
  */
 import { createHash, randomBytes, type KeyObject } from "node:crypto";
 import { mkdir, rm, stat } from "node:fs/promises";
 import { hostname } from "node:os";
 import { dirname, join } from "node:path";
-import { Readable, type Writable } from "node:stream";
-import { pipeline } from "node:stream/promises";
-import tar from "tar-stream";
 import type { MemsnapConfig } from "../config.js";
 import { MemsnapError, destinationError } from "../errors.js";
 import { BundleWriter } from "../format/container.js";
+import { BLOCK, encodeEntryHeader, padding } from "../format/tar-header.js";
 import {
   computeSeal, encodeIndex, encodeManifest, INDEX_PATH, MANIFEST_VERSION, PAYLOAD_MEMBER_ENCRYPTED, PAYLOAD_MEMBER_PLAIN,
   type CreatedBy, type IndexDocument, type IndexEntry, type LayerEntry, type Manifest, type RecipientInfo,
@@ -30,14 +32,14 @@ import { acquireLock, type AgentLock } from "../restore/lock.js";
 import { signManifest } from "../sign.js";
 import { removeOrphans } from "../store/orphans.js";
 import { crashPoint } from "../util/crash-point.js";
-import { Tap } from "../util/tap.js";
 import type { Redactor } from "../redact/types.js";
 import type { Artifact, LayerCapture } from "../sources/types.js";
 import { sourceChanged } from "../sources/walk.js";
 import { ulid } from "../util/ulid.js";
 import { TOOL_NAME, TOOL_VERSION } from "../version.js";
-import { createAgeEncryptor, recipientFingerprint } from "./age.js";
-import { createZstdCompressor } from "./zstd.js";
+import { prepareAgeEncryption, recipientFingerprint } from "./age.js";
+import { PayloadEncoder } from "./encoder.js";
+import { LevelPolicy } from "./levels.js";
 
 /** Progress reported while a snapshot runs. */
 export interface SnapshotProgress {
@@ -126,26 +128,35 @@ export function storePath(store: string, tenant: string, agent: string, id: stri
   return join(store, tenant, agent, `${id}.memsnap`);
 }
 
+const ZEROS = Buffer.alloc(2 * BLOCK);
+
 async function packArtifact(
-  pack: tar.Pack, layer: string, a: Artifact, onBytes: (n: number) => void,
+  enc: PayloadEncoder, levels: LevelPolicy, layer: string, a: Artifact, onBytes: (n: number) => void,
 ): Promise<IndexEntry> {
   const name = `${layer}/${a.path}`;
   const hash = createHash("sha256");
   let seen = 0;
-  const entry = pack.entry({ name, size: a.size, mode: a.mode, mtime: a.mtime, type: "file" });
-  const src = a.open();
-  await pipeline(
-    src instanceof Readable ? src : Readable.from(src, { objectMode: false, highWaterMark: 1 }),
-    new Tap((chunk) => {
-      seen += chunk.length;
-      if (seen > a.size) throw sourceChanged(name, `grew past its declared ${a.size} bytes`);
-      hash.update(chunk);
-      onBytes(chunk.length);
-    }, () => {
-      if (seen !== a.size) throw sourceChanged(name, `shrank from ${a.size} to ${seen} bytes`);
-    }),
-    entry as unknown as Writable,
-  );
+  let started = false;
+  const begin = async (first: Uint8Array | undefined): Promise<void> => {
+    started = true;
+    enc.setLevel(levels.start(layer, a.size, first));
+    await enc.write(encodeEntryHeader(name, a.size, a.mtime, a.mode));
+  };
+  for await (const c of a.open()) {
+    const chunk = c as Buffer;
+    seen += chunk.length;
+    if (seen > a.size) throw sourceChanged(name, `grew past its declared ${a.size} bytes`);
+    if (!started) await begin(chunk);
+    enc.setLevel(levels.next(chunk));
+    hash.update(chunk);
+    onBytes(chunk.length);
+    const w = enc.write(chunk);
+    if (w) await w;
+  }
+  if (!started) await begin(undefined);
+  if (seen !== a.size) throw sourceChanged(name, `shrank from ${a.size} to ${seen} bytes`);
+  const pad = padding(a.size);
+  if (pad) await enc.write(ZEROS.subarray(0, pad));
   await a.check?.();
   return {
     path: name, layer, kind: a.kind, size: a.size, sha256: hash.digest("hex"),
@@ -202,10 +213,7 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
   const workDir = join(dirname(dest), `.memsnap-work-${process.pid}-${randomBytes(4).toString("hex")}`);
   let redactor: Redactor | undefined;
   const captures: LayerCapture[] = [];
-  const pack = tar.pack();
-  pack.on("error", () => undefined); // surfaced through the pipeline; destroying an unpiped pack must not crash
-  let tarSize = 0;
-  let pipelineDone: Promise<void> | undefined;
+  let enc: PayloadEncoder | undefined;
   try {
     try {
       await mkdir(workDir, { mode: 0o700 });
@@ -213,25 +221,14 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
       throw destinationError(e, dest);
     }
     redactor = await createRedactor({ ...cfg.redaction, enabled: opts.redact ?? cfg.redaction.enabled }, workDir);
-    const sink = await writer.open();
-    const stages: NodeJS.ReadWriteStream[] = [createZstdCompressor({ level, threads: cfg.compression.threads ?? defaultZstdThreads() })];
-    if (encrypted) {
-      stages.push(await createAgeEncryptor(opts.passphrase
-        ? { passphrase: opts.passphrase, ...(opts.scryptLogN ? { scryptLogN: opts.scryptLogN } : {}) }
-        : { recipients }));
-    }
-    pipelineDone = pipeline(
-      pack as unknown as Readable,
-      new Tap((c) => { tarSize += c.length; }),
-      ...(stages as [NodeJS.ReadWriteStream]),
-      sink,
-      ...(opts.signal ? [{ signal: opts.signal }] : []),
-    );
-    pipelineDone.catch(() => undefined); // observed below; avoid an unhandled rejection meanwhile
-    // Rejects when the output side fails (disk full, compressor error), so a pending entry write can't hang.
-    const outputFailed = pipelineDone.then(() => new Promise<never>(() => undefined));
-    outputFailed.catch(() => undefined); // observed through guard(); a source failing first must not leave it unhandled
-    const guard = <T>(p: Promise<T>): Promise<T> => Promise.race([p, outputFailed]);
+    const age = !encrypted ? null : await prepareAgeEncryption(opts.passphrase
+      ? { passphrase: opts.passphrase, ...(opts.scryptLogN ? { scryptLogN: opts.scryptLogN } : {}) }
+      : { recipients });
+    const raw = await writer.openRaw();
+    enc = new PayloadEncoder({
+      fd: raw.fd, start: raw.start, path: dest, level, threads: cfg.compression.threads ?? defaultZstdThreads(), age,
+    });
+    const levels = new LevelPolicy(level);
 
     const index: IndexEntry[] = [];
     const layers: LayerEntry[] = [];
@@ -262,10 +259,11 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
         opts.signal?.throwIfAborted();
         if (seen.has(a.path)) throw new MemsnapError("MEMSNAP_INTERNAL", `source ${scfg.name} yielded ${a.path} twice`);
         seen.add(a.path);
-        const e = await guard(packArtifact(pack, scfg.name, a, (n) => {
+        const e = await packArtifact(enc, levels, scfg.name, a, (n) => {
+          opts.signal?.throwIfAborted();
           bytes += n;
           opts.onProgress?.({ bytes, totalBytes: estimate, artifacts: index.length, layer: scfg.name });
-        }));
+        });
         index.push(e);
         crashPoint("snapshot:artifact");
         layer.artifacts++;
@@ -277,7 +275,11 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
     }
     const indexDoc: IndexDocument = { format: "memsnap-index", snapshot_id: id, artifacts: index };
     const indexBytes = encodeIndex(indexDoc);
-    await guard(new Promise<void>((res, rej) => pack.entry({ name: INDEX_PATH, size: indexBytes.length, mode: 0o644, mtime: createdAt }, indexBytes, (e) => (e ? rej(e) : res()))));
+    levels.start("", indexBytes.length, undefined);
+    enc.setLevel(level);
+    await enc.write(encodeEntryHeader(INDEX_PATH, indexBytes.length, createdAt, 0o644));
+    await enc.write(indexBytes);
+    await enc.write(Buffer.concat([ZEROS.subarray(0, padding(indexBytes.length)), ZEROS])); // padding, then the end-of-archive blocks
     const redaction = redactor ? redactor.report() : null;
     if (redaction && redaction.total_unredacted > 0 && !encrypted && !opts.allowUnredacted) {
       const where = Object.keys(redaction.unredacted);
@@ -285,9 +287,9 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
         `${redaction.total_unredacted} secret(s) found in content that cannot be redacted (${where.slice(0, 3).join(", ")}${where.length > 3 ? ", …" : ""}); refusing a plaintext bundle`,
         { hint: "encrypt the bundle (-r age1… or --passphrase-file), or pass --allow-unredacted" });
     }
-    pack.finalize();
-    await pipelineDone;
-    const payload = writer.payloadResult();
+    const tarSize = enc.bytesIn;
+    if (process.env.MEMSNAP_DEBUG_ENCODER) process.stderr.write(`levels: ${levels.samples} samples, ${levels.denseSamples} dense\n`);
+    const payload = await enc.finish();
     const recipientInfo: RecipientInfo[] = opts.passphrase
       ? [{ type: "scrypt" }]
       : recipients.map((r) => ({ type: "x25519", fingerprint: recipientFingerprint(r) }));
@@ -324,8 +326,7 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
     const bundleBytes = (await stat(dest)).size;
     return { id, path: dest, manifest, inputBytes: bytes, bundleBytes, durationMs: performance.now() - t0, redactionMs: redactMs };
   } catch (e) {
-    pack.destroy(e as Error);
-    if (pipelineDone) await pipelineDone.catch(() => undefined);
+    await enc?.destroy();
     await writer.abort();
     if (opts.signal?.aborted && !(e instanceof MemsnapError)) {
       throw new MemsnapError("MEMSNAP_INTERNAL", "snapshot aborted", { hint: "no bundle was written", cause: e });

@@ -11,6 +11,7 @@
  *  keygen identities work with age.
  */
 import { spawnSync } from "node:child_process";
+import { randomBytes } from "node:crypto";
 import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { beforeAll, describe, expect, it } from "vitest";
@@ -30,6 +31,14 @@ const FILES = {
   "notes/ünï cødé.md": "unicode and a space\n",
   "notes/empty.md": "",
   "x/y/z.bin": Buffer.from(Array.from({ length: 70_000 }, (_, i) => (i * 31) & 0xff)),
+  // Past ustar's 100-byte name: split into prefix/name at a "/" …
+  [`deep/${"d".repeat(60)}/${"e".repeat(60)}/${"f".repeat(60)}/note.md`]: "a long path\n",
+  // … and a component no split can fit, which needs a PAX header (non-ASCII too).
+  [`long/${"ü".repeat(70)}-${"n".repeat(40)}.md`]: "a PAX path\n",
+  // Dense bytes (zstd -1 keeps > 60 % of them) between text: the payload switches levels,
+  // which ends a zstd frame and opens another.
+  "dense/random.bin": randomBytes(512 * 1024),
+  "dense/after.md": "text after the dense file\n".repeat(200),
 };
 
 beforeAll(async () => {
@@ -87,6 +96,16 @@ describe("memsnap bundles read by stock tools", () => {
     expect(names.slice(0, -1).sort()).toEqual(Object.keys(sourceHashes()).sort());
     const tarSize = sh(`tar -xOf "${plain}" payload.tar.zst | zstd -d | wc -c`).toString().trim();
     expect(Number(tarSize)).toBe(readBundle(plain).manifest.payload.tar_size);
+  });
+
+  it("the payload is several concatenated zstd frames (a level change per class of bytes), which zstd -l counts", (ctx) => {
+    requireTool(["tar", "zstd"], ctx);
+    const d = tempDir();
+    sh(`tar -xOf "${plain}" payload.tar.zst > "${d}/p.zst"`);
+    const list = sh(`zstd -l "${d}/p.zst"`).toString();
+    const frames = Number(list.trim().split("\n")[1]!.trim().split(/\s+/)[0]);
+    expect(frames).toBeGreaterThanOrEqual(2);
+    expect(readBundle(plain).manifest.payload.compression.level).toBe(3);
   });
 
   it("… | zstd -d | tar -x reproduces the files byte for byte; the index hashes to index_sha256", (ctx) => {
