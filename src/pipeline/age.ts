@@ -658,6 +658,25 @@ class AgeDecryptStream extends Transform {
     return rest;
   }
 
+  /**
+   * Open the header and nonce found in `prefix` (the payload's first bytes; `whole` when that
+   * is all of it) and return the payload key and where the STREAM chunks start, for a
+   * decryptor that runs elsewhere (the payload worker). Throws the same errors as the stream.
+   */
+  async openPrefix(prefix: Buffer, whole: boolean): Promise<{ key: Buffer; offset: number }> {
+    const rest = this.takeHeader(prefix);
+    if (rest === null) {
+      if (whole) this.finish();
+      throw decryptFailed(`the age header is longer than ${HEADER_MAX} bytes or has no MAC line; the bundle is damaged`);
+    }
+    await this.openHeader();
+    if (rest.length < NONCE_LEN) throw decryptFailed("the age file is truncated: it ends before the payload nonce");
+    if (this.fileKey === undefined) throw new MemsnapError("MEMSNAP_INTERNAL", "age file key missing");
+    const key = payloadKey(this.fileKey, rest.subarray(0, NONCE_LEN));
+    this.fileKey = undefined;
+    return { key, offset: prefix.length - rest.length + NONCE_LEN };
+  }
+
   private async openHeader(): Promise<void> {
     const cfg = this.configError();
     if (cfg) throw cfg;
@@ -766,6 +785,20 @@ class AgeDecryptStream extends Transform {
     this.phase = "done";
     this.key = undefined;
   }
+}
+
+/** How many payload bytes {@link openAgePrefix} needs at most (the longest header plus the nonce). */
+export const AGE_PREFIX_MAX = HEADER_MAX + NONCE_LEN;
+export const AGE_SEALED_CHUNK = SEALED_CHUNK;
+export { DAMAGED_HINT as AGE_DAMAGED_HINT };
+
+/**
+ * Open an age file's header and nonce from its first bytes (up to {@link AGE_PREFIX_MAX};
+ * `whole` when `prefix` is the entire file): returns the STREAM payload key and the offset of
+ * the first sealed chunk. Errors as {@link createAgeDecryptor}'s.
+ */
+export function openAgePrefix(prefix: Buffer, whole: boolean, opts: { identities?: string[]; passphrases?: string[] }): Promise<{ key: Buffer; offset: number }> {
+  return new AgeDecryptStream([...(opts.identities ?? [])], [...(opts.passphrases ?? [])]).openPrefix(prefix, whole);
 }
 
 /**

@@ -1,5 +1,7 @@
 /**
  * Reading a bundle's payload: stored bytes ─hash─▶ [age -d] ─▶ zstd -d (bounded) ─▶ tar ─▶ entries.
+ * Everything before the tar runs in one worker thread (./decoder.ts); the age header is
+ * opened here first, so a wrong key fails before the worker starts.
  *
  * Every stored byte is hashed (payload SHA-256), every entry's bytes are hashed and counted
  * as they pass to the caller's handler, and the index (the last member) is parsed. The
@@ -8,15 +10,15 @@
  */
 import { createHash } from "node:crypto";
 import { createReadStream } from "node:fs";
+import { open } from "node:fs/promises";
 import { Transform, Writable, type TransformCallback } from "node:stream";
 import { pipeline } from "node:stream/promises";
 import tar from "tar-stream";
 import { MemsnapError, type Finding } from "../errors.js";
 import type { BundleLayout } from "../format/container.js";
 import { encodeIndex, INDEX_PATH, type IndexDocument, type Manifest } from "../format/manifest.js";
-import { createAgeDecryptor } from "./age.js";
-import { createZstdDecompressor } from "./zstd.js";
-import { Tap } from "../util/tap.js";
+import { AGE_PREFIX_MAX, openAgePrefix } from "./age.js";
+import { PayloadDecoder } from "./decoder.js";
 
 /** Identities and passphrases that may open an encrypted bundle. */
 export interface Keys {
@@ -67,6 +69,22 @@ class BoundCounter extends Transform {
   }
 }
 
+async function readRange(path: string, pos: number, len: number): Promise<Buffer> {
+  const fh = await open(path, "r");
+  try {
+    const buf = Buffer.alloc(len);
+    let got = 0;
+    while (got < len) {
+      const { bytesRead } = await fh.read(buf, got, len - got, pos + got);
+      if (bytesRead === 0) break;
+      got += bytesRead;
+    }
+    return buf.subarray(0, got);
+  } finally {
+    await fh.close();
+  }
+}
+
 /** Hash a byte range of the bundle file without decrypting it (verify without a key). */
 export async function hashStoredPayload(layout: BundleLayout, onStored?: (storedBytes: number, storedTotal: number) => void): Promise<{ sha256: string; size: number; head: Buffer }> {
   const h = createHash("sha256");
@@ -95,26 +113,21 @@ export async function readPayload(
   layout: BundleLayout, manifest: Manifest, keys: Keys, handler: EntryHandler, signal?: AbortSignal,
   onStored?: (storedBytes: number, storedTotal: number) => void,
 ): Promise<PayloadReadResult> {
-  const stored = createHash("sha256");
-  let storedSize = 0;
-  const stages: NodeJS.ReadWriteStream[] = [];
-  if (manifest.payload.encryption) stages.push(createAgeDecryptor({ identities: keys.identities ?? [], passphrases: keys.passphrases ?? [] }));
-  // The manifest declares the tar size: past it the payload is a bomb. The decompressor's own
+  let age: { key: Buffer; offset: number } | null = null;
+  if (manifest.payload.encryption) {
+    const prefix = await readRange(layout.path, layout.payloadOffset, Math.min(layout.payloadSize, AGE_PREFIX_MAX));
+    age = await openAgePrefix(prefix, prefix.length === layout.payloadSize, keys);
+  }
+  // The manifest declares the tar size: past it the payload is a bomb. The decoder's own
   // hard stop sits a margin above, so the counting stage below reports it first, as unsafe.
-  stages.push(createZstdDecompressor({ maxOutputBytes: manifest.payload.tar_size + BOMB_MARGIN }));
-  stages.push(new BoundCounter(manifest.payload.tar_size));
+  const decoder = new PayloadDecoder({
+    path: layout.path, offset: layout.payloadOffset, size: layout.payloadSize, age,
+    maxOutputBytes: manifest.payload.tar_size + BOMB_MARGIN, ...(onStored ? { onStored } : {}),
+  });
   const extract = tar.extract();
-  const src = layout.payloadSize > 0
-    ? createReadStream(layout.path, { start: layout.payloadOffset, end: layout.payloadOffset + layout.payloadSize - 1, highWaterMark: 1 << 20 })
-    : (async function* () { /* empty payload */ })();
   const flow = pipeline(
-    src,
-    new Tap((c) => {
-      stored.update(c);
-      storedSize += c.length;
-      onStored?.(storedSize, layout.payloadSize);
-    }),
-    ...(stages as [NodeJS.ReadWriteStream]),
+    decoder,
+    new BoundCounter(manifest.payload.tar_size),
     extract as unknown as Writable,
     ...(signal ? [{ signal }] : []),
   );
@@ -178,7 +191,8 @@ export async function readPayload(
     });
   }
   if (!sawIndex) findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: "the payload has no index member", path: INDEX_PATH });
-  return { storedSha256: stored.digest("hex"), storedSize, entries, index, indexSha256, findings };
+  const stored = await decoder.stored;
+  return { storedSha256: stored.sha256, storedSize: stored.size, entries, index, indexSha256, findings };
 }
 
 /**

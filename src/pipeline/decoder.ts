@@ -1,0 +1,360 @@
+/**
+ * The read side of the payload, in one worker thread: bundle file ─pread─▶ SHA-256 of the
+ * stored bytes ─▶ [age STREAM open] ─▶ zstd -d (bounded) ─▶ tar bytes, pushed to the main
+ * thread as a Readable.
+ *
+ * The main thread only parses the tar, hashes each artifact and writes it (restore), so
+ * decryption, decompression and the stored-byte hash run on the other core. The age header is
+ * opened on the main thread first (typage and the identities live there; see age.ts
+ * `openAgePrefix`), and the worker gets the payload key and the offset of the first chunk.
+ *
+ * Errors keep the codes and messages of the stream stages they replace (age.ts
+ * AgeDecryptStream, zstd.ts): a chunk that does not authenticate, a truncated STREAM, data
+ * after the final chunk → MEMSNAP_DECRYPT_FAILED; damaged or truncated zstd, or output past
+ * `maxOutputBytes` → MEMSNAP_PAYLOAD_CORRUPT; a short read → MEMSNAP_BUNDLE_TRUNCATED.
+ *
+ * Flow control: the worker may post at most {@link OUT_CREDIT} bytes the main thread has not
+ * handed back; it stops reading the file while it has no credit, so memory stays bounded
+ * whatever the compression ratio (a zstd bomb included).
+ */
+import { Readable } from "node:stream";
+import { Worker } from "node:worker_threads";
+import { createRequire } from "node:module";
+import { MemsnapError } from "../errors.js";
+import { AGE_DAMAGED_HINT, AGE_SEALED_CHUNK } from "./age.js";
+
+const READ_BLOCK = 1024 * 1024;
+const OUT_CHUNK = 1024 * 1024;
+const OUT_CREDIT = 4 * 1024 * 1024;
+
+export interface PayloadDecoderOptions {
+  path: string;
+  /** Byte range of the payload member in the bundle file. */
+  offset: number;
+  size: number;
+  /** age STREAM key and the offset (within the payload) of its first chunk, or null when plaintext. */
+  age: { key: Buffer; offset: number } | null;
+  /** zstd output past this is MEMSNAP_PAYLOAD_CORRUPT (a bomb guard). */
+  maxOutputBytes: number;
+  onStored?: (storedBytes: number, storedTotal: number) => void;
+}
+
+export interface StoredResult {
+  sha256: string;
+  size: number;
+}
+
+const WORKER_SOURCE = String.raw`
+"use strict";
+const { parentPort, workerData: wd } = require("node:worker_threads");
+const crypto = require("node:crypto");
+const fs = require("node:fs");
+const b = require(wd.bindingPath);
+const SEALED = wd.sealedChunk, TAG = 16;
+let failed = false, finished = false;
+let credit = wd.outCredit;
+const freeOut = [];
+
+function fail(kind, msg) {
+  failed = true;
+  parentPort.postMessage({ t: "err", kind, msg });
+}
+
+// -- output (tar bytes) with credit
+let out = Buffer.allocUnsafeSlow(wd.outChunk);
+let outPos = 0;
+function post() {
+  if (outPos === 0) return;
+  const ab = out.buffer;
+  parentPort.postMessage({ t: "out", ab, len: outPos }, [ab]);
+  credit -= outPos;
+  const next = freeOut.pop();
+  out = next === undefined ? Buffer.allocUnsafeSlow(wd.outChunk) : Buffer.from(next);
+  outPos = 0;
+}
+
+// -- zstd
+const dctx = new b.DCtx();
+let lastRet = 0, totalIn = 0, totalOut = 0;
+const plain = []; // plaintext (zstd input) waiting: { buf, pos }
+function decompressSome() {
+  // Returns false when out of credit; true when everything queued was consumed.
+  while (plain.length > 0) {
+    const item = plain[0];
+    for (;;) {
+      if (credit <= 0) return false;
+      const end = Math.min(out.length, outPos + (wd.maxOut - totalOut) + 1);
+      const dst = out.subarray(outPos, end);
+      let r;
+      try {
+        r = dctx.decompressStream(dst, item.buf.subarray(item.pos));
+      } catch (e) {
+        fail("corrupt", String(e && e.message));
+        return false;
+      }
+      if (r[1] > 0 || r[2] > 0) lastRet = r[0];
+      outPos += r[1];
+      totalOut += r[1];
+      item.pos += r[2];
+      if (totalOut > wd.maxOut) { fail("too-big", ""); return false; }
+      if (outPos === out.length) post();
+      if (item.pos === item.buf.length && (r[1] < dst.length || r[0] === 0)) break;
+    }
+    plain.shift();
+  }
+  return true;
+}
+function feedPlain(buf) {
+  if (buf.length === 0) return;
+  totalIn += buf.length;
+  plain.push({ buf, pos: 0 });
+}
+
+// -- age STREAM open
+const key = wd.ageKey ? Buffer.from(wd.ageKey) : null;
+const sealedBuf = key ? Buffer.allocUnsafeSlow(SEALED) : null;
+let used = 0, counter = 0, sealedDone = false;
+const nonce = Buffer.alloc(12);
+function tryOpen(sealed, last) {
+  nonce.fill(0);
+  nonce.writeUIntBE(counter, 5, 6);
+  nonce[11] = last ? 1 : 0;
+  const d = crypto.createDecipheriv("chacha20-poly1305", key, nonce, { authTagLength: TAG });
+  d.setAuthTag(sealed.subarray(sealed.length - TAG));
+  const p = d.update(sealed.subarray(0, sealed.length - TAG));
+  try { d.final(); } catch { return null; }
+  return p;
+}
+function openChunk(sealed, last) {
+  const p = tryOpen(sealed, last);
+  if (p !== null) { counter++; feedPlain(p); return true; }
+  if (!last && tryOpen(sealed, true) !== null) return fail("decrypt", "trailing data after the final age chunk (chunk " + counter + ")"), false;
+  if (last && sealed.length === SEALED && tryOpen(sealed, false) !== null) {
+    return fail("decrypt", "the age payload is truncated: it ends after chunk " + counter + ", which is not marked final"), false;
+  }
+  fail("decrypt", "age payload chunk " + counter + " does not authenticate" + (last ? " (the file is truncated or damaged)" : ""));
+  return false;
+}
+function feedSealed(data) {
+  while (data.length > 0) {
+    if (used === SEALED) {
+      if (!openChunk(sealedBuf, false)) return false;
+      used = 0;
+    }
+    if (used === 0 && data.length > SEALED) {
+      if (!openChunk(data.subarray(0, SEALED), false)) return false;
+      data = data.subarray(SEALED);
+      continue;
+    }
+    const n = Math.min(SEALED - used, data.length);
+    data.copy(sealedBuf, used, 0, n);
+    used += n;
+    data = data.subarray(n);
+  }
+  return true;
+}
+function finishSealed() {
+  if (used < TAG) {
+    fail("decrypt", used === 0 && counter === 0
+      ? "the age file is truncated: it has no payload after the nonce"
+      : "the age file is truncated inside a chunk");
+    return false;
+  }
+  if (used === TAG && counter > 0) {
+    fail("decrypt", "the age payload ends with an empty final chunk, which is invalid");
+    return false;
+  }
+  return openChunk(sealedBuf.subarray(0, used), true);
+}
+
+// -- the file
+const hash = crypto.createHash("sha256");
+let fd;
+let at = 0; // bytes of the payload read
+const streamStart = key ? wd.ageOffset : 0;
+function readBlock() {
+  const n = Math.min(wd.readBlock, wd.size - at);
+  const buf = Buffer.allocUnsafe(n);
+  let got = 0;
+  while (got < n) {
+    const r = fs.readSync(fd, buf, got, n - got, wd.offset + at + got);
+    if (r === 0) break;
+    got += r;
+  }
+  if (got < n) { fail("short", "the bundle ends inside the payload"); return false; }
+  hash.update(buf);
+  const from = at;
+  at += n;
+  parentPort.postMessage({ t: "stored", n: at });
+  let data = buf;
+  if (from < streamStart) data = buf.subarray(Math.min(n, streamStart - from));
+  if (data.length === 0) return true;
+  if (key) return feedSealed(data);
+  feedPlain(data);
+  return true;
+}
+
+function pump() {
+  try {
+    while (!failed && !finished) {
+      if (!decompressSome()) return;
+      if (failed) return;
+      if (at < wd.size) {
+        if (!readBlock()) return;
+        continue;
+      }
+      // Everything read: the last sealed chunk, then the end of the zstd stream.
+      if (key && !sealedDone) {
+        sealedDone = true;
+        if (!finishSealed()) return;
+        continue;
+      }
+      if (totalIn === 0) return fail("truncated", "the input is empty (no zstd frame)");
+      if (lastRet !== 0) return fail("truncated", "the input ends inside a zstd frame");
+      post();
+      finished = true;
+      fs.closeSync(fd);
+      parentPort.postMessage({ t: "done", sha256: hash.digest("hex"), size: at });
+    }
+  } catch (e) {
+    fail("internal", String(e && e.message));
+  }
+}
+
+parentPort.on("message", (m) => {
+  if (failed) return;
+  if (m.t === "credit") {
+    credit += m.n;
+    if (m.ab !== undefined) freeOut.push(m.ab);
+    pump();
+  }
+});
+
+try {
+  fd = fs.openSync(wd.path, "r");
+} catch (e) {
+  fail("open", String(e && e.message));
+}
+if (!failed) pump();
+`;
+
+let bindingPathCache: string | undefined;
+function bindingPath(): string {
+  bindingPathCache ??= createRequire(import.meta.url).resolve("zstd-napi/binding");
+  return bindingPathCache;
+}
+
+type Msg =
+  | { t: "out"; ab: ArrayBuffer; len: number }
+  | { t: "stored"; n: number }
+  | { t: "done"; sha256: string; size: number }
+  | { t: "err"; kind: "decrypt" | "corrupt" | "truncated" | "too-big" | "short" | "open" | "internal"; msg: string };
+
+function toError(kind: Extract<Msg, { t: "err" }>["kind"], msg: string, o: PayloadDecoderOptions): MemsnapError {
+  switch (kind) {
+    case "decrypt":
+      return new MemsnapError("MEMSNAP_DECRYPT_FAILED", msg, { hint: AGE_DAMAGED_HINT });
+    case "corrupt":
+      return new MemsnapError("MEMSNAP_PAYLOAD_CORRUPT", `invalid zstd data: ${msg}`);
+    case "truncated":
+      return new MemsnapError("MEMSNAP_PAYLOAD_CORRUPT", `zstd stream is truncated: ${msg}`);
+    case "too-big":
+      return new MemsnapError("MEMSNAP_PAYLOAD_CORRUPT", `decompressed size exceeds the declared size (${o.maxOutputBytes} bytes)`);
+    case "short":
+      return new MemsnapError("MEMSNAP_BUNDLE_TRUNCATED", `${o.path}: ${msg}`, { path: o.path, hint: "the file was cut short, e.g. by an interrupted copy; use another copy" });
+    case "open":
+      return new MemsnapError("MEMSNAP_SOURCE_UNREADABLE", `cannot read bundle ${o.path}: ${msg}`, { path: o.path, hint: "check the bundle path" });
+    case "internal":
+      return new MemsnapError("MEMSNAP_INTERNAL", `payload decoding failed: ${msg}`);
+  }
+}
+
+/** The payload's tar bytes, decoded in a worker; `stored` resolves with the stored bytes' hash once all are read. */
+export class PayloadDecoder extends Readable {
+  readonly stored: Promise<StoredResult>;
+  readonly #worker: Worker;
+  #owed = 0;
+  #gone = false;
+  #done = false;
+  #resolveStored!: (r: StoredResult) => void;
+  #rejectStored!: (e: Error) => void;
+
+  constructor(private readonly opts: PayloadDecoderOptions) {
+    super({ highWaterMark: OUT_CREDIT });
+    this.stored = new Promise((res, rej) => {
+      this.#resolveStored = res;
+      this.#rejectStored = rej;
+    });
+    this.stored.catch(() => undefined);
+    this.#worker = new Worker(WORKER_SOURCE, {
+      eval: true,
+      execArgv: [],
+      resourceLimits: { maxYoungGenerationSizeMb: 4 },
+      workerData: {
+        bindingPath: bindingPath(), path: opts.path, offset: opts.offset, size: opts.size,
+        ageKey: opts.age ? Uint8Array.from(opts.age.key) : null, ageOffset: opts.age?.offset ?? 0,
+        maxOut: opts.maxOutputBytes, sealedChunk: AGE_SEALED_CHUNK, readBlock: READ_BLOCK, outChunk: OUT_CHUNK, outCredit: OUT_CREDIT,
+      },
+    });
+    this.#worker.on("message", (m: Msg) => this.#onMessage(m));
+    this.#worker.on("error", (e: Error) => this.#fail(new MemsnapError("MEMSNAP_INTERNAL", `payload worker failed: ${e.message}`, { cause: e })));
+    this.#worker.on("exit", (code: number) => {
+      this.#gone = true;
+      if (!this.destroyed && !this.#done) this.#fail(new MemsnapError("MEMSNAP_INTERNAL", `payload worker exited unexpectedly (code ${code})`));
+    });
+  }
+
+  #fail(e: Error): void {
+    this.#rejectStored(e);
+    this.#stop();
+    this.destroy(e);
+  }
+
+  #stop(): void {
+    if (this.#gone) return;
+    this.#gone = true;
+    void this.#worker.terminate().catch(() => undefined);
+  }
+
+  #onMessage(m: Msg): void {
+    if (this.destroyed) return;
+    switch (m.t) {
+      case "out": {
+        const chunk = Buffer.allocUnsafe(m.len);
+        chunk.set(new Uint8Array(m.ab, 0, m.len));
+        if (this.push(chunk)) this.#worker.postMessage({ t: "credit", n: m.len, ab: m.ab }, [m.ab]);
+        else {
+          this.#owed += m.len;
+          this.#worker.postMessage({ t: "credit", n: 0, ab: m.ab }, [m.ab]);
+        }
+        return;
+      }
+      case "stored":
+        this.opts.onStored?.(m.n, this.opts.size);
+        return;
+      case "done":
+        this.#done = true;
+        this.#resolveStored({ sha256: m.sha256, size: m.size });
+        this.#stop();
+        this.push(null);
+        return;
+      case "err":
+        this.#fail(toError(m.kind, m.msg, this.opts));
+        return;
+    }
+  }
+
+  override _read(): void {
+    if (this.#owed > 0 && !this.#gone) {
+      const n = this.#owed;
+      this.#owed = 0;
+      this.#worker.postMessage({ t: "credit", n });
+    }
+  }
+
+  override _destroy(err: Error | null, cb: (e?: Error | null) => void): void {
+    this.#rejectStored(err ?? new MemsnapError("MEMSNAP_INTERNAL", "payload reading stopped"));
+    this.#stop();
+    cb(err);
+  }
+}
