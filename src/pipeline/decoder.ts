@@ -112,17 +112,17 @@ function feedPlain(buf) {
 
 // Each opened chunk is a fresh 64 KiB Buffer; a minor GC every 4 MiB keeps them from piling
 // up as external memory (see encoder.ts, where this was measured).
-let gc = null;
+let runGc = null;
 try {
   require("node:v8").setFlagsFromString("--expose-gc");
-  gc = require("node:vm").runInNewContext("gc");
-} catch { gc = null; }
+  runGc = require("node:vm").runInNewContext("gc");
+} catch { runGc = null; }
 let sinceGc = 0;
 function collect(n) {
   sinceGc += n;
-  if (gc !== null && sinceGc >= 4 * 1024 * 1024) {
+  if (runGc !== null && sinceGc >= 4 * 1024 * 1024) {
     sinceGc = 0;
-    gc({ type: "minor" });
+    runGc({ type: "minor" });
   }
 }
 

@@ -107,17 +107,17 @@ function out(buf) {
 // Each sealed chunk is a fresh 64 KiB Buffer (node:crypto has no update-into). Left to V8's
 // own pacing they pile up as external memory (measured: +38 MiB of peak RSS on a 1 GiB
 // snapshot), so a minor GC runs every 4 MiB sealed; it costs well under a millisecond.
-let gc = null;
+let runGc = null;
 try {
   require("node:v8").setFlagsFromString("--expose-gc");
-  gc = require("node:vm").runInNewContext("gc");
-} catch { gc = null; }
+  runGc = require("node:vm").runInNewContext("gc");
+} catch { runGc = null; }
 let sinceGc = 0;
 function collect(n) {
   sinceGc += n;
-  if (gc !== null && sinceGc >= 4 * 1024 * 1024) {
+  if (runGc !== null && sinceGc >= 4 * 1024 * 1024) {
     sinceGc = 0;
-    gc({ type: "minor" });
+    runGc({ type: "minor" });
   }
 }
 
