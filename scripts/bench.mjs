@@ -3,14 +3,23 @@
  * bench.mjs — memsnap vs. a tar | zstd | age baseline on a generated agent-memory mix.
  *
  *   npm run bench                                  # build, then scale 1 (~1 GiB)
- *   node scripts/bench.mjs [--scale S] [--seed N] [--report] [--keep] [--skip-gen] [--regen]
- *                          [--cold] [--runs N] [--baseline-only] [--cli PATH]
+ *   node scripts/bench.mjs [--scale S] [--seed N] [--report] [--readme] [--keep] [--skip-gen]
+ *                          [--regen] [--cold] [--runs N] [--baseline-only] [--cli PATH]
+ *                          [--workdir DIR]
  *
- *   --scale S        size of the mix in GiB (default 1; e.g. 0.05 for a quick run)
+ *   --scale S        size of the mix in GiB (default 1; e.g. 0.05 for a quick run, 10 for ~10 GiB)
  *   --seed N         generator seed (default 1)
- *   --report         also write .bench/report.md and .bench/report.json
- *   --keep           keep the archives, bundle and restored trees (default: delete them at the end)
- *   --skip-gen       never generate: use the existing .bench/mix-<scale>/ as it is (fails if absent)
+ *   --report         also write WORKDIR/report.md, report.json and report.svg (a chart: MB/s per
+ *                    operation, memsnap vs baseline; time ratio per operation with its target;
+ *                    memsnap's RSS over time)
+ *   --readme         implies --report; then replaces the block between <!-- bench:start --> and
+ *                    <!-- bench:end --> in README.md with the table, the chart (copied to
+ *                    docs/bench.svg) and the command that reproduces it
+ *                    (scripts/readme-bench.mjs does the same from an existing report.json)
+ *   --keep           keep the archives, bundle and restored trees (default: each is deleted as
+ *                    soon as its check is done, so disk peaks at about 3.3 × the mix: scale 10
+ *                    needs ~35 GiB free, the 10 GiB mix cache included)
+ *   --skip-gen       never generate: use the existing WORKDIR/mix-<scale>/ as it is (fails if absent)
  *   --regen          regenerate the mix even when a matching cached one exists
  *   --cold           drop the page cache (sync; echo 3 > /proc/sys/vm/drop_caches) before every
  *                    measured command; default is warm: the mix is read once into the page cache
@@ -18,11 +27,24 @@
  *   --runs N         measure every command N times and report the median time (default 1)
  *   --baseline-only  do not run memsnap (exit 0 if the baselines pass)
  *   --cli PATH       memsnap CLI to run with node (default bin/memsnap.js)
+ *   --workdir DIR    where the mix cache, outputs and reports go (default .bench); the mix stays
+ *                    cached in WORKDIR/mix-<scale>/ between runs (delete it to free the space)
+ *
+ * The mix (scripts/gen-mix.mjs) holds each kind of agent state in its own format, and memsnap
+ * captures it with the typed source made for it (scripts/lib/mix-sources.mjs): git (memory/),
+ * sqlite (db/), state (state/), files (traces/), kv (kv/), pfimg (runtime/pfimg/), criu
+ * (runtime/criu/). The baselines run over the same directory.
  *
  * Everything is measured in one run so that the ratios compare like with like. Each measured
  * command runs under `/usr/bin/time -f '%e %M'` (peak RSS); seconds are wall clock around it.
- * Untimed `sync` between commands keeps one step's writeback out of the next one's time.
- * Neither baseline fsyncs its output; if memsnap does, that cost is in its numbers.
+ * While memsnap runs, the summed VmRSS of its process tree is sampled every 50 ms (the RSS
+ * curves of the chart). Untimed `sync` between commands keeps one step's writeback out of the
+ * next one's time. Neither baseline fsyncs its output; if memsnap does, that cost is in its numbers.
+ *
+ * Restore checks (untimed): the baseline's tree must equal the mix file for file. memsnap
+ * restores each layer into its own directory, so its restore is checked per layer
+ * (scripts/lib/restore-check.mjs): identical bytes for files/state/kv/pfimg/criu; same HEAD,
+ * work tree and status for git; integrity_check, row counts and .dump for SQLite.
  *
  * Exit status: 0 when every command ran (targets missed or not: this reports, it does not gate);
  * 1 when a command failed, memsnap's CLI is missing, or a restore does not match the mix; 2 on
@@ -32,18 +54,21 @@ import fs from "node:fs";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { generateMix, formatSummary, GEN_VERSION } from "./gen-mix.mjs";
+import { MIX_LAYERS, mixSources } from "./lib/mix-sources.mjs";
+import { checkRestoredLayers, factsCache } from "./lib/restore-check.mjs";
+import { README_END, README_START, renderSvg, updateReadme } from "./lib/bench-report.mjs";
 import {
   MB,
   bashPipeline,
   compareTree,
   dropCaches,
-  findTreeRoot,
   fmtBytes,
   fmtMBs,
   fmtRatio,
   fmtRss,
   fmtS,
   hashTree,
+  listFiles,
   machineInfo,
   markdownTable,
   runChecked,
@@ -55,17 +80,36 @@ import {
 } from "./lib/measure.mjs";
 
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
-const BENCH = path.join(ROOT, ".bench");
+let BENCH = path.join(ROOT, ".bench");
 const RSS_TARGET_MIB = 200;
+const RSS_SAMPLE_MS = 50;
 
 const log = (m) => console.error(`bench: ${m}`);
+
+/** A path relative to the repo root for display (commands run with cwd = repo root). */
+const rel = (p) => {
+  const r = path.relative(ROOT, p);
+  return r.startsWith("..") ? p : r;
+};
+
+/** At most `n` points of a [t, v] series, keeping the largest v of each bucket (peaks stay visible). */
+function downsample(points, n) {
+  if (points.length <= n) return points;
+  const out = [];
+  const per = points.length / n;
+  for (let i = 0; i < n; i++) {
+    const bucket = points.slice(Math.floor(i * per), Math.floor((i + 1) * per));
+    if (bucket.length) out.push(bucket.reduce((a, p) => (p[1] > a[1] ? p : a)));
+  }
+  return out;
+}
 
 // ---------------------------------------------------------------------------------------------
 // arguments
 // ---------------------------------------------------------------------------------------------
 
 function parseArgs(argv) {
-  const o = { cli: "bin/memsnap.js", scale: 1, seed: 1, report: false, keep: false, skipGen: false, regen: false, cold: false, runs: 1, baselineOnly: false };
+  const o = { cli: "bin/memsnap.js", scale: 1, seed: 1, report: false, readme: false, keep: false, skipGen: false, regen: false, cold: false, runs: 1, baselineOnly: false, workdir: null };
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i];
     const val = () => {
@@ -75,6 +119,8 @@ function parseArgs(argv) {
     if (a === "--scale") o.scale = Number(val());
     else if (a === "--seed") o.seed = Number(val());
     else if (a === "--report") o.report = true;
+    else if (a === "--readme") o.readme = o.report = true;
+    else if (a === "--workdir") o.workdir = val();
     else if (a === "--keep") o.keep = true;
     else if (a === "--skip-gen") o.skipGen = true;
     else if (a === "--regen") o.regen = true;
@@ -136,7 +182,35 @@ async function prepareMix(opts) {
     manifest = hashTree(data);
     fs.writeFileSync(manifestFile, JSON.stringify(manifest));
   }
-  return { dir: data, summary: done.summary, manifest, genSeconds, reused: genSeconds === null };
+  const mix = { base, dir: data, summary: done.summary, manifest, genSeconds, reused: genSeconds === null };
+  tidyMix(mix);
+  return mix;
+}
+
+/** Files under the mix that the generator did not write (relative paths). */
+function strangers(mix) {
+  return listFiles(mix.dir).filter((f) => !(f in mix.manifest.files));
+}
+
+/**
+ * Puts a reused mix back the way the generator left it: an earlier memsnap snapshot opens the
+ * WAL database read-only, and a read-only connection cannot remove the (empty) -wal and the
+ * -shm it creates. Only an empty -wal and the -shm beside it are removed, and only next to a
+ * database of the manifest; anything else foreign is reported, not touched.
+ */
+function tidyMix(mix) {
+  const removed = [];
+  for (const f of strangers(mix)) {
+    const m = /^(.*)-(wal|shm)$/.exec(f);
+    if (!m || !(m[1] in mix.manifest.files)) continue;
+    const wal = path.join(mix.dir, `${m[1]}-wal`);
+    if (fs.existsSync(wal) && fs.statSync(wal).size > 0) continue;
+    fs.rmSync(path.join(mix.dir, f), { force: true });
+    removed.push(f);
+  }
+  if (removed.length) log(`removed ${removed.join(", ")} from the cached mix (left by an earlier memsnap snapshot; not written by the generator)`);
+  const rest = strangers(mix);
+  if (rest.length) log(`warning: the cached mix holds ${rest.length} file(s) the generator did not write (e.g. ${rest.slice(0, 3).join(", ")}); --regen rebuilds it`);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -153,10 +227,11 @@ const median = (xs) => {
  * Runs one command `runs` times (prep before each, untimed) and summarises.
  * @returns {{ok, seconds, allSeconds, rssKiB, stdout, stderr, code, display}}
  */
-async function measure(ctx, { argv, display, prep, captureStdout = false }) {
+async function measure(ctx, { argv, display, prep, captureStdout = false, sampleRss = false }) {
   const times = [];
   const cpu = [];
   const foreign = [];
+  const curves = [];
   let rss = null;
   let last = null;
   for (let r = 0; r < ctx.opts.runs; r++) {
@@ -164,9 +239,10 @@ async function measure(ctx, { argv, display, prep, captureStdout = false }) {
     if (ctx.opts.cold) {
       if (!dropCaches()) ctx.notes.add("--cold: could not drop the page cache (not root?); ran warm");
     } else syncDisks();
-    last = await timedRun(argv, { cwd: ROOT, tmpDir: ctx.tmp, captureStdout });
+    last = await timedRun(argv, { cwd: ROOT, tmpDir: ctx.tmp, captureStdout, sampleRss: sampleRss ? RSS_SAMPLE_MS : false });
     if (!last.ok) break;
     times.push(last.seconds);
+    if (sampleRss) curves.push({ seconds: last.seconds, samples: last.rssSamples ?? [], sampledPeakKiB: last.rssSampledPeakKiB, peakKiB: last.rssKiB });
     if (last.cpuSeconds != null) cpu.push(last.cpuSeconds);
     if (last.foreignCpuSeconds != null) foreign.push(last.foreignCpuSeconds);
     ctx.foreign.cpu += last.foreignCpuSeconds ?? 0;
@@ -174,8 +250,12 @@ async function measure(ctx, { argv, display, prep, captureStdout = false }) {
     if (last.rssKiB != null) rss = Math.max(rss ?? 0, last.rssKiB);
   }
   syncDisks();
+  // The RSS curve of the run whose time is the median one.
+  const med = times.length ? median(times) : null;
+  const curve = curves.length ? curves.reduce((a, c) => (Math.abs(c.seconds - med) < Math.abs(a.seconds - med) ? c : a)) : null;
   return {
     ok: last.ok,
+    rssCurve: curve,
     code: last.code,
     signal: last.signal,
     seconds: last.ok ? median(times) : null,
@@ -276,6 +356,7 @@ async function main() {
     return 0;
   }
 
+  if (opts.workdir) BENCH = path.resolve(opts.workdir);
   const t0 = Date.now();
   fs.mkdirSync(BENCH, { recursive: true });
   const tmp = path.join(BENCH, "tmp");
@@ -283,10 +364,20 @@ async function main() {
   const ctx = { opts, tmp, notes: new Set(), foreign: { cpu: 0, wall: 0 } };
   const failures = [];
 
+  // 0. disk: the mix, then at the peak the baseline archive + the bundle + one restored tree
+  const estMix = opts.scale * 2 ** 30;
+  try {
+    const st = fs.statfsSync(BENCH);
+    const free = st.bavail * st.bsize;
+    const need = (opts.keep ? 4.6 : 3.4) * estMix;
+    if (free < need) log(`warning: ${fmtBytes(free)} free under ${rel(BENCH)}; scale ${opts.scale} needs about ${fmtBytes(need)} (mix included${opts.keep ? ", --keep" : ""})`);
+  } catch {
+    /* statfs unsupported */
+  }
+
   // 1. mix
   const mix = await prepareMix(opts);
   const mixBytes = mix.manifest.bytes;
-  const topLevel = [...new Set(Object.keys(mix.manifest.files).map((f) => f.split("/")[0]))].sort();
 
   // 2. age key
   const keyFile = path.join(BENCH, "key.txt");
@@ -295,23 +386,18 @@ async function main() {
   const recipient = /^# public key: (age1\S+)$/m.exec(fs.readFileSync(keyFile, "utf8"))?.[1];
   if (!recipient) throw new Error(`no "# public key:" line in ${keyFile}`);
 
-  // paths (relative to the repo root for display; commands run with cwd = repo root)
-  const rel = (p) => {
-    const r = path.relative(ROOT, p);
-    return r.startsWith("..") ? p : r;
-  };
   const outDir = path.join(BENCH, "out");
   const baseArchive = path.join(outDir, "base.tar.zst.age");
   const bundle = path.join(outDir, "snap.memsnap");
   const restoreBase = path.join(BENCH, "restore-base");
   const restoreMemsnap = path.join(BENCH, "restore-memsnap");
   const configFile = path.join(BENCH, "memsnap.json");
-  fs.rmSync(outDir, { recursive: true, force: true });
+  for (const p of [outDir, restoreBase, restoreMemsnap]) fs.rmSync(p, { recursive: true, force: true });
   fs.mkdirSync(outDir, { recursive: true });
   const config = {
     tenant: "bench",
     agent: "bench",
-    sources: [{ kind: "files", name: "mix", path: mix.dir }],
+    sources: mixSources(mix.dir),
     recipients: [recipient],
     compression: { level: 3 },
   };
@@ -348,6 +434,7 @@ async function main() {
 
   const rows = [];
   const memsnapJson = {};
+  const rssCurves = {};
   const addRow = (row) => {
     rows.push(row);
     const b = row.baseline;
@@ -359,9 +446,10 @@ async function main() {
   const skipped = (why) => ({ ok: false, skipped: why });
   const runMemsnap = async (what, spec) => {
     if (memsnapSkip) return skipped(memsnapSkip);
-    const r = await measure(ctx, { ...spec, captureStdout: true });
+    const r = await measure(ctx, { ...spec, captureStdout: true, sampleRss: true });
     r.json = parseJsonOut(r, what, ctx);
     memsnapJson[what] = r.json;
+    if (r.rssCurve) rssCurves[what] = r.rssCurve;
     if (r.ok && r.json && r.json.ok === false) {
       r.ok = false;
       r.stderr += `\n${what} --json reported ok: false`;
@@ -373,6 +461,12 @@ async function main() {
     const r = await measure(ctx, spec);
     if (!r.ok) failures.push(`baseline ${what} failed: ${failureText(r)}`);
     return r;
+  };
+  const sizeOf = (p) => (fs.existsSync(p) ? fs.statSync(p).size : null);
+  // Outputs go as soon as they are no longer needed (unless --keep): at scale 10 the mix is
+  // ~10 GiB, and archive + bundle + two restored trees at once would need ~4.6 × that.
+  const drop = (...ps) => {
+    if (!opts.keep) for (const p of ps) fs.rmSync(p, { recursive: true, force: true });
   };
 
   // 3/4. snapshot
@@ -388,21 +482,27 @@ async function main() {
     prep: () => fs.rmSync(bundle, { force: true }),
   });
   addRow({ op: "snapshot", baseline: baseSnap, memsnap: memSnap, bytes: mixBytes, bytesOf: "mix", maxRatio: 1.3 });
+  if (!memsnapSkip) {
+    // A snapshot should leave the live state as it found it.
+    const left = strangers(mix);
+    if (left.length) ctx.notes.add(`memsnap snapshot left ${left.length} file(s) in the live mix that were not there before: ${left.slice(0, 6).join(", ")}${left.length > 6 ? ", …" : ""}`);
+  }
   const haveBundle = memSnap.ok && fs.existsSync(bundle);
   if (memSnap.ok && !haveBundle) failures.push(`memsnap snapshot exited 0 but ${rel(bundle)} does not exist`);
   const noBundle = skipped(memsnapSkip ?? "skipped: no bundle (snapshot failed)");
+  const sizes = { mix: mixBytes, baseline: sizeOf(baseArchive), memsnap: haveBundle ? sizeOf(bundle) : null };
 
   // verify without key vs sha256sum of the bundle
   log("verify");
   const hashTarget = haveBundle ? bundle : baseArchive;
   if (!haveBundle) ctx.notes.add("sha256sum baseline hashed base.tar.zst.age (no memsnap bundle to hash)");
-  const hashBytes = fs.existsSync(hashTarget) ? fs.statSync(hashTarget).size : null;
+  const hashBytes = sizeOf(hashTarget);
   const baseVerify = await runBaseline("verify", {
     argv: ["sha256sum", rel(hashTarget)],
     display: `sha256sum ${haveBundle ? "<memsnap bundle>" : "base.tar.zst.age"}`,
   });
   const memVerify = haveBundle
-    ? await runMemsnap("verify", {
+    ? await runMemsnap("verify (no key)", {
         argv: memsnap("verify", rel(bundle), "--json"),
         display: `node ${rel(cli)} verify ${rel(bundle)} --json`,
       })
@@ -415,15 +515,16 @@ async function main() {
     display: "age -d -i key base.tar.zst.age | zstd -d | sha256sum",
   });
   const memVerifyKey = haveBundle
-    ? await runMemsnap("verify-key", {
+    ? await runMemsnap("verify (key)", {
         argv: memsnap("verify", rel(bundle), "--identity", rel(keyFile), "--json"),
         display: `node ${rel(cli)} verify ${rel(bundle)} --identity ${rel(keyFile)} --json`,
       })
     : noBundle;
   addRow({ op: "verify (key)", baseline: baseVerifyKey, memsnap: memVerifyKey, bytes: mixBytes, bytesOf: "mix", maxRatio: null });
 
-  // restore
+  // restore, each side checked (untimed) and cleaned up before the next one starts
   log("restore");
+  const restoreCheck = {};
   const baseRestore = await runBaseline("restore", {
     argv: bashPipeline(`age -d -i ${shq(rel(keyFile))} ${shq(rel(baseArchive))} | zstd -d -q | tar -xf - -C ${shq(rel(restoreBase))}`),
     display: "age -d -i key base.tar.zst.age | zstd -d | tar -xf - -C OUT",
@@ -432,6 +533,15 @@ async function main() {
       fs.mkdirSync(restoreBase);
     },
   });
+  if (baseRestore.ok) {
+    log("checking the baseline restore");
+    const c = compareTree(mix.manifest, restoreBase);
+    restoreCheck.baseline = summarizeCheck(c, rel(restoreBase));
+    if (!c.ok) failures.push(`baseline restore does not match the mix: ${restoreCheck.baseline.text}`);
+  }
+  drop(restoreBase, baseArchive);
+  syncDisks();
+
   const memRestore = haveBundle
     ? await runMemsnap("restore", {
         argv: memsnap("restore", rel(bundle), "--to", rel(restoreMemsnap), "--identity", rel(keyFile), "--json"),
@@ -440,34 +550,26 @@ async function main() {
       })
     : noBundle;
   addRow({ op: "restore", baseline: baseRestore, memsnap: memRestore, bytes: mixBytes, bytesOf: "mix", maxRatio: 1.3 });
-
-  // restore correctness (untimed): content of every mix file
-  const restoreCheck = {};
-  if (baseRestore.ok) {
-    const c = compareTree(mix.manifest, restoreBase);
-    restoreCheck.baseline = summarizeCheck(c, rel(restoreBase));
-    if (!c.ok) failures.push(`baseline restore does not match the mix: ${restoreCheck.baseline.text}`);
-  }
   if (memRestore.ok) {
-    const where = findTreeRoot(restoreMemsnap, topLevel);
-    if (!where) {
-      restoreCheck.memsnap = { ok: null, text: `layout not recognised: no directory under ${rel(restoreMemsnap)} holds ${topLevel.join(", ")}` };
-      ctx.notes.add(`memsnap restore check skipped: ${restoreCheck.memsnap.text}`);
-    } else {
-      const c = compareTree(mix.manifest, where);
-      restoreCheck.memsnap = summarizeCheck(c, rel(where));
-      if (!c.ok) failures.push(`memsnap restore does not match the mix: ${restoreCheck.memsnap.text}`);
-    }
+    log("checking the memsnap restore, layer by layer");
+    const c = await checkRestoredLayers({
+      manifest: mix.manifest,
+      mixDir: mix.dir,
+      outDir: restoreMemsnap,
+      layers: MIX_LAYERS,
+      cache: factsCache(path.join(mix.base, "sqlite-facts.json")),
+    });
+    restoreCheck.memsnap = { ok: c.ok, text: `${c.text} in ${rel(restoreMemsnap)}`, layers: c.layers, strays: c.strays };
+    for (const l of c.layers) log(`  ${l.name} (${l.kind}): ${l.ok ? "ok" : "MISMATCH"} — ${l.text}`);
+    if (!c.ok) failures.push(`memsnap restore does not match the mix: ${c.text} (${c.layers.filter((l) => !l.ok).map((l) => `${l.name}: ${l.text}`).join("; ")})`);
   }
-
-  // sizes
-  const sizeOf = (p) => (fs.existsSync(p) ? fs.statSync(p).size : null);
-  const sizes = { mix: mixBytes, baseline: sizeOf(baseArchive), memsnap: haveBundle ? sizeOf(bundle) : null };
+  drop(restoreMemsnap, bundle);
+  syncDisks();
 
   // ---------------------------------------------------------------------------------------------
   // table
-  const header = ["operation", "memsnap s", "baseline s", "ratio", "memsnap MB/s", "peak RSS memsnap", "peak RSS baseline", "target", "status"];
-  const RIGHT = [false, true, true, true, true, true, true, false, false];
+  const header = ["operation", "memsnap s", "baseline s", "ratio", "memsnap MB/s", "baseline MB/s", "peak RSS memsnap", "peak RSS baseline", "target", "status"];
+  const RIGHT = [false, true, true, true, true, true, true, true, false, false];
   const tableRows = [];
   const rowData = [];
   for (const r of rows) {
@@ -492,6 +594,7 @@ async function main() {
       b.ok ? fmtS(b.seconds) : "FAILED",
       fmtRatio(ratio),
       fmtMBs(mbps),
+      fmtMBs(baseMbps),
       m.ok ? fmtRss(m.rssKiB) : "—",
       b.ok ? fmtRss(b.rssKiB) : "—",
       target,
@@ -506,7 +609,7 @@ async function main() {
       throughputOf: r.bytesOf,
       memsnap: m.skipped
         ? { ok: false, skipped: m.skipped }
-        : { ok: m.ok, command: m.display, seconds: m.seconds, runs: m.allSeconds, cpuSeconds: m.cpuSeconds, foreignCpuSeconds: m.foreignCpuSeconds, rssKiB: m.rssKiB, mbPerS: mbps, error: m.ok ? undefined : failureText(m) },
+        : { ok: m.ok, command: m.display, seconds: m.seconds, runs: m.allSeconds, cpuSeconds: m.cpuSeconds, foreignCpuSeconds: m.foreignCpuSeconds, rssKiB: m.rssKiB, rssSampledPeakKiB: m.rssCurve?.sampledPeakKiB ?? null, mbPerS: mbps, error: m.ok ? undefined : failureText(m) },
       baseline: { ok: b.ok, command: b.display, seconds: b.seconds, runs: b.allSeconds, cpuSeconds: b.cpuSeconds, foreignCpuSeconds: b.foreignCpuSeconds, rssKiB: b.rssKiB, mbPerS: baseMbps, error: b.ok ? undefined : failureText(b) },
     });
   }
@@ -517,15 +620,19 @@ async function main() {
   const contention = { foreignCpuSeconds: Math.round(ctx.foreign.cpu * 100) / 100, measuredWallSeconds: Math.round(ctx.foreign.wall * 100) / 100, share: Math.round(foreignShare * 1000) / 1000 };
   if (foreignShare > 0.05)
     ctx.notes.add(`other processes (and kernel writeback) used ${contention.foreignCpuSeconds} CPU-s during the ${contention.measuredWallSeconds} s of measured commands (${(100 * foreignShare).toFixed(0)} % of the machine): wall times are noisy, rerun on an idle machine`);
+  const layerHeader = ["layer", "source", "mix dir", "restored to", "check", "result"];
+  const layerRows = (restoreCheck.memsnap?.layers ?? []).map((l) => [l.name, l.kind, `${l.source}/`, `${l.restored}/`, l.check, `${l.ok ? "ok" : "MISMATCH"}: ${l.text}`]);
   const lines = [];
   lines.push("");
   lines.push(`memsnap bench — scale ${opts.scale} (${fmtBytes(mixBytes)}, ${mix.manifest.count} files), seed ${opts.seed}, ${opts.runs} run(s) per command (median), page cache: ${cacheMode}`);
   lines.push(`machine: ${machine.nproc} CPUs (${machine.cpu}), ${machine.memGiB} GiB RAM, node ${machine.node}`);
+  lines.push(`mix: ${classLine(mix.summary)}`);
   lines.push("");
   lines.push(textTable(header, tableRows, RIGHT));
   lines.push("");
   lines.push("baselines:");
   for (const r of rows) lines.push(`  ${r.op.padEnd(16)} ${r.baseline.display}`);
+  lines.push(`memsnap sources: ${config.sources.map((s) => `${s.name}=${s.kind}`).join(", ")}`);
   lines.push("MB/s = 10^6 bytes per second of the mix (uncompressed) for snapshot, verify (key) and restore; of the bundle for verify (no key).");
   lines.push(`cpu s (user+sys): ${rows.map((r) => `${r.op} memsnap ${r.memsnap.cpuSeconds ?? "—"} / baseline ${r.baseline.cpuSeconds ?? "—"}`).join("; ")}`);
   lines.push("ratio = memsnap seconds / baseline seconds (verify (no key) ≤ 1.0× means at least sha256sum's speed). Peak RSS of a pipeline = its largest process.");
@@ -537,6 +644,10 @@ async function main() {
   lines.push(sizeLine);
   const checkLine = `restore check: baseline ${restoreCheck.baseline?.text ?? "—"}; memsnap ${restoreCheck.memsnap?.text ?? "—"}`;
   lines.push(checkLine);
+  if (layerRows.length) {
+    lines.push("");
+    lines.push(textTable(layerHeader, layerRows));
+  }
 
   const through = {};
   for (const [k, v] of Object.entries(memsnapJson)) {
@@ -544,7 +655,8 @@ async function main() {
     if (p) through[k] = p;
   }
   // The snapshot's own redaction timing overlaps packing (lookahead), so measure the stage alone.
-  const redactionMBs = memsnapSkip ? null : await measureRedaction(mix.dir).catch((e) => { ctx.notes.push(`redaction measure failed: ${e.message}`); return null; });
+  const redactionMBs = memsnapSkip ? null : await measureRedaction(mix.dir).catch((e) => { ctx.notes.add(`redaction measure failed: ${e.message}`); return null; });
+  lines.push("");
   if (redactionMBs != null) lines.push(`memsnap redaction (stage alone, one thread, over the mix's markdown + JSON/JSONL): ${redactionMBs} MB/s`);
   for (const [k, v] of Object.entries(through)) lines.push(`memsnap ${k}: ${JSON.stringify(v)}`);
   for (const n of ctx.notes) lines.push(`note: ${n}`);
@@ -559,17 +671,29 @@ async function main() {
   // ---------------------------------------------------------------------------------------------
   // report
   if (opts.report) {
+    const tableMd = markdownTable(header, tableRows, RIGHT);
+    const reproduce = `npm ci && npm run build && node scripts/bench.mjs --scale ${opts.scale} --seed ${opts.seed}${opts.runs > 1 ? ` --runs ${opts.runs}` : ""}${opts.cold ? " --cold" : ""} --report`;
     const md = [];
     md.push("# memsnap benchmark");
     md.push("");
     md.push(`- date: ${new Date().toISOString()}`);
     md.push(`- machine: \`nproc\` = ${machine.nproc} (${machine.cpu}), ${machine.memGiB} GiB RAM, ${machine.os}`);
     md.push(`- node ${machine.node}; ${Object.values(machine.tools).filter(Boolean).join("; ")}`);
-    md.push(`- mix: scale ${opts.scale}, seed ${opts.seed}, ${fmtBytes(mixBytes)} in ${mix.manifest.count} files (${classLine(mix.summary)})`);
+    md.push(`- mix: scale ${opts.scale}, seed ${opts.seed}, generator v${mix.summary?.version ?? "?"}, ${fmtBytes(mixBytes)} in ${mix.manifest.count} files (${classLine(mix.summary)})`);
+    md.push(`- memsnap sources: ${config.sources.map((s) => `\`${s.name}\` (${s.kind})`).join(", ")}`);
     md.push(`- runs per command: ${opts.runs} (median); page cache: ${cacheMode}`);
+    md.push(`- reproduce: \`${reproduce}\``);
     md.push("");
-    md.push(markdownTable(header, tableRows, RIGHT));
+    md.push(tableMd);
     md.push("");
+    md.push("![throughput, time ratio and RSS](report.svg)");
+    md.push("");
+    if (layerRows.length) {
+      md.push("Restore check of memsnap, per layer (`restore --to OUT` puts each layer in its own directory):");
+      md.push("");
+      md.push(markdownTable(layerHeader, layerRows));
+      md.push("");
+    }
     md.push("Baselines:");
     md.push("");
     for (const r of rows) md.push(`- ${r.op}: \`${r.baseline.display}\``);
@@ -578,7 +702,7 @@ async function main() {
     md.push("");
     md.push("- MB/s = 10^6 bytes/s of the uncompressed mix (snapshot, verify (key), restore) or of the bundle (verify (no key)).");
     md.push("- ratio = memsnap time / baseline time; targets: snapshot ≤ 1.3×, restore ≤ 1.3×, verify without key at least sha256sum's speed (≤ 1.0×), peak RSS ≤ 200 MiB.");
-    md.push("- Peak RSS from `/usr/bin/time -f '%e %M'`; for a `bash -c` pipeline it is the largest process of the pipeline, not the sum.");
+    md.push("- Peak RSS from `/usr/bin/time -f '%e %M'`; for a `bash -c` pipeline it is the largest process of the pipeline, not the sum. The RSS curves in the chart are the summed VmRSS of memsnap's process tree (node and any git/sqlite3 children), sampled every 50 ms.");
     md.push("- Neither baseline fsyncs its output; untimed `sync` runs between commands.");
     md.push(`- CPU seconds (user+sys, memsnap / baseline): ${rows.map((r) => `${r.op} ${r.memsnap.cpuSeconds ?? "—"} / ${r.baseline.cpuSeconds ?? "—"}`).join("; ")}`);
     md.push(`- ${sizeLine}`);
@@ -593,14 +717,20 @@ async function main() {
       for (const f of failures) md.push(`- ${f.replace(/\n\s*/g, " / ")}`);
     }
     fs.writeFileSync(path.join(BENCH, "report.md"), md.join("\n") + "\n");
+    const rss = {};
+    for (const [k, c] of Object.entries(rssCurves)) rss[k] = { intervalMs: RSS_SAMPLE_MS, seconds: c.seconds, peakKiB: c.peakKiB, sampledPeakKiB: c.sampledPeakKiB, samples: downsample(c.samples, 600) };
     const report = {
-      version: 1,
+      version: 2,
       date: new Date().toISOString(),
       machine,
       params: { scale: opts.scale, seed: opts.seed, runs: opts.runs, cache: cacheMode },
       mix: { bytes: mixBytes, files: mix.manifest.count, digest: mix.manifest.digest, generatedSeconds: mix.genSeconds, summary: mix.summary },
+      sources: config.sources.map((s) => ({ ...s, [s.store ? "store" : "path"]: path.relative(mix.dir, s.store ?? s.path) || "." })),
       targets: { snapshotMaxRatio: 1.3, restoreMaxRatio: 1.3, verifyNoKeyMaxRatio: 1.0, maxRssMiB: RSS_TARGET_MIB },
       rows: rowData,
+      table: { header, rows: tableRows, markdown: tableMd },
+      reproduce,
+      rss,
       sizes,
       restoreCheck,
       contention,
@@ -610,12 +740,15 @@ async function main() {
       ok: failures.length === 0,
     };
     fs.writeFileSync(path.join(BENCH, "report.json"), JSON.stringify(report, null, 2) + "\n");
-    log(`wrote ${rel(path.join(BENCH, "report.md"))} and ${rel(path.join(BENCH, "report.json"))}`);
+    fs.writeFileSync(path.join(BENCH, "report.svg"), renderSvg(report));
+    log(`wrote ${["report.md", "report.json", "report.svg"].map((f) => rel(path.join(BENCH, f))).join(", ")}`);
+    if (opts.readme) {
+      const r = updateReadme(report, { root: ROOT, svgFrom: path.join(BENCH, "report.svg") });
+      log(`updated ${rel(r.readme)} (${README_START} … ${README_END}) and ${rel(r.svg)}`);
+    }
   }
 
-  if (!opts.keep) {
-    for (const p of [outDir, restoreBase, restoreMemsnap]) fs.rmSync(p, { recursive: true, force: true });
-  }
+  for (const p of [outDir, restoreBase, restoreMemsnap]) drop(p);
   fs.rmSync(tmp, { recursive: true, force: true });
   log(`done in ${((Date.now() - t0) / 1000).toFixed(1)} s${failures.length ? ` with ${failures.length} failure(s)` : ""}`);
   return failures.length ? 1 : 0;

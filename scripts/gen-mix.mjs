@@ -4,19 +4,23 @@
  *
  *   node scripts/gen-mix.mjs --scale S --out DIR [--seed N] [--force] [--quiet]
  *
- * Writes about S × 1 GiB (S may be fractional, e.g. 0.05) into DIR:
+ * Writes about S × 1 GiB (S may be fractional, e.g. 0.05) into DIR, each class in the layout the
+ * memsnap source that captures it reads (scripts/lib/mix-sources.mjs maps them to sources):
  *
- *   kv/       ~52 %  KV-cache-like pages: fp16-like half floats (realistic exponent spread, so
- *                    barely compressible) in 64 KiB pages, files of 16–64 MiB (smaller below
- *                    scale 1). ~10 % of the pages are all-zero (unused slots), ~15 % repeat a
- *                    shared-prefix page that appeared before (same prompt prefix across sequences).
- *   db/       ~35 %  SQLite databases built with the sqlite3 CLI: memory.db (WAL; text memories),
- *                    vectors.db (float32 embeddings as BLOBs; incompressible), concepts.db (JSON
- *                    concepts + edges).
- *   traces/   ~12 %  JSONL conversation traces (compressible text).
- *   memory/   ~1.3 % 3000 × S small markdown notes (1–8 KiB) in nested directories.
+ *   kv/       ~52 %  one memsnap KV dump (kv-manifest.json + data/layer-NNN.bin, docs/FORMAT.md
+ *                    "KV dump format"): bf16 values with a realistic exponent spread (barely
+ *                    compressible) in 64 KiB pages (16 tokens × 8 KV heads × 128), 32 layers (4–31
+ *                    below scale ~0.3), 6 sequences sharing a prompt prefix: ~15 % of the pages
+ *                    repeat an earlier sequence's prefix page, ~10 % are free all-zero blocks.
+ *   db/       ~35 %  SQLite databases built with the sqlite3 CLI: memory.db (journal_mode=WAL; text
+ *                    memories), vectors.db (float32 embeddings as BLOBs; incompressible),
+ *                    concepts.db (JSON concepts + edges).
+ *   traces/   ~12 %  JSONL conversation traces (compressible text; not agentlog records).
+ *   memory/   ~1.3 % a git repository of 3000 × S small markdown notes (1–8 KiB) in nested
+ *                    directories, committed over 16 commits and repacked, with a few notes
+ *                    modified since the last commit and one untracked note (inbox/).
  *   state/    tiny   JSON cursors (cursor.json, dream-run.json, ...).
- *   runtime/  ~5 %   a memsnap KV dump (shared prefixes, zero pages), a ProcessFork store, a CRIU dump.
+ *   runtime/  small  a ProcessFork image store (pfimg/) and a CRIU images dir (criu/).
  *
  * The classes keep the 45 : 30 : 10 proportions of the benchmark brief but are scaled up so the
  * whole tree adds up to S GiB (45 + 30 + 10 + markdown alone would only be ~0.86 GiB).
@@ -27,27 +31,32 @@
  * files are generated from deterministic SQL (no randomblob/now()), so with the same sqlite3
  * version they come out byte-identical too; across sqlite3 versions they may differ (header
  * version field, page layout), which is why determinism of the .db bytes is only "nice to have".
+ * The git repository is written by git with a fixed environment (no user or system config, fixed
+ * author, committer and dates, one pack thread): the same git gives the same commits, HEAD and
+ * pack; only memory/.git/index (and its directory's mtime) differs, since git's index caches
+ * inode and ctime numbers.
  *
- * Data is produced in ≤ 1 MiB blocks; no file is ever held in memory whole.
+ * Bulk data is produced in ≤ 4 MiB blocks; no file is ever held in memory whole. Needs the
+ * sqlite3 and git CLIs.
  *
  * As a module:  import { generateMix } from "./gen-mix.mjs";
  *               const summary = await generateMix({ scale: 0.05, out: "/tmp/mix", seed: 1 });
  */
 import { createCipheriv, createHash } from "node:crypto";
-import { generateKvDump, kvDumpOptionsForBytes } from "./lib/gen-kv.mjs";
+import { generateKvDump, kvPageBytes } from "./lib/gen-kv.mjs";
 import { generatePfimgStore } from "./lib/gen-pfimg.mjs";
 import { genCriuDump } from "./lib/gen-criu.mjs";
 import fs from "node:fs";
 import path from "node:path";
-import { spawn } from "node:child_process";
+import os from "node:os";
+import { spawn, spawnSync } from "node:child_process";
 import { fileURLToPath } from "node:url";
 
-export const GEN_VERSION = 2;
+export const GEN_VERSION = 3;
 
 const KiB = 1024;
 const MiB = 1024 * KiB;
 const GiB = 1024 * MiB;
-const PAGE = 64 * KiB; // KV page
 const BLOCK = MiB; // write granularity
 const FIXED_MTIME = new Date("2024-06-01T12:00:00Z"); // every file and dir gets this mtime
 
@@ -114,26 +123,6 @@ class KeyStream {
     return b;
   }
 }
-
-// fp16 "realistic" values: sign and 10 mantissa bits uniform, exponent drawn from a
-// distribution like |N(0,1)| (most values in [0.125, 4)). 5 random bits pick the exponent.
-const FP16 = (() => {
-  const expWeights = [
-    [16, 1], // [2, 4)
-    [15, 9], // [1, 2)
-    [14, 10], // [0.5, 1)
-    [13, 6],
-    [12, 3],
-    [11, 2],
-    [10, 1],
-  ];
-  const expTable = [];
-  for (const [e, w] of expWeights) for (let i = 0; i < w; i++) expTable.push(e);
-  if (expTable.length !== 32) throw new Error("exponent table must have 32 entries");
-  const lut = new Uint16Array(65536);
-  for (let r = 0; r < 65536; r++) lut[r] = (r & 0x8000) | (expTable[(r >>> 10) & 31] << 10) | (r & 0x3ff);
-  return lut;
-})();
 
 // ---------------------------------------------------------------------------------------------
 // Text
@@ -228,96 +217,46 @@ function writeChunked(file, produce) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// KV cache pages
+// KV cache: one memsnap KV dump (kv-manifest.json + per-layer data files)
 // ---------------------------------------------------------------------------------------------
 
-function genKv(root, budget, scale, seed) {
-  const rng = new Rng(seed, "kv");
-  const ks = new KeyStream(seed, "kv");
-  const totalPages = Math.max(1, Math.round(budget / PAGE));
-  const g = Math.min(1, Math.max(1 / 8, scale)); // file sizes shrink below scale 1
-  const minPages = Math.max(1, Math.round(((16 * MiB) / PAGE) * g));
-  const maxPages = Math.max(minPages, Math.round(((64 * MiB) / PAGE) * g));
+const KV_SEQUENCES = 6;
+const KV_ZERO_SHARE = 0.1; // free (all-zero) blocks
+const KV_DUP_SHARE = 0.15; // shared-prompt-prefix blocks that repeat an earlier sequence's
 
-  // Shared prompt prefixes: 16 groups of 2–16 pages, materialised on first use.
-  const prefixGroups = Array.from({ length: 16 }, () => ({ len: rng.int(2, 16), pages: null, used: false }));
-  const stats = { files: 0, bytes: 0, pages: 0, zeroPages: 0, dupPages: 0 };
+/**
+ * Options for generateKvDump that write about `budget` bytes of page data: a Llama-like shape
+ * (8 KV heads × 128, bf16, 16-token blocks: 64 KiB pages), 32 layers (fewer below scale ~0.3,
+ * so a small dump still has enough blocks per layer for the proportions to hold), 6 sequences
+ * sharing a prompt prefix, ~10 % zero blocks and ~15 % duplicated prefix blocks.
+ */
+export function kvMixOptions(budget) {
+  const base = { nKvHeads: 8, headDim: 128, dtype: "bf16", blockSize: 16, sequences: KV_SEQUENCES };
+  const pageBytes = kvPageBytes(base);
+  const nLayers = Math.max(4, Math.min(32, Math.floor(budget / (pageBytes * 128))));
+  const blocks = Math.max(KV_SEQUENCES * 3, Math.round(budget / (pageBytes * nLayers)));
+  const zeroBlocks = Math.max(1, Math.round(blocks * KV_ZERO_SHARE));
+  const prefixBlocks = Math.max(1, Math.round((blocks * KV_DUP_SHARE) / (KV_SEQUENCES - 1)));
+  const ownBlocks = Math.max(1, Math.floor((blocks - zeroBlocks - KV_SEQUENCES * prefixBlocks) / KV_SEQUENCES));
+  return { ...base, nLayers, zeroBlocks, prefixBlocks, ownBlocks, shuffleBlocks: true, modelName: "bench-8x128-bf16" };
+}
 
-  // Sequence state machine: [prefix pages] [fresh body pages] [zero padding pages]
-  let seq = null;
-  const newSeq = () => {
-    const body = rng.int(8, 56);
-    let prefix = null;
-    if (rng.chance(0.7)) prefix = rng.pick(prefixGroups);
-    const plen = prefix ? prefix.len : 0;
-    const zeros = Math.round(rng.float() * 0.24 * (plen + body));
-    return { prefix, pi: 0, body, zeros, firstUse: prefix ? !prefix.used : false };
+function genKvDump(root, budget, seed) {
+  const opts = kvMixOptions(budget);
+  const r = generateKvDump({ dir: path.join(root, "kv"), seed, ...opts });
+  const e = r.expected;
+  return {
+    format: "memsnap-kv-dump",
+    bytes: r.dataBytes,
+    layers: opts.nLayers,
+    blocks: r.numBlocks,
+    sequences: opts.sequences,
+    pageBytes: r.pageBytes,
+    pages: e.pagesTotal,
+    zeroPages: e.pagesZero,
+    dupPages: e.pagesTotal - e.pagesZero - e.pagesUnique,
+    uniquePages: e.pagesUnique,
   };
-  const freshPage = (dst16) => {
-    const b = ks.bytes(PAGE);
-    const src = new Uint16Array(b.buffer, b.byteOffset, PAGE / 2);
-    for (let i = 0; i < src.length; i++) dst16[i] = FP16[src[i]];
-  };
-
-  /** Fills `block` at byte offset `off` with the next page. */
-  const nextPage = (block, off) => {
-    for (;;) {
-      if (!seq) seq = newSeq();
-      if (seq.prefix && seq.pi < seq.prefix.len) {
-        const grp = seq.prefix;
-        if (!grp.pages) {
-          grp.pages = [];
-          for (let i = 0; i < grp.len; i++) {
-            const p = Buffer.alloc(PAGE);
-            freshPage(new Uint16Array(p.buffer, p.byteOffset, PAGE / 2));
-            grp.pages.push(p);
-          }
-        }
-        grp.pages[seq.pi].copy(block, off);
-        seq.pi++;
-        if (!seq.firstUse) stats.dupPages++;
-        if (seq.pi === grp.len) grp.used = true;
-        return;
-      }
-      if (seq.body > 0) {
-        seq.body--;
-        freshPage(new Uint16Array(block.buffer, block.byteOffset + off, PAGE / 2));
-        return;
-      }
-      if (seq.zeros > 0) {
-        seq.zeros--;
-        block.fill(0, off, off + PAGE);
-        stats.zeroPages++;
-        return;
-      }
-      seq = null;
-    }
-  };
-
-  const block = Buffer.alloc(BLOCK);
-  let left = totalPages;
-  let fileNo = 0;
-  while (left > 0) {
-    let n = Math.min(left, rng.int(minPages, maxPages));
-    if (left - n < minPages / 2) n = left; // no tiny tail file
-    const dir = path.join(root, "kv", `session-${String(Math.floor(fileNo / 4)).padStart(2, "0")}`);
-    mkdirp(dir);
-    const file = path.join(dir, `kvcache-${String(fileNo).padStart(4, "0")}.bin`);
-    stats.bytes += writeChunked(file, (write) => {
-      let pagesLeft = n;
-      while (pagesLeft > 0) {
-        const k = Math.min(pagesLeft, BLOCK / PAGE);
-        for (let i = 0; i < k; i++) nextPage(block, i * PAGE);
-        write(k === BLOCK / PAGE ? block : block.subarray(0, k * PAGE));
-        pagesLeft -= k;
-      }
-    });
-    stats.pages += n;
-    stats.files++;
-    left -= n;
-    fileNo++;
-  }
-  return stats;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -580,7 +519,65 @@ function genTraces(root, budget, scale, seed) {
   return stats;
 }
 
-function genMarkdown(root, scale, seed) {
+/**
+ * memory/: the markdown notes as a live agent's git memory dir. The notes are committed over
+ * MEMORY_COMMITS commits (later commits also edit earlier notes), the repository is repacked,
+ * then a few tracked notes are edited and one new note is left untracked.
+ *
+ * git runs with a fixed environment (no system/global config, HOME in a temp dir, fixed author,
+ * committer and dates, gc.auto=0, one pack thread), so the commits, HEAD and the pack are the
+ * same on every run with the same git. Only .git/index differs run to run: it caches inode and
+ * ctime numbers (refreshIndex() rewrites it once the final mtimes are set, as a live repo's is).
+ */
+const MEMORY_COMMITS = 16;
+const GIT_EPOCH = Date.parse("2024-03-01T09:00:00Z");
+
+function gitRunner(repo, home) {
+  const base = {
+    PATH: process.env.PATH ?? "/usr/bin:/bin",
+    HOME: home,
+    GIT_CONFIG_NOSYSTEM: "1",
+    GIT_CONFIG_GLOBAL: "/dev/null",
+    GIT_TERMINAL_PROMPT: "0",
+    LC_ALL: "C",
+    TZ: "UTC",
+    GIT_AUTHOR_NAME: "memsnap-mix agent",
+    GIT_AUTHOR_EMAIL: "agent@memsnap-mix.invalid",
+    GIT_COMMITTER_NAME: "memsnap-mix agent",
+    GIT_COMMITTER_EMAIL: "agent@memsnap-mix.invalid",
+  };
+  const cfg = [
+    "-c", "init.defaultBranch=main", "-c", "core.autocrlf=false", "-c", "core.fileMode=true",
+    "-c", "commit.gpgSign=false", "-c", "gc.auto=0", "-c", "pack.threads=1", "-c", "repack.updateServerInfo=false",
+    "-c", "core.hooksPath=/dev/null",
+  ];
+  return (args, { date, ok = [0] } = {}) => {
+    const env = { ...base };
+    if (date) env.GIT_AUTHOR_DATE = env.GIT_COMMITTER_DATE = date;
+    const r = spawnSync("git", [...cfg, ...args], { cwd: repo, env, encoding: "utf8", maxBuffer: 64 * MiB });
+    if (r.error) throw new Error(`cannot run git: ${r.error.message}`);
+    if (!ok.includes(r.status)) throw new Error(`git ${args.join(" ")} exited ${r.status}: ${(r.stderr || "").trim().slice(0, 2000)}`);
+    return (r.stdout || "").trim();
+  };
+}
+
+function noteText(rng, target) {
+  let s = `# ${capitalize(words(rng, 2, 6))}\n\n`;
+  s += `_updated: ${new Date(Date.parse("2024-06-01T00:00:00Z") - rng.int(0, 90 * 86400) * 1000).toISOString()}_\n\n`;
+  while (Buffer.byteLength(s) < target) {
+    const r = rng.u32() % 4;
+    if (r === 0) s += `## ${capitalize(words(rng, 2, 5))}\n\n`;
+    else if (r === 1) {
+      const k = rng.int(2, 6);
+      for (let j = 0; j < k; j++) s += `- ${sentence(rng, 3, 12)}\n`;
+      s += "\n";
+    } else s += paragraph(rng) + "\n\n";
+  }
+  // ASCII only, so any cut is a valid UTF-8 boundary
+  return Buffer.from(s).subarray(0, target);
+}
+
+function genMemoryRepo(root, scale, seed) {
   const rng = new Rng(seed, "markdown");
   const nFiles = Math.max(20, Math.round(MD_FILES_PER_SCALE * scale));
   const areas = {
@@ -590,32 +587,78 @@ function genMarkdown(root, scale, seed) {
     projects: ["alpha", "beta", "gamma", "archive"],
     reflections: ["weekly", "dreams"],
   };
+  const repo = path.join(root, "memory");
   const dirs = [];
-  for (const [a, subs] of Object.entries(areas)) for (const s of subs) dirs.push(path.join("memory", a, s));
-  dirs.push("memory");
-  for (const d of dirs) mkdirp(path.join(root, d));
-  const stats = { files: 0, bytes: 0 };
-  for (let i = 0; i < nFiles; i++) {
-    const target = rng.int(MD_MIN, MD_MAX);
-    const rel = path.join(rng.pick(dirs), `note-${String(i).padStart(5, "0")}.md`);
-    let s = `# ${capitalize(words(rng, 2, 6))}\n\n`;
-    s += `_updated: ${new Date(Date.parse("2024-06-01T00:00:00Z") - rng.int(0, 90 * 86400) * 1000).toISOString()}_\n\n`;
-    while (Buffer.byteLength(s) < target) {
-      const r = rng.u32() % 4;
-      if (r === 0) s += `## ${capitalize(words(rng, 2, 5))}\n\n`;
-      else if (r === 1) {
-        const k = rng.int(2, 6);
-        for (let j = 0; j < k; j++) s += `- ${sentence(rng, 3, 12)}\n`;
-        s += "\n";
-      } else s += paragraph(rng) + "\n\n";
+  for (const [a, subs] of Object.entries(areas)) for (const s of subs) dirs.push(path.join(a, s));
+  dirs.push("");
+  for (const d of dirs) mkdirp(path.join(repo, d));
+  const home = fs.mkdtempSync(path.join(os.tmpdir(), "memsnap-mix-git-"));
+  const git = gitRunner(repo, home);
+  const stats = { files: 0, bytes: 0, commits: 0, edits: 0, modified: [], untracked: [], head: null };
+  const notes = [];
+  const append = (rel, text) => {
+    fs.appendFileSync(path.join(repo, rel), text);
+    stats.bytes += Buffer.byteLength(text);
+  };
+  const update = (when) => `\n## Update ${when.slice(0, 10)}\n\n${paragraph(rng, 1, 3)}\n`;
+  try {
+    git(["init", "-q", "--template=", "."]);
+    const commits = Math.min(MEMORY_COMMITS, nFiles);
+    let next = 0;
+    for (let c = 0; c < commits; c++) {
+      const when = new Date(GIT_EPOCH + c * 5 * 86400_000 + rng.int(0, 8 * 3600) * 1000).toISOString().replace(".000Z", "Z");
+      const upto = Math.round(((c + 1) * nFiles) / commits);
+      const added = upto - next;
+      for (; next < upto; next++) {
+        const rel = path.join(rng.pick(dirs), `note-${String(next).padStart(5, "0")}.md`);
+        const b = noteText(rng, rng.int(MD_MIN, MD_MAX));
+        fs.writeFileSync(path.join(repo, rel), b);
+        notes.push(rel);
+        stats.files++;
+        stats.bytes += b.length;
+      }
+      // Later commits also revise a few earlier notes (consolidation, corrections).
+      const edits = c === 0 ? 0 : Math.min(notes.length - added, rng.int(1, 3 + Math.round(nFiles / 400)));
+      for (let e = 0; e < edits; e++) append(notes[rng.int(0, notes.length - added - 1)], update(when));
+      stats.edits += edits;
+      git(["add", "-A", "."]);
+      const msg = c === 0 ? "memory: initial notes" : `memory: consolidate ${added} notes${edits ? `, revise ${edits}` : ""} (${words(rng, 2, 4)})`;
+      git(["commit", "-q", "--no-verify", "-m", msg], { date: when });
+      stats.commits++;
     }
-    let b = Buffer.from(s);
-    b = b.subarray(0, target); // ASCII only, so any cut is a valid UTF-8 boundary
-    fs.writeFileSync(path.join(root, rel), b);
-    stats.files++;
+    // A long-lived memdir has been gc'd: one pack, no loose objects.
+    git(["repack", "-a", "-d", "-q"]);
+    git(["prune-packed", "-q"]);
+    stats.head = git(["rev-parse", "HEAD"]);
+    // The live state: a few notes edited since the last commit, one new note not yet added.
+    const nMod = Math.min(notes.length, 3 + Math.round(nFiles / 1000));
+    const picked = new Set();
+    while (picked.size < nMod) picked.add(notes[rng.int(0, notes.length - 1)]);
+    for (const rel of [...picked].sort()) {
+      append(rel, `\n- ${sentence(rng, 4, 12)} (unsaved)\n`);
+      stats.modified.push(rel.split(path.sep).join("/"));
+    }
+    mkdirp(path.join(repo, "inbox"));
+    const draft = path.join("inbox", "draft-0001.md");
+    const b = noteText(rng, rng.int(MD_MIN, MD_MAX));
+    fs.writeFileSync(path.join(repo, draft), b);
     stats.bytes += b.length;
+    stats.files++;
+    stats.untracked.push(draft.split(path.sep).join("/"));
+  } finally {
+    fs.rmSync(home, { recursive: true, force: true });
   }
   return stats;
+}
+
+/** Refreshes memory/.git/index after the final mtimes are set, so its stat cache matches the files (as a live repo's does). */
+function refreshIndex(root) {
+  const home = fs.mkdtempSync(path.join(os.tmpdir(), "memsnap-mix-git-"));
+  try {
+    gitRunner(path.join(root, "memory"), home)(["update-index", "-q", "--refresh"], { ok: [0, 1] });
+  } finally {
+    fs.rmSync(home, { recursive: true, force: true });
+  }
 }
 
 function genState(root, scale, seed, info) {
@@ -680,22 +723,21 @@ function measureTree(root) {
 }
 
 /**
+ * Runtime layers in their own formats, under runtime/: a small ProcessFork image store (a root
+ * image, two forks and a merge, with a paged KV cache and a CRIU procs blob) and a synthetic
+ * CRIU dump of two processes.
+ */
+function genRuntime(out, scale, seed) {
+  const dir = path.join(out, "runtime");
+  const pf = generatePfimgStore({ root: path.join(dir, "pfimg"), seed, forks: 2, merge: true, criu: true, pages: 4 });
+  const criu = genCriuDump(path.join(dir, "criu"), { pids: [1000, 1001], pagesPerProcess: Math.max(16, Math.round(256 * scale)), seed });
+  return { pfimgImages: pf.images.length, criuBytes: criu.bytes };
+}
+
+/**
  * Generates the mix into `out` (created; must not exist or be empty).
  * @returns {Promise<object>} summary: { scale, seed, version, seconds, totalBytes, totalFiles, classes, details }
  */
-/**
- * Runtime layers in their own formats, under runtime/: a memsnap KV dump with shared prefixes
- * and zero pages (about `kvBytes`), a small ProcessFork image store with a fork and a CRIU
- * procs blob, and a synthetic CRIU dump of two processes.
- */
-function genRuntime(out, kvBytes, scale, seed) {
-  const dir = path.join(out, "runtime");
-  const kv = generateKvDump({ dir: path.join(dir, "kvdump"), seed, ...kvDumpOptionsForBytes(kvBytes) });
-  const pf = generatePfimgStore({ root: path.join(dir, "pfimg"), seed, forks: 2, merge: true, criu: true, pages: 4 });
-  const criu = genCriuDump(path.join(dir, "criu"), { pids: [1000, 1001], pagesPerProcess: Math.max(16, Math.round(256 * scale)), seed });
-  return { kvBytes: kv.dataBytes, pfimgImages: pf.images.length, criuBytes: criu.bytes };
-}
-
 export async function generateMix({ scale = 1, out, seed = 1, log = () => {} } = {}) {
   if (!out) throw new Error("generateMix: out is required");
   if (!(scale > 0)) throw new Error(`generateMix: bad scale ${scale}`);
@@ -716,7 +758,7 @@ export async function generateMix({ scale = 1, out, seed = 1, log = () => {} } =
   const dbDir = path.join(out, "db");
   mkdirp(dbDir);
   // SQL-generated databases run in sqlite3 child processes while Node writes the rest.
-  log("starting sqlite3: memory.db, concepts.db");
+  log("starting sqlite3: memory.db (WAL), concepts.db");
   const memoryP = genMemoryDb(path.join(dbDir, "memory.db"), budget.db * 0.3, seed);
   const conceptsP = genConceptsDb(path.join(dbDir, "concepts.db"), budget.db * 0.2, seed);
   // keep unhandled rejections from firing before we await them
@@ -725,14 +767,14 @@ export async function generateMix({ scale = 1, out, seed = 1, log = () => {} } =
 
   log("vectors.db");
   const vectorRows = await genVectorsDb(path.join(dbDir, "vectors.db"), budget.db * 0.5, seed);
-  log("kv pages");
-  const kv = genKv(out, budget.kv * 0.9, scale, seed);
-  log("runtime layers: KV dump, ProcessFork store, CRIU dump");
-  const runtime = genRuntime(out, budget.kv * 0.1, scale, seed);
+  log("kv: memsnap KV dump");
+  const kv = genKvDump(out, budget.kv, seed);
+  log("runtime layers: ProcessFork store, CRIU dump");
+  const runtime = genRuntime(out, scale, seed);
   log("traces");
   const traces = genTraces(out, budget.traces, scale, seed);
-  log("markdown");
-  const md = genMarkdown(out, scale, seed);
+  log("memory: markdown notes in a git repository");
+  const md = genMemoryRepo(out, scale, seed);
   log("waiting for sqlite3");
   const [memoryRows, conceptRows] = await Promise.all([memoryP, conceptsP]);
   const state = genState(out, scale, seed, {
@@ -741,9 +783,11 @@ export async function generateMix({ scale = 1, out, seed = 1, log = () => {} } =
     memoryRows,
   });
 
-  // Fixed mtimes (files first, directories bottom-up) so the tree — and a tar of it — is stable.
+  // Fixed mtimes (files first, directories bottom-up) so the tree — and a tar of it — is stable;
+  // then the git index is refreshed against those mtimes (it alone caches inode/ctime numbers).
   walk(out, (p) => fs.utimesSync(p, FIXED_MTIME, FIXED_MTIME));
   fs.utimesSync(out, FIXED_MTIME, FIXED_MTIME);
+  refreshIndex(out);
 
   const classes = measureTree(out);
   const totalBytes = Object.values(classes).reduce((a, c) => a + c.bytes, 0);
@@ -758,10 +802,11 @@ export async function generateMix({ scale = 1, out, seed = 1, log = () => {} } =
     totalFiles,
     classes,
     details: {
-      kv: { ...kv, pageSize: PAGE, zeroPagePct: pct(kv.zeroPages, kv.pages), dupPagePct: pct(kv.dupPages, kv.pages) },
-      db: { memoryRows, conceptRows, vectorRows, deterministic: "same sqlite3 version → identical bytes (not guaranteed across versions)" },
+      kv: { ...kv, zeroPagePct: pct(kv.zeroPages, kv.pages), dupPagePct: pct(kv.dupPages, kv.pages) },
+      db: { memoryRows, conceptRows, vectorRows, walMode: "memory.db", deterministic: "same sqlite3 version → identical bytes (not guaranteed across versions)" },
       traces,
-      markdown: md,
+      memory: md,
+      runtime,
       state,
     },
   };
@@ -779,7 +824,9 @@ export function formatSummary(s) {
   }
   lines.push(`  ${"total".padEnd(9)}${String(s.totalFiles).padStart(7)} ${mb(s.totalBytes)}`);
   const kv = s.details.kv;
-  lines.push(`  kv pages: ${kv.pages} × 64 KiB, ${kv.zeroPagePct} % zero, ${kv.dupPagePct} % duplicated prefix pages`);
+  lines.push(`  kv dump: ${kv.layers} layers × ${kv.blocks} blocks = ${kv.pages} pages × ${kv.pageBytes / KiB} KiB, ${kv.zeroPagePct} % zero, ${kv.dupPagePct} % duplicated prefix pages`);
+  const m = s.details.memory;
+  if (m) lines.push(`  memory git: ${m.files} notes, ${m.commits} commits (HEAD ${m.head?.slice(0, 12)}), ${m.modified.length} modified, ${m.untracked.length} untracked`);
   const d = s.details.db;
   lines.push(`  db rows: memories ${d.memoryRows}, concepts ${d.conceptRows}, embeddings ${d.vectorRows}`);
   lines.push(`  generated in ${s.seconds.toFixed(2)} s`);

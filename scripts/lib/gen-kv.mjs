@@ -133,10 +133,32 @@ class FileWriter {
   }
 }
 
-function writeJson(file, doc) {
-  fs.mkdirSync(path.dirname(file), { recursive: true });
-  fs.writeFileSync(file, JSON.stringify(doc, null, 1) + "\n", { mode: 0o644 });
-  fs.utimesSync(file, FIXED_MTIME, FIXED_MTIME);
+/**
+ * Writes JSON.stringify(doc, null, 1) + "\n" (the same bytes) without building the whole text:
+ * the top-level arrays named in `streamKeys` are written one element at a time.
+ */
+function writeJson(file, doc, streamKeys = []) {
+  const marks = new Map();
+  const shallow = { ...doc };
+  for (const k of streamKeys) {
+    if (!Array.isArray(doc[k]) || doc[k].length === 0) continue;
+    const m = `\u0000stream:${k}\u0000`;
+    marks.set(JSON.stringify(m), doc[k]);
+    shallow[k] = m;
+  }
+  const w = new FileWriter(file);
+  let text = JSON.stringify(shallow, null, 1) + "\n";
+  for (const [m, arr] of marks) {
+    const at = text.indexOf(m);
+    w.write(Buffer.from(text.slice(0, at) + "[\n", "utf8"));
+    arr.forEach((el, i) => {
+      const s = JSON.stringify(el, null, 1).replace(/^/gm, "  ");
+      w.write(Buffer.from(i < arr.length - 1 ? `${s},\n` : `${s}\n ]`, "utf8"));
+    });
+    text = text.slice(at + m.length);
+  }
+  w.write(Buffer.from(text, "utf8"));
+  w.close();
 }
 
 /**
@@ -244,7 +266,7 @@ export function generateKvDump(opts) {
     sequences: seqs,
   };
   const manifestPath = path.join(dir, "kv-manifest.json");
-  writeJson(manifestPath, manifest);
+  writeJson(manifestPath, manifest, ["pages"]);
   const uniquePerLayer = (prefixBlocks > 0 ? prefixBlocks : 0) + sequences * ownBlocks;
   const pagesTotal = nLayers * numBlocks;
   const pagesUnique = nLayers * uniquePerLayer;

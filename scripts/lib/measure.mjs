@@ -43,10 +43,15 @@ export function machineBusySeconds() {
  *          largest peak among bash and the pipeline stages (getrusage RUSAGE_CHILDREN takes the
  *          max, not the sum), so pipelines report their hungriest stage.
  *
+ * rssSamples (with sampleRss): [[seconds since start, KiB], …] — the summed VmRSS of the
+ *          command's process tree (the command and every descendant; /usr/bin/time itself left
+ *          out) read from /proc every `sampleRss` ms (true = 50) while it runs;
+ *          rssSampledPeakKiB is the largest sample. Linux only; [] elsewhere.
+ *
  * @param {string[]} argv
- * @param {{cwd?: string, tmpDir: string, captureStdout?: boolean, env?: object}} opts
+ * @param {{cwd?: string, tmpDir: string, captureStdout?: boolean, env?: object, sampleRss?: boolean|number}} opts
  */
-export function timedRun(argv, { cwd, tmpDir, captureStdout = false, env } = {}) {
+export function timedRun(argv, { cwd, tmpDir, captureStdout = false, env, sampleRss = false } = {}) {
   const haveTime = fs.existsSync(GNU_TIME);
   const tfile = path.join(tmpDir, `time-${process.pid}-${timeFileNo++}.txt`);
   const full = haveTime ? [GNU_TIME, "-o", tfile, "-f", "%e %M %U %S", ...argv] : argv;
@@ -63,6 +68,17 @@ export function timedRun(argv, { cwd, tmpDir, captureStdout = false, env } = {})
     } catch (e) {
       resolve({ ok: false, code: null, seconds: 0, rssKiB: null, stdout: "", stderr: String(e.message) });
       return;
+    }
+    const samples = [];
+    let sampler = null;
+    if (sampleRss && child.pid) {
+      const every = typeof sampleRss === "number" ? sampleRss : 50;
+      const take = () => {
+        const kib = treeRssKiB(child.pid, haveTime);
+        if (kib > 0) samples.push([Math.round(Number(process.hrtime.bigint() - t0) / 1e6) / 1000, kib]);
+      };
+      take();
+      sampler = setInterval(take, every);
     }
     const out = [];
     let outLen = 0;
@@ -83,6 +99,7 @@ export function timedRun(argv, { cwd, tmpDir, captureStdout = false, env } = {})
     child.on("error", (e) => (spawnError = e));
     child.on("close", (code, signal) => {
       const seconds = Number(process.hrtime.bigint() - t0) / 1e9;
+      if (sampler) clearInterval(sampler);
       const busy1 = machineBusySeconds();
       let rssKiB = null;
       let timeSeconds = null;
@@ -114,11 +131,80 @@ export function timedRun(argv, { cwd, tmpDir, captureStdout = false, env } = {})
         foreignCpuSeconds:
           busy0 != null && busy1 != null && cpuSeconds != null ? Math.max(0, Math.round((busy1 - busy0 - cpuSeconds) * 100) / 100) : null,
         rssKiB,
+        rssSamples: sampleRss ? samples : undefined,
+        rssSampledPeakKiB: sampleRss && samples.length ? Math.max(...samples.map((x) => x[1])) : null,
         stdout: Buffer.concat(out).toString("utf8"),
         stderr,
       });
     });
   });
+}
+
+/** Child pids of `pid` (all its threads' children), from /proc/<pid>/task/<tid>/children; null when unsupported. */
+function childPids(pid) {
+  let tasks;
+  try {
+    tasks = fs.readdirSync(`/proc/${pid}/task`);
+  } catch {
+    return [];
+  }
+  const out = [];
+  let readable = false;
+  for (const t of tasks) {
+    let c;
+    try {
+      c = fs.readFileSync(`/proc/${pid}/task/${t}/children`, "utf8");
+      readable = true;
+    } catch {
+      continue;
+    }
+    for (const x of c.split(/\s+/)) if (x) out.push(Number(x));
+  }
+  return readable ? out : null;
+}
+
+/** Child pids of every process, by scanning /proc/<pid>/stat (when the children files are missing). */
+function childMapFromStat() {
+  const map = new Map();
+  for (const e of fs.readdirSync("/proc")) {
+    if (!/^\d+$/.test(e)) continue;
+    try {
+      const st = fs.readFileSync(`/proc/${e}/stat`, "utf8");
+      const ppid = Number(st.slice(st.lastIndexOf(")") + 2).split(" ")[1]);
+      if (!map.has(ppid)) map.set(ppid, []);
+      map.get(ppid).push(Number(e));
+    } catch {
+      /* gone */
+    }
+  }
+  return map;
+}
+
+function vmRssKiB(pid) {
+  try {
+    const m = /^VmRSS:\s+(\d+) kB/m.exec(fs.readFileSync(`/proc/${pid}/status`, "utf8"));
+    return m ? Number(m[1]) : 0;
+  } catch {
+    return 0;
+  }
+}
+
+/** Summed VmRSS (KiB) of `root` and its descendants; `skipRoot` leaves the root out (a /usr/bin/time wrapper). */
+export function treeRssKiB(root, skipRoot = false) {
+  let total = 0;
+  let statMap = null;
+  const stack = [root];
+  const seen = new Set();
+  while (stack.length) {
+    const p = stack.pop();
+    if (seen.has(p)) continue;
+    seen.add(p);
+    if (!(skipRoot && p === root)) total += vmRssKiB(p);
+    let kids = childPids(p);
+    if (kids === null) kids = (statMap ??= childMapFromStat()).get(p) ?? [];
+    stack.push(...kids);
+  }
+  return total;
 }
 
 /** Runs a command synchronously (setup steps, not measured); throws on failure. */
