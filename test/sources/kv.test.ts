@@ -145,7 +145,7 @@ describe("kv: memsnap dump format", () => {
           expect(meta.shuffle.applied).toBe(false);
         } else {
           expect(meta.shuffle.sample.pages).toBeGreaterThan(0);
-          expect(meta.shuffle.applied).toBe(meta.shuffle.sample.saving_pct >= 3);
+          expect(meta.shuffle.applied).toBe(meta.shuffle.sample.saving_pct >= 10);
         }
         const suffixed = pages.filter((p) => /\.s[24]$/.test(p));
         expect(suffixed).toHaveLength(meta.shuffle.applied ? pages.length : 0);
@@ -163,12 +163,15 @@ describe("kv: memsnap dump format", () => {
     expect(unshuffle(shuffle(r, 4), 4).equals(r)).toBe(true);
   });
 
-  it("auto keeps the shuffle for realistic bf16 values (it shrinks them by ≥ 3 %)", async () => {
+  it("auto keeps the shuffle only when it shrinks the sample by ≥ 10 % (realistic bf16 values save less)", async () => {
     const dir = tmp();
     generateKvDump({ dir: join(dir, "dump"), nLayers: 4, nKvHeads: 8, headDim: 128, sequences: 2, prefixBlocks: 1, ownBlocks: 3, zeroBlocks: 1 });
     const { meta } = await snap(dir, { path: "dump" });
-    expect(meta.shuffle.sample.saving_pct).toBeGreaterThanOrEqual(3);
-    expect(meta.shuffle.applied).toBe(true);
+    expect(meta.shuffle.sample.saving_pct).toBeGreaterThan(0);
+    expect(meta.shuffle.sample.saving_pct).toBeLessThan(10);
+    expect(meta.shuffle.applied).toBe(false);
+    const forced = await snap(dir, { path: "dump", shuffle: "on" });
+    expect(forced.meta.shuffle.applied).toBe(true);
   });
 });
 
