@@ -17,6 +17,8 @@
 import { createHash, randomBytes, type KeyObject } from "node:crypto";
 import { mkdir, rm, stat } from "node:fs/promises";
 import { hostname } from "node:os";
+import { setFlagsFromString } from "node:v8";
+import { runInNewContext } from "node:vm";
 import { dirname, join } from "node:path";
 import type { MemsnapConfig } from "../config.js";
 import { MemsnapError, destinationError } from "../errors.js";
@@ -130,11 +132,36 @@ export function storePath(store: string, tenant: string, agent: string, id: stri
 
 const ZEROS = Buffer.alloc(2 * BLOCK);
 
+/**
+ * Source chunks are fresh Buffers (file reads of up to 1 MiB, KV read blocks of 4 MiB) that are
+ * garbage once copied into the payload worker's buffers, but V8 frees their external memory
+ * only when a scavenge happens to run. A minor GC every {@link GC_EVERY} bytes packed keeps them
+ * from piling up (measured: the KV layer of the bench mix peaked at 235 MiB RSS without it).
+ */
+const GC_EVERY = 16 * 1024 * 1024;
+let runMinorGc: ((o: { type: "minor" }) => void) | null | undefined;
+let sinceGc = 0;
+function collectPacked(n: number): void {
+  sinceGc += n;
+  if (sinceGc < GC_EVERY) return;
+  sinceGc = 0;
+  if (runMinorGc === undefined) {
+    try {
+      setFlagsFromString("--expose-gc");
+      runMinorGc = runInNewContext("gc") as (o: { type: "minor" }) => void;
+    } catch {
+      runMinorGc = null;
+    }
+  }
+  runMinorGc?.({ type: "minor" });
+}
+
 async function packArtifact(
   enc: PayloadEncoder, levels: LevelPolicy, layer: string, a: Artifact, onBytes: (n: number) => void,
 ): Promise<IndexEntry> {
   const name = `${layer}/${a.path}`;
-  const hash = createHash("sha256");
+  const known = a.text ? undefined : a.sha256;
+  const hash = known === undefined ? createHash("sha256") : null;
   let seen = 0;
   let started = false;
   const begin = async (first: Uint8Array | undefined): Promise<void> => {
@@ -148,8 +175,9 @@ async function packArtifact(
     if (seen > a.size) throw sourceChanged(name, `grew past its declared ${a.size} bytes`);
     if (!started) await begin(chunk);
     enc.setLevel(levels.next(chunk));
-    hash.update(chunk);
+    hash?.update(chunk);
     onBytes(chunk.length);
+    collectPacked(chunk.length);
     const w = enc.write(chunk);
     if (w) await w;
   }
@@ -159,7 +187,7 @@ async function packArtifact(
   if (pad) await enc.write(ZEROS.subarray(0, pad));
   await a.check?.();
   return {
-    path: name, layer, kind: a.kind, size: a.size, sha256: hash.digest("hex"),
+    path: name, layer, kind: a.kind, size: a.size, sha256: hash ? hash.digest("hex") : known!,
     mode: a.mode, mtime: a.mtime.toISOString(),
   };
 }

@@ -26,6 +26,13 @@ export interface Artifact {
   open(): Readable | AsyncIterable<Buffer>;
   /** Called after the bytes streamed; throws MEMSNAP_SOURCE_CHANGED if the source changed meanwhile. */
   check?(): Promise<void>;
+  /**
+   * SHA-256 (lowercase hex) of exactly the bytes `open()` yields, when the source computed it
+   * from those same in-memory bytes (a KV page it hashed to deduplicate). The pipeline then
+   * records it instead of hashing the bytes a second time; it still counts them. Never set it
+   * for bytes that are read again from disk, and never for text that may be redacted.
+   */
+  sha256?: string;
   /** True for text the pipeline should redact (memory files, JSON, JSONL) when redaction is on. */
   text?: boolean;
 }
