@@ -44,11 +44,11 @@ function tarOf(entries) {
   return Buffer.concat(parts);
 }
 
-function bundle(file, entries, { tarSize, indexSizes = {}, zstd } = {}) {
+function bundle(file, entries, { tarSize, indexSizes = {}, zstd, layer = { name: "memory", kind: "files" } } = {}) {
   const files = entries.filter((e) => (e.type ?? "0") === "0");
   const id = "01JHOSTILE0000000000000000";
   const artifacts = files.map((e) => ({
-    path: e.name, layer: "memory", kind: "file", size: indexSizes[e.name] ?? Buffer.byteLength(e.data ?? ""),
+    path: e.name, layer: layer.name, kind: "file", size: indexSizes[e.name] ?? Buffer.byteLength(e.data ?? ""),
     sha256: sha(Buffer.from(e.data ?? "")), mode: 420, mtime: "2026-01-01T00:00:00.000Z",
   }));
   const indexDoc = { artifacts, format: "memsnap-index", snapshot_id: id };
@@ -60,7 +60,7 @@ function bundle(file, entries, { tarSize, indexSizes = {}, zstd } = {}) {
   const body = {
     format: "memsnap", manifest_version: 1, snapshot_id: id, created_at: "2026-01-01T00:00:00.000Z", created_by: "api",
     label: "hostile", tenant: "default", agent: "victim", host: "attacker", tool: { name: "memsnap", version: "0.1.0" }, parent: null,
-    layers: [{ name: "memory", kind: "files", schema_version: 1, artifacts: artifacts.length, bytes: artifacts.reduce((n, a) => n + a.size, 0) }],
+    layers: [{ name: layer.name, kind: layer.kind, schema_version: 1, artifacts: artifacts.length, bytes: artifacts.reduce((n, a) => n + a.size, 0) }],
     payload: {
       member: "payload.tar.zst", compression: { codec: "zstd", level: 3 }, encryption: null, stored_size: payload.length,
       sha256: sha(payload), tar_size: tarSize ?? tar.length, index_sha256: sha(indexBytes), artifacts: artifacts.length,
@@ -90,6 +90,11 @@ bundle("fifo.memsnap", [ok, { name: "memory/pipe", type: "6" }]);
 bundle("duplicate-path.memsnap", [ok, { name: "memory/ok.md", data: "second copy\n" }]);
 bundle("longer-than-declared.memsnap", [ok, { name: "memory/big.md", data: "x".repeat(4096) }], { indexSizes: { "memory/big.md": 16 } });
 bundle("unknown-layer.memsnap", [ok, { name: "elsewhere/evil", data: "pwned\n" }]);
+// A KV layer whose artifacts include the name restore uses for its page spool.
+bundle("kv-spool-collision.memsnap", [
+  { name: `kv/pages/${sha(Buffer.from("page\n"))}`, data: "page\n" },
+  { name: "kv/.memsnap-spool", data: "not a spool\n" },
+], { layer: { name: "kv", kind: "kv" } });
 // zstd bomb: 64 MiB of zeros in the tar entry while the manifest declares a 2 KiB tar.
 {
   const big = Buffer.alloc(64 * 1024 * 1024);

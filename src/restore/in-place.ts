@@ -173,10 +173,11 @@ export async function restoreInPlace(bundle: string, config: MemsnapConfig, opts
       const r = await extractPayload(layout, manifest, (layer) => roots.get(layer)?.staged ?? null, {
         keys, ...(opts.signal ? { signal: opts.signal } : {}), ...(opts.onProgress ? { onProgress: opts.onProgress } : {}),
       });
+      const verified = new Map(r.entries.map((e) => [e.name, e.sha256]));
       for (const s of selected) {
         const dir = roots.get(s.layer.name)!.staged;
         await mkdir(dir, { recursive: true });
-        await s.source.impl.materialize?.(dir, s.layer);
+        await s.source.impl.materialize?.(dir, s.layer, verified);
       }
       crashPoint("restore:staged");
       for (const s of selected) {

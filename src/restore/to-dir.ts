@@ -78,12 +78,13 @@ export async function restoreToDir(bundle: string, to: string, opts: RestoreToDi
   try {
     const r = await extractPayload(layout, manifest, (layer) => join(staging, layer), opts);
     // Turn each layer's raw artifacts into their live form (a git repo from its bundle, …).
+    const verified = new Map(r.entries.map((e) => [e.name, e.sha256]));
     for (const layer of manifest.layers) {
       const impl = sourceKind(layer.kind);
       const dir = join(staging, layer.name);
       if (impl?.materialize) {
         await mkdir(dir, { recursive: true });
-        await impl.materialize(dir, layer);
+        await impl.materialize(dir, layer, verified);
       }
     }
     await mkdir(join(staging, ".memsnap"), { recursive: true });

@@ -94,8 +94,10 @@ export interface SourceKind<C extends { name: string } = { name: string }> {
    * the layer's artifacts at their layer paths (already hash-checked); e.g. git rebuilds the
    * repository from its bundle and lays the uncommitted files on top. Called on staging,
    * before a restore publishes it. Throws a MemsnapError naming the artifact on failure.
+   * `verified`, when given, maps payload paths (`<layer>/<path>`) to the SHA-256 their bytes
+   * were checked against on extraction, so a kind need not hash them again.
    */
-  materialize?(dir: string, layer: LayerEntry): Promise<void>;
+  materialize?(dir: string, layer: LayerEntry, verified?: ReadonlyMap<string, string>): Promise<void>;
   /**
    * True when the layer holds process memory (CRIU pages), which cannot be redacted: a
    * plaintext bundle with such a layer is refused (MEMSNAP_PLAINTEXT_PROCESS_MEMORY) before
@@ -108,8 +110,20 @@ export interface SourceKind<C extends { name: string } = { name: string }> {
    * or reuse temp copies must leave it unset: their artifacts are pulled strictly one at a time.
    */
   independentArtifacts?: boolean;
+  /**
+   * Artifacts of this layer for which this returns true are not written as files on restore:
+   * their bytes (hash-checked as usual) are appended to `<layer dir>/.memsnap-spool`, and
+   * `<layer dir>/.memsnap-spool.json` maps each one's layer path to `[offset, length]` in it.
+   * Only for kinds whose {@link materialize} reads them from there and removes both files
+   * (KV pages: thousands of 64 KiB pages that would each be created, read once and unlinked).
+   */
+  restoreSpool?: (rel: string) => boolean;
   /** Where this source's layer lives, for an in-place restore. Without it the layer can only be restored with --to. */
   liveTarget?(cfg: C, baseDir: string, layer: LayerEntry): Promise<LiveTarget>;
   /** Extra plan lines for `restore --dry-run` (git HEAD before → after, SQLite row-count deltas). */
   planLayer?(cfg: C, baseDir: string, layer: LayerEntry): Promise<string[]>;
 }
+
+/** The spool file and its map in a layer's restore directory (see {@link SourceKind.restoreSpool}). */
+export const SPOOL_FILE = ".memsnap-spool";
+export const SPOOL_MAP = ".memsnap-spool.json";

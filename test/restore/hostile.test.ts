@@ -25,6 +25,10 @@ const cases: [string, string][] = [
   ["zstd-bomb", "MEMSNAP_UNSAFE_BUNDLE"],
   ["manifest-over-cap", "MEMSNAP_UNSAFE_BUNDLE"],
 ];
+/** Bundles whose layer an agent with only a `memory` files source would not restore in place. */
+const toOnly: [string, string][] = [
+  ["kv-spool-collision", "MEMSNAP_UNSAFE_PATH"],
+];
 
 function run(args: string[]) {
   const r = spawnSync(process.execPath, [BIN, ...args, "--json"], { encoding: "utf8" });
@@ -35,10 +39,10 @@ const escapes = ["/tmp/memsnap-hostile-abs", "/tmp/memsnap-hostile-through-link"
 
 describe("hostile bundles", () => {
   it("every fixture is present", () => {
-    expect(readdirSync(dir).filter((f) => f.endsWith(".memsnap")).sort()).toEqual(cases.map(([n]) => `${n}.memsnap`).sort());
+    expect(readdirSync(dir).filter((f) => f.endsWith(".memsnap")).sort()).toEqual([...cases, ...toOnly].map(([n]) => `${n}.memsnap`).sort());
   });
 
-  it.each(cases)("%s: restore --to refuses with %s and leaves nothing", (name, code) => {
+  it.each([...cases, ...toOnly])("%s: restore --to refuses with %s and leaves nothing", (name, code) => {
     const parent = mkdtempSync(join(work, "to-"));
     const target = join(parent, "deep", "restored");
     mkdirSync(join(parent, "deep"));
