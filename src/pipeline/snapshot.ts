@@ -241,6 +241,7 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
   const workDir = join(dirname(dest), `.memsnap-work-${process.pid}-${randomBytes(4).toString("hex")}`);
   let redactor: Redactor | undefined;
   const captures: LayerCapture[] = [];
+  let started: Promise<LayerCapture>[] = [];
   let enc: PayloadEncoder | undefined;
   try {
     try {
@@ -263,14 +264,22 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
     let bytes = 0;
     let redactMs = 0;
     let estimate: number | null = 0;
-    for (const { impl, cfg: scfg } of cfg.sources) {
+    // Every source's capture starts now, so that its own preparation (a git bundle written by
+    // a git process, a SQLite scan in its worker, a KV dump's manifest checks) runs while the
+    // layers before it pack; the layers are still packed one after another, in config order.
+    const captureCtx = {
+      baseDir: cfg.baseDir, tmpDir: workDir,
+      ...(opts.signal ? { signal: opts.signal } : {}),
+      ...(redactor ? { redactor } : {}),
+    };
+    started = cfg.sources.map(({ impl, cfg: scfg }) => {
+      const p = impl.capture(scfg, captureCtx);
+      p.then((c) => { captures.push(c); }, () => undefined);
+      return p;
+    });
+    for (const [i, { impl, cfg: scfg }] of cfg.sources.entries()) {
       opts.signal?.throwIfAborted();
-      const cap = await impl.capture(scfg, {
-        baseDir: cfg.baseDir, tmpDir: workDir,
-        ...(opts.signal ? { signal: opts.signal } : {}),
-        ...(redactor ? { redactor } : {}),
-      });
-      captures.push(cap);
+      const cap = await started[i]!;
       estimate = estimate === null || cap.estimatedBytes === undefined ? null : estimate + cap.estimatedBytes;
       const layer: LayerEntry = { name: scfg.name, kind: impl.kind, schema_version: impl.schemaVersion, artifacts: 0, bytes: 0 };
       const seen = new Set<string>();
@@ -297,6 +306,7 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
         layer.artifacts++;
         layer.bytes += e.size;
       }
+      if (process.env.MEMSNAP_DEBUG_ENCODER) process.stderr.write(`layer ${scfg.name} packed at ${Math.round(performance.now() - t0)} ms\n`);
       const meta = await cap.finish?.();
       if (meta) layer.meta = meta;
       layers.push(layer);
@@ -361,6 +371,7 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
     }
     throw e;
   } finally {
+    await Promise.allSettled(started);
     for (const c of captures) await c.cleanup?.().catch(() => undefined);
     await redactor?.cleanup().catch(() => undefined);
     await rm(workDir, { recursive: true, force: true }).catch(() => undefined);
