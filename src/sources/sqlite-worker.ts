@@ -1,19 +1,43 @@
 /**
  * The SQLite worker: every blocking SQLite call of the `sqlite` source (the consistent copy,
- * the post-redaction rebuild, quick_check / integrity_check, and the journal-mode switch on restore) runs in a
- * `worker_threads` Worker so the main thread keeps hashing, compressing and answering timers.
+ * the post-redaction rebuild, quick_check / integrity_check, the journal-mode switch on restore,
+ * and the live read's transaction, redaction scan and checks) runs in a `worker_threads` Worker
+ * so the main thread keeps hashing, compressing and answering timers.
  *
  * The worker runs an inline (eval'd) CommonJS script that `require`s better-sqlite3 by its
  * resolved path, so it works the same from the TypeScript sources (vitest) and from dist/.
- * One {@link SqliteWorker} serves many jobs, one at a time, in order. A job that fails posts
- * the SQLite error code (`SQLITE_BUSY`, `SQLITE_NOTADB`, …) and message back; the caller maps
- * it to a MemsnapError that names its path.
+ * For the same reason it cannot import src/redact/prefilter.ts: it gets the pre-filter's
+ * scanners (`SCANNERS`, whose union is exactly what `candidate()` tests) as regex sources and
+ * rebuilds `candidate()` from them (without the `g` flag, as prefilter.ts does); a test checks
+ * the two agree. One {@link SqliteWorker} serves many jobs in the order they arrive; a job that
+ * blocks runs to its end, and the live read's long scans yield every few milliseconds so that
+ * a short job (the release of another database's read transaction) is not held up behind them.
+ * A job that fails posts the SQLite error code (`SQLITE_BUSY`, `SQLITE_NOTADB`, …) and message
+ * back; the caller maps it to a MemsnapError that names its path.
+ *
+ * Live read jobs (see the module comment of ./sqlite.ts for why they are sound):
+ * - `live_begin` opens a read-only connection (kept under a handle number), starts a read
+ *   transaction (`BEGIN` + a read) and decides whether the database file itself can be
+ *   captured: journal mode, an empty `-wal`, and with `redact` no redaction candidate in any
+ *   TEXT cell and none in the file's stale bytes (free pages, unallocated and freed space in
+ *   b-tree pages, the tails of overflow pages). With `hold` and a yes, the transaction stays
+ *   open; otherwise it ends (and with `hold` the connection closes). Without `hold` (a
+ *   look-ahead while another database streams) the connection stays open without a
+ *   transaction, with the scan result and the `data_version` it was valid for: a later
+ *   `live_begin` with `hold` reuses the result when `data_version`, the file's size and mtime
+ *   (and an empty `-wal`) are unchanged, else it scans again inside its own transaction.
+ * - `live_verify` runs `PRAGMA quick_check` and the row counts inside the held transaction.
+ * - `live_release` ends the transaction and closes the connection (idempotent).
+ * The file descriptor the stale-byte scan reads through is opened and closed by the caller
+ * (see {@link LiveBeginJob.fd}): it must stay open until the connection is closed, since
+ * closing any descriptor of a file drops every POSIX lock this process holds on it.
  *
  * @module
  */
 import { createRequire } from "node:module";
 import { Worker } from "node:worker_threads";
 import { MemsnapError } from "../errors.js";
+import { SCANNERS } from "../redact/prefilter.js";
 
 /** Source pragmas read in one read transaction before the copy. */
 export interface SourcePragmas {
@@ -42,11 +66,81 @@ export interface CheckResult {
   tables?: Record<string, number>;
 }
 
+/** What the live read's redaction scan found (counts, never content). */
+export interface LiveScanStats {
+  /** Tables whose TEXT cells were scanned (every real table but sqlite_schema: ordinary, shadow and sqlite_stat*). */
+  tables: number;
+  cells_scanned: number;
+  /** Characters of TEXT scanned. */
+  text_chars: number;
+  /** Cells (or, when the scan stops, chunks of cells) the pre-filter flagged; the scan stops at the first. */
+  candidates: number;
+  /** Bytes of stale space (free pages, unallocated and freed space, overflow tails) that are not all zero and were scanned. */
+  stale_bytes: number;
+  /** Pages whose whole content is stale (free pages, pages past the database's end). */
+  free_pages: number;
+  /** Wall time of the scan, milliseconds, and of its TEXT-cell part. */
+  ms: number;
+  cells_ms?: number;
+  /** Where the first hit is (`table`, or `stale page N`), never the text. */
+  found?: string;
+  /** Set by the source when the result came from a look-ahead and still held (same `data_version`, size and mtime). */
+  reused?: boolean;
+}
+
+/** What `live_begin` returns. */
+export interface LiveBeginResult {
+  /** True when the database file itself may be captured (with `hold`: the read transaction is held). */
+  eligible: boolean;
+  /** Why not: `journal_mode=<mode>`, `wal_frames`, `redaction_candidate`, `stale_candidate`, `stale_token`, `freelist`, `size`, `encoding=<enc>` (with redaction), `scan_failed: …`. */
+  reason?: string;
+  pragmas: SourcePragmas;
+  /** The file's size, read through `fd` inside the read transaction. */
+  size: number;
+  mtimeMs: number;
+  /** `-wal` size in bytes (0 when absent). */
+  walBytes: number;
+  /** With `redact`: the scan, fresh or reused from a look-ahead (`reused`). */
+  scan?: LiveScanStats;
+  reused?: boolean;
+  /** Virtual tables (name and declaration), for the redaction meta. */
+  virtualTables: Array<{ name: string; sql: string }>;
+  /** Wall time of the job, milliseconds. */
+  ms: number;
+}
+
+/** What `live_verify` returns. */
+export interface LiveVerifyResult {
+  problems: string[];
+  tables: Record<string, number>;
+  quickCheckMs: number;
+  countMs: number;
+}
+
+/** Start (or look ahead on) a live read; see the module comment. */
+export interface LiveBeginJob {
+  op: "live_begin";
+  handle: number;
+  src: string;
+  /**
+   * An open read-only descriptor of `src`, owned by the caller, who closes it only after
+   * `live_release` of this handle has settled (or the worker has exited).
+   */
+  fd: number;
+  busyTimeoutMs: number;
+  redact: boolean;
+  hold: boolean;
+}
+
 export type SqliteJob =
   | { op: "copy"; src: string; dest: string; busyTimeoutMs: number; method?: "vacuum_into" | "backup" }
   | { op: "check"; path: string; pragma: "quick_check" | "integrity_check"; limit: number; counts?: boolean }
   | { op: "vacuum"; path: string }
-  | { op: "materialize"; path: string; journalMode: string | null };
+  | { op: "materialize"; path: string; journalMode: string | null }
+  | LiveBeginJob
+  | { op: "live_verify"; handle: number; limit: number }
+  | { op: "live_release"; handle: number }
+  | { op: "probe_candidate"; texts: string[] };
 
 /** A failure inside the worker: the SQLite (or Node) error code and message. */
 export class SqliteJobError extends Error {
@@ -73,6 +167,379 @@ function ordinaryTables(db) {
     .filter((t) => t.schema === "main" && t.type === "table" && !/^sqlite_/i.test(t.name))
     .map((t) => t.name)
     .sort((a, b) => (a < b ? -1 : a > b ? 1 : 0));
+}
+
+
+// ---------------------------------------------------------------- live read
+
+// The redaction pre-filter (src/redact/prefilter.ts): candidate(t) is "any scanner matches".
+const SCANNERS = (workerData.scanners || []).map((s) => new RegExp(s.source, s.flags.replace("g", "")));
+function candidate(t) {
+  for (const re of SCANNERS) if (re.test(t)) return true;
+  return false;
+}
+// A run of token characters with a letter and a digit: what is left of a secret whose start
+// (and with it the pre-filter's anchor) was overwritten in stale space.
+const TOKEN_RUN = /[A-Za-z0-9+\/_=-]{24,}/g;
+function tokenRun(s) {
+  TOKEN_RUN.lastIndex = 0;
+  for (let m = TOKEN_RUN.exec(s); m; m = TOKEN_RUN.exec(s)) {
+    if (/[0-9]/.test(m[0]) && /[A-Za-z]/.test(m[0])) return true;
+  }
+  return false;
+}
+
+const handles = new Map();
+const released = () => Object.assign(new Error("the live read was released"), { code: "MEMSNAP_RELEASED" });
+let lastYield = 0;
+async function maybeYield(h) {
+  const now = performance.now();
+  if (now - lastYield < 15) return;
+  await new Promise((r) => setImmediate(r));
+  lastYield = performance.now();
+  if (h.released) throw released();
+}
+
+function closeHandle(h) {
+  handles.delete(h.id);
+  h.released = true;
+  if (h.busy) return; // live_begin is running on it (suspended in a scan): it closes the handle when it resumes
+  if (h.db) {
+    try { if (h.db.inTransaction) h.db.exec("ROLLBACK"); } catch {}
+    try { h.db.close(); } catch {}
+    h.db = null;
+  }
+}
+
+function walBytes(src) {
+  try {
+    return fs.statSync(src + "-wal").size;
+  } catch (e) {
+    if (e && e.code === "ENOENT") return 0;
+    throw e;
+  }
+}
+
+// Every real table but the schema itself, with its columns: ordinary tables, sqlite_stat* and
+// sqlite_sequence, and the shadow tables of virtual tables (an FTS table's own content lives in
+// one: <name>_content).
+function scanTargets(db) {
+  return db.pragma("table_list")
+    .filter((t) => t.schema === "main" && (t.type === "table" || t.type === "shadow") && !/^sqlite_(temp_)?(schema|master)$/i.test(t.name))
+    .map((t) => ({ name: t.name, wr: t.wr === 1, cols: db.pragma("table_xinfo(" + qi(t.name) + ")").filter((c) => c.hidden !== 1).map((c) => c.name) }))
+    .filter((t) => t.cols.length > 0);
+}
+
+const CHUNK_BYTES = 1 << 20;
+const CHUNK_MAX = 2 << 20;
+const ROW_MAX = 256 << 20;
+
+// An upper bound of a table's payload (all its cells' bytes) and of one row's, from dbstat
+// (which walks only that table's pages), or null when dbstat is not available.
+function payloadBound(db, name) {
+  try {
+    const r = db.prepare("SELECT sum(payload), max(mx_payload) FROM dbstat WHERE name = ? AND aggregate = 1").raw(true).get(name);
+    return r && r[0] !== null ? { total: r[0], row: Math.max(1, r[1] || 1) } : { total: 0, row: 1 };
+  } catch (e) {
+    if (e && e.code === "SQLITE_ERROR") return null; // no dbstat in this build
+    throw e;
+  }
+}
+
+// Scan every TEXT cell with the pre-filter. A table's TEXT is joined in SQL (group_concat with
+// a newline between cells) and tested as one string, in one piece when the table's payload
+// is small and otherwise in rowid ranges of at most CHUNK_MAX bytes (dbstat's largest row
+// bounds a range's size). Every scanner is a regex without anchors or negative look-arounds,
+// so a match inside one cell is also a match in the joined text: joining can only add matches,
+// which sends the database to the copy path. A WITHOUT ROWID table too big to join whole is
+// scanned row by row.
+//
+// The joined chunks are large strings that V8 puts straight into its old generation, where they
+// wait for a full collection: left to V8's pacing, two scanning workers held ~100 MiB of dead
+// text at peak. A full GC every 32 MiB of text scanned (a few ms each, the live heap is tiny)
+// keeps that flat.
+let runGc = null;
+try {
+  require("node:v8").setFlagsFromString("--expose-gc");
+  runGc = require("node:vm").runInNewContext("gc");
+} catch { runGc = null; }
+let scannedSinceGc = 0;
+function collectScanned(n) {
+  scannedSinceGc += n;
+  if (runGc !== null && scannedSinceGc >= 32 * 1024 * 1024) {
+    scannedSinceGc = 0;
+    runGc();
+  }
+}
+async function scanCells(h, st) {
+  const db = h.db;
+  const hit = (s, name) => {
+    st.text_chars += s.length;
+    collectScanned(s.length);
+    if (!candidate(s)) return false;
+    st.candidates++;
+    st.found = name;
+    return true;
+  };
+  for (const t of scanTargets(db)) {
+    st.tables++;
+    const text = t.cols.map((c) => "CASE WHEN typeof(" + qi(c) + ")='text' THEN " + qi(c) + " END");
+    const rowText = text.length === 1 ? text[0] : "concat_ws(char(10), " + text.join(", ") + ")";
+    const nText = t.cols.map((c) => "(typeof(" + qi(c) + ")='text')").join(" + ");
+    const lower = new Set(t.cols.map((c) => c.toLowerCase()));
+    const rid = t.wr ? null : ["rowid", "_rowid_", "oid"].find((a) => !lower.has(a));
+    const T = qi(t.name);
+    const bound = payloadBound(db, t.name);
+    if (bound && bound.row > ROW_MAX) throw new Error("a row of " + t.name + " is too large to scan in one piece");
+    if (bound && bound.total <= CHUNK_MAX) {
+      const [n, joined] = db.prepare("SELECT total(" + nText + "), group_concat(" + rowText + ", char(10)) FROM " + T).raw(true).get();
+      st.cells_scanned += n;
+      if (joined && hit(joined, t.name)) return;
+      await maybeYield(h);
+      continue;
+    }
+    if (rid && bound) {
+      const rowCount = db.prepare("SELECT count(*) FROM " + T).pluck().get();
+      const rows = Math.max(1, Math.min(Math.floor(CHUNK_MAX / bound.row), Math.ceil(rowCount * CHUNK_BYTES / Math.max(1, bound.total))));
+      const next = db.prepare("SELECT " + rid + " FROM " + T + " WHERE " + rid + " > ? ORDER BY " + rid + " LIMIT 1 OFFSET ?").pluck().safeIntegers(true);
+      const first = db.prepare("SELECT " + rid + " FROM " + T + " ORDER BY " + rid + " LIMIT 1 OFFSET ?").pluck().safeIntegers(true);
+      const sel = "SELECT total(" + nText + "), group_concat(" + rowText + ", char(10)) FROM " + T + " WHERE ";
+      const mid = db.prepare(sel + rid + " > ? AND " + rid + " <= ?").raw(true);
+      const head = db.prepare(sel + rid + " <= ?").raw(true);
+      const tail = db.prepare(sel + rid + " > ?").raw(true);
+      let lo = null;
+      for (;;) {
+        let hi = lo === null ? first.get(rows - 1) : next.get(lo, rows - 1);
+        if (hi === undefined) hi = null;
+        const [n, joined] = hi === null ? (lo === null ? db.prepare(sel + "1").raw(true).get() : tail.get(lo))
+          : lo === null ? head.get(hi) : mid.get(lo, hi);
+        st.cells_scanned += n;
+        if (joined && hit(joined, t.name)) return;
+        if (hi === null) break;
+        lo = hi;
+        await maybeYield(h);
+      }
+      continue;
+    }
+    // WITHOUT ROWID too big to join whole (or no dbstat): one string per row.
+    const it = db.prepare("SELECT " + nText + ", " + rowText + " FROM " + T).raw(true).iterate();
+    try {
+      let k = 0;
+      for (const [n, s] of it) {
+        st.cells_scanned += n;
+        if (s && hit(s, t.name)) return;
+        if (++k % 4096 === 0) await maybeYield(h);
+      }
+    } finally {
+      it.return();
+    }
+  }
+}
+
+const ZERO = Buffer.alloc(65536);
+
+// Scan the stale bytes of the database file (what VACUUM INTO would drop): free pages and
+// pages past the database's end whole; in b-tree pages the unallocated space and the freed
+// blocks; the unused tail of overflow pages. Each region is tested on its own (latin1 view of
+// its bytes, as src/redact/stream.ts does) with the pre-filter and for a long token run.
+async function scanStale(h, st, size, pageCount) {
+  if (size === 0) return null; // an empty file is an empty database
+  const fd = h.fd;
+  const hdr = Buffer.alloc(100);
+  fs.readSync(fd, hdr, 0, 100, 0);
+  let ps = hdr.readUInt16BE(16);
+  if (ps === 1) ps = 65536;
+  const usable = ps - hdr[20];
+  if (size < pageCount * ps || pageCount >= 0x2000000) return "size";
+  const filePages = Math.ceil(size / ps);
+  const free = new Uint8Array(filePages + 1);
+  // The freelist: trunk pages, each listing leaf pages.
+  const nFree = hdr.readUInt32BE(36);
+  let seen = 0;
+  const pg = Buffer.allocUnsafe(ps);
+  for (let trunk = hdr.readUInt32BE(32); trunk; trunk = pg.readUInt32BE(0)) {
+    if (trunk < 2 || trunk > pageCount || free[trunk] || ++seen > nFree) return "freelist";
+    free[trunk] = 1;
+    fs.readSync(fd, pg, 0, ps, (trunk - 1) * ps);
+    const n = pg.readUInt32BE(4);
+    if (n > usable / 4 - 2 || seen + n > nFree) return "freelist";
+    for (let i = 0; i < n; i++) {
+      const leaf = pg.readUInt32BE(8 + 4 * i);
+      if (leaf < 2 || leaf > pageCount || free[leaf]) return "freelist";
+      free[leaf] = 1;
+    }
+    seen += n;
+  }
+  if (seen !== nFree) return "freelist";
+  let verdict = null;
+  const region = (b, a, e, p) => {
+    if (e <= a || verdict) return;
+    if (ZERO.compare(b, a, e, 0, e - a) === 0) return;
+    st.stale_bytes += e - a;
+    const s = b.latin1Slice(a, e);
+    if (candidate(s)) verdict = "stale_candidate";
+    else if (tokenRun(s)) verdict = "stale_token";
+    if (verdict) st.found = "stale page " + p;
+  };
+  const others = [];
+  const CH = 64 * ps;
+  const buf = Buffer.allocUnsafe(CH);
+  for (let off = 0; off < size && !verdict; off += CH) {
+    const got = fs.readSync(fd, buf, 0, Math.min(CH, size - off), off);
+    for (let po = 0; po < got && !verdict; po += ps) {
+      const p = (off + po) / ps + 1;
+      const end = Math.min(po + ps, got);
+      if (p > pageCount || end - po < ps || free[p]) {
+        st.free_pages++;
+        region(buf, po, end, p);
+        continue;
+      }
+      const b = buf.subarray(po, end);
+      const ho = p === 1 ? 100 : 0;
+      const type = b[ho];
+      if (type === 2 || type === 5 || type === 10 || type === 13) {
+        const nCell = b.readUInt16BE(ho + 3);
+        const cStart = b.readUInt16BE(ho + 5) || 65536;
+        const ptrEnd = ho + (type === 2 || type === 5 ? 12 : 8) + 2 * nCell;
+        let ok = ptrEnd <= cStart && cStart <= usable;
+        const blocks = [];
+        for (let fb = b.readUInt16BE(ho + 1), prev = 0, guard = 0; ok && fb; guard++) {
+          if (fb <= prev || fb < cStart || fb + 4 > usable || guard > ps) { ok = false; break; }
+          const sz = b.readUInt16BE(fb + 2);
+          if (sz < 4 || fb + sz > usable) { ok = false; break; }
+          blocks.push(fb + 4, fb + sz);
+          prev = fb;
+          fb = b.readUInt16BE(fb);
+        }
+        if (ok) {
+          region(b, ptrEnd, cStart, p);
+          for (let i = 0; i < blocks.length; i += 2) region(b, blocks[i], blocks[i + 1], p);
+          if (usable < ps) region(b, usable, ps, p);
+          continue;
+        }
+      }
+      others.push(p); // an overflow page (or a page we cannot read as a b-tree page)
+    }
+    await maybeYield(h);
+  }
+  if (verdict || others.length === 0) return verdict;
+  // Overflow pages: only the tail after the payload is stale (dbstat knows where it starts).
+  const tail = new Map();
+  for (const [p, unused] of h.db.prepare("SELECT pageno, unused FROM dbstat WHERE pagetype = 'overflow'").raw(true).iterate()) tail.set(p, unused);
+  for (const p of others) {
+    fs.readSync(fd, pg, 0, ps, (p - 1) * ps);
+    const unused = tail.get(p);
+    if (unused === undefined) region(pg, 0, ps, p);
+    else {
+      region(pg, usable - unused, usable, p);
+      if (usable < ps) region(pg, usable, ps, p);
+    }
+    if (verdict) break;
+    await maybeYield(h);
+  }
+  return verdict;
+}
+
+async function liveBegin(job) {
+  const D = load();
+  const t0 = performance.now();
+  let h = handles.get(job.handle);
+  if (!h) {
+    h = { id: job.handle, db: null, fd: job.fd, released: false, cache: null };
+    handles.set(job.handle, h);
+    try {
+      h.db = new D(job.src, { readonly: true, fileMustExist: true, timeout: job.busyTimeoutMs });
+      h.db.pragma("cache_size = -4096"); // every page is read about once: a small cache will do
+    } catch (e) {
+      closeHandle(h);
+      throw e;
+    }
+  }
+  const db = h.db;
+  h.busy = true;
+  try {
+    db.exec("BEGIN");
+    db.prepare("SELECT count(*) FROM sqlite_schema").pluck().get(); // the read transaction starts here
+    const pragmas = {
+      journal_mode: String(db.pragma("journal_mode", { simple: true })).toLowerCase(),
+      page_size: db.pragma("page_size", { simple: true }),
+      user_version: db.pragma("user_version", { simple: true }),
+      schema_version: db.pragma("schema_version", { simple: true }),
+      application_id: db.pragma("application_id", { simple: true }),
+      encoding: db.pragma("encoding", { simple: true }),
+    };
+    const dataVersion = db.pragma("data_version", { simple: true });
+    const pageCount = db.pragma("page_count", { simple: true });
+    const wal = pragmas.journal_mode === "wal" ? walBytes(job.src) : 0;
+    const stat = fs.fstatSync(h.fd);
+    const virtualTables = db.prepare("SELECT name, sql FROM sqlite_schema WHERE type = 'table' AND sql LIKE 'CREATE VIRTUAL%'").all()
+      .map((r) => ({ name: r.name, sql: r.sql || "" }));
+    const out = { eligible: false, pragmas, size: stat.size, mtimeMs: stat.mtimeMs, walBytes: wal, virtualTables, ms: 0 };
+    let reason = null;
+    if (pragmas.journal_mode === "wal") {
+      if (wal > 0) reason = "wal_frames";
+    } else if (!["delete", "truncate", "persist"].includes(pragmas.journal_mode)) {
+      reason = "journal_mode=" + pragmas.journal_mode;
+    }
+    if (!reason && stat.size < pageCount * pragmas.page_size) reason = "size";
+    // The stale-byte scan reads a latin1 view of the bytes: only UTF-8 text shows there as text.
+    if (!reason && job.redact && pragmas.encoding !== "UTF-8") reason = "encoding=" + pragmas.encoding;
+    if (!reason && job.redact) {
+      const c = h.cache;
+      if (c && c.dataVersion === dataVersion && c.size === stat.size && c.mtimeMs === stat.mtimeMs) {
+        out.scan = c.scan;
+        out.reused = true;
+        reason = c.reason;
+      } else {
+        const st = { tables: 0, cells_scanned: 0, text_chars: 0, candidates: 0, stale_bytes: 0, free_pages: 0, ms: 0 };
+        const s0 = performance.now();
+        try {
+          await scanCells(h, st);
+          st.cells_ms = Math.round(performance.now() - s0);
+          if (st.candidates) reason = "redaction_candidate";
+          else reason = await scanStale(h, st, stat.size, pageCount);
+        } catch (e) {
+          const code = e && typeof e.code === "string" ? e.code : "";
+          if (code.startsWith("SQLITE_") || code === "MEMSNAP_RELEASED") throw e;
+          reason = "scan_failed: " + String((e && e.message) || e); // a value the scan cannot read as a string: copy instead
+        }
+        st.ms = Math.round(performance.now() - s0);
+        out.scan = st;
+        h.cache = { dataVersion, size: stat.size, mtimeMs: stat.mtimeMs, scan: st, reason };
+      }
+    }
+    if (h.released) throw released();
+    out.eligible = !reason;
+    if (reason) out.reason = reason;
+    out.ms = Math.round(performance.now() - t0);
+    if (job.hold && out.eligible) {
+      h.holding = true;
+      return out;
+    }
+    db.exec("COMMIT"); // a look-ahead (or a no): end the transaction now
+    if (job.hold) closeHandle(h);
+    return out;
+  } catch (e) {
+    h.busy = false;
+    closeHandle(h);
+    throw e;
+  } finally {
+    h.busy = false;
+  }
+}
+
+function liveVerify(job) {
+  const h = handles.get(job.handle);
+  if (!h || !h.holding) throw new Error("no live read transaction " + job.handle);
+  const db = h.db;
+  const t0 = performance.now();
+  const problems = db.prepare("PRAGMA quick_check(" + Number(job.limit) + ")").pluck().all().map(String);
+  const t1 = performance.now();
+  const tables = {};
+  if (problems.length === 1 && problems[0] === "ok") {
+    for (const t of ordinaryTables(db)) tables[t] = db.prepare("SELECT count(*) FROM " + qi(t)).pluck().get();
+  }
+  return { problems, tables, quickCheckMs: Math.round(t1 - t0), countMs: Math.round(performance.now() - t1) };
 }
 
 async function run(job) {
@@ -146,6 +613,14 @@ async function run(job) {
     fs.renameSync(out, job.path);
     return {};
   }
+  if (job.op === "live_begin") return liveBegin(job);
+  if (job.op === "live_verify") return liveVerify(job);
+  if (job.op === "live_release") {
+    const h = handles.get(job.handle);
+    if (h) closeHandle(h); // a scan in progress on it stops at its next yield
+    return {};
+  }
+  if (job.op === "probe_candidate") return job.texts.map(candidate);
   if (job.op === "materialize") {
     const db = new D(job.path, { fileMustExist: true });
     try {
@@ -186,7 +661,11 @@ export function betterSqlitePath(): string {
 
 type Reply = { id: number; ok: true; result: unknown } | { id: number; ok: false; code?: string; message: string };
 
-/** One worker thread that runs SQLite jobs in order. Call {@link SqliteWorker.close} when done. */
+/**
+ * One worker thread that runs SQLite jobs in the order they arrive (a `live_begin` scan yields
+ * between pieces, so later short jobs may finish before it). Call {@link SqliteWorker.close}
+ * when done: the thread's exit closes every connection it holds.
+ */
 export class SqliteWorker {
   readonly #worker: Worker;
   readonly #pending = new Map<number, { resolve: (v: unknown) => void; reject: (e: Error) => void }>();
@@ -195,7 +674,10 @@ export class SqliteWorker {
   #exited: Promise<void>;
 
   constructor() {
-    this.#worker = new Worker(WORKER_SOURCE, { eval: true, execArgv: [], workerData: { bsqlPath: betterSqlitePath() } });
+    this.#worker = new Worker(WORKER_SOURCE, { eval: true, execArgv: [], resourceLimits: { maxYoungGenerationSizeMb: 16 }, workerData: {
+      bsqlPath: betterSqlitePath(),
+      scanners: SCANNERS.map((re) => ({ source: re.source, flags: re.flags })),
+    } });
     this.#worker.unref();
     this.#worker.on("message", (m: Reply) => {
       const p = this.#pending.get(m.id);

@@ -1,21 +1,86 @@
 /**
- * The `sqlite` source: SQLite databases, each captured as one consistent copy even while
- * another process writes to it.
+ * The `sqlite` source: SQLite databases, each captured as exactly one committed state even
+ * while other processes write to them.
  *
- * Copy. Copying the `.db` file (with or without its `-wal`) under a live writer loses
- * committed rows or tears transactions, so each database is opened read-only
- * (`readonly`, `fileMustExist`, busy timeout `busy_timeout_ms`) and copied with
+ * Copying the `.db` file (with or without its `-wal`) while a writer works loses committed
+ * rows or tears transactions, so every database is opened read-only (`readonly`,
+ * `fileMustExist`, busy timeout `busy_timeout_ms`) in a worker thread (./sqlite-worker.ts)
+ * and captured inside a read transaction, in one of two ways.
+ *
+ * Live read (`method: "live_read"`, the default when it is sound; `"live_read": false` turns
+ * it off). The worker starts a read transaction (`BEGIN` and a read) and keeps it open while
+ * the pipeline streams the database FILE ITSELF, from offset 0 to its size read under the
+ * transaction (the declared size); no copy is written. It is taken when:
+ * - the journal mode is `delete`, `truncate` or `persist` (rollback journal). The read
+ *   transaction holds a SHARED lock; a writer needs EXCLUSIVE to write the file, so the file
+ *   cannot change while it streams and its bytes are the last committed state. (A hot
+ *   journal makes the read fail, as it makes the copy fail: a read-only connection cannot
+ *   roll it back.) Writers wait for the lock meanwhile, up to their own busy timeout: the
+ *   transaction is held for as long as the bytes take through the pipeline.
+ * - the journal mode is `wal` and, after the read transaction started, the `-wal` file is
+ *   absent or empty. Then no frame is newer than the file, so the reader ignores the WAL and
+ *   holds WAL_READ_LOCK(0) (wal.c, walTryBeginRead: "The WAL has been completely backfilled
+ *   (or it is empty) and can be safely ignored"); the only writes to a WAL database's file are
+ *   a checkpoint's backfill and truncate, and walCheckpoint takes WAL_READ_LOCK(0)
+ *   EXCLUSIVELY for them, so no checkpoint can run while the file streams; a writer's new
+ *   commits go to the WAL only (and a WAL that holds frames is never emptied while a reader
+ *   holds a read lock: restarting it needs every other read lock, and deleting it needs an
+ *   EXCLUSIVE lock on the database file, where the reader holds SHARED). The captured file is
+ *   a complete database; its header still says WAL (bytes 18/19 = 2), which only makes SQLite
+ *   start a new, empty WAL when it is opened (restore removes stale `-wal`/`-shm`). Writers
+ *   are not blocked; checkpoints wait (an automatic one just does not backfill) and the WAL
+ *   grows meanwhile. A `-wal` with frames (committed content not yet in the file) takes the
+ *   copy below.
+ * - with redaction on (`ctx.redactor`), the worker finds no redaction candidate, in the same
+ *   read transaction, (a) in any TEXT cell of any table but the schema (ordinary, shadow and
+ *   `sqlite_stat*` tables, all columns: TEXT is joined in SQL with newlines and tested in
+ *   pieces of at most 8 MB; a join can only add matches), and (b) in the file's stale bytes,
+ *   which a copy would drop but a file holds: free pages (the freelist) and pages past the
+ *   database's end whole, in b-tree pages the unallocated space and freed blocks, and the
+ *   unused tail of overflow pages (from `dbstat`); each region is tested on its own (latin1
+ *   view of its bytes) and also rejected when it holds a run of 24+ token characters with a
+ *   letter and a digit: what is left of a secret whose beginning (and so its anchor) was
+ *   overwritten. A hit anywhere sends the database to the copy path, which redacts the cells
+ *   and drops the stale bytes; so does a UTF-16 database (its stale text does not show in a
+ *   latin1 view). The test is the memsnap pre-filter (src/redact/prefilter.ts,
+ *   rebuilt in the worker from its `SCANNERS`), which is exactly `candidate()` of the
+ *   production redactor: the scan relies on `Redactor.candidate` being that pre-filter (a
+ *   Redactor whose candidate() flags more would need `"live_read": false`). Not scanned, as on
+ *   the copy path: BLOB cells, the schema SQL, contentless FTS indexes (listed in
+ *   `redaction.skipped`). Stale bytes are NOT scanned without redaction: like a file copy,
+ *   a live read then keeps deleted rows that still sit in free space.
+ * The worker then runs `PRAGMA quick_check` and the row counts in the same transaction while
+ * the bytes stream (off the main thread, and in parallel with it); the artifact's `check()`
+ * waits for them (a damaged database fails the snapshot with MEMSNAP_SOURCE_INVALID), checks
+ * the file's size and mtime did not change (only a non-SQLite writer could change them), and
+ * releases the transaction. The transaction is also released when the stream fails or is
+ * abandoned, and by `cleanup()` (which stops the workers, closing every connection).
+ * Descriptors: the main thread opens each database file once (the header sniff, the stale
+ * scan in the worker and the stream all read through it) and closes it only after the
+ * worker has closed the connection: closing any descriptor of a file drops every POSIX lock
+ * the process holds on it, the transaction's included.
+ * Overlap: there are two workers. While database i is scanned, held and streamed in one,
+ * the other scans database i+1 ahead in a read transaction of its own that ends with the
+ * scan (so it blocks writers no longer than a copy would), keeping the connection and the
+ * scan's `data_version`. When its turn comes it starts its real read transaction on that
+ * connection and reuses the scan only if `data_version` (no other connection committed
+ * since), the file's size and mtime are unchanged and the `-wal` is still empty; otherwise it
+ * scans again. Only one database's transaction is ever held across a stream.
+ *
+ * Copy (`vacuum_into` / `backup`; `live_read_skipped` in the meta says why the live read was
+ * not taken: `wal_frames`, `redaction_candidate`, `stale_candidate`, `stale_token`,
+ * `journal_mode=…`, `encoding=…`, `freelist`, `disabled`, …). The database is copied with
  * `VACUUM INTO '<tmpDir>/…'`: one read transaction, so the copy is exactly one committed
  * state, with the WAL's committed frames folded in and the free pages dropped. If VACUUM INTO
  * fails with a plain SQL error, a one-step online backup (`backup(dest, {progress: () => 2**31-1})`,
  * all pages in one step: the default stepped backup restarts on every foreign write and may
- * never finish, and better-sqlite3 reads a returned 0 as zero pages per step) is used instead; the layer meta records which. Both calls block the thread
- * they run on, so they run in a worker thread (./sqlite-worker.ts), as do VACUUM and the
- * checks. The copy is a rollback-journal database; the `-wal`/`-shm`/`-journal` files are
- * never captured.
+ * never finish, and better-sqlite3 reads a returned 0 as zero pages per step) is used instead;
+ * the layer meta records which. Both calls block the thread they run on, so they run in a
+ * worker, as do VACUUM and the checks. The copy is a rollback-journal database; the
+ * `-wal`/`-shm`/`-journal` files are never captured.
  *
- * Redaction (when `ctx.redactor` is present) rewrites TEXT cells IN THE COPY, never the live
- * database, on the main thread where the redactor lives, in bounded slices:
+ * Redaction on the copy path (when `ctx.redactor` is present) rewrites TEXT cells IN THE COPY,
+ * never the live database, on the main thread where the redactor lives, in bounded slices:
  * - ordinary tables (not `sqlite_%`, not shadow tables): rows are streamed with `.iterate()`
  *   in key order (rowid, or the PRIMARY KEY of a WITHOUT ROWID table) and resumed by keyset
  *   (`WHERE key > last`), so each slice holds at most a few thousand rows; every TEXT value
@@ -39,15 +104,18 @@
  * entries change; pages that were split keep stale bytes in their unallocated area); the
  * rebuild writes every page from the redacted rows. The test greps the bundled bytes for this.
  * Not redacted: BLOB cells, the schema SQL, and the skipped tables above.
+ * Then `PRAGMA quick_check` must be `ok` on the final copy.
  *
- * Then `PRAGMA quick_check` must be `ok` on the final copy. The layer meta records per
- * database: the source's `journal_mode`, `page_size`, `user_version`, `schema_version`,
- * `application_id`, `encoding`; each ordinary table's row count; the copy's size, method
- * and time.
+ * The layer meta records per database: `method`; the source's `journal_mode`, `page_size`,
+ * `user_version`, `schema_version`, `application_id`, `encoding`; each ordinary table's row
+ * count; `source_bytes` (file + `-wal`), `copy_bytes` (bytes captured), `copy_ms` (0 for a
+ * live read), `quick_check`; for a live read `prepare_ms` and `quick_check_ms` (and with
+ * redaction `redaction.scrub: "none"` and `redaction.live_scan`); for a copy taken although
+ * live reads are on, `live_read_skipped`.
  */
 import { randomBytes } from "node:crypto";
 import { createWriteStream } from "node:fs";
-import { mkdtemp, open, rm, stat } from "node:fs/promises";
+import { mkdtemp, open, rm, stat, type FileHandle } from "node:fs/promises";
 import { createRequire } from "node:module";
 import { tmpdir } from "node:os";
 import { basename, join, resolve } from "node:path";
@@ -55,12 +123,13 @@ import { Readable } from "node:stream";
 import { pipeline } from "node:stream/promises";
 import { MemsnapError } from "../errors.js";
 import type { Redactor } from "../redact/types.js";
-import { isPlainObject, optInt, optStringArray, rejectUnknownKeys, reqString } from "../util/config-check.js";
+import { isPlainObject, optBool, optInt, optStringArray, rejectUnknownKeys, reqString } from "../util/config-check.js";
 import {
   betterSqlitePath, runSqliteJob, SqliteJobError, SqliteWorker, type CheckResult, type CopyResult,
+  type LiveBeginResult, type LiveScanStats, type LiveVerifyResult,
 } from "./sqlite-worker.js";
 import type { Artifact, SourceKind } from "./types.js";
-import { fileArtifact, sourceError, walkFiles } from "./walk.js";
+import { fileArtifact, sourceChanged, sourceError, walkFiles, type FoundFile } from "./walk.js";
 import { pathTarget } from "./live-target.js";
 
 export interface SqliteConfig {
@@ -72,6 +141,8 @@ export interface SqliteConfig {
   exclude?: string[];
   /** How long to wait for a lock before MEMSNAP_LOCKED. Default 5000. */
   busy_timeout_ms: number;
+  /** Capture the database file itself under a read transaction when that is sound (see the module comment). Default true. */
+  live_read: boolean;
 }
 
 export const SQLITE_DEFAULT_INCLUDE = ["*.db", "*.sqlite", "*.sqlite3"];
@@ -82,7 +153,8 @@ const HEADER = Buffer.from("SQLite format 3\0", "latin1");
 
 /** Per-database facts in the layer meta (`meta.databases[<artifact path>]`). */
 export interface SqliteDbMeta {
-  method: "vacuum_into" | "backup";
+  /** `live_read`: the database file itself, read under a read transaction; otherwise a copy. */
+  method: "vacuum_into" | "backup" | "live_read";
   journal_mode: string;
   page_size: number;
   user_version: number;
@@ -90,16 +162,24 @@ export interface SqliteDbMeta {
   application_id: number;
   encoding: string;
   source_bytes: number;
+  /** Bytes captured (the copy's size, or with `live_read` the file's). */
   copy_bytes: number;
+  /** Time of the copy; 0 with `live_read`. */
   copy_ms: number;
+  /** `live_read`: time to start the read transaction and decide (journal mode, `-wal`, the redaction scan). */
+  prepare_ms?: number;
   quick_check: "ok";
+  /** `live_read`: time of quick_check, run in the same read transaction while the file streamed. */
+  quick_check_ms?: number;
+  /** A copy method: why the database file could not be captured as it is (`wal_frames`, `redaction_candidate`, `disabled`, …). */
+  live_read_skipped?: string;
   tables: Record<string, number>;
   redaction?: SqliteRedactionStats;
 }
 
 export interface SqliteRedactionStats {
-  /** How old bytes are scrubbed from the copy. */
-  scrub: "secure_delete+vacuum";
+  /** How old bytes are scrubbed from the copy; `none` for a `live_read` (no candidate in any cell or in the stale bytes). */
+  scrub: "secure_delete+vacuum" | "none";
   tables: number;
   cells_scanned: number;
   candidates: number;
@@ -108,6 +188,8 @@ export interface SqliteRedactionStats {
   fts_optimized: string[];
   stat4_cleared: boolean;
   skipped: Array<{ table: string; reason: string }>;
+  /** `live_read`: what the worker's scan of the live file covered. */
+  live_scan?: LiveScanStats;
 }
 
 // ------------------------------------------------------------------------------ errors
@@ -124,6 +206,11 @@ export function sqliteSourceError(e: unknown, path: string, tmpDir?: string): Me
   if (c.startsWith("SQLITE_BUSY") || c.startsWith("SQLITE_LOCKED")) {
     return new MemsnapError("MEMSNAP_LOCKED", `database ${path} is locked: ${msg}`, {
       path, cause: e, hint: "another process holds a write lock; retry or raise busy_timeout_ms",
+    });
+  }
+  if (c === "SQLITE_READONLY_ROLLBACK") {
+    return new MemsnapError("MEMSNAP_SOURCE_UNREADABLE", `database ${path} has a hot journal that a read-only reader cannot roll back: ${msg}`, {
+      path, cause: e, hint: `a writer crashed mid-transaction and left ${path}-journal: open the database once read-write (e.g. \`sqlite3 FILE 'PRAGMA quick_check'\`) to roll it back, then retry`,
     });
   }
   if (c === "SQLITE_NOTADB") {
@@ -161,6 +248,14 @@ async function sniff(path: string): Promise<"sqlite" | "empty" | "other" | "rand
     throw sourceError(e, path);
   }
   try {
+    return await sniffHandle(fh, path);
+  } finally {
+    await fh.close();
+  }
+}
+
+async function sniffHandle(fh: FileHandle, path: string): Promise<"sqlite" | "empty" | "other" | "random"> {
+  try {
     const buf = Buffer.alloc(4096);
     const { bytesRead } = await fh.read(buf, 0, buf.length, 0);
     if (bytesRead === 0) return "empty";
@@ -169,8 +264,6 @@ async function sniff(path: string): Promise<"sqlite" | "empty" | "other" | "rand
     return bytesRead >= 1024 && seen.size >= 200 ? "random" : "other";
   } catch (e) {
     throw sourceError(e, path);
-  } finally {
-    await fh.close();
   }
 }
 
@@ -469,7 +562,61 @@ function writeCell(stmt: BsStatement, text: string, key: unknown[]): boolean {
   }
 }
 
-// ------------------------------------------------------------------------------ the source kind
+/** The artifact of a live read: the database file's bytes, read while the worker holds the read transaction. */
+function liveArtifact(
+  f: FoundFile, live: LiveRead, r: LiveBeginResult, meta: SqliteDbMeta, verified: Promise<LiveVerifyResult>,
+  databases: Record<string, SqliteDbMeta>, mapError: (e: unknown) => unknown,
+): Artifact {
+  const size = r.size;
+  return {
+    path: f.rel,
+    kind: "sqlite",
+    size,
+    mode: f.stats.mode & 0o7777,
+    mtime: f.stats.mtime,
+    open: () => {
+      const s = live.fh.createReadStream({ start: 0, end: size, autoClose: false, highWaterMark: 1 << 20 });
+      return (async function* () {
+        let done = false;
+        try {
+          for await (const chunk of s) yield chunk as Buffer;
+          done = true;
+        } catch (e) {
+          throw sourceError(e, f.abs);
+        } finally {
+          if (!done) {
+            s.destroy();
+            void live.release(); // the stream failed or was abandoned: let writers go now
+          }
+        }
+      })();
+    },
+    check: async () => {
+      try {
+        let v: LiveVerifyResult;
+        try {
+          v = await verified;
+        } catch (e) {
+          throw mapError(e);
+        }
+        if (v.problems.length !== 1 || v.problems[0] !== "ok") {
+          throw new MemsnapError("MEMSNAP_SOURCE_INVALID", `${f.abs} fails quick_check: ${v.problems.slice(0, 3).join("; ")}`, {
+            path: f.abs, hint: "the database is damaged: check it with `sqlite3 FILE 'PRAGMA integrity_check'`, recover or exclude it",
+          });
+        }
+        // The read transaction kept SQLite writers out; a size or mtime change means something else wrote the file.
+        const now = await live.fh.stat();
+        if (now.size !== size) throw sourceChanged(f.abs, `size ${size} → ${now.size}`);
+        if (now.mtimeMs !== r.mtimeMs) throw sourceChanged(f.abs, "modified during capture");
+        databases[f.rel] = { ...meta, quick_check_ms: v.quickCheckMs, tables: v.tables };
+      } finally {
+        await live.release();
+      }
+    },
+  };
+}
+
+// ------------------------------------------------------------------------------ the live read
 
 async function sizeOr0(p: string): Promise<number> {
   try {
@@ -479,12 +626,55 @@ async function sizeOr0(p: string): Promise<number> {
   }
 }
 
-/** SQLite databases, each copied consistently under a live writer (see the module comment). */
+/** What the redaction meta lists as not checked for a `live_read` (the same tables the copy path lists as skipped). */
+export function liveReadSkips(virtualTables: Array<{ name: string; sql: string }>): Array<{ table: string; reason: string }> {
+  const out: Array<{ table: string; reason: string }> = [];
+  const external: Array<{ table: string; reason: string }> = [];
+  const sorted = [...virtualTables].sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
+  for (const v of sorted) {
+    if (/^sqlite_/i.test(v.name)) continue;
+    const mod = /\busing\s+([A-Za-z0-9_]+)/i.exec(v.sql)?.[1]?.toLowerCase() ?? "";
+    if (mod !== "fts3" && mod !== "fts4" && mod !== "fts5") {
+      out.push({ table: v.name, reason: `virtual table (${mod || "unknown module"}): only the TEXT cells of its shadow tables were scanned` });
+      continue;
+    }
+    const content = ftsContentOption(v.sql);
+    if (content === "") out.push({ table: v.name, reason: `contentless ${mod} table: its text cannot be read back` });
+    else if (content !== undefined) external.push({ table: v.name, reason: `external-content FTS table: indexes ${content}, which had nothing to redact` });
+  }
+  return [...out, ...external];
+}
+
+/**
+ * One database's read transaction in the worker (`handle`) and the file handle its bytes
+ * are read through. The file handle is closed only after the worker has closed the
+ * connection (or exited): closing a descriptor of the file drops every POSIX lock this
+ * process holds on it, the read transaction's included.
+ */
+class LiveRead {
+  #released: Promise<void> | null = null;
+  constructor(readonly handle: number, readonly fh: FileHandle, readonly f: FoundFile, readonly worker: SqliteWorker) {}
+
+  /** End the read transaction, close the connection, then the file handle. Idempotent; never rejects. */
+  release(): Promise<void> {
+    this.#released ??= (async () => {
+      try {
+        await this.worker.call({ op: "live_release", handle: this.handle });
+      } catch {
+        await this.worker.close(); // a dead worker: wait until its thread (and so its connections) is gone
+      }
+      await this.fh.close().catch(() => undefined);
+    })();
+    return this.#released;
+  }
+}
+
+/** SQLite databases, each captured as one committed state under live writers (see the module comment). */
 export const sqliteSource: SourceKind<SqliteConfig> = {
   kind: "sqlite",
   schemaVersion: 1,
   parseConfig(raw, where) {
-    rejectUnknownKeys(raw, ["kind", "name", "path", "include", "exclude", "busy_timeout_ms"], where);
+    rejectUnknownKeys(raw, ["kind", "name", "path", "include", "exclude", "busy_timeout_ms", "live_read"], where);
     return {
       kind: "sqlite",
       name: reqString(raw, "name", where),
@@ -492,6 +682,7 @@ export const sqliteSource: SourceKind<SqliteConfig> = {
       include: optStringArray(raw, "include", where),
       exclude: optStringArray(raw, "exclude", where),
       busy_timeout_ms: optInt(raw, "busy_timeout_ms", where, 0, 3_600_000) ?? SQLITE_DEFAULT_BUSY_TIMEOUT_MS,
+      live_read: optBool(raw, "live_read", where) ?? true,
     };
   },
 
@@ -502,28 +693,143 @@ export const sqliteSource: SourceKind<SqliteConfig> = {
     const sideFiles = files.length - dbs.length;
     const databases: Record<string, SqliteDbMeta> = {};
     const temps = new Set<string>();
-    let worker: SqliteWorker | null = null;
+    const lives = new Set<LiveRead>();
+    // With redaction, two workers: while one reads database i, the other scans database i+1 ahead (see the module comment).
+    const workers: SqliteWorker[] = [];
+    const workerFor = (i: number): SqliteWorker => (workers[ctx.redactor && cfg.live_read !== false ? i % 2 : 0] ??= new SqliteWorker());
     const tag = randomBytes(4).toString("hex");
     let seq = 0;
+    let handles = 0;
     const removeCopy = async (p: string): Promise<void> => {
       for (const f of [p, `${p}-journal`, `${p}.vacuum`]) await rm(f, { force: true });
       temps.delete(p);
     };
+    const liveOn = cfg.live_read !== false;
+    const redact = !!ctx.redactor;
+
+    /** Open a database file and look at its first bytes; the handle stays open for a live read. */
+    const openDb = async (f: FoundFile): Promise<FileHandle> => {
+      let fh: FileHandle;
+      try {
+        fh = await open(f.abs, "r");
+      } catch (e) {
+        throw sourceError(e, f.abs);
+      }
+      let kind: Awaited<ReturnType<typeof sniffHandle>>;
+      try {
+        kind = await sniffHandle(fh, f.abs);
+      } catch (e) {
+        await fh.close().catch(() => undefined);
+        throw e;
+      }
+      if (kind === "other" || kind === "random") {
+        await fh.close().catch(() => undefined);
+        throw notSqlite(f.abs, kind);
+      }
+      return fh;
+    };
+
+    /** A look-ahead: the next database's redaction scan, in its own short read transaction, in the other worker. */
+    interface Ahead { f: FoundFile; live: LiveRead; done: Promise<unknown> }
+    let ahead: Ahead | null = null;
+    const startAhead = async (f: FoundFile | undefined, cur: FoundFile, w: SqliteWorker): Promise<void> => {
+      if (!f || !liveOn || !redact || ctx.signal?.aborted) return;
+      // A hard link of the database being read: closing that one's descriptor would drop this one's locks.
+      if (f.stats.dev === cur.stats.dev && f.stats.ino === cur.stats.ino) return;
+      let fh: FileHandle;
+      try {
+        fh = await openDb(f);
+      } catch {
+        return; // reported when its turn comes
+      }
+      const live = new LiveRead(++handles, fh, f, w);
+      lives.add(live);
+      const done = w.call<LiveBeginResult>({
+        op: "live_begin", handle: live.handle, src: f.abs, fd: fh.fd, busyTimeoutMs: cfg.busy_timeout_ms, redact, hold: false,
+      }).catch(() => undefined); // a failure is met again (and reported) when its turn comes
+      ahead = { f, live, done };
+    };
+
     return {
       estimatedBytes: dbs.reduce((n, f) => n + f.stats.size, 0),
       artifacts: (async function* (): AsyncGenerator<Artifact> {
-        for (const f of dbs) {
+        for (let i = 0; i < dbs.length; i++) {
+          const f = dbs[i]!;
           ctx.signal?.throwIfAborted();
-          const kind = await sniff(f.abs);
-          if (kind === "other" || kind === "random") throw notSqlite(f.abs, kind);
-          const copy = join(ctx.tmpDir, `sqlite-${cfg.name}-${tag}-${seq++}.db`);
-          temps.add(copy);
-          worker ??= new SqliteWorker();
-          const w = worker;
+          const w = workerFor(i);
           const job = <T>(p: Promise<T>): Promise<T> => p.catch((e: unknown) => {
             throw ctx.signal?.aborted ? e : sqliteSourceError(e, f.abs, ctx.tmpDir);
           });
           const sourceBytes = f.stats.size + (await sizeOr0(`${f.abs}-wal`));
+
+          // ---- the live read: the file itself under a read transaction, when that is sound
+          let skippedWhy: string | undefined = liveOn ? undefined : "disabled";
+          const pre = ahead as Ahead | null;
+          ahead = null;
+          let live: LiveRead | null = null;
+          if (pre && pre.f === f) {
+            await pre.done; // the look-ahead's job must end before the same handle is used again
+            live = pre.live;
+          } else if (pre) {
+            lives.delete(pre.live);
+            await pre.live.release();
+          }
+          if (liveOn) {
+            if (!live) {
+              const fh = await openDb(f);
+              live = new LiveRead(++handles, fh, f, w);
+              lives.add(live);
+            }
+            const l = live;
+            await startAhead(dbs[i + 1], f, workerFor(i + 1)); // runs while this one is scanned and streams
+            let r: LiveBeginResult;
+            try {
+              r = await job(l.worker.call<LiveBeginResult>({
+                op: "live_begin", handle: l.handle, src: f.abs, fd: l.fh.fd, busyTimeoutMs: cfg.busy_timeout_ms, redact, hold: true,
+              }, ctx.signal));
+            } catch (e) {
+              lives.delete(l);
+              await l.release();
+              throw e;
+            }
+            if (r.eligible) {
+              // quick_check and the row counts run in the worker, in the same transaction, while the bytes stream.
+              const verified = l.worker.call<LiveVerifyResult>({ op: "live_verify", handle: l.handle, limit: 10 }, ctx.signal);
+              verified.catch(() => undefined); // awaited in check()
+              const meta: SqliteDbMeta = {
+                method: "live_read",
+                ...r.pragmas,
+                source_bytes: r.size + r.walBytes,
+                copy_bytes: r.size,
+                copy_ms: 0,
+                prepare_ms: r.ms,
+                quick_check: "ok",
+                tables: {},
+                ...(r.scan ? {
+                  redaction: {
+                    scrub: "none", tables: r.scan.tables, cells_scanned: r.scan.cells_scanned, candidates: 0, cells_redacted: 0,
+                    fts_rebuilt: [], fts_optimized: [], stat4_cleared: false, skipped: liveReadSkips(r.virtualTables),
+                    live_scan: { ...r.scan, ...(r.reused ? { reused: true } : {}) },
+                  } satisfies SqliteRedactionStats,
+                } : {}),
+              };
+              yield liveArtifact(f, l, r, meta, verified, databases, (e) => (ctx.signal?.aborted ? e : sqliteSourceError(e, f.abs)));
+              lives.delete(l);
+              await l.release();
+              continue;
+            }
+            skippedWhy = r.reason ?? "unknown";
+            lives.delete(l);
+            await l.release();
+          }
+
+          // ---- the copy (today's path): VACUUM INTO (or a one-step backup), redaction in the copy, quick_check
+          const copy = join(ctx.tmpDir, `sqlite-${cfg.name}-${tag}-${seq++}.db`);
+          temps.add(copy);
+          if (!liveOn) {
+            const kind = await sniff(f.abs);
+            if (kind === "other" || kind === "random") throw notSqlite(f.abs, kind);
+          }
           const cr = await job(w.call<CopyResult>({ op: "copy", src: f.abs, dest: copy, busyTimeoutMs: cfg.busy_timeout_ms }, ctx.signal));
           let redaction: SqliteRedactionStats | undefined;
           if (ctx.redactor) {
@@ -551,6 +857,7 @@ export const sqliteSource: SourceKind<SqliteConfig> = {
             copy_bytes: st.size,
             copy_ms: Math.round(cr.ms),
             quick_check: "ok",
+            ...(skippedWhy ? { live_read_skipped: skippedWhy } : {}),
             tables: chk.tables ?? {},
             ...(redaction ? { redaction } : {}),
           };
@@ -566,7 +873,9 @@ export const sqliteSource: SourceKind<SqliteConfig> = {
         skipped: { ...skipped, side_files: sideFiles },
       }),
       cleanup: async () => {
-        await (worker as SqliteWorker | null)?.close();
+        // Stop the worker first (its exit closes every connection), then close the file handles.
+        for (const w of workers) await w?.close();
+        for (const l of [...lives]) await l.release();
         for (const p of [...temps]) await removeCopy(p).catch(() => undefined);
       },
     };

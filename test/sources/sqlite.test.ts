@@ -4,6 +4,8 @@
  * a consistent copy under a live writer, WAL-only commits, the layer meta, materialize, bad
  * inputs (each with its error code and nothing left behind), redaction in the copy (with a stub
  * Redactor standing in for src/redact/), deepVerify, and the copy running off the main thread.
+ * The live read (the database file itself under a read transaction) has its own file,
+ * sqlite-live.test.ts; the copy-path tests here turn it off where they need the copy.
  */
 import { spawn, spawnSync, type ChildProcess } from "node:child_process";
 import { createHash, randomBytes } from "node:crypto";
@@ -15,6 +17,7 @@ import { Readable } from "node:stream";
 import { fileURLToPath } from "node:url";
 import { describe, expect, it, vi } from "vitest";
 import { isMemsnapError, parseConfig, restoreToDir, snapshot, verifyBundle, type LayerEntry } from "../../src/index.js";
+import { candidate as prefilterCandidate } from "../../src/redact/prefilter.js";
 import type { RedactionReport, Redactor } from "../../src/redact/types.js";
 import { sqliteSource, type SqliteDbMeta } from "../../src/sources/sqlite.js";
 import { SqliteWorker, type CopyResult } from "../../src/sources/sqlite-worker.js";
@@ -30,15 +33,19 @@ vi.mock(import("../../src/redact/index.js"), async (importOriginal) => {
   return { ...mod, createRedactor: async () => redactorHook.current?.() as Redactor | undefined };
 });
 
-const SECRET = /sk-live-[A-Za-z0-9]{16,}/g;
+const SECRET = /sk_live_[A-Za-z0-9]{16,}/g;
 
-/** A Redactor with one rule (`stub-api-key`: `sk-live-` + 16+ alphanumerics). */
+/**
+ * A Redactor with one rule (`stub-api-key`: `sk_live_` + 16+ alphanumerics, a Stripe key). Its
+ * candidate() is the real pre-filter, as in the production redactor: the live read's scan in
+ * the worker uses that pre-filter, so a stub with another candidate() would disagree with it.
+ */
 class StubRedactor implements Redactor {
   readonly redacted: Record<string, Record<string, number>> = {};
   total = 0;
   scanned = 0;
   candidate(text: string): boolean {
-    return text.includes("sk-live-");
+    return prefilterCandidate(text);
   }
   async redactText(text: string, artifact: string): Promise<string> {
     this.scanned += text.length;
@@ -188,7 +195,7 @@ const randomAlnum = (n: number): string => randomBytes(n * 2).toString("base64")
 describe("sqlite: config", () => {
   it("parses path, include, exclude, busy_timeout_ms (default 5000) and rejects unknown keys", () => {
     const c = parseConfig({ agent: "a", sources: [{ kind: "sqlite", name: "db", path: "db/" }] }, null, "/x");
-    expect(c.sources[0]!.cfg).toEqual({ kind: "sqlite", name: "db", path: "db/", include: undefined, exclude: undefined, busy_timeout_ms: 5000 });
+    expect(c.sources[0]!.cfg).toEqual({ kind: "sqlite", name: "db", path: "db/", include: undefined, exclude: undefined, busy_timeout_ms: 5000, live_read: true });
     const c2 = parseConfig({ agent: "a", sources: [{ kind: "sqlite", name: "db", path: "m.db", busy_timeout_ms: 250, exclude: ["x.db"] }] }, null, "/x");
     expect(c2.sources[0]!.cfg).toMatchObject({ busy_timeout_ms: 250, exclude: ["x.db"] });
     const bad = (s: Record<string, unknown>): string => {
@@ -203,6 +210,9 @@ describe("sqlite: config", () => {
     expect(bad({ busy_timeout_ms: -1 })).toBe("MEMSNAP_CONFIG_INVALID");
     expect(bad({ busy_timeout_ms: "5s" })).toBe("MEMSNAP_CONFIG_INVALID");
     expect(bad({ include: "*.db" })).toBe("MEMSNAP_CONFIG_INVALID");
+    expect(bad({ live_read: "yes" })).toBe("MEMSNAP_CONFIG_INVALID");
+    const c3 = parseConfig({ agent: "a", sources: [{ kind: "sqlite", name: "db", path: "m.db", live_read: false }] }, null, "/x");
+    expect(c3.sources[0]!.cfg).toMatchObject({ live_read: false });
   });
 });
 
@@ -251,7 +261,8 @@ describe("sqlite: copy under a live writer", () => {
     expect(after).toBeGreaterThan(before); // the writer committed while the snapshot ran
     expect(during).toBeGreaterThanOrEqual(5);
     expect(m.tables.pairs).toBe(n);
-    expect(m.method).toBe("vacuum_into");
+    expect(m.method).toBe("vacuum_into"); // the live writer keeps frames in the -wal: no live read
+    expect(m.live_read_skipped).toBe("wal_frames");
     expect(m.journal_mode).toBe("wal");
     const v = await verifyBundle(r.path, { deep: true });
     expect(v.findings).toEqual([]);
@@ -331,12 +342,18 @@ describe("sqlite: meta, restore and materialize", () => {
       INSERT INTO search (body) VALUES ('the quick brown fox'), ('jumps over the lazy dog');
       DELETE FROM facts WHERE id % 5 = 0;`);
     const srcDump = dump(db);
+    const srcSha = sha(db);
     const r = await snap(dir, { path: "memory.db" });
     const m = metaOf(r.manifest.layers);
+    // A WAL database whose -wal is empty (closed cleanly): the file itself, under a read transaction.
     expect(m).toMatchObject({
-      method: "vacuum_into", journal_mode: "wal", page_size: 4096, user_version: 42, application_id: 1297305168,
-      encoding: "UTF-8", quick_check: "ok", tables: { facts: 400, kv: 3 },
+      method: "live_read", journal_mode: "wal", page_size: 4096, user_version: 42, application_id: 1297305168,
+      encoding: "UTF-8", quick_check: "ok", tables: { facts: 400, kv: 3 }, copy_ms: 0,
     });
+    expect(r.manifest.index![0]!.sha256).toBe(srcSha);
+    expect(m.source_bytes).toBe(statSync(db).size);
+    expect(Number.isSafeInteger(m.prepare_ms)).toBe(true);
+    expect(Number.isSafeInteger(m.quick_check_ms)).toBe(true);
     expect(m.schema_version).toBe(withDb(db, (d) => d.pragma("schema_version", { simple: true })));
     expect(Object.keys(m.tables)).not.toContain("search_data"); // shadow tables are not listed
     expect(m.copy_bytes).toBe(r.manifest.index![0]!.size);
@@ -354,6 +371,11 @@ describe("sqlite: meta, restore and materialize", () => {
       expect(d.prepare("SELECT count(*) FROM search WHERE search MATCH 'fox'").pluck().get()).toBe(1);
     });
     expect(dump(copy)).toEqual(srcDump);
+    // The copy path (live reads off) restores the same content.
+    const rc = await snap(dir, { path: "memory.db", live_read: false }, "copy.memsnap");
+    expect(metaOf(rc.manifest.layers)).toMatchObject({ method: "vacuum_into", live_read_skipped: "disabled", tables: { facts: 400, kv: 3 } });
+    await restoreToDir(rc.path, join(dir, "restored-copy"));
+    expect(dump(join(dir, "restored-copy", "db", "memory.db"))).toEqual(srcDump);
     if (SQLITE3_OK) {
       const d1 = spawnSync("sqlite3", ["-readonly", db, ".dump"], { encoding: "utf8" });
       const d2 = spawnSync("sqlite3", ["-readonly", copy, ".dump"], { encoding: "utf8" });
@@ -512,7 +534,7 @@ describe("sqlite: redaction in the copy", () => {
   it("rewrites TEXT cells in the copy only; no secret byte remains anywhere in the bundle", async () => {
     const dir = tempDir("memsnap-sqlite-");
     const db = join(dir, "memory.db");
-    const secrets = Array.from({ length: 8 }, () => `sk-live-${randomAlnum(24)}`);
+    const secrets = Array.from({ length: 8 }, () => `sk_live_${randomAlnum(24)}`);
     const [s0, s1, s2, s3, s4, s5, s6, s7] = secrets as [string, string, string, string, string, string, string, string];
     makeDb(db, `
       CREATE TABLE notes (id INTEGER PRIMARY KEY, title TEXT, body TEXT, data BLOB);
@@ -555,6 +577,7 @@ describe("sqlite: redaction in the copy", () => {
     withDb(db, (d) => expect(q<number>(d, `SELECT count(*) FROM notes WHERE body LIKE '%${s0}%'`)).toBe(1500));
 
     const m = metaOf(r.manifest.layers);
+    expect(m).toMatchObject({ method: "vacuum_into", live_read_skipped: "redaction_candidate" });
     expect(m.redaction).toMatchObject({ scrub: "secure_delete+vacuum", cells_redacted: 1500 + 1 + 2 + 2 + 1 + 1 });
     expect(m.redaction!.fts_optimized).toEqual(["fts_own"]);
     expect(m.redaction!.fts_rebuilt).toEqual(["fts_ext"]);
@@ -583,7 +606,7 @@ describe("sqlite: redaction in the copy", () => {
       d.exec("INSERT INTO fts_own (fts_own) VALUES ('integrity-check'); INSERT INTO fts_ext (fts_ext) VALUES ('integrity-check');");
     }, false);
     // Not one secret (nor its random part, which FTS would index as a token) in the file's bytes.
-    const needles = ["sk-live-", ...secrets.map((s) => s.slice(8))];
+    const needles = ["sk_live_", ...secrets.map((s) => s.slice(8))];
     const raw = readFileSync(copy);
     for (const n of needles) expect(raw.includes(n), `${n} in the restored file`).toBe(false);
     if (ZSTD_OK) {
@@ -599,14 +622,23 @@ describe("sqlite: redaction in the copy", () => {
     const stub = new StubRedactor();
     redactorHook.current = () => stub;
     let r!: Awaited<ReturnType<typeof snap>>;
+    let live!: Awaited<ReturnType<typeof snap>>;
     try {
-      r = await snap(dir, { path: "memory.db" });
+      r = await snap(dir, { path: "memory.db", live_read: false });
+      live = await snap(dir, { path: "memory.db" }, "live.memsnap");
     } finally {
       redactorHook.current = undefined;
     }
     expect(metaOf(r.manifest.layers).redaction).toMatchObject({ cells_scanned: 2, candidates: 0, cells_redacted: 0, fts_rebuilt: [], fts_optimized: [] });
-    const plain = await snap(dir, { path: "memory.db" }, "plain.memsnap");
+    expect(metaOf(r.manifest.layers)).toMatchObject({ method: "vacuum_into", live_read_skipped: "disabled" });
+    const plain = await snap(dir, { path: "memory.db", live_read: false }, "plain.memsnap");
     expect(r.manifest.index![0]!.size).toBe(plain.manifest.index![0]!.size);
+    // With the live read (the default) the scan runs in the worker and the file itself is bundled.
+    const lm = metaOf(live.manifest.layers);
+    expect(lm.method).toBe("live_read");
+    expect(lm.redaction).toMatchObject({ scrub: "none", cells_scanned: 2, candidates: 0, cells_redacted: 0, skipped: [] });
+    expect(live.manifest.index![0]!.sha256).toBe(sha(join(dir, "memory.db")));
+    expect(stub.scanned).toBe(0); // nothing reached the redactor on the main thread
   });
 });
 
@@ -648,7 +680,7 @@ describe("sqlite: the copy runs off the main thread", () => {
       INSERT INTO notes (topic, body) SELECT 't' || (i % 97), hex(randomblob(256)) FROM c;`);
     const mb = (statSync(db).size + (existsSync(`${db}-wal`) ? statSync(`${db}-wal`).size : 0)) / 1e6;
     expect(mb).toBeGreaterThan(90);
-    const cfg = sqliteSource.parseConfig({ kind: "sqlite", name: "db", path: "big.db" }, "test");
+    const cfg = sqliteSource.parseConfig({ kind: "sqlite", name: "db", path: "big.db", live_read: false }, "test");
     const work = join(dir, "work");
     mkdirSync(work);
     const cap = await sqliteSource.capture(cfg, { baseDir: dir, tmpDir: work });
