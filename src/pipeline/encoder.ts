@@ -42,8 +42,8 @@ import { AGE_CHUNK, AGE_TAG, type AgeStreamParams } from "./age.js";
 const IN_BUF = 1024 * 1024;
 /** Input buffers at the worker at a time. */
 const IN_FLIGHT_BUFS = 4;
-/** zstd output buffer in the worker. */
-const Z_OUT = 1024 * 1024;
+/** Tar bytes per zstd frame (at most; a level change ends a frame early). */
+const SEG_BYTES = 2 * 1024 * 1024;
 /** Bytes the worker collects before one pwrite. */
 const W_BATCH = 1024 * 1024;
 
@@ -56,6 +56,8 @@ export interface PayloadEncoderOptions {
   level: number;
   /** zstd `nbWorkers` (0: compress in the worker thread itself). */
   threads?: number;
+  /** Compress every other frame in a second thread (default true). */
+  parallel?: boolean;
   /** age STREAM parameters, or null for a plaintext payload. */
   age: AgeStreamParams | null;
 }
@@ -156,75 +158,162 @@ function emit(data) {
 }
 if (key) out(Buffer.from(wd.agePreamble));
 
-// -- zstd
+// -- zstd: the tar stream is cut into segments of wd.segBytes (and at every level change),
+// each compressed as one complete frame; odd segments go to a second compressor thread (the
+// "peer", started on the first one) so that both cores compress, and frames are emitted in order.
 const cctx = new b.CCtx();
-let level = wd.level;
+let level = wd.level;          // level of the segment being filled
+let cctxLevel = level;
 cctx.setParameter(b.CParameter.compressionLevel, level);
 cctx.setParameter(b.CParameter.checksumFlag, 1);
-if (wd.threads > 0) {
-  cctx.setParameter(b.CParameter.nbWorkers, wd.threads);
-  cctx.setParameter(b.CParameter.jobSize, 4 * 1024 * 1024);
-}
-const zout = Buffer.allocUnsafeSlow(wd.zOut);
-let zpos = 0;
-let frameOpen = false;
-let frames = 0;
-function zflush() {
-  if (zpos > 0) { emit(zout.subarray(0, zpos)); zpos = 0; }
-}
-function compress(buf) {
-  let at = 0;
-  frameOpen = true;
-  while (at < buf.length) {
-    const r = cctx.compressStream2(zout.subarray(zpos), buf.subarray(at), b.EndDirective.continue);
-    zpos += r[1];
-    at += r[2];
-    if (zpos === zout.length) zflush();
-  }
-}
-function endFrame() {
-  for (;;) {
-    const r = cctx.compressStream2(zout.subarray(zpos), EMPTY, b.EndDirective.end);
-    zpos += r[1];
-    if (zpos === zout.length || r[0] === 0) zflush();
-    if (r[0] === 0) break;
-  }
-  frameOpen = false;
+const SEG = wd.segBytes;
+const DST = SEG + (SEG >> 7) + 1024; // ≥ ZSTD_compressBound(SEG)
+let seg = Buffer.allocUnsafeSlow(SEG);
+let segLen = 0;
+let nextSeq = 0, emitSeq = 0, frames = 0;
+const ready = new Map();       // seq → { buf, len, ab? } compressed frames waiting for their turn
+const segFree = [];            // segment ArrayBuffers the peer gave back
+const dstFree = [];            // this thread's frame buffers
+let peer = null, peerBusy = 0;
+const queue = [];              // input items in order: data / level / end
+let finished = false;
+
+function compressFrame(src, lvl) {
+  if (lvl !== cctxLevel) { cctx.setParameter(b.CParameter.compressionLevel, lvl); cctxLevel = lvl; }
+  const dst = dstFree.pop() || Buffer.allocUnsafeSlow(DST);
+  const t0 = now();
+  const n = cctx.compress2(dst, src);
+  T.z += now() - t0;
   frames++;
+  return { buf: dst, len: n, own: true };
+}
+function drain() {
+  while (ready.has(emitSeq)) {
+    const f = ready.get(emitSeq);
+    ready.delete(emitSeq);
+    emit(f.buf.subarray(0, f.len));
+    if (f.own) dstFree.push(f.buf);
+    else peer.postMessage({ t: "free", ab: f.buf.buffer }, [f.buf.buffer]);
+    emitSeq++;
+  }
+}
+function startPeer() {
+  const { Worker } = require("node:worker_threads");
+  peer = new Worker(wd.peerSource, {
+    eval: true, execArgv: [], resourceLimits: { maxYoungGenerationSizeMb: 4 },
+    workerData: { bindingPath: wd.bindingPath, dstBytes: DST },
+  });
+  peer.on("message", (m) => {
+    if (failed) return;
+    if (m.t === "frame") {
+      peerBusy--;
+      frames++;
+      segFree.push(m.seg);
+      ready.set(m.seq, { buf: Buffer.from(m.ab, 0, DST), len: m.len, own: false });
+      try { drain(); pump(); } catch (e) { fail(e, e && typeof e.code === "string" && e.syscall ? "io" : "internal"); }
+    } else if (m.t === "err") {
+      fail({ message: m.msg }, "internal");
+    }
+  });
+  peer.on("error", (e) => fail(e, "internal"));
+  peer.unref();
+}
+/** Close the filled segment; false when it must wait for the peer. */
+function closeSegment() {
+  if (segLen === 0) return true;
+  const seq = nextSeq;
+  if (seq % 2 === 1 && wd.parallel) {
+    if (peerBusy >= 1) return false;
+    if (!peer) startPeer();
+    const ab = seg.buffer;
+    peer.postMessage({ t: "seg", seq, ab, len: segLen, level }, [ab]);
+    peerBusy++;
+    const next = segFree.pop();
+    seg = next === undefined ? Buffer.allocUnsafeSlow(SEG) : Buffer.from(next, 0, SEG);
+  } else {
+    ready.set(seq, compressFrame(seg.subarray(0, segLen), level));
+  }
+  nextSeq++;
+  segLen = 0;
+  drain();
+  return true;
+}
+
+function pump() {
+  while (!failed && !finished && queue.length > 0) {
+    const m = queue[0];
+    if (m.t === "data") {
+      const src = Buffer.from(m.ab, 0, m.len);
+      while (m.pos < m.len) {
+        if (segLen === SEG && !closeSegment()) return;
+        const n = Math.min(SEG - segLen, m.len - m.pos);
+        src.copy(seg, segLen, m.pos, m.pos + n);
+        segLen += n;
+        m.pos += n;
+      }
+      queue.shift();
+      parentPort.postMessage({ t: "ack", ab: m.ab }, [m.ab]);
+    } else if (m.t === "level") {
+      if (m.level !== level) {
+        if (!closeSegment()) return;
+        level = m.level;
+      }
+      queue.shift();
+    } else if (m.t === "end") {
+      if (!closeSegment()) return;
+      if (nextSeq === 0) ready.set(nextSeq++, compressFrame(EMPTY, level)); // an empty payload is still one frame
+      drain();
+      if (emitSeq < nextSeq) return; // the peer still holds a frame
+      queue.shift();
+      finished = true;
+      if (key) seal(chunk.subarray(0, used), true);
+      flushWrites();
+      if (peer) void peer.terminate();
+      if (process.env.MEMSNAP_DEBUG_ENCODER) process.stderr.write("encoder worker busy ms: " + JSON.stringify(T) + " frames " + frames + "\n");
+      parentPort.postMessage({ t: "done", stored, sha256: hash.digest("hex"), head });
+    }
+  }
 }
 
 const T = { z: 0, seal: 0, write: 0, hash: 0 };
-const now = () => Number(process.hrtime.bigint()) / 1e6;
+function now() { return Number(process.hrtime.bigint()) / 1e6; }
 function fail(e, kind) {
+  if (failed) return;
   failed = true;
+  if (peer) void peer.terminate();
   parentPort.postMessage({ t: "err", kind, code: e && e.code, msg: String(e && e.message) });
 }
 
 parentPort.on("message", (m) => {
   if (failed) return;
   try {
-    if (m.t === "data") {
-      const t0 = now();
-      compress(Buffer.from(m.ab, 0, m.len));
-      T.z += now() - t0;
-      parentPort.postMessage({ t: "ack", ab: m.ab }, [m.ab]);
-    } else if (m.t === "level") {
-      if (m.level !== level) {
-        if (frameOpen) endFrame();
-        level = m.level;
-        cctx.setParameter(b.CParameter.compressionLevel, level);
-      }
-    } else if (m.t === "end") {
-      // An empty payload still gets one (empty) frame, so it is a valid zstd stream.
-      if (frameOpen || frames === 0) endFrame();
-      zflush();
-      if (key) seal(chunk.subarray(0, used), true);
-      flushWrites();
-      if (process.env.MEMSNAP_DEBUG_ENCODER) process.stderr.write("encoder worker busy ms: " + JSON.stringify(T) + " frames " + frames + "\n");
-      parentPort.postMessage({ t: "done", stored, sha256: hash.digest("hex"), head });
-    }
+    if (m.t === "data") queue.push({ t: "data", ab: m.ab, len: m.len, pos: 0 });
+    else queue.push(m);
+    pump();
   } catch (e) {
     fail(e, e && typeof e.code === "string" && e.syscall ? "io" : "internal");
+  }
+});
+`;
+
+/** The peer compressor: whole segments in, one zstd frame each out (buffers go back and forth). */
+const PEER_SOURCE = String.raw`
+"use strict";
+const { parentPort, workerData: wd } = require("node:worker_threads");
+const b = require(wd.bindingPath);
+const cctx = new b.CCtx();
+let cctxLevel = -1000;
+cctx.setParameter(b.CParameter.checksumFlag, 1);
+const free = [];
+parentPort.on("message", (m) => {
+  try {
+    if (m.t === "free") { free.push(m.ab); return; }
+    if (m.level !== cctxLevel) { cctx.setParameter(b.CParameter.compressionLevel, m.level); cctxLevel = m.level; }
+    const dst = free.length ? Buffer.from(free.pop()) : Buffer.allocUnsafeSlow(wd.dstBytes);
+    const n = cctx.compress2(dst, Buffer.from(m.ab, 0, m.len));
+    parentPort.postMessage({ t: "frame", seq: m.seq, ab: dst.buffer, len: n, seg: m.ab }, [dst.buffer, m.ab]);
+  } catch (e) {
+    parentPort.postMessage({ t: "err", msg: String(e && e.message) });
   }
 });
 `;
@@ -267,7 +356,8 @@ export class PayloadEncoder {
       resourceLimits: { maxYoungGenerationSizeMb: 4 },
       workerData: {
         bindingPath: bindingPath(), fd: opts.fd, start: opts.start, level: opts.level, threads: opts.threads ?? 0,
-        zOut: Z_OUT, wBatch: W_BATCH, ageChunk: AGE_CHUNK, ageTag: AGE_TAG,
+        wBatch: W_BATCH, ageChunk: AGE_CHUNK, ageTag: AGE_TAG,
+        segBytes: SEG_BYTES, parallel: opts.parallel ?? true, peerSource: PEER_SOURCE,
         ageKey: opts.age ? Uint8Array.from(opts.age.key) : null,
         agePreamble: opts.age ? Uint8Array.from(opts.age.preamble) : null,
       },
