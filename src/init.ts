@@ -72,7 +72,7 @@ export async function detectAgent(home: string): Promise<Detection> {
         if (depth < MAX_DEPTH && !SKIP_DIRS.has(e.name)) await walk(p, depth + 1);
       } else if (e.isFile()) {
         if (/\.(db|sqlite|sqlite3)$/i.test(e.name) && (await isSqlite(p))) {
-          found.push({ kind: "sqlite", name: layerName(e.name, taken), path: rel(p), note: "SQLite database: consistent copy under live writers, WAL folded in" });
+          found.push({ kind: "sqlite", name: layerName(e.name, taken), path: rel(p), note: "SQLite database: one committed state under live writers (the file under a read transaction, or a copy with the WAL folded in)" });
         } else if (/\.json$/i.test(e.name) && e.name !== "memsnap.json" && e.name !== "package.json" && e.name !== "package-lock.json") {
           const s = await stat(p).catch(() => null);
           if (s && s.size <= STATE_MAX_BYTES) jsons.push(e.name);

@@ -9,8 +9,8 @@
  *           `git status --porcelain` lists the same changes (memory layer)
  *   sqlite  for every database: `PRAGMA integrity_check` says ok, the journal mode (WAL or
  *           rollback, from the header) is the same, every table has the same row count, and the
- *           SHA-256 of `sqlite3 DB .dump` is the same (db layer; memsnap stores a VACUUM INTO
- *           copy, so the file bytes differ by design)
+ *           SHA-256 of `sqlite3 DB .dump` is the same (db layer; memsnap stores the file itself
+ *           when it can read it live, else a VACUUM INTO copy whose bytes differ by design)
  *
  * The mix side of the sqlite facts is cached (keyed by the file's SHA-256) so a reused mix is
  * dumped once. Node built-ins plus the git and sqlite3 CLIs.
