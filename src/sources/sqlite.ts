@@ -732,10 +732,10 @@ export const sqliteSource: SourceKind<SqliteConfig> = {
     /** A look-ahead: the next database's redaction scan, in its own short read transaction, in the other worker. */
     interface Ahead { f: FoundFile; live: LiveRead; done: Promise<unknown> }
     let ahead: Ahead | null = null;
-    const startAhead = async (f: FoundFile | undefined, cur: FoundFile, w: SqliteWorker): Promise<void> => {
+    const startAhead = async (f: FoundFile | undefined, cur: FoundFile | null, w: SqliteWorker): Promise<void> => {
       if (!f || !liveOn || !redact || ctx.signal?.aborted) return;
       // A hard link of the database being read: closing that one's descriptor would drop this one's locks.
-      if (f.stats.dev === cur.stats.dev && f.stats.ino === cur.stats.ino) return;
+      if (cur && f.stats.dev === cur.stats.dev && f.stats.ino === cur.stats.ino) return;
       let fh: FileHandle;
       try {
         fh = await openDb(f);
@@ -749,6 +749,11 @@ export const sqliteSource: SourceKind<SqliteConfig> = {
       }).catch(() => undefined); // a failure is met again (and reported) when its turn comes
       ahead = { f, live, done };
     };
+
+    // The first database's scan starts now: the snapshot starts every capture up front, so it
+    // runs while the layers before this one pack (its result is reused only if the database
+    // has not changed by its turn, as for any look-ahead).
+    await startAhead(dbs[0], null, workerFor(0));
 
     return {
       estimatedBytes: dbs.reduce((n, f) => n + f.stats.size, 0),
