@@ -65,7 +65,9 @@
  * scan's `data_version`. When its turn comes it starts its real read transaction on that
  * connection and reuses the scan only if `data_version` (no other connection committed
  * since), the file's size and mtime are unchanged and the `-wal` is still empty; otherwise it
- * scans again. Only one database's transaction is ever held across a stream.
+ * scans again. Only one database's transaction is ever held across a stream. The first
+ * database's look-ahead starts in capture() itself: a snapshot starts every capture up front,
+ * so that scan runs while the layers before this one pack.
  *
  * Copy (`vacuum_into` / `backup`; `live_read_skipped` in the meta says why the live read was
  * not taken: `wal_frames`, `redaction_candidate`, `stale_candidate`, `stale_token`,
