@@ -518,6 +518,9 @@ function verbatimArtifact(v: VerbatimFile, layer: string, redactor: Redactor | u
 
 interface Counters {
   bytesStored: number;
+  /** The two read buffers used in turn (see dataArtifacts), shared by every data file. */
+  readBufs: Buffer[];
+  flip: number;
 }
 
 /** Stream one data file's tiles; yields an artifact per new distinct non-zero page. */
@@ -529,8 +532,7 @@ async function* dataArtifacts(f: DataFile, plan: KvPlan, shuffle: ShuffleDecisio
     if ((e as NodeJS.ErrnoException).code === "ENOENT") throw sourceChanged(f.abs, "it was removed");
     throw sourceError(e, f.abs);
   }
-  const bufs: Buffer[] = [Buffer.alloc(0), Buffer.alloc(0)];
-  let flip = 0;
+  const bufs = counters.readBufs;
   try {
     let i = 0;
     while (i < f.tiles.length) {
@@ -539,14 +541,17 @@ async function* dataArtifacts(f: DataFile, plan: KvPlan, shuffle: ShuffleDecisio
       // used in turn: a consumer pulls the next artifact only after it has packed (copied) the
       // current one, so a page is never read over while in use, and one block back stays
       // intact for a consumer that lags by one. Fresh 4 MiB buffers per block fragmented the
-      // heap (measured: +25 MiB peak RSS on the bench's KV layer).
+      // heap (measured: +25 MiB peak RSS on the bench's KV layer). The pair is shared by all
+      // data files of the capture: a pair per file left dead 4 MiB buffers in the old
+      // generation until a full GC (+60 MiB of external memory at peak).
       let j = i;
       let len = 0;
       while (j < f.tiles.length && (j === i || len + f.tiles[j]!.len <= READ_BLOCK)) len += f.tiles[j++]!.len;
       const start = f.tiles[i]!.offset;
-      flip ^= 1;
-      if (bufs[flip]!.length < len) bufs[flip] = Buffer.allocUnsafe(Math.max(len, READ_BLOCK));
-      const buf = bufs[flip]!.subarray(0, len);
+      counters.flip ^= 1;
+      const k = counters.flip;
+      if (bufs[k]!.length < len) bufs[k] = Buffer.allocUnsafe(Math.max(len, READ_BLOCK));
+      const buf = bufs[k]!.subarray(0, len);
       let got = 0;
       while (got < len) {
         const r = await fh.read(buf, got, len - got, start + got).catch((e: unknown) => { throw sourceError(e, f.abs); });
@@ -848,7 +853,7 @@ export const kvSource: SourceKind<KvConfig> = {
     const shuffle = await decideShuffle(plan, cfg.shuffle ?? "auto");
     const contents = new Contents();
     const files: KvIndexFile[] = [];
-    const counters: Counters = { bytesStored: 0 };
+    const counters: Counters = { bytesStored: 0, readBufs: [Buffer.alloc(0), Buffer.alloc(0)], flip: 0 };
     let indexHex = "";
     const layer = cfg.name;
     const fileEntry = (rel: string, st: Stats): Omit<KvIndexFile, "artifact" | "tiles"> => ({

@@ -874,11 +874,13 @@ export const sqliteSource: SourceKind<SqliteConfig> = {
           await removeCopy(copy);
         }
       })(),
-      finish: async () => ({
-        root,
-        databases,
-        skipped: { ...skipped, side_files: sideFiles },
-      }),
+      finish: async () => {
+        // Every database has streamed: stop the workers now (each holds a V8 heap and SQLite
+        // caches), not at the end of the whole snapshot, then close the file handles.
+        for (const w of workers.splice(0)) await w?.close();
+        for (const l of [...lives]) await l.release();
+        return { root, databases, skipped: { ...skipped, side_files: sideFiles } };
+      },
       cleanup: async () => {
         // Stop the worker first (its exit closes every connection), then close the file handles.
         for (const w of workers) await w?.close();
