@@ -25,8 +25,8 @@ import { MemsnapError, destinationError } from "../errors.js";
 import { BundleWriter } from "../format/container.js";
 import { BLOCK, encodeEntryHeader, padding } from "../format/tar-header.js";
 import {
-  computeSeal, encodeIndex, encodeManifest, INDEX_PATH, MANIFEST_VERSION, PAYLOAD_MEMBER_ENCRYPTED, PAYLOAD_MEMBER_PLAIN,
-  type CreatedBy, type IndexDocument, type IndexEntry, type LayerEntry, type Manifest, type RecipientInfo,
+  computeSeal, encodeManifest, INDEX_PATH, MANIFEST_VERSION, PAYLOAD_MEMBER_ENCRYPTED, PAYLOAD_MEMBER_PLAIN,
+  type CreatedBy, type IndexEntry, type LayerEntry, type Manifest, type RecipientInfo,
 } from "../format/manifest.js";
 import { createRedactor } from "../redact/index.js";
 import { recoverJournal } from "../restore/journal.js";
@@ -41,6 +41,7 @@ import { ulid } from "../util/ulid.js";
 import { TOOL_NAME, TOOL_VERSION } from "../version.js";
 import { prepareAgeEncryption, recipientFingerprint } from "./age.js";
 import { PayloadEncoder } from "./encoder.js";
+import { IndexSpill } from "./index-spill.js";
 import { LevelPolicy } from "./levels.js";
 
 /** Progress reported while a snapshot runs. */
@@ -242,6 +243,7 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
   let redactor: Redactor | undefined;
   const captures: LayerCapture[] = [];
   let started: Promise<LayerCapture>[] = [];
+  let spill: IndexSpill | undefined;
   let enc: PayloadEncoder | undefined;
   try {
     try {
@@ -259,7 +261,10 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
     });
     const levels = new LevelPolicy(level);
 
-    const index: IndexEntry[] = [];
+    // The index goes to a spill file as artifacts pack (bounded memory whatever their number);
+    // a plaintext bundle also lists it in its manifest, so there it is kept in memory too.
+    spill = new IndexSpill(join(workDir, "index.spill"));
+    const index: IndexEntry[] | null = encrypted ? null : [];
     const layers: LayerEntry[] = [];
     let bytes = 0;
     let redactMs = 0;
@@ -299,9 +304,10 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
         const e = await packArtifact(enc, levels, scfg.name, a, (n) => {
           opts.signal?.throwIfAborted();
           bytes += n;
-          opts.onProgress?.({ bytes, totalBytes: estimate, artifacts: index.length, layer: scfg.name });
+          opts.onProgress?.({ bytes, totalBytes: estimate, artifacts: spill!.count, layer: scfg.name });
         });
-        index.push(e);
+        spill.add(e);
+        index?.push(e);
         crashPoint("snapshot:artifact");
         layer.artifacts++;
         layer.bytes += e.size;
@@ -311,13 +317,16 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
       if (meta) layer.meta = meta;
       layers.push(layer);
     }
-    const indexDoc: IndexDocument = { format: "memsnap-index", snapshot_id: id, artifacts: index };
-    const indexBytes = encodeIndex(indexDoc);
-    levels.start("", indexBytes.length, undefined);
+    const indexSize = spill.documentBytes(id);
+    const indexHash = createHash("sha256");
+    levels.start("", indexSize, undefined);
     enc.setLevel(level);
-    await enc.write(encodeEntryHeader(INDEX_PATH, indexBytes.length, createdAt, 0o644));
-    await enc.write(indexBytes);
-    await enc.write(Buffer.concat([ZEROS.subarray(0, padding(indexBytes.length)), ZEROS])); // padding, then the end-of-archive blocks
+    await enc.write(encodeEntryHeader(INDEX_PATH, indexSize, createdAt, 0o644));
+    for (const c of spill.document(id)) {
+      indexHash.update(c);
+      await enc.write(c);
+    }
+    await enc.write(Buffer.concat([ZEROS.subarray(0, padding(indexSize)), ZEROS])); // padding, then the end-of-archive blocks
     const redaction = redactor ? redactor.report() : null;
     if (redaction && redaction.total_unredacted > 0 && !encrypted && !opts.allowUnredacted) {
       const where = Object.keys(redaction.unredacted);
@@ -351,11 +360,11 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
         stored_size: payload.storedSize,
         sha256: payload.sha256,
         tar_size: tarSize,
-        index_sha256: createHash("sha256").update(indexBytes).digest("hex"),
-        artifacts: index.length,
+        index_sha256: indexHash.digest("hex"),
+        artifacts: spill.count,
         bytes,
       },
-      ...(encrypted ? {} : { index }),
+      ...(index ? { index } : {}),
       redaction: redaction ? { ...redaction } : { policy: "off" },
     };
     const sealed: Manifest = { ...body, seal: computeSeal(body) };
@@ -371,6 +380,7 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
     }
     throw e;
   } finally {
+    spill?.close();
     await Promise.allSettled(started);
     for (const c of captures) await c.cleanup?.().catch(() => undefined);
     await redactor?.cleanup().catch(() => undefined);
