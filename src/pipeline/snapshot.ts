@@ -269,21 +269,27 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
     let bytes = 0;
     let redactMs = 0;
     let estimate: number | null = 0;
-    // Every source's capture starts now, so that its own preparation (a git bundle written by
-    // a git process, a SQLite scan in its worker, a KV dump's manifest checks) runs while the
-    // layers before it pack; the layers are still packed one after another, in config order.
+    // A source's capture starts when the layer before it starts packing, so that its own
+    // preparation (a git bundle written by a git process, a SQLite scan in its worker, a KV
+    // dump's manifest checks) overlaps that layer; the layers are still packed one after
+    // another, in config order. Only one layer ahead: a capture holds its plan in memory (a KV
+    // page table is tens of MiB at scale 10), so starting them all at once raised peak RSS.
     const captureCtx = {
       baseDir: cfg.baseDir, tmpDir: workDir,
       ...(opts.signal ? { signal: opts.signal } : {}),
       ...(redactor ? { redactor } : {}),
     };
-    started = cfg.sources.map(({ impl, cfg: scfg }) => {
-      const p = impl.capture(scfg, captureCtx);
+    const startCapture = (i: number): void => {
+      const src = cfg.sources[i];
+      if (!src || started[i]) return;
+      const p = src.impl.capture(src.cfg, captureCtx);
       p.then((c) => { captures.push(c); }, () => undefined);
-      return p;
-    });
+      started[i] = p;
+    };
     for (const [i, { impl, cfg: scfg }] of cfg.sources.entries()) {
       opts.signal?.throwIfAborted();
+      startCapture(i);
+      startCapture(i + 1);
       const cap = await started[i]!;
       estimate = estimate === null || cap.estimatedBytes === undefined ? null : estimate + cap.estimatedBytes;
       const layer: LayerEntry = { name: scfg.name, kind: impl.kind, schema_version: impl.schemaVersion, artifacts: 0, bytes: 0 };
