@@ -82,6 +82,11 @@ export interface LiveScanStats {
   /** Wall time of the scan, milliseconds, and of its TEXT-cell part. */
   ms: number;
   cells_ms?: number;
+  /**
+   * How the TEXT cells were scanned: `pages` (parsed from the pages in the stale-byte walk), or
+   * `sql` (group_concat per table: when the page walk found a candidate or could not read a page).
+   */
+  cells_via?: "pages" | "sql";
   /** Where the first hit is (`table`, or `stale page N`), never the text. */
   found?: string;
   /** Set by the source when the result came from a look-ahead and still held (same `data_version`, size and mtime). */
@@ -336,13 +341,179 @@ async function scanCells(h, st) {
   }
 }
 
+
+// ---- the TEXT of every cell, read from the pages (the fast path of the cell scan)
+//
+// While the stale-byte scan walks the file, every b-tree page that holds records (table
+// leaves, index leaves and interior index pages: WITHOUT ROWID tables and indexes live in
+// index b-trees) is parsed: each cell's record header gives the byte ranges of its TEXT values
+// (serial type odd and >= 13), local or continued on overflow pages (the chain is followed
+// with preads). The values are joined with a newline in batches of about 1 MiB, decoded as
+// UTF-8 (as SQL returns them) and tested with the pre-filter: the same test scanCells makes on
+// group_concat, on a superset of its cells (sqlite_schema and index keys are scanned too), at
+// memory speed instead of SQL speed. The result is only ever a "no": a hit, or a page or record
+// this parser does not understand, sends the database to scanCells, which decides exactly.
+const SERIAL_FIXED = [0, 1, 2, 3, 4, 6, 8, 8, 0, 0];
+const TEXT_BATCH = 1 << 20;
+const TEXT_VALUE_MAX = 32 << 20;
+let vpos = 0;
+// An SQLite varint at p (no further than end), or -1; vpos is set past it.
+function varint(b, p, end) {
+  let v = 0;
+  for (let i = 0; i < 8; i++) {
+    if (p >= end) return -1;
+    const x = b[p++];
+    v = v * 128 + (x & 0x7f);
+    if (x < 0x80) { vpos = p; return v; }
+  }
+  if (p >= end) return -1;
+  v = v * 256 + b[p++];
+  vpos = p;
+  return v;
+}
+
+function newCellScan(h, st, ps, usable, pageCount, free) {
+  return {
+    state: "scan", // "scan" | "hit" | "unparsed"
+    h, st, ps, usable, pageCount, free,
+    batch: Buffer.allocUnsafe(TEXT_BATCH), n: 0,
+    ob: Buffer.allocUnsafe(ps), // the overflow page in hand
+  };
+}
+
+function flushCells(cs) {
+  if (cs.n === 0) return;
+  testText(cs, cs.batch.utf8Slice(0, cs.n));
+  cs.n = 0;
+}
+
+function testText(cs, s) {
+  const st = cs.st;
+  st.text_chars += s.length;
+  collectScanned(s.length);
+  if (cs.state === "scan" && candidate(s)) {
+    st.candidates++;
+    cs.state = "hit";
+  }
+}
+
+// Reserve room for a value of len bytes (plus its separator) in the batch; null when the value
+// gets a buffer of its own.
+function room(cs, len) {
+  if (cs.n + len + 1 > TEXT_BATCH) flushCells(cs);
+  if (len + 1 > TEXT_BATCH) return null;
+  if (cs.n > 0) cs.batch[cs.n++] = 10;
+  return cs.batch;
+}
+
+function pageCells(cs, b, ho, type, nCell, cStart) {
+  const usable = cs.usable;
+  const ptrs = ho + (type === 2 ? 12 : 8);
+  const maxLocal = type === 13 ? usable - 35 : Math.floor(((usable - 12) * 64) / 255) - 23;
+  const minLocal = Math.floor(((usable - 12) * 32) / 255) - 23;
+  for (let i = 0; i < nCell && cs.state === "scan"; i++) {
+    let c = b.readUInt16BE(ptrs + 2 * i);
+    if (c < cStart || c >= usable) { cs.state = "unparsed"; return; }
+    if (type === 2) c += 4; // the left child's page number
+    const P = varint(b, c, usable);
+    if (P < 0) { cs.state = "unparsed"; return; }
+    c = vpos;
+    if (type === 13) {
+      if (varint(b, c, usable) < 0) { cs.state = "unparsed"; return; }
+      c = vpos; // past the rowid
+    }
+    let local = P;
+    if (P > maxLocal) {
+      const k = minLocal + ((P - minLocal) % (usable - 4));
+      local = k <= maxLocal ? k : minLocal;
+    }
+    if (c + local + (local < P ? 4 : 0) > usable) { cs.state = "unparsed"; return; }
+    record(cs, b, c, local, P, local < P ? b.readUInt32BE(c + local) : 0);
+  }
+}
+
+// The TEXT values of one record: payload bytes [0, local) at b[c...], the rest on overflow pages from ovfl.
+function record(cs, b, c, local, P, ovfl) {
+  const hs = varint(b, c, c + local);
+  if (hs < 1 || hs > local || hs > P) { cs.state = "unparsed"; return; }
+  let p = vpos;
+  let off = hs;
+  const ov = { next: ovfl, start: local, page: 0, count: 0 }; // the chain, read forward only
+  const he = c + hs;
+  while (p < he) {
+    let t = b[p];
+    if (t < 0x80) p++;
+    else {
+      t = varint(b, p, he);
+      p = vpos;
+    }
+    if (t < 0 || t === 10 || t === 11) { cs.state = "unparsed"; return; }
+    const len = t < 12 ? SERIAL_FIXED[t] : Math.floor((t - 12) / 2);
+    if (off + len > P) { cs.state = "unparsed"; return; }
+    if (t >= 13 && (t & 1) === 1) {
+      cs.st.cells_scanned++;
+      if (len > 0) {
+        if (off + len <= local && cs.n + len + 1 <= TEXT_BATCH) {
+          // the common case: a local value that fits the batch (short ones copied inline)
+          const dst = cs.batch;
+          let n = cs.n;
+          if (n > 0) dst[n++] = 10;
+          const a = c + off;
+          if (len <= 64) for (let k = 0; k < len; k++) dst[n + k] = b[a + k];
+          else b.copy(dst, n, a, a + len);
+          cs.n = n + len;
+        } else if (!text(cs, b, c, local, ov, off, len)) return;
+      }
+    }
+    off += len;
+  }
+  if (off !== P) cs.state = "unparsed";
+}
+
+// Copy payload bytes [off, off + len) into the batch (or a buffer of their own) and, in the
+// latter case, test them at once. False when the scan stops (unparsed).
+function text(cs, b, c, local, ov, off, len) {
+  if (len > TEXT_VALUE_MAX) { cs.state = "unparsed"; return false; }
+  let dst = room(cs, len);
+  let at = 0;
+  if (dst === null) dst = Buffer.allocUnsafe(len);
+  else at = cs.n;
+  const at0 = at;
+  let need = off;
+  const end = off + len;
+  if (need < local) {
+    const e = Math.min(end, local);
+    b.copy(dst, at, c + need, c + e);
+    at += e - need;
+    need = e;
+  }
+  const span = cs.usable - 4;
+  while (need < end) {
+    while (ov.page === 0 || need >= ov.start + span) {
+      if (ov.page !== 0) ov.start += span;
+      const pn = ov.next;
+      if (pn < 2 || pn > cs.pageCount || cs.free[pn] || ++ov.count > cs.pageCount) { cs.state = "unparsed"; return false; }
+      if (fs.readSync(cs.h.fd, cs.ob, 0, cs.ps, (pn - 1) * cs.ps) !== cs.ps) { cs.state = "unparsed"; return false; }
+      ov.page = pn;
+      ov.next = cs.ob.readUInt32BE(0);
+    }
+    const e = Math.min(end, ov.start + span);
+    cs.ob.copy(dst, at, 4 + need - ov.start, 4 + e - ov.start);
+    at += e - need;
+    need = e;
+  }
+  if (dst === cs.batch) cs.n = at;
+  else testText(cs, dst.utf8Slice(at0, at));
+  return cs.state === "scan";
+}
+
 const ZERO = Buffer.alloc(65536);
 
 // Scan the stale bytes of the database file (what VACUUM INTO would drop): free pages and
 // pages past the database's end whole; in b-tree pages the unallocated space and the freed
 // blocks; the unused tail of overflow pages. Each region is tested on its own (latin1 view of
 // its bytes, as src/redact/stream.ts does) with the pre-filter and for a long token run.
-async function scanStale(h, st, size, pageCount) {
+async function scanStale(h, st, size, pageCount, cells = null) {
   if (size === 0) return null; // an empty file is an empty database
   const fd = h.fd;
   const hdr = Buffer.alloc(100);
@@ -371,6 +542,7 @@ async function scanStale(h, st, size, pageCount) {
     seen += n;
   }
   if (seen !== nFree) return "freelist";
+  if (cells !== null) Object.assign(cells, newCellScan(h, st, ps, usable, pageCount, free));
   let verdict = null;
   const region = (b, a, e, p) => {
     if (e <= a || verdict) return;
@@ -415,12 +587,18 @@ async function scanStale(h, st, size, pageCount) {
           region(b, ptrEnd, cStart, p);
           for (let i = 0; i < blocks.length; i += 2) region(b, blocks[i], blocks[i + 1], p);
           if (usable < ps) region(b, usable, ps, p);
+          if (cells !== null && cells.state === "scan" && type !== 5) pageCells(cells, b, ho, type, nCell, cStart);
           continue;
         }
+        if (cells !== null) cells.state = "unparsed"; // a b-tree page we cannot read: the SQL scan decides
       }
       others.push(p); // an overflow page (or a page we cannot read as a b-tree page)
     }
     await maybeYield(h);
+  }
+  if (cells !== null && cells.state === "scan") {
+    if (verdict) cells.state = "unparsed"; // the walk stopped early: the cells were not all seen
+    else flushCells(cells);
   }
   if (verdict || others.length === 0) return verdict;
   // Overflow pages: only the tail after the payload is stale (dbstat knows where it starts).
@@ -494,10 +672,23 @@ async function liveBegin(job) {
         const st = { tables: 0, cells_scanned: 0, text_chars: 0, candidates: 0, stale_bytes: 0, free_pages: 0, ms: 0 };
         const s0 = performance.now();
         try {
-          await scanCells(h, st);
-          st.cells_ms = Math.round(performance.now() - s0);
+          // One pass over the pages: the stale bytes and (the fast path) every cell's TEXT.
+          const cells = { state: "unparsed" }; // "scan" once the walk starts (an empty file or a refused freelist never does)
+          const stale = await scanStale(h, st, stat.size, pageCount, cells);
+          st.cells_via = "pages";
+          if (cells.state !== "scan") {
+            // a hit, or pages this parser cannot read (or a freelist it refused): SQL decides
+            st.cells_via = "sql";
+            st.cells_scanned = 0;
+            st.text_chars = 0;
+            st.candidates = 0;
+            const c0 = performance.now();
+            await scanCells(h, st);
+            st.cells_ms = Math.round(performance.now() - c0);
+          }
+          st.tables = scanTargets(db).length;
           if (st.candidates) reason = "redaction_candidate";
-          else reason = await scanStale(h, st, stat.size, pageCount);
+          else reason = stale;
         } catch (e) {
           const code = e && typeof e.code === "string" ? e.code : "";
           if (code.startsWith("SQLITE_") || code === "MEMSNAP_RELEASED") throw e;

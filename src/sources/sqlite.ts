@@ -32,9 +32,8 @@
  *   grows meanwhile. A `-wal` with frames (committed content not yet in the file) takes the
  *   copy below.
  * - with redaction on (`ctx.redactor`), the worker finds no redaction candidate, in the same
- *   read transaction, (a) in any TEXT cell of any table but the schema (ordinary, shadow and
- *   `sqlite_stat*` tables, all columns: TEXT is joined in SQL with newlines and tested in
- *   pieces of at most 8 MB; a join can only add matches), and (b) in the file's stale bytes,
+ *   read transaction, (a) in any TEXT cell of any table (ordinary, shadow and `sqlite_stat*`
+ *   tables, all columns), and (b) in the file's stale bytes,
  *   which a copy would drop but a file holds: free pages (the freelist) and pages past the
  *   database's end whole, in b-tree pages the unallocated space and freed blocks, and the
  *   unused tail of overflow pages (from `dbstat`); each region is tested on its own (latin1
@@ -42,11 +41,19 @@
  *   letter and a digit: what is left of a secret whose beginning (and so its anchor) was
  *   overwritten. A hit anywhere sends the database to the copy path, which redacts the cells
  *   and drops the stale bytes; so does a UTF-16 database (its stale text does not show in a
- *   latin1 view). The test is the memsnap pre-filter (src/redact/prefilter.ts,
+ *   latin1 view). (a) and (b) are one walk over the file's pages: every b-tree page that holds
+ *   records (table leaves, and index pages, where WITHOUT ROWID tables and index keys live)
+ *   is parsed, and the TEXT values of its cells (followed onto their overflow pages) are
+ *   joined with newlines in batches of ~1 MiB, decoded as UTF-8 and tested; this is a superset
+ *   of the table cells (the schema's SQL and index keys are tested too) at memory speed. The
+ *   walk can only say no: a hit, or a page it cannot parse, sends the database to the exact
+ *   test, in SQL (each table's TEXT joined with newlines by `group_concat`, in pieces of at
+ *   most 8 MB; a join can only add matches), whose verdict stands (`live_scan.cells_via` says
+ *   which one decided). The test is the memsnap pre-filter (src/redact/prefilter.ts,
  *   rebuilt in the worker from its `SCANNERS`), which is exactly `candidate()` of the
  *   production redactor: the scan relies on `Redactor.candidate` being that pre-filter (a
  *   Redactor whose candidate() flags more would need `"live_read": false`). Not scanned, as on
- *   the copy path: BLOB cells, the schema SQL, contentless FTS indexes (listed in
+ *   the copy path: BLOB cells, contentless FTS indexes (listed in
  *   `redaction.skipped`). Stale bytes are NOT scanned without redaction: like a file copy,
  *   a live read then keeps deleted rows that still sit in free space.
  * The worker then runs `PRAGMA quick_check` and the row counts in the same transaction while

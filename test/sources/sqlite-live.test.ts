@@ -584,6 +584,135 @@ describe("sqlite live read: redaction", () => {
 
 // ------------------------------------------------------------------------------ failures and release
 
+describe("sqlite live read: the TEXT of every cell is read from the pages", () => {
+  // live_begin on one database file (a look-ahead: no transaction held afterwards).
+  async function begin(w: SqliteWorker, path: string, handle: number): Promise<LiveBeginResult> {
+    const fh = await open(path, "r");
+    try {
+      const r = await w.call<LiveBeginResult>({ op: "live_begin", handle, src: path, fd: fh.fd, busyTimeoutMs: 2000, redact: true, hold: false });
+      await w.call({ op: "live_release", handle });
+      return r;
+    } finally {
+      await fh.close();
+    }
+  }
+
+  it("a clean database is decided from the pages alone, index b-trees and WITHOUT ROWID tables included", async () => {
+    const dir = tempDir("memsnap-sqlite-pages-");
+    const db = join(dir, "clean.db");
+    makeDb(db, `CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT, b BLOB);
+      CREATE INDEX notes_body ON notes (body);
+      CREATE TABLE kv (k TEXT PRIMARY KEY, v TEXT) WITHOUT ROWID;
+      WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < 500)
+        INSERT INTO notes (body, b) SELECT 'note ' || i || ' ' || printf('%.*c', i * 20, 'w'), randomblob(3000) FROM c;
+      INSERT INTO kv VALUES ('a', printf('%.*c', 9000, 'v')), ('b', 'two');`);
+    const w = new SqliteWorker();
+    try {
+      const r = await begin(w, db, 1);
+      expect(r).toMatchObject({ eligible: true });
+      expect(r.scan).toMatchObject({ cells_via: "pages", candidates: 0 });
+      // 500 bodies in the table and 500 more in its index, 2 × 2 kv cells, the schema's own text
+      expect(r.scan!.cells_scanned).toBeGreaterThanOrEqual(1000 + 4);
+      // the long values were followed onto their overflow pages
+      const textBytes = 2 * (500 * 5 + 20 * (500 * 501) / 2) + 9000;
+      expect(r.scan!.text_chars).toBeGreaterThan(textBytes);
+    } finally {
+      await w.close();
+    }
+  });
+
+  it("a secret split by a page boundary (local part / overflow page, overflow / overflow, in a table and in an index b-tree) is found", async () => {
+    const dir = tempDir("memsnap-sqlite-pages-");
+    const secret = `sk_live_${randomAlnum(24)}`;
+    // Page size 4096: a table leaf keeps 489..4061 bytes of a long payload local; each overflow
+    // page holds 4092. The payload's first bytes are the record header, so a value starting at
+    // payload offset h puts the boundary at value offset (local - h); we slide the secret
+    // across every such boundary, one database per position (one hit would decide a database).
+    const cases: Array<{ name: string; sql: string }> = [];
+    const len = 12000;
+    for (const table of ["rowid", "without_rowid"] as const) {
+      for (const boundary of [0, 1]) {
+        for (const shift of [-30, -17, -9, -4, -1, 0, 3]) {
+          const name = `${table}-${boundary}-${shift}.db`;
+          // where the boundary lands in the value, computed from the payload size
+          const P = len + 8; // header (<= 4 bytes) + value, an upper bound good to a few bytes
+          const maxLocal = table === "rowid" ? 4061 : 1002;
+          const minLocal = 489;
+          let k = minLocal + ((P - minLocal) % 4092);
+          if (k > maxLocal) k = minLocal;
+          const at = Math.max(0, k + boundary * 4092 + shift - 4);
+          const body = "x".repeat(at) + secret + "y".repeat(len - at - secret.length);
+          const create = table === "rowid" ? "CREATE TABLE t (id INTEGER PRIMARY KEY, body TEXT)" : "CREATE TABLE t (body TEXT PRIMARY KEY) WITHOUT ROWID";
+          cases.push({ name, sql: `${create}; INSERT INTO t (body) VALUES ('${body}');` });
+        }
+      }
+    }
+    const w = new SqliteWorker();
+    try {
+      let handle = 0;
+      for (const c of cases) {
+        const db = join(dir, c.name);
+        makeDb(db, c.sql);
+        const r = await begin(w, db, ++handle);
+        expect({ name: c.name, eligible: r.eligible, reason: r.reason, via: r.scan?.cells_via }).toEqual({
+          name: c.name, eligible: false, reason: "redaction_candidate", via: "sql",
+        });
+      }
+    } finally {
+      await w.close();
+    }
+  });
+
+  it("a hit in the pages that SQL does not confirm (the schema's own text) still reads the file live", async () => {
+    const dir = tempDir("memsnap-sqlite-pages-");
+    const db = join(dir, "schema.db");
+    makeDb(db, `CREATE TABLE notes (id INTEGER PRIMARY KEY, token TEXT CHECK (token = lower(token)));
+      INSERT INTO notes (token) VALUES ('abc'), ('def');`);
+    expect(prefilterCandidate("token = lower(token)")).toBe(true); // the precondition
+    const w = new SqliteWorker();
+    try {
+      const r = await begin(w, db, 1);
+      expect(r).toMatchObject({ eligible: true });
+      expect(r.scan).toMatchObject({ cells_via: "sql", candidates: 0 });
+    } finally {
+      await w.close();
+    }
+  });
+
+  it("property: the page walk never says no where the SQL scan says yes", async () => {
+    const dir = tempDir("memsnap-sqlite-pages-");
+    const w = new SqliteWorker();
+    let handle = 0;
+    try {
+      await fc.assert(
+        fc.asyncProperty(
+          fc.array(fc.tuple(fc.integer({ min: 0, max: 20000 }), fc.boolean()), { minLength: 1, maxLength: 6 }),
+          fc.integer({ min: 0, max: 5 }),
+          fc.constantFrom(1024, 4096, 8192),
+          async (rows, secretRow, pageSize) => {
+            const db = join(dir, `p${++handle}.db`);
+            const secret = `ghp_${randomAlnum(36)}`;
+            const values = rows.map(([n, blob], i) => {
+              const v = i === secretRow % rows.length ? "z".repeat(n) + secret : "z".repeat(n + 40);
+              return `(${i}, '${v}', ${blob ? `randomblob(${n})` : "NULL"})`;
+            });
+            makeDb(db, `PRAGMA page_size = ${pageSize}; CREATE TABLE t (id INTEGER PRIMARY KEY, b TEXT, x BLOB);
+              CREATE TABLE u (b TEXT PRIMARY KEY, n INT) WITHOUT ROWID;
+              INSERT INTO t VALUES ${values.join(", ")};
+              INSERT INTO u SELECT b, id FROM t;`);
+            const r = await begin(w, db, handle);
+            expect(r).toMatchObject({ eligible: false, reason: "redaction_candidate" });
+            expect(r.scan!.cells_via).toBe("sql");
+          },
+        ),
+        { numRuns: 40 },
+      );
+    } finally {
+      await w.close();
+    }
+  });
+});
+
 describe("sqlite live read: failures release everything", () => {
   it("a damaged database (sound schema, damaged pages) is MEMSNAP_SOURCE_INVALID, and no lock is left", async () => {
     const dir = tempDir("memsnap-sqlite-live-");
