@@ -693,7 +693,7 @@ describe("sqlite live read: the TEXT of every cell is read from the pages", () =
             const db = join(dir, `p${++handle}.db`);
             const secret = `ghp_${randomAlnum(36)}`;
             const values = rows.map(([n, blob], i) => {
-              const v = i === secretRow % rows.length ? "z".repeat(n) + secret : "z".repeat(n + 40);
+              const v = `row${i} ` + (i === secretRow % rows.length ? "z".repeat(n) + secret : "z".repeat(n + 40)); // unique: u's key
               return `(${i}, '${v}', ${blob ? `randomblob(${n})` : "NULL"})`;
             });
             makeDb(db, `PRAGMA page_size = ${pageSize}; CREATE TABLE t (id INTEGER PRIMARY KEY, b TEXT, x BLOB);
