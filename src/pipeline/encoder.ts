@@ -277,7 +277,7 @@ function pump() {
   }
 }
 
-const T = { z: 0, seal: 0, write: 0, hash: 0 };
+const T = { z: 0, seal: 0, write: 0, hash: 0, idle: 0 };
 function now() { return Number(process.hrtime.bigint()) / 1e6; }
 function fail(e, kind) {
   if (failed) return;
@@ -286,12 +286,16 @@ function fail(e, kind) {
   parentPort.postMessage({ t: "err", kind, code: e && e.code, msg: String(e && e.message) });
 }
 
+let idleSince = now();
+const IDLE = [];
 parentPort.on("message", (m) => {
   if (failed) return;
+  if (idleSince !== null) { T.idle += now() - idleSince; idleSince = null; }
   try {
     if (m.t === "data") queue.push({ t: "data", ab: m.ab, len: m.len, pos: 0 });
     else queue.push(m);
     pump();
+    if (queue.length === 0) idleSince = now();
   } catch (e) {
     fail(e, e && typeof e.code === "string" && e.syscall ? "io" : "internal");
   }

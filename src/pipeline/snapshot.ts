@@ -19,6 +19,7 @@ import { mkdir, rm, stat } from "node:fs/promises";
 import { hostname } from "node:os";
 import { setFlagsFromString } from "node:v8";
 import { runInNewContext } from "node:vm";
+import { performance } from "node:perf_hooks";
 import { dirname, join } from "node:path";
 import type { MemsnapConfig } from "../config.js";
 import { MemsnapError, destinationError } from "../errors.js";
@@ -200,6 +201,7 @@ async function packArtifact(
  */
 export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
   const t0 = performance.now();
+  let elu0 = performance.eventLoopUtilization();
   const cfg = opts.config;
   const id = ulid();
   const createdAt = new Date();
@@ -318,7 +320,13 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
         layer.artifacts++;
         layer.bytes += e.size;
       }
-      if (process.env.MEMSNAP_DEBUG_ENCODER) process.stderr.write(`layer ${scfg.name} packed at ${Math.round(performance.now() - t0)} ms\n`);
+      if (process.env.MEMSNAP_DEBUG_ENCODER) {
+        const elu = performance.eventLoopUtilization(elu0);
+        elu0 = performance.eventLoopUtilization();
+        const mu = process.memoryUsage();
+        const mib = (n: number): number => Math.round(n / 1048576);
+        process.stderr.write(`layer ${scfg.name} packed at ${Math.round(performance.now() - t0)} ms (main thread busy ${Math.round(elu.active)} of ${Math.round(elu.active + elu.idle)} ms; rss ${mib(mu.rss)} heap ${mib(mu.heapTotal)} external ${mib(mu.external)} MiB)\n`);
+      }
       const meta = await cap.finish?.();
       if (meta) layer.meta = meta;
       layers.push(layer);
