@@ -46,6 +46,11 @@ async function isEmptyOrAbsent(dir: string): Promise<boolean> {
 
 const execFileP = promisify(execFile);
 
+/** With MEMSNAP_DEBUG_ENCODER set: when each restore step ended, on stderr. */
+function debugStep(t0: number, what: string): void {
+  if (process.env.MEMSNAP_DEBUG_ENCODER) process.stderr.write(`restore: ${what} at ${Math.round(performance.now() - t0)} ms\n`);
+}
+
 /**
  * Restore a bundle into `to`. Throws: MEMSNAP_DEST_NOT_EMPTY, MEMSNAP_DEST_UNWRITABLE/FULL,
  * the bundle's own errors (MEMSNAP_BUNDLE_*, MEMSNAP_MANIFEST_CORRUPT, MEMSNAP_SEAL_MISMATCH,
@@ -77,7 +82,9 @@ export async function restoreToDir(bundle: string, to: string, opts: RestoreToDi
   }
   try {
     const r = await extractPayload(layout, manifest, (layer) => join(staging, layer), opts);
+    debugStep(t0, "payload extracted");
     // Turn each layer's raw artifacts into their live form (a git repo from its bundle, …).
+    // One after the other: run side by side, a git rebuild was measured 5× slower.
     const verified = new Map(r.entries.map((e) => [e.name, e.sha256]));
     for (const layer of manifest.layers) {
       const impl = sourceKind(layer.kind);
@@ -85,12 +92,14 @@ export async function restoreToDir(bundle: string, to: string, opts: RestoreToDi
       if (impl?.materialize) {
         await mkdir(dir, { recursive: true });
         await impl.materialize(dir, layer, verified);
+        debugStep(t0, `layer ${layer.name} materialized`);
       }
     }
     await mkdir(join(staging, ".memsnap"), { recursive: true });
     await writeFile(join(staging, ".memsnap", MANIFEST_MEMBER), layout.manifestBytes, { mode: 0o600 });
     // One syncfs for the whole tree instead of an fsync per file.
     await execFileP("sync", ["-f", staging]).catch(() => undefined);
+    debugStep(t0, "synced");
     await rmdir(target).catch((e: NodeJS.ErrnoException) => {
       if (e.code !== "ENOENT") throw destinationError(e, target);
     });
