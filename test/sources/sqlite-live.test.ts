@@ -689,14 +689,15 @@ describe("sqlite live read: the TEXT of every cell is read from the pages", () =
           fc.array(fc.tuple(fc.integer({ min: 0, max: 20000 }), fc.boolean()), { minLength: 1, maxLength: 6 }),
           fc.integer({ min: 0, max: 5 }),
           fc.constantFrom(1024, 4096, 8192),
-          async (rows, secretRow, pageSize) => {
+          fc.constantFrom("NONE", "FULL"), // FULL: pointer-map pages among the b-tree pages
+          async (rows, secretRow, pageSize, autoVacuum) => {
             const db = join(dir, `p${++handle}.db`);
             const secret = `ghp_${randomAlnum(36)}`;
             const values = rows.map(([n, blob], i) => {
               const v = `row${i} ` + (i === secretRow % rows.length ? "z".repeat(n) + secret : "z".repeat(n + 40)); // unique: u's key
               return `(${i}, '${v}', ${blob ? `randomblob(${n})` : "NULL"})`;
             });
-            makeDb(db, `PRAGMA page_size = ${pageSize}; CREATE TABLE t (id INTEGER PRIMARY KEY, b TEXT, x BLOB);
+            makeDb(db, `PRAGMA page_size = ${pageSize}; PRAGMA auto_vacuum = ${autoVacuum}; CREATE TABLE t (id INTEGER PRIMARY KEY, b TEXT, x BLOB);
               CREATE TABLE u (b TEXT PRIMARY KEY, n INT) WITHOUT ROWID;
               INSERT INTO t VALUES ${values.join(", ")};
               INSERT INTO u SELECT b, id FROM t;`);
