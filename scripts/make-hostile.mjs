@@ -44,11 +44,11 @@ function tarOf(entries) {
   return Buffer.concat(parts);
 }
 
-function bundle(file, entries, { tarSize, indexSizes = {}, zstd, layer = { name: "memory", kind: "files" } } = {}) {
+function bundle(file, entries, { tarSize, indexSizes = {}, zstd, layer = { name: "memory", kind: "files" }, layers = [layer] } = {}) {
   const files = entries.filter((e) => (e.type ?? "0") === "0");
   const id = "01JHOSTILE0000000000000000";
   const artifacts = files.map((e) => ({
-    path: e.name, layer: layer.name, kind: "file", size: indexSizes[e.name] ?? Buffer.byteLength(e.data ?? ""),
+    path: e.name, layer: layers.length > 1 ? e.name.split("/")[0] : layer.name, kind: "file", size: indexSizes[e.name] ?? Buffer.byteLength(e.data ?? ""),
     sha256: sha(Buffer.from(e.data ?? "")), mode: 420, mtime: "2026-01-01T00:00:00.000Z",
   }));
   const indexDoc = { artifacts, format: "memsnap-index", snapshot_id: id };
@@ -60,7 +60,10 @@ function bundle(file, entries, { tarSize, indexSizes = {}, zstd, layer = { name:
   const body = {
     format: "memsnap", manifest_version: 1, snapshot_id: id, created_at: "2026-01-01T00:00:00.000Z", created_by: "api",
     label: "hostile", tenant: "default", agent: "victim", host: "attacker", tool: { name: "memsnap", version: "0.1.0" }, parent: null,
-    layers: [{ name: layer.name, kind: layer.kind, schema_version: 1, artifacts: artifacts.length, bytes: artifacts.reduce((n, a) => n + a.size, 0) }],
+    layers: layers.map((l) => {
+      const own = artifacts.filter((a) => a.layer === l.name);
+      return { name: l.name, kind: l.kind, schema_version: l.schema_version ?? 1, artifacts: own.length, bytes: own.reduce((n, a) => n + a.size, 0) };
+    }),
     payload: {
       member: "payload.tar.zst", compression: { codec: "zstd", level: 3 }, encryption: null, stored_size: payload.length,
       sha256: sha(payload), tar_size: tarSize ?? tar.length, index_sha256: sha(indexBytes), artifacts: artifacts.length,
@@ -95,6 +98,19 @@ bundle("kv-spool-collision.memsnap", [
   { name: `kv/pages/${sha(Buffer.from("page\n"))}`, data: "page\n" },
   { name: "kv/.memsnap-spool", data: "not a spool\n" },
 ], { layer: { name: "kv", kind: "kv" } });
+// A KV layer whose artifacts include a name restore uses for a spool part.
+bundle("kv-spool-part-collision.memsnap", [
+  { name: `kv/pages/${sha(Buffer.from("page\n"))}@0.0`, data: "page\n" },
+  { name: "kv/.memsnap-spool-0", data: "not a spool part\n" },
+], { layer: { name: "kv", kind: "kv", schema_version: 2 } });
+// A KV page placed 1 TiB into its file: restore would make a huge sparse file.
+bundle("kv-place-past-end.memsnap", [
+  { name: `kv/pages/${sha(Buffer.from("page\n"))}@0.${2 ** 40}`, data: "page\n" },
+], { layer: { name: "kv", kind: "kv", schema_version: 2 } });
+// A layer's entries split by another layer's: restore materializes a layer once it has passed it.
+bundle("layers-interleaved.memsnap", [
+  { name: "memory/a.md", data: "a\n" }, { name: "notes/b.md", data: "b\n" }, { name: "memory/c.md", data: "c\n" },
+], { layers: [{ name: "memory", kind: "files" }, { name: "notes", kind: "files" }] });
 // zstd bomb: 64 MiB of zeros in the tar entry while the manifest declares a 2 KiB tar.
 {
   const big = Buffer.alloc(64 * 1024 * 1024);

@@ -38,3 +38,24 @@ describe.each(versions)("golden %s bundles", (v) => {
     });
   }
 });
+
+// A KV layer of schema 1 (every page spooled by name, no place), made by memsnap 0.1.0 before
+// pages carried their place (schema 2): it must keep verifying and restoring byte for byte.
+describe("golden v1 bundle with a kv layer of schema 1", () => {
+  const bundle = join(dir, "v1-kv-schema1.memsnap");
+  const expected = readFileSync(join(dir, "v1-kv-schema1.sha256"), "utf8").trim().split("\n").map((l) => l.split("  ") as [string, string]);
+
+  it("verifies deep and restores byte for byte", async () => {
+    const v = await verifyBundle(bundle, { deep: true });
+    expect(v.findings).toEqual([]);
+    expect(v.ok).toBe(true);
+    const to = join(work, "v1-kv-schema1");
+    const r = await restoreToDir(bundle, to);
+    expect(r.manifest.layers[0]!.schema_version).toBe(1);
+    expect(expected.length).toBe(2);
+    for (const [sha, rel] of expected) {
+      expect(createHash("sha256").update(readFileSync(join(to, rel))).digest("hex"), rel).toBe(sha);
+    }
+    expect(readdirSync(join(to, "kv")).sort()).toEqual(["data", "kv-manifest.json"]);
+  });
+});

@@ -37,11 +37,18 @@ export interface EntryInfo {
 
 export type EntryHandler = (info: EntryInfo, chunks: AsyncIterable<Buffer>) => Promise<void>;
 
+/** An entry as read: its name, the bytes it held and what they hashed to. */
+export interface PayloadEntry {
+  name: string;
+  size: number;
+  sha256: string;
+}
+
 export interface PayloadReadResult {
   storedSha256: string;
   storedSize: number;
   /** Entries in payload order (the index excluded), with what their bytes hashed to. */
-  entries: { name: string; size: number; sha256: string }[];
+  entries: PayloadEntry[];
   /** The parsed index, or null when it was missing or unparseable (a finding says which). */
   index: IndexDocument | null;
   indexSha256: string | null;
@@ -107,11 +114,13 @@ export async function hashStoredPayload(layout: BundleLayout, onStored?: (stored
  * Stream the payload through decryption, decompression and tar parsing, calling `handler`
  * for every artifact entry. Entry names are checked by the caller's handler (restore) or
  * reported here as findings (verify). Throws the first fatal stream error (decrypt, corrupt
- * zstd/tar, or the handler's own error) as a MemsnapError.
+ * zstd/tar, or the handler's own error) as a MemsnapError. `onEntry` hears of each entry once
+ * its bytes have passed the handler and been hashed.
  */
 export async function readPayload(
   layout: BundleLayout, manifest: Manifest, keys: Keys, handler: EntryHandler, signal?: AbortSignal,
   onStored?: (storedBytes: number, storedTotal: number) => void,
+  onEntry?: (e: PayloadEntry) => void,
 ): Promise<PayloadReadResult> {
   let age: { key: Buffer; offset: number } | null = null;
   if (manifest.payload.encryption) {
@@ -179,7 +188,9 @@ export async function readPayload(
       }
       await handler(info, chunks);
       for await (const _ of chunks) { /* drain whatever the handler left */ }
-      entries.push({ name, size: n, sha256: h.digest("hex") });
+      const done: PayloadEntry = { name, size: n, sha256: h.digest("hex") };
+      entries.push(done);
+      onEntry?.(done);
     }
     await flow;
   } catch (e) {

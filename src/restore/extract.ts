@@ -2,29 +2,24 @@
  * Extract a bundle's payload into staging directories, one per layer, checking every entry's
  * name, size and SHA-256 as it is written and comparing the whole payload with the index at
  * the end. Nothing is written outside the staging roots: names are checked before any write,
- * and only regular files are created.
+ * and only regular files are created. A layer's entries must be contiguous (memsnap writes
+ * them so), which is what lets a caller start on a layer as soon as the payload leaves it.
  */
-import { closeSync, openSync, writeFileSync, writeSync } from "node:fs";
+import { closeSync, openSync, writeSync } from "node:fs";
 import { mkdir, open } from "node:fs/promises";
 import { dirname, join } from "node:path";
 import { MemsnapError, destinationError } from "../errors.js";
 import type { BundleLayout } from "../format/container.js";
 import type { Manifest } from "../format/manifest.js";
-import { compareWithIndex, readPayload, type Keys, type PayloadReadResult } from "../pipeline/read-payload.js";
+import { compareWithIndex, readPayload, type Keys, type PayloadEntry, type PayloadReadResult } from "../pipeline/read-payload.js";
 import { crashPoint } from "../util/crash-point.js";
-import { checkEntryName } from "./safe-path.js";
+import { checkEntryName, conflictingEntry } from "./safe-path.js";
 import { sourceKind } from "../sources/registry.js";
-import { SPOOL_FILE, SPOOL_MAP } from "../sources/types.js";
+import { isSpoolName } from "../sources/types.js";
+import { RestoreSpool } from "./spool.js";
 
 /** Entries up to this size are written with synchronous calls. */
 const SMALL_ENTRY = 256 * 1024;
-
-interface Spool {
-  fd: number;
-  pos: number;
-  map: Record<string, [number, number]>;
-  root: string;
-}
 
 const WRITE_BATCH = 1 << 20;
 
@@ -32,6 +27,14 @@ export interface ExtractOptions {
   keys?: Keys;
   signal?: AbortSignal;
   onProgress?: (bytes: number, total: number) => void;
+  /** Each entry once it is written and hashed (see readPayload). */
+  onEntry?: (e: PayloadEntry) => void;
+  /**
+   * A layer's entries are all written (the payload has moved on to the next layer, or ended).
+   * Lets the caller materialize a layer while later ones are still being extracted; what it
+   * builds stays in the caller's staging until the whole payload has matched the index.
+   */
+  onLayerDone?: (layer: string) => void;
 }
 
 /**
@@ -45,16 +48,32 @@ export async function extractPayload(
 ): Promise<PayloadReadResult> {
   const layers = new Set(manifest.layers.map((l) => l.name));
   const spoolFor = new Map(manifest.layers.map((l) => [l.name, sourceKind(l.kind)?.restoreSpool]));
-  const spools = new Map<string, Spool>();
+  const spools = new Map<string, RestoreSpool>();
   const total = manifest.payload.bytes;
   let written = 0;
   const made = new Set<string>();
   const declared = manifest.index ? new Map(manifest.index.map((e) => [e.path, e.size])) : null;
-  const conflict = (name: string): MemsnapError =>
-    new MemsnapError("MEMSNAP_UNSAFE_PATH", `duplicate or conflicting entry ${name}`, { path: name, hint: "the bundle is malformed or hostile" });
+  let current: string | null = null;
+  const closed = new Set<string>();
+  const closeLayer = (layer: string): void => {
+    closed.add(layer);
+    const sp = spools.get(layer);
+    spools.delete(layer);
+    sp?.close();
+    opts.onLayerDone?.(layer);
+  };
   try {
     const r = await readPayload(layout, manifest, opts.keys ?? {}, async (info, chunks) => {
       checkEntryName(info.name, layers);
+      if (info.layer !== current) {
+        if (closed.has(info.layer)) {
+          throw new MemsnapError("MEMSNAP_UNSAFE_BUNDLE", `entry ${info.name} comes after entries of another layer; a layer's entries must be contiguous`, {
+            path: info.name, hint: "this bundle was not written by memsnap or was tampered with; nothing was restored",
+          });
+        }
+        if (current !== null) closeLayer(current);
+        current = info.layer;
+      }
       const want = declared?.get(info.name);
       if (want !== undefined && info.size > want) {
         throw new MemsnapError("MEMSNAP_UNSAFE_BUNDLE", `entry ${info.name} is ${info.size} bytes, the index declares ${want}`, {
@@ -64,41 +83,26 @@ export async function extractPayload(
       const root = rootFor(info.layer);
       if (root === null) return;
       const spooled = spoolFor.get(info.layer);
-      if (spooled && (info.rel === SPOOL_FILE || info.rel === SPOOL_MAP)) throw conflict(info.name);
+      if (spooled && isSpoolName(info.rel)) throw conflictingEntry(info.name);
       const tooLong = (): MemsnapError => new MemsnapError("MEMSNAP_ARTIFACT_HASH_MISMATCH", `${info.name} is longer than its header declares`, { path: info.name });
 
-      // Spooled artifacts (KV pages): appended to the layer's one spool file, for materialize.
-      if (spooled?.(info.rel)) {
+      // Spooled artifacts (KV pages): into the layer's spool, or straight into place in a
+      // spool part, for materialize (./spool.ts).
+      const spool = spooled?.(info.rel);
+      if (spool) {
         let sp = spools.get(info.layer);
         if (!sp) {
           if (!made.has(root)) {
             await mkdir(root, { recursive: true }).catch((e: unknown) => { throw destinationError(e, root); });
             made.add(root);
           }
-          try {
-            sp = { fd: openSync(join(root, SPOOL_FILE), "wx", 0o600), pos: 0, map: {}, root };
-          } catch (e) {
-            if ((e as NodeJS.ErrnoException).code === "EEXIST") throw conflict(`${info.layer}/${SPOOL_FILE}`);
-            throw destinationError(e, root);
-          }
+          sp = new RestoreSpool(root, info.layer);
           spools.set(info.layer, sp);
         }
-        if (Object.hasOwn(sp.map, info.rel)) throw conflict(info.name);
-        const start = sp.pos;
-        try {
-          for await (const c of chunks) {
-            if (sp.pos - start + c.length > info.size) throw tooLong();
-            let off = 0;
-            while (off < c.length) off += writeSync(sp.fd, c, off, c.length - off, sp.pos + off);
-            sp.pos += c.length;
-            written += c.length;
-            opts.onProgress?.(written, total);
-          }
-        } catch (e) {
-          if (e instanceof MemsnapError) throw e;
-          throw destinationError(e, join(root, SPOOL_FILE));
-        }
-        sp.map[info.rel] = [start, sp.pos - start];
+        await sp.put(info.name, info.rel, info.size, chunks, spool === true ? null : spool, (n) => {
+          written += n;
+          opts.onProgress?.(written, total);
+        });
         crashPoint("restore:staged-entry");
         return;
       }
@@ -130,7 +134,7 @@ export async function extractPayload(
           fd = openSync(dest, "wx", 0o600);
         } catch (e) {
           const code = (e as NodeJS.ErrnoException).code;
-          if (code === "EEXIST" || code === "EISDIR") throw conflict(info.name);
+          if (code === "EEXIST" || code === "EISDIR") throw conflictingEntry(info.name);
           throw destinationError(e, dest);
         }
         try {
@@ -152,7 +156,7 @@ export async function extractPayload(
         fh = await open(dest, "wx", 0o600);
       } catch (e) {
         const code = (e as NodeJS.ErrnoException).code;
-        if (code === "EEXIST" || code === "EISDIR") throw conflict(info.name);
+        if (code === "EEXIST" || code === "EISDIR") throw conflictingEntry(info.name);
         throw destinationError(e, dest);
       }
       try {
@@ -181,15 +185,8 @@ export async function extractPayload(
         await fh.close();
       }
       crashPoint("restore:staged-entry");
-    }, opts.signal);
-    for (const [layer, sp] of spools) {
-      try {
-        writeFileSync(join(sp.root, SPOOL_MAP), JSON.stringify(sp.map), { mode: 0o600, flag: "wx" });
-      } catch (e) {
-        if ((e as NodeJS.ErrnoException).code === "EEXIST") throw conflict(`${layer}/${SPOOL_MAP}`);
-        throw destinationError(e, sp.root);
-      }
-    }
+    }, opts.signal, undefined, opts.onEntry);
+    if (current !== null) closeLayer(current);
     const findings = compareWithIndex(manifest, r);
     if (findings.length) {
       const f = findings[0]!;
@@ -199,6 +196,6 @@ export async function extractPayload(
     }
     return r;
   } finally {
-    for (const sp of spools.values()) closeSync(sp.fd);
+    for (const sp of spools.values()) sp.release();
   }
 }

@@ -24,6 +24,7 @@ import { snapshot, type SnapshotResult } from "../pipeline/snapshot.js";
 import type { LiveTarget } from "../sources/types.js";
 import { crashPoint } from "../util/crash-point.js";
 import { extractPayload } from "./extract.js";
+import { LayerMaterializer } from "./materialize.js";
 import { listFiles } from "./live-files.js";
 import { newJournal, recoverJournal, rollForward, writeJournal, cleanup, type Swap } from "./journal.js";
 import { acquireLock, type AgentLock } from "./lock.js";
@@ -170,15 +171,27 @@ export async function restoreInPlace(bundle: string, config: MemsnapConfig, opts
     crashPoint("restore:journal-staging");
     let swapping = false;
     try {
-      const r = await extractPayload(layout, manifest, (layer) => roots.get(layer)?.staged ?? null, {
-        keys, ...(opts.signal ? { signal: opts.signal } : {}), ...(opts.onProgress ? { onProgress: opts.onProgress } : {}),
-      });
-      const verified = new Map(r.entries.map((e) => [e.name, e.sha256]));
-      for (const s of selected) {
-        const dir = roots.get(s.layer.name)!.staged;
+      // Each selected layer is materialized in its staging as soon as extraction has moved
+      // past it (./materialize.ts); nothing is swapped before every layer is done.
+      const bySelected = new Map(selected.map((s) => [s.layer.name, s]));
+      const mat = new LayerMaterializer(async (name, verified) => {
+        const s = bySelected.get(name);
+        if (!s) return;
+        const dir = roots.get(name)!.staged;
         await mkdir(dir, { recursive: true });
         await s.source.impl.materialize?.(dir, s.layer, verified);
+      });
+      let r;
+      try {
+        r = await extractPayload(layout, manifest, (layer) => roots.get(layer)?.staged ?? null, {
+          keys, onEntry: mat.entry, onLayerDone: mat.layerDone,
+          ...(opts.signal ? { signal: opts.signal } : {}), ...(opts.onProgress ? { onProgress: opts.onProgress } : {}),
+        });
+      } catch (e) {
+        await mat.settle();
+        throw e;
       }
+      await mat.finish(bySelected.keys());
       crashPoint("restore:staged");
       for (const s of selected) {
         const { staged, backup } = roots.get(s.layer.name)!;

@@ -12,6 +12,11 @@ function unsafe(name: string, why: string): MemsnapError {
   });
 }
 
+/** MEMSNAP_UNSAFE_PATH for an entry whose name was already written, or clashes with one. */
+export function conflictingEntry(name: string): MemsnapError {
+  return new MemsnapError("MEMSNAP_UNSAFE_PATH", `duplicate or conflicting entry ${name}`, { path: name, hint: "the bundle is malformed or hostile" });
+}
+
 /** Throw MEMSNAP_UNSAFE_PATH unless `name` is a safe payload path under one of `layers`. */
 export function checkEntryName(name: string, layers: ReadonlySet<string>): void {
   if (name === "") throw unsafe(name, "empty name");

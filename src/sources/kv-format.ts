@@ -192,9 +192,29 @@ export function unshuffle(src: Uint8Array, elem: number): Buffer {
   return out;
 }
 
-/** A stored page's artifact path: `pages/<sha256>` or, byte-plane shuffled, `pages/<sha256>.s<elem>`. */
-export const pageArtifact = (hex: string, elem: number): string => (elem > 1 ? `pages/${hex}.s${elem}` : `pages/${hex}`);
-export const PAGE_ARTIFACT_RE = /^pages\/([0-9a-f]{64})(?:\.s([24]))?$/;
+/** Where a page first occurs: data file `file` (its position in kv-index `files`) at byte `offset`. */
+export interface PagePlace {
+  file: number;
+  offset: number;
+}
+
+/**
+ * A stored page's artifact path: `pages/<sha256>`; byte-plane shuffled, `pages/<sha256>.s<elem>`;
+ * or (layer schema 2) an unshuffled page with the place of its first occurrence,
+ * `pages/<sha256>@<file>.<offset>`, which restore writes straight into place.
+ */
+export const pageArtifact = (hex: string, elem: number, at?: PagePlace): string =>
+  elem > 1 ? `pages/${hex}.s${elem}` : at ? `pages/${hex}@${at.file}.${at.offset}` : `pages/${hex}`;
+/** Groups: 1 the SHA-256, 2 the shuffle element size, 3 and 4 the place's file and offset. */
+export const PAGE_ARTIFACT_RE = /^pages\/([0-9a-f]{64})(?:\.s([24])|@(0|[1-9][0-9]{0,8})\.(0|[1-9][0-9]{0,14}))?$/;
+/** A placed page may not end past this offset in its file (a sparse 1 TiB file is the most a hostile bundle can ask for). */
+export const PLACE_MAX_END = 2 ** 40;
+
+/** The page's place, when its artifact path carries one. */
+export function pagePlace(rel: string): PagePlace | null {
+  const m = PAGE_ARTIFACT_RE.exec(rel);
+  return m && m[3] !== undefined ? { file: Number(m[3]), offset: Number(m[4]) } : null;
+}
 
 // ------------------------------------------------------------------------------ kv-index.json
 

@@ -17,7 +17,7 @@
  * block (≤ 4 MiB) at a time.
  */
 import { createHash, randomBytes } from "node:crypto";
-import { closeSync, createReadStream, openSync, readFileSync, readSync, writeSync } from "node:fs";
+import { closeSync, createReadStream, ftruncateSync, openSync, readFileSync, readSync, writeSync } from "node:fs";
 import type { Stats } from "node:fs";
 import { chmod, lstat, mkdir, open, readdir, readFile, rename, rm, stat, utimes, type FileHandle } from "node:fs/promises";
 import { basename, dirname, join, resolve } from "node:path";
@@ -28,14 +28,14 @@ import type { Redactor } from "../redact/types.js";
 import { configInvalid, isPlainObject, optString, rejectUnknownKeys, reqString } from "../util/config-check.js";
 import {
   KV_INDEX, KV_INDEX_FORMAT, KV_MANIFEST, KV_MANIFEST_MAX_BYTES, KV_MAX_PAGE_BYTES, PAGE_ARTIFACT_RE, kvInvalid,
-  pageArtifact, parseKvIndex, parseKvManifest, shuffle as shufflePlanes, unshuffle,
+  pageArtifact, pagePlace, parseKvIndex, parseKvManifest, shuffle as shufflePlanes, unshuffle,
   type KvContent, type KvIndex, type KvIndexFile,
 } from "./kv-format.js";
 import {
   FrameHasher, TextScanner, canonicalDtype, decompressToBuffer, dtypeBytes, hashFrameChunks, isAllZero, parsePageManifest,
   sha256Hex, zstdCompressSync,
 } from "./pfimg-format.js";
-import { SPOOL_FILE, SPOOL_MAP, type Artifact, type SourceKind } from "./types.js";
+import { SPOOL_FILE, SPOOL_MAP, isSpoolName, type Artifact, type SourceKind, type SpoolAt } from "./types.js";
 import { sourceChanged, sourceError, walkFiles } from "./walk.js";
 
 export interface KvShape {
@@ -524,7 +524,7 @@ interface Counters {
 }
 
 /** Stream one data file's tiles; yields an artifact per new distinct non-zero page. */
-async function* dataArtifacts(f: DataFile, plan: KvPlan, shuffle: ShuffleDecision, contents: Contents, tiles: number[], counters: Counters, signal?: AbortSignal): AsyncGenerator<Artifact> {
+async function* dataArtifacts(f: DataFile, fileNo: number, plan: KvPlan, shuffle: ShuffleDecision, contents: Contents, tiles: number[], counters: Counters, signal?: AbortSignal): AsyncGenerator<Artifact> {
   let fh: FileHandle;
   try {
     fh = await open(f.abs, "r");
@@ -576,7 +576,9 @@ async function* dataArtifacts(f: DataFile, plan: KvPlan, shuffle: ShuffleDecisio
           } else {
             const elem = shuffle.applied && t.len % plan.elem === 0 ? plan.elem : 1;
             const body = elem > 1 ? shufflePlanes(page, elem) : page;
-            const path = pageArtifact(hex, elem);
+            // An unshuffled page carries the place of this first occurrence: restore writes
+            // it straight there instead of spooling it and copying it into place afterwards.
+            const path = pageArtifact(hex, elem, elem === 1 ? { file: fileNo, offset: t.offset } : undefined);
             idx = contents.addRaw({ sha256: hex, bytes: t.len, zero: false, artifact: path });
             counters.bytesStored += body.length;
             yield {
@@ -614,27 +616,90 @@ function restoreBad(msg: string, path: string): MemsnapError {
   return new MemsnapError("MEMSNAP_ARTIFACT_HASH_MISMATCH", msg, { path, hint: "the bundle's KV layer is damaged; use another copy" });
 }
 
-/** Write every byte of `bufs` (writev, then plain writes for whatever a short writev left). */
-async function writeAll(fh: FileHandle, bufs: Buffer[], len: number): Promise<void> {
-  const { bytesWritten } = await fh.writev(bufs);
-  if (bytesWritten === len) return;
-  let skip = bytesWritten;
-  for (const b of bufs) {
-    if (skip >= b.length) {
-      skip -= b.length;
-      continue;
-    }
-    let off = skip;
-    skip = 0;
-    while (off < b.length) off += (await fh.write(b, off, b.length - off)).bytesWritten;
+function writeFully(fd: number, buf: Buffer, len: number, pos: number): void {
+  let off = 0;
+  while (off < len) off += writeSync(fd, buf, off, len - off, pos + off);
+}
+
+function readFully(fd: number, dst: Buffer, pos: number, where: string): void {
+  let got = 0;
+  while (got < dst.length) {
+    const r = readSync(fd, dst, got, dst.length - got, pos + got);
+    if (r === 0) throw restoreBad(`${where}: the page spool is short`, where);
+    got += r;
   }
 }
 
-function writeFully(fd: number, buf: Buffer, len: number): void {
-  let off = 0;
-  while (off < len) off += writeSync(fd, buf, off, len - off);
+/** Part files kept open at once while rebuilding (a part is reopened after eviction). */
+const OPEN_PARTS = 16;
+
+/**
+ * The extraction spool of a layer (see SourceKind.restoreSpool): the spool file, and the part
+ * files holding placed pages, each renamed to the data file it became once that file is built.
+ */
+class SpoolReader {
+  readonly map: Record<string, SpoolAt>;
+  readonly #src: string;
+  #fd: number | null = null;
+  readonly #parts = new Map<number, number>();
+  /** Part file → where it is now (its spool name, or the rebuilt file it was renamed to). */
+  readonly partPath = new Map<number, string>();
+
+  constructor(src: string, map: Record<string, SpoolAt>, names: string[]) {
+    this.#src = src;
+    this.map = map;
+    for (const n of names) {
+      const m = /^\.memsnap-spool-(0|[1-9][0-9]{0,8})$/.exec(n);
+      if (m) this.partPath.set(Number(m[1]), join(src, n));
+    }
+  }
+
+  fd(at: SpoolAt): number {
+    if (at.length === 2) return (this.#fd ??= openSync(join(this.#src, SPOOL_FILE), "r"));
+    const file = at[2];
+    const open = this.#parts.get(file);
+    if (open !== undefined) return open;
+    const path = this.partPath.get(file);
+    if (path === undefined) throw restoreBad(`the page spool has no part ${file}`, SPOOL_FILE);
+    if (this.#parts.size >= OPEN_PARTS) {
+      const [oldest, ofd] = this.#parts.entries().next().value!;
+      this.#parts.delete(oldest);
+      closeSync(ofd);
+    }
+    const fd = openSync(path, "r+");
+    this.#parts.set(file, fd);
+    return fd;
+  }
+
+  close(): void {
+    if (this.#fd !== null) closeSync(this.#fd);
+    this.#fd = null;
+    for (const fd of this.#parts.values()) closeSync(fd);
+    this.#parts.clear();
+  }
 }
 
+function parseSpoolMap(bytes: Buffer, layer: string): Record<string, SpoolAt> {
+  let map: unknown;
+  try {
+    map = JSON.parse(bytes.toString("utf8"));
+  } catch {
+    throw restoreBad(`${layer}: the page spool map is damaged`, layer);
+  }
+  const ok = isPlainObject(map) && Object.values(map).every((v) => Array.isArray(v) && (v.length === 2 || v.length === 3) && v.every((x) => Number.isSafeInteger(x) && (x as number) >= 0));
+  if (!ok) throw restoreBad(`${layer}: the page spool map is damaged`, layer);
+  return map as Record<string, SpoolAt>;
+}
+
+/**
+ * Rebuild the dump files of a KV layer in `dir` from its staged artifacts: kv-index.json, the
+ * pages (in the spool, or already in place in the spool part of their data file) and the
+ * verbatim files. A data file that received placed pages is its spool part, renamed; the
+ * other tiles are written into it: copies of pages placed elsewhere, spooled pages. Zero tiles
+ * are left as holes (the file is sized first), which read as zeros: the bytes are the dump's,
+ * byte for byte. A placed page must sit exactly on a tile that the index gives that page, and
+ * no two may overlap; anything else is refused, so a hole is never anything but zeros.
+ */
 async function materializeKv(dir: string, layer: LayerEntry, verified?: ReadonlyMap<string, string>): Promise<void> {
   const done = materialized.get(layer) ?? new Set<string>();
   if (done.has(dir)) return;
@@ -656,24 +721,50 @@ async function materializeKv(dir: string, layer: LayerEntry, verified?: Readonly
   // Move the bundle-side artifacts aside, then rebuild the original files in `dir`.
   const src = join(dir, `.memsnap-work-kv-${randomBytes(4).toString("hex")}`);
   await mkdir(src);
+  const moved: string[] = [];
   for (const n of await readdir(dir)) {
-    if (n === KV_INDEX || n === "pages" || n === "files" || n === SPOOL_FILE || n === SPOOL_MAP) await rename(join(dir, n), join(src, n));
-  }
-  // Pages extracted into the layer's spool (the usual case: see restoreSpool below).
-  let spool: { fd: number; map: Record<string, [number, number]> } | null = null;
-  const mapBytes = await readFile(join(src, SPOOL_MAP)).catch(() => null);
-  if (mapBytes !== null) {
-    let map: Record<string, [number, number]>;
-    try {
-      map = JSON.parse(mapBytes.toString("utf8")) as Record<string, [number, number]>;
-    } catch {
-      throw restoreBad(`${layer.name}: the page spool map is damaged`, layer.name);
+    if (n === KV_INDEX || n === "pages" || n === "files" || isSpoolName(n)) {
+      await rename(join(dir, n), join(src, n));
+      moved.push(n);
     }
-    spool = { fd: openSync(join(src, SPOOL_FILE), "r"), map };
+  }
+  const mapBytes = await readFile(join(src, SPOOL_MAP)).catch(() => null);
+  const spool = mapBytes === null ? null : new SpoolReader(src, parseSpoolMap(mapBytes, layer.name), moved);
+  const spoolAt = (artifact: string | null): SpoolAt | null => (artifact !== null && spool && Object.hasOwn(spool.map, artifact) ? spool.map[artifact]! : null);
+
+  // Placed pages by part file: offset → [artifact, length], and how many were placed there
+  // (two at one offset leave one in the map: the count tells them apart).
+  const placed = new Map<number, Map<number, [string, number]>>();
+  const placedCount = new Map<number, number>();
+  if (spool) {
+    for (const [artifact, at] of Object.entries(spool.map)) {
+      if (at.length !== 3) continue;
+      let m = placed.get(at[2]);
+      if (!m) placed.set(at[2], (m = new Map()));
+      m.set(at[0], [artifact, at[1]]);
+      placedCount.set(at[2], (placedCount.get(at[2]) ?? 0) + 1);
+    }
   }
   const zeroBufs = new Map<number, Buffer>();
   const cache = new Map<number, Buffer>();
-  const pageBytes = async (ci: number): Promise<Buffer> => {
+  /** Contents whose bytes were already checked against their SHA-256 in this rebuild. */
+  const checked = new Set<number>();
+  const pageOf = (ci: number): { c: KvContent; m: RegExpExecArray; where: string } => {
+    const c = index.contents[ci]!;
+    const m = c.artifact ? PAGE_ARTIFACT_RE.exec(c.artifact) : null;
+    if (!m || m[1] !== c.sha256) throw restoreBad(`${layer.name}: content ${c.sha256} has no page artifact`, layer.name);
+    return { c, m, where: `${layer.name}/${c.artifact!}` };
+  };
+  /** Check bytes read for content `ci` (once per content: extraction hashed most already). */
+  const check = (ci: number, bytes: Buffer, where: string): void => {
+    const c = index.contents[ci]!;
+    if (checked.has(ci)) return;
+    if (bytes.length !== c.bytes || (verified?.get(`${layer.name}/${c.artifact!}`) !== c.sha256 && sha256Hex(bytes) !== c.sha256)) {
+      throw restoreBad(`${where}: page does not hash to its name`, where);
+    }
+    checked.add(ci);
+  };
+  const pageBytes = (ci: number): Buffer => {
     const c = index.contents[ci]!;
     if (c.zero) {
       let z = zeroBufs.get(c.bytes);
@@ -682,21 +773,14 @@ async function materializeKv(dir: string, layer: LayerEntry, verified?: Readonly
     }
     const hit = cache.get(ci);
     if (hit) return hit;
-    const m = c.artifact ? PAGE_ARTIFACT_RE.exec(c.artifact) : null;
-    if (!m || m[1] !== c.sha256) throw restoreBad(`${layer.name}: content ${c.sha256} has no page artifact`, layer.name);
-    const where = `${layer.name}/${c.artifact!}`;
-    // Synchronous: one small page file at a time, and nothing else runs meanwhile; an async
-    // read per page costs three thread-pool round trips (measured: the rebuild ran at ~45 MB/s).
+    const { m, where } = pageOf(ci);
+    // Synchronous: one small page at a time, and nothing else runs meanwhile; an async read
+    // per page costs three thread-pool round trips (measured: the rebuild ran at ~45 MB/s).
     let b: Buffer;
-    const at = spool && Object.hasOwn(spool.map, c.artifact!) ? spool.map[c.artifact!]! : null;
+    const at = spoolAt(c.artifact);
     if (at) {
       b = Buffer.allocUnsafe(at[1]);
-      let got = 0;
-      while (got < at[1]) {
-        const r = readSync(spool!.fd, b, got, at[1] - got, at[0] + got);
-        if (r === 0) throw restoreBad(`${where}: the page spool is short`, where);
-        got += r;
-      }
+      readFully(spool!.fd(at), b, at[0], where);
     } else {
       try {
         b = readFileSync(join(src, ...c.artifact!.split("/")));
@@ -704,74 +788,105 @@ async function materializeKv(dir: string, layer: LayerEntry, verified?: Readonly
         throw restoreBad(`${where} is missing from the bundle`, where);
       }
     }
-    if (m[2]) b = unshuffle(b, Number(m[2]));
-    if (b.length !== c.bytes || sha256Hex(b) !== c.sha256) throw restoreBad(`${where}: page does not hash to its name after un-shuffling`, where);
+    if (m[2]) {
+      b = unshuffle(b, Number(m[2]));
+      if (b.length !== c.bytes || sha256Hex(b) !== c.sha256) throw restoreBad(`${where}: page does not hash to its name after un-shuffling`, where);
+    } else {
+      check(ci, b, where);
+    }
     if (cache.size >= 64) cache.delete(cache.keys().next().value!);
     cache.set(ci, b);
     return b;
   };
-  const batch = Buffer.allocUnsafe(READ_BLOCK);
-  /** Contents whose bytes were already checked against their SHA-256 in this rebuild. */
-  const checked = new Set<number>();
   /** Put content `ci`'s original bytes into `dst` (its exact length). */
-  const fillTile = async (ci: number, dst: Buffer): Promise<void> => {
+  const fillTile = (ci: number, dst: Buffer): void => {
     const c = index.contents[ci]!;
     const m = c.zero || !c.artifact ? null : PAGE_ARTIFACT_RE.exec(c.artifact);
-    const at = m && !m[2] && spool && Object.hasOwn(spool.map, c.artifact!) ? spool.map[c.artifact!]! : null;
+    const at = m && !m[2] ? spoolAt(c.artifact) : null;
     if (c.zero || !at || at[1] !== c.bytes) {
-      (await pageBytes(ci)).copy(dst);
+      pageBytes(ci).copy(dst);
       return;
     }
-    // An unshuffled page in the spool: read it into place. Its bytes were hash-checked on
-    // extraction against the index; when the index hash is the page's own name, that check
-    // is this one, so it is not repeated.
-    let got = 0;
-    while (got < at[1]) {
-      const r = readSync(spool!.fd, dst, got, at[1] - got, at[0] + got);
-      if (r === 0) throw restoreBad(`${layer.name}/${c.artifact!}: the page spool is short`, `${layer.name}/${c.artifact!}`);
-      got += r;
-    }
-    if (checked.has(ci)) return;
-    if (verified?.get(`${layer.name}/${c.artifact!}`) !== c.sha256 && sha256Hex(dst) !== c.sha256) {
-      throw restoreBad(`${layer.name}/${c.artifact!}: page does not hash to its name`, `${layer.name}/${c.artifact!}`);
-    }
-    checked.add(ci);
+    // An unshuffled page in the spool or in place elsewhere: read it straight into place.
+    const where = `${layer.name}/${c.artifact!}`;
+    readFully(spool!.fd(at), dst, at[0], where);
+    check(ci, dst, where);
   };
+  const batch = Buffer.allocUnsafe(READ_BLOCK);
   try {
-    for (const f of index.files as KvIndexFile[]) {
+    for (const [fileNo, f] of (index.files as KvIndexFile[]).entries()) {
       if (f.path.split("/")[0]!.startsWith(".memsnap-work-kv-")) throw new MemsnapError("MEMSNAP_UNSAFE_PATH", `${layer.name}: kv-index names a reserved path ${f.path}`, { path: f.path });
       const target = join(dir, ...f.path.split("/"));
       await mkdir(dirname(target), { recursive: true });
+      const here = placed.get(fileNo);
       if (f.tiles) {
+        const cannot = (e: unknown): MemsnapError => new MemsnapError("MEMSNAP_UNSAFE_PATH", `${layer.name}: cannot create ${f.path} (${(e as Error).message})`, { path: f.path });
         let fd: number;
-        try {
-          fd = openSync(target, "wx", 0o600);
-        } catch (e) {
-          throw new MemsnapError("MEMSNAP_UNSAFE_PATH", `${layer.name}: cannot create ${f.path} (${(e as Error).message})`, { path: f.path });
+        if (here) {
+          // The spool part that holds this file's placed pages becomes the file.
+          if (await lstat(target).then(() => true, () => false)) throw cannot(new Error("it already exists"));
+          const part = spool!.partPath.get(fileNo);
+          if (part === undefined) throw restoreBad(`${layer.name}: the page spool has no part ${fileNo}`, layer.name);
+          await rename(part, target).catch((e: unknown) => { throw cannot(e); });
+          spool!.partPath.set(fileNo, target);
+          // Its own descriptor: the spool's may be closed by a read from other parts.
+          fd = openSync(target, "r+");
+        } else {
+          try {
+            fd = openSync(target, "wx", 0o600);
+          } catch (e) {
+            throw cannot(e);
+          }
         }
         let n = 0;
+        let matched = 0;
         try {
-          // Tiles are laid into one batch buffer and written 4 MiB at a time, synchronously
-          // (nothing else runs meanwhile); a page is read from the spool straight into place.
+          ftruncateSync(fd, f.bytes);
+          // Tiles to write are laid into one batch buffer and written a run at a time; a page
+          // already in place, and a zero tile (a hole), end the run.
           let used = 0;
+          let runAt = 0;
+          const flush = (): void => {
+            if (used > 0) writeFully(fd, batch, used, runAt);
+            used = 0;
+          };
           for (const ci of f.tiles) {
-            const len = index.contents[ci]!.bytes;
-            if (used > 0 && used + len > batch.length) {
-              writeFully(fd, batch, used);
-              used = 0;
+            const c = index.contents[ci]!;
+            const len = c.bytes;
+            const p = here?.get(n);
+            if (p) {
+              const where = `${layer.name}/${p[0]}`;
+              if (p[0] !== c.artifact || p[1] !== len) throw restoreBad(`${where}: placed at byte ${n} of ${f.path}, where the index has another page`, where);
+              matched++;
+              if (!checked.has(ci)) {
+                if (verified?.get(where) === c.sha256) checked.add(ci);
+                else fillTile(ci, Buffer.allocUnsafe(len)); // reads and checks the bytes in place
+              }
+              flush();
+            } else if (c.zero) {
+              flush();
+            } else {
+              if (used > 0 && used + len > batch.length) flush();
+              if (used === 0) runAt = n;
+              if (len > batch.length) {
+                const big = Buffer.allocUnsafe(len);
+                fillTile(ci, big);
+                writeFully(fd, big, len, n);
+              } else {
+                fillTile(ci, batch.subarray(used, used + len));
+                used += len;
+              }
             }
-            const dst = len <= batch.length ? batch.subarray(used, used + len) : Buffer.allocUnsafe(len);
-            await fillTile(ci, dst);
-            if (len > batch.length) writeFully(fd, dst, len);
-            else used += len;
             n += len;
           }
-          if (used > 0) writeFully(fd, batch, used);
+          flush();
         } finally {
           closeSync(fd);
         }
         if (n !== f.bytes) throw restoreBad(`${layer.name}/${f.path}: rebuilt ${n} bytes, the index says ${f.bytes}`, f.path);
+        if (here && matched !== placedCount.get(fileNo)) throw restoreBad(`${layer.name}/${f.path}: a page is placed off the file's tiles`, f.path);
       } else {
+        if (here) throw restoreBad(`${layer.name}: pages are placed in ${f.path}, which has no tiles`, f.path);
         const from = join(src, ...f.artifact!.split("/"));
         const st = await stat(from).catch(() => null);
         if (!st || st.size !== f.bytes) throw restoreBad(`${layer.name}/${f.artifact!} is missing or has the wrong size`, f.artifact!);
@@ -781,8 +896,11 @@ async function materializeKv(dir: string, layer: LayerEntry, verified?: Readonly
       const t = new Date(f.mtime);
       if (!Number.isNaN(t.getTime())) await utimes(target, t, t);
     }
+    for (const fileNo of placed.keys()) {
+      if (!(index.files[fileNo] as KvIndexFile | undefined)?.tiles) throw restoreBad(`${layer.name}: pages are placed in file ${fileNo}, which the index does not have`, layer.name);
+    }
   } finally {
-    if (spool) closeSync(spool.fd);
+    spool?.close();
   }
   await rm(src, { recursive: true, force: true });
   done.add(dir);
@@ -823,7 +941,8 @@ function parseShape(raw: unknown, where: string): KvShape {
 
 export const kvSource: SourceKind<KvConfig> = {
   kind: "kv",
-  schemaVersion: 1,
+  // 2: unshuffled pages are named with the place of their first occurrence (pages/<sha>@<file>.<offset>).
+  schemaVersion: 2,
   parseConfig(raw, where) {
     rejectUnknownKeys(raw, ["kind", "name", "path", "format", "shape", "shuffle"], where);
     const format = optString(raw, "format", where);
@@ -869,7 +988,7 @@ export const kvSource: SourceKind<KvConfig> = {
         }
         for (const f of plan.data) {
           const tiles: number[] = [];
-          yield* dataArtifacts(f, plan, shuffle, contents, tiles, counters, ctx.signal);
+          yield* dataArtifacts(f, files.length, plan, shuffle, contents, tiles, counters, ctx.signal);
           files.push({ ...fileEntry(f.rel, f.stats), tiles });
         }
         for (const [label, hex] of plan.framePages) contents.labels.push([label, contents.frame(hex)!]);
@@ -958,6 +1077,7 @@ export const kvSource: SourceKind<KvConfig> = {
     return null;
   },
   materialize: materializeKv,
-  // Pages go to one spool file on restore, read back by materializeKv: no file per page.
-  restoreSpool: (rel: string) => rel.startsWith("pages/"),
+  // Pages go to the spool on restore, read back by materializeKv: no file per page. A page
+  // with a place goes straight to it, in the spool part of its data file.
+  restoreSpool: (rel: string) => (rel.startsWith("pages/") ? pagePlace(rel) ?? true : false),
 };

@@ -114,10 +114,13 @@ export interface SourceKind<C extends { name: string } = { name: string }> {
    * Artifacts of this layer for which this returns true are not written as files on restore:
    * their bytes (hash-checked as usual) are appended to `<layer dir>/.memsnap-spool`, and
    * `<layer dir>/.memsnap-spool.json` maps each one's layer path to `[offset, length]` in it.
-   * Only for kinds whose {@link materialize} reads them from there and removes both files
-   * (KV pages: thousands of 64 KiB pages that would each be created, read once and unlinked).
+   * A {@link SpoolPlace} instead puts the bytes at `offset` in the part file
+   * `<layer dir>/.memsnap-spool-<file>` (created sparse), mapped as `[offset, length, file]`.
+   * Only for kinds whose {@link materialize} reads them from there and removes these files
+   * (KV pages: thousands of 64 KiB pages that would each be created, read once and unlinked;
+   * placed, they land where the rebuilt dump file needs them and are not copied again).
    */
-  restoreSpool?: (rel: string) => boolean;
+  restoreSpool?: (rel: string) => boolean | SpoolPlace;
   /** Where this source's layer lives, for an in-place restore. Without it the layer can only be restored with --to. */
   liveTarget?(cfg: C, baseDir: string, layer: LayerEntry): Promise<LiveTarget>;
   /** Extra plan lines for `restore --dry-run` (git HEAD before → after, SQLite row-count deltas). */
@@ -127,3 +130,16 @@ export interface SourceKind<C extends { name: string } = { name: string }> {
 /** The spool file and its map in a layer's restore directory (see {@link SourceKind.restoreSpool}). */
 export const SPOOL_FILE = ".memsnap-spool";
 export const SPOOL_MAP = ".memsnap-spool.json";
+/** The name of spool part `file` (see {@link SourceKind.restoreSpool}). */
+export const spoolPart = (file: number): string => `${SPOOL_FILE}-${file}`;
+/** Names of the spool, its map and its parts: reserved in a layer that spools. */
+export const isSpoolName = (rel: string): boolean => rel === SPOOL_FILE || rel.startsWith(`${SPOOL_FILE}-`) || rel === SPOOL_MAP;
+
+/** Where a spooled artifact's bytes go: part file `file` at byte `offset`. */
+export interface SpoolPlace {
+  file: number;
+  offset: number;
+}
+
+/** A spool map value: `[offset, length]` in the spool, or `[offset, length, file]` in part `file`. */
+export type SpoolAt = [number, number] | [number, number, number];

@@ -28,6 +28,9 @@ const cases: [string, string][] = [
 /** Bundles whose layer an agent with only a `memory` files source would not restore in place. */
 const toOnly: [string, string][] = [
   ["kv-spool-collision", "MEMSNAP_UNSAFE_PATH"],
+  ["kv-spool-part-collision", "MEMSNAP_UNSAFE_PATH"],
+  ["kv-place-past-end", "MEMSNAP_UNSAFE_BUNDLE"],
+  ["layers-interleaved", "MEMSNAP_UNSAFE_BUNDLE"],
 ];
 
 function run(args: string[]) {

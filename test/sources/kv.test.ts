@@ -11,6 +11,7 @@ import { join, relative } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
 import { isMemsnapError, parseConfig, restoreToDir, snapshot, verifyBundle, type Manifest } from "../../src/index.js";
 import { kvSource } from "../../src/sources/kv.js";
+import { RestoreSpool } from "../../src/restore/spool.js";
 import { shuffle, unshuffle } from "../../src/sources/kv-format.js";
 import { generateKvDump, generateLmcacheChunks, kvValues, type KvDtype } from "../helpers/kv-dump.js";
 import { blobPath, writePagedCache } from "../helpers/pfimg-store.js";
@@ -358,5 +359,126 @@ describe("kv: deep verify and materialize", () => {
     await expect(kvSource.materialize!(staged, { ...layer, meta })).rejects.toMatchObject({
       code: "MEMSNAP_ARTIFACT_HASH_MISMATCH", message: expect.stringContaining(`kv/pages/${victim}: page does not hash to its name`),
     });
+  });
+});
+
+describe("kv: pages placed on restore (layer schema 2)", () => {
+  /** Capture a dump and stage its artifacts the way extraction does (spool, placed parts, files). */
+  async function staged(dir: string, shuffleMode: "on" | "off"): Promise<{ dump: string; stage: string; meta: Meta; layer: Manifest["layers"][number]; verified: Map<string, string>; placed: string[] }> {
+    const d = generateKvDump({ dir: join(dir, "dump"), nLayers: 2 });
+    const stage = join(dir, `stage-${randomBytes(3).toString("hex")}`);
+    mkdirSync(stage, { recursive: true });
+    const cap = await kvSource.capture(kvSource.parseConfig({ kind: "kv", name: "kv", path: "dump", shuffle: shuffleMode }, "t"), { baseDir: dir, tmpDir: dir });
+    const spool = new RestoreSpool(stage, "kv");
+    const verified = new Map<string, string>();
+    const placed: string[] = [];
+    for await (const a of cap.artifacts) {
+      const parts: Buffer[] = [];
+      for await (const c of a.open() as AsyncIterable<Buffer>) parts.push(c);
+      const body = Buffer.concat(parts);
+      verified.set(`kv/${a.path}`, sha(body));
+      const to = kvSource.restoreSpool!(a.path);
+      if (to) {
+        if (to !== true) placed.push(a.path);
+        await spool.put(`kv/${a.path}`, a.path, body.length, [body], to === true ? null : to, () => undefined);
+      } else {
+        mkdirSync(join(stage, a.path, ".."), { recursive: true });
+        writeFileSync(join(stage, a.path), body);
+      }
+    }
+    spool.close();
+    const meta = await cap.finish!();
+    return { dump: d.dir, stage, meta, layer: { name: "kv", kind: "kv", schema_version: 2, artifacts: 0, bytes: 0, meta }, verified, placed };
+  }
+
+  it("names each unshuffled page with its first place, writes it there, and leaves zero pages as holes", async () => {
+    const dir = tmp();
+    const s = await staged(dir, "off");
+    expect(s.placed.length).toBeGreaterThan(0);
+    for (const p of s.placed) expect(p).toMatch(/^pages\/[0-9a-f]{64}@[0-9]+\.[0-9]+$/);
+    expect(readdirSync(s.stage).filter((n) => n.startsWith(".memsnap-spool-")).length).toBeGreaterThan(0);
+    await kvSource.materialize!(s.stage, s.layer, s.verified);
+    expect(tree(s.stage)).toEqual(tree(s.dump));
+    // The data files hold zero pages: they are holes, not written blocks.
+    const data = Object.keys(tree(s.dump)).filter((p) => p.endsWith(".bin"));
+    const allocated = data.reduce((n, p) => n + statSync(join(s.stage, p)).blocks * 512, 0);
+    const apparent = data.reduce((n, p) => n + statSync(join(s.stage, p)).size, 0);
+    expect(allocated).toBeLessThan(apparent);
+  });
+
+  it("the same, checking every placed page itself when extraction vouched for none", async () => {
+    const dir = tmp();
+    const s = await staged(dir, "off");
+    await kvSource.materialize!(s.stage, s.layer);
+    expect(tree(s.stage)).toEqual(tree(s.dump));
+  });
+
+  it("shuffled pages still go through the spool and come back exactly", async () => {
+    const dir = tmp();
+    const s = await staged(dir, "on");
+    expect(s.placed).toEqual([]);
+    await kvSource.materialize!(s.stage, s.layer, s.verified);
+    expect(tree(s.stage)).toEqual(tree(s.dump));
+  });
+
+  const spoolMap = (stage: string): Record<string, number[]> => JSON.parse(readFileSync(join(stage, ".memsnap-spool.json"), "utf8")) as Record<string, number[]>;
+  const writeMap = (stage: string, m: Record<string, number[]>): void => writeFileSync(join(stage, ".memsnap-spool.json"), JSON.stringify(m));
+
+  it("refuses a page placed off its tile, two pages at one place, a page placed in a file without tiles, and damaged placed bytes", async () => {
+    const dir = tmp();
+    const cases: [string, (s: Awaited<ReturnType<typeof staged>>) => void, RegExp][] = [
+      ["off its tile", (s) => {
+        const m = spoolMap(s.stage);
+        m[s.placed[1]!]![0]! += 512;
+        writeMap(s.stage, m);
+      }, /placed off the file's tiles|where the index has another page/],
+      ["at another page's place", (s) => {
+        const m = spoolMap(s.stage);
+        m[s.placed[1]!] = [...m[s.placed[0]!]!];
+        writeMap(s.stage, m);
+      }, /where the index has another page|placed off the file's tiles/],
+      ["in a file the index does not tile", (s) => {
+        const m = spoolMap(s.stage);
+        m[s.placed[0]!]![2] = 999;
+        writeMap(s.stage, m);
+      }, /no part 999|placed in file 999|placed off the file's tiles/],
+      ["damaged", (s) => {
+        const m = spoolMap(s.stage);
+        const [off, , file] = m[s.placed[0]!]!;
+        const part = join(s.stage, `.memsnap-spool-${file}`);
+        const b = readFileSync(part);
+        b[off! + 3] = b[off! + 3]! ^ 0xff;
+        writeFileSync(part, b);
+        s.verified.clear();
+      }, /page does not hash to its name/],
+    ];
+    for (const [what, damage, msg] of cases) {
+      const s = await staged(dir, "off");
+      damage(s);
+      let err: unknown;
+      try {
+        await kvSource.materialize!(s.stage, s.layer, s.verified);
+      } catch (e) {
+        err = e;
+      }
+      expect(err, what).toBeDefined();
+      expectErr(err, "MEMSNAP_ARTIFACT_HASH_MISMATCH", msg);
+    }
+  });
+
+  it("the spool refuses a place past its bound and a part file made twice", async () => {
+    const dir = tmp();
+    const spool = new RestoreSpool(dir, "kv");
+    await expect(spool.put("kv/pages/x", "pages/x", 10, [Buffer.alloc(10)], { file: 0, offset: 2 ** 40 }, () => undefined))
+      .rejects.toMatchObject({ code: "MEMSNAP_UNSAFE_BUNDLE" });
+    await spool.put("kv/pages/a", "pages/a", 4, [Buffer.from("abcd")], { file: 3, offset: 8192 }, () => undefined);
+    await expect(spool.put("kv/pages/a", "pages/a", 4, [Buffer.from("abcd")], { file: 3, offset: 0 }, () => undefined))
+      .rejects.toMatchObject({ code: "MEMSNAP_UNSAFE_PATH" });
+    spool.close();
+    expect(statSync(join(dir, ".memsnap-spool-3")).size).toBe(8196);
+    const again = new RestoreSpool(dir, "kv");
+    await expect(again.put("kv/pages/b", "pages/b", 4, [Buffer.from("abcd")], { file: 3, offset: 0 }, () => undefined))
+      .rejects.toMatchObject({ code: "MEMSNAP_UNSAFE_PATH" });
+    again.release();
   });
 });
