@@ -11,7 +11,7 @@
  * a block is cut only at a line start that no region reaches past (an open PEM block is
  * carried into the next block), so both give the same regions.
  */
-import { SCANNERS } from "./prefilter.js";
+import { FINDERS, type Finder } from "./prefilter.js";
 import { pemExtent } from "./rules.js";
 
 export interface Region {
@@ -72,15 +72,15 @@ function snapFwd(t: string, p: number, max: number): number {
 /**
  * Plan the regions of `text`. With `final` false more text may follow: the plan stops at the
  * last line start that no region crosses (`cut`). `windows` false keeps long lines whole (JSON,
- * whose strings must be tokenized from the line start).
+ * whose strings must be tokenized from the line start). `finders` is for tests (the pre-filter's
+ * reference regexes against its fast finders).
  */
-export function planRegions(text: string, final: boolean, windows = true): RegionPlan {
+export function planRegions(text: string, final: boolean, windows = true, finders: readonly Finder[] = FINDERS): RegionPlan {
   const raw: Region[] = [];
   let pending = -1; // line start of a PEM block whose end is not known yet
-  for (const re of SCANNERS) {
-    re.lastIndex = 0;
-    for (let m = re.exec(text); m; m = re.exec(text)) {
-      const p = m.index;
+  for (const f of finders) {
+    const next = f.cursor(text);
+    for (let p = next(0); p >= 0;) {
       if (pending >= 0 && p >= pending) break;
       const ls = lineStart(text, p);
       const le = lineEnd(text, p);
@@ -102,7 +102,7 @@ export function planRegions(text: string, final: boolean, windows = true): Regio
         break;
       }
       raw.push({ start, end });
-      re.lastIndex = Math.max(p + 1, end);
+      p = next(Math.max(p + 1, end));
     }
   }
   raw.sort((a, b) => a.start - b.start || a.end - b.end);
