@@ -7,9 +7,9 @@
  * The worker runs an inline (eval'd) CommonJS script that `require`s better-sqlite3 by its
  * resolved path, so it works the same from the TypeScript sources (vitest) and from dist/.
  * For the same reason it cannot import src/redact/prefilter.ts: it gets the pre-filter's
- * scanners (`SCANNERS`, whose union is exactly what `candidate()` tests) as regex sources and
- * rebuilds `candidate()` from them (without the `g` flag, as prefilter.ts does); a test checks
- * the two agree. One {@link SqliteWorker} serves many jobs in the order they arrive; a job that
+ * finders as JavaScript source (src/redact/finders-js.ts, the very code prefilter.ts builds its
+ * `FINDERS` from) and the main scanner's alternatives, and builds `candidate()` from them as
+ * prefilter.ts does; a test checks the two agree. One {@link SqliteWorker} serves many jobs in the order they arrive; a job that
  * blocks runs to its end, and the live read's long scans yield every few milliseconds so that
  * a short job (the release of another database's read transaction) is not held up behind them.
  * A job that fails posts the SQLite error code (`SQLITE_BUSY`, `SQLITE_NOTADB`, …) and message
@@ -37,7 +37,8 @@
 import { createRequire } from "node:module";
 import { Worker } from "node:worker_threads";
 import { MemsnapError } from "../errors.js";
-import { SCANNERS } from "../redact/prefilter.js";
+import { FINDERS_JS } from "../redact/finders-js.js";
+import { MAIN_ALTERNATIVES } from "../redact/prefilter.js";
 
 /** Source pragmas read in one read transaction before the copy. */
 export interface SourcePragmas {
@@ -177,10 +178,11 @@ function ordinaryTables(db) {
 
 // ---------------------------------------------------------------- live read
 
-// The redaction pre-filter (src/redact/prefilter.ts): candidate(t) is "any scanner matches".
-const SCANNERS = (workerData.scanners || []).map((s) => new RegExp(s.source, s.flags.replace("g", "")));
+// The redaction pre-filter (src/redact/prefilter.ts): candidate(t) is "any scanner matches",
+// tested with the very finders the redactor runs (built from the same source).
+const FINDERS = workerData.finders ? new Function("ALT", workerData.finders.js)(workerData.finders.alt) : [];
 function candidate(t) {
-  for (const re of SCANNERS) if (re.test(t)) return true;
+  for (const f of FINDERS) if (f.cursor(t)(0) >= 0) return true;
   return false;
 }
 // A run of token characters with a letter and a digit: what is left of a secret whose start
@@ -867,7 +869,7 @@ export class SqliteWorker {
   constructor() {
     this.#worker = new Worker(WORKER_SOURCE, { eval: true, execArgv: [], resourceLimits: { maxYoungGenerationSizeMb: 16 }, workerData: {
       bsqlPath: betterSqlitePath(),
-      scanners: SCANNERS.map((re) => ({ source: re.source, flags: re.flags })),
+      finders: { js: FINDERS_JS, alt: { ...MAIN_ALTERNATIVES } },
     } });
     this.#worker.unref();
     this.#worker.on("message", (m: Reply) => {
