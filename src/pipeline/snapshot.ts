@@ -17,8 +17,6 @@
 import { createHash, randomBytes, type KeyObject } from "node:crypto";
 import { mkdir, rm, stat } from "node:fs/promises";
 import { hostname } from "node:os";
-import { setFlagsFromString } from "node:v8";
-import { runInNewContext } from "node:vm";
 import { performance } from "node:perf_hooks";
 import { dirname, join } from "node:path";
 import type { MemsnapConfig } from "../config.js";
@@ -35,6 +33,7 @@ import { acquireLock, type AgentLock } from "../restore/lock.js";
 import { signManifest } from "../sign.js";
 import { removeOrphans } from "../store/orphans.js";
 import { crashPoint } from "../util/crash-point.js";
+import { gcPacer } from "../util/gc.js";
 import type { Redactor } from "../redact/types.js";
 import type { Artifact, LayerCapture } from "../sources/types.js";
 import { sourceChanged } from "../sources/walk.js";
@@ -137,26 +136,10 @@ const ZEROS = Buffer.alloc(2 * BLOCK);
 /**
  * Source chunks are fresh Buffers (file reads of up to 1 MiB, KV read blocks of 4 MiB) that are
  * garbage once copied into the payload worker's buffers, but V8 frees their external memory
- * only when a scavenge happens to run. A minor GC every {@link GC_EVERY} bytes packed keeps them
+ * only when a scavenge happens to run. A minor GC every 16 MiB packed keeps them
  * from piling up (measured: the KV layer of the bench mix peaked at 235 MiB RSS without it).
  */
-const GC_EVERY = 16 * 1024 * 1024;
-let runMinorGc: ((o: { type: "minor" }) => void) | null | undefined;
-let sinceGc = 0;
-function collectPacked(n: number): void {
-  sinceGc += n;
-  if (sinceGc < GC_EVERY) return;
-  sinceGc = 0;
-  if (runMinorGc === undefined) {
-    try {
-      setFlagsFromString("--expose-gc");
-      runMinorGc = runInNewContext("gc") as (o: { type: "minor" }) => void;
-    } catch {
-      runMinorGc = null;
-    }
-  }
-  runMinorGc?.({ type: "minor" });
-}
+const collectPacked = gcPacer(16 * 1024 * 1024, "minor");
 
 async function packArtifact(
   enc: PayloadEncoder, levels: LevelPolicy, layer: string, a: Artifact, onBytes: (n: number) => void,

@@ -12,6 +12,7 @@
  * Each match becomes `[REDACTED:<rule id>]`; a second pass changes nothing. The report's
  * policy is `default`, or `custom` when the config allows or disables anything.
  */
+import { gcPacer } from "../util/gc.js";
 import { randomBytes } from "node:crypto";
 import { createReadStream } from "node:fs";
 import { mkdir, open, rm, type FileHandle } from "node:fs/promises";
@@ -97,6 +98,14 @@ function looksLikeJson(text: string): boolean {
 /** Output up to this size stays in memory; larger output is spooled to a file. */
 const MEM_MAX = 1 << 20;
 
+/**
+ * A stream is scanned through a latin1 view of each ~1 MiB piece: strings that big go to V8's
+ * large-object space and wait there for a full collection, so a full GC runs after every
+ * 32 MiB streamed (measured on the bench's 119 MB of JSONL traces, with two artifacts redacted
+ * ahead of the one packing: the traces phase peaked at 200 MiB of RSS, 192-196 with it).
+ */
+const collectStreamed = gcPacer(32 * 1024 * 1024, "major");
+
 class MemsnapRedactor implements Redactor {
   private readonly report_: ReportBuilder;
   private spoolDir: string | undefined;
@@ -156,7 +165,10 @@ class MemsnapRedactor implements Redactor {
     const sr = new StreamRedactor(this.engine, {
       json: isJsonArtifact(a),
       count: (rule, red) => this.report_.add(payloadPath, rule, red),
-      scanned: (n) => this.report_.scanned(n),
+      scanned: (n) => {
+        this.report_.scanned(n);
+        collectStreamed(n);
+      },
     }, write);
     try {
       const src = a.open();
