@@ -583,7 +583,9 @@ async function* dataArtifacts(f: DataFile, fileNo: number, plan: KvPlan, shuffle
             counters.bytesStored += body.length;
             yield {
               path, kind: "kv-page", size: body.length, mode: 0o644, mtime: f.stats.mtime,
-              open: () => Readable.from([body]),
+              // A plain array, not a Readable: one stream object per page was most of the
+              // capture's garbage (53k pages of 8 KiB: peak RSS 286 → 246 MiB).
+              open: () => [body],
               // An unshuffled page is yielded from the very bytes just hashed: no second hash.
               ...(elem === 1 ? { sha256: hex } : {}),
             };

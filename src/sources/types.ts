@@ -23,7 +23,7 @@ export interface Artifact {
   mode: number;
   mtime: Date;
   /** The artifact's bytes. At most `size + 1` bytes are read, so a growing file is detected without reading it to its end. */
-  open(): Readable | AsyncIterable<Buffer>;
+  open(): Readable | AsyncIterable<Buffer> | Iterable<Buffer>;
   /** Called after the bytes streamed; throws MEMSNAP_SOURCE_CHANGED if the source changed meanwhile. */
   check?(): Promise<void>;
   /**
