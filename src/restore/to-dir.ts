@@ -92,7 +92,15 @@ export async function restoreToDir(bundle: string, to: string, opts: RestoreToDi
     await mkdir(dir, { recursive: true });
     await impl.materialize(dir, layer, verified);
     debugStep(t0, `layer ${name} materialized`);
+    earlySync();
   });
+  // Writeback of what is staged starts while later layers extract (one syncfs in flight at a
+  // time, not awaited), so the final sync has only the tail left to flush.
+  let syncing: Promise<unknown> | null = null;
+  const earlySync = (): void => {
+    if (syncing) return;
+    syncing = execFileP("sync", ["-f", staging]).catch(() => undefined).finally(() => { syncing = null; });
+  };
   try {
     let r;
     try {
@@ -106,6 +114,7 @@ export async function restoreToDir(bundle: string, to: string, opts: RestoreToDi
     await mkdir(join(staging, ".memsnap"), { recursive: true });
     await writeFile(join(staging, ".memsnap", MANIFEST_MEMBER), layout.manifestBytes, { mode: 0o600 });
     // One syncfs for the whole tree instead of an fsync per file.
+    await syncing;
     await execFileP("sync", ["-f", staging]).catch(() => undefined);
     debugStep(t0, "synced");
     await rmdir(target).catch((e: NodeJS.ErrnoException) => {
