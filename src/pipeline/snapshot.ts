@@ -15,6 +15,7 @@
  * worker and removes the temp file: no bundle, no leftovers.
  */
 import { createHash, randomBytes, type KeyObject } from "node:crypto";
+import { fdatasync } from "node:fs";
 import { mkdir, rm, stat } from "node:fs/promises";
 import { hostname } from "node:os";
 import { performance } from "node:perf_hooks";
@@ -230,6 +231,13 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
   let started: Promise<LayerCapture>[] = [];
   let spill: IndexSpill | undefined;
   let enc: PayloadEncoder | undefined;
+  // Writeback of the bundle starts while later layers pack: an fdatasync after each layer (one
+  // in flight, on the thread pool), so the commit's fsync has only the tail left to flush. It
+  // is awaited before the file is committed or aborted (never a sync of a closed descriptor).
+  let syncing: Promise<void> | null = null;
+  const earlySync = (fd: number): void => {
+    syncing ??= new Promise<void>((res) => fdatasync(fd, () => res())).finally(() => { syncing = null; });
+  };
   try {
     try {
       await mkdir(workDir, { mode: 0o700 });
@@ -313,6 +321,7 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
       const meta = await cap.finish?.();
       if (meta) layer.meta = meta;
       layers.push(layer);
+      earlySync(raw.fd);
     }
     const indexSize = spill.documentBytes(id);
     const indexHash = createHash("sha256");
@@ -366,11 +375,13 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
     };
     const sealed: Manifest = { ...body, seal: computeSeal(body) };
     const manifest: Manifest = opts.signKey ? { ...sealed, signature: { ...signManifest(sealed, opts.signKey) } } : sealed;
+    await syncing;
     await writer.commit(encodeManifest(manifest), payload.storedSize);
     const bundleBytes = (await stat(dest)).size;
     return { id, path: dest, manifest, inputBytes: bytes, bundleBytes, durationMs: performance.now() - t0, redactionMs: redactMs };
   } catch (e) {
     await enc?.destroy();
+    await syncing;
     await writer.abort();
     if (opts.signal?.aborted && !(e instanceof MemsnapError)) {
       throw new MemsnapError("MEMSNAP_INTERNAL", "snapshot aborted", { hint: "no bundle was written", cause: e });
