@@ -163,7 +163,7 @@ export async function verifyBundle(path: string, opts: VerifyOptions = {}): Prom
       if (!impl?.deepVerify) return;
       const problem = await impl.deepVerify({ entry: { path: info.name, layer: info.layer }, bytes: chunks });
       if (problem) deepProblems.push({ code: "MEMSNAP_DEEP_VERIFY_FAILED", message: problem, path: info.name });
-    }, opts.signal, opts.onProgress);
+    }, { streamIndex: true, ...(opts.signal ? { signal: opts.signal } : {}), ...(opts.onProgress ? { onStored: opts.onProgress } : {}) });
     const cmp = compareWithIndex(manifest, r);
     const payloadF = cmp.filter((x) => x.code === "MEMSNAP_PAYLOAD_HASH_MISMATCH");
     add("payload-sha256", [...sizeFindings, ...payloadF]);

@@ -16,9 +16,10 @@ import { pipeline } from "node:stream/promises";
 import tar from "tar-stream";
 import { MemsnapError, type Finding } from "../errors.js";
 import type { BundleLayout } from "../format/container.js";
-import { encodeIndex, INDEX_PATH, type IndexDocument, type Manifest } from "../format/manifest.js";
+import { encodeIndex, indexHash, INDEX_PATH, type IndexDocument, type Manifest } from "../format/manifest.js";
 import { AGE_PREFIX_MAX, openAgePrefix } from "./age.js";
 import { PayloadDecoder } from "./decoder.js";
+import { IndexComparer } from "./index-stream.js";
 
 /** Identities and passphrases that may open an encrypted bundle. */
 export interface Keys {
@@ -49,8 +50,10 @@ export interface PayloadReadResult {
   storedSize: number;
   /** Entries in payload order (the index excluded), with what their bytes hashed to. */
   entries: PayloadEntry[];
-  /** The parsed index, or null when it was missing or unparseable (a finding says which). */
+  /** The parsed index, or null when it was missing, unparseable (a finding says which) or streamed. */
   index: IndexDocument | null;
+  /** With `streamIndex`: the index's snapshot id and its comparison with the entries. */
+  indexCheck: { snapshotId: unknown; findings: Finding[] } | null;
   indexSha256: string | null;
   findings: Finding[];
 }
@@ -110,18 +113,29 @@ export async function hashStoredPayload(layout: BundleLayout, onStored?: (stored
   return { sha256: h.digest("hex"), size, head };
 }
 
+export interface ReadPayloadOptions {
+  signal?: AbortSignal;
+  onStored?: (storedBytes: number, storedTotal: number) => void;
+  /** Each entry once its bytes have passed the handler and been hashed. */
+  onEntry?: (e: PayloadEntry) => void;
+  /**
+   * Compare the index with the entries as it streams (./index-stream.ts) instead of parsing it
+   * whole: the result's `index` is then null and `indexCheck` holds the comparison, which
+   * {@link compareWithIndex} reports. For verify and restore, which need nothing else of it.
+   */
+  streamIndex?: boolean;
+}
+
 /**
  * Stream the payload through decryption, decompression and tar parsing, calling `handler`
  * for every artifact entry. Entry names are checked by the caller's handler (restore) or
  * reported here as findings (verify). Throws the first fatal stream error (decrypt, corrupt
- * zstd/tar, or the handler's own error) as a MemsnapError. `onEntry` hears of each entry once
- * its bytes have passed the handler and been hashed.
+ * zstd/tar, or the handler's own error) as a MemsnapError.
  */
 export async function readPayload(
-  layout: BundleLayout, manifest: Manifest, keys: Keys, handler: EntryHandler, signal?: AbortSignal,
-  onStored?: (storedBytes: number, storedTotal: number) => void,
-  onEntry?: (e: PayloadEntry) => void,
+  layout: BundleLayout, manifest: Manifest, keys: Keys, handler: EntryHandler, opts: ReadPayloadOptions = {},
 ): Promise<PayloadReadResult> {
+  const { signal, onStored, onEntry } = opts;
   let age: { key: Buffer; offset: number } | null = null;
   if (manifest.payload.encryption) {
     const prefix = await readRange(layout.path, layout.payloadOffset, Math.min(layout.payloadSize, AGE_PREFIX_MAX));
@@ -145,6 +159,7 @@ export async function readPayload(
   const findings: Finding[] = [];
   let index: IndexDocument | null = null;
   let indexSha256: string | null = null;
+  let indexCheck: PayloadReadResult["indexCheck"] = null;
   let sawIndex = false;
   try {
     for await (const entry of extract) {
@@ -160,6 +175,20 @@ export async function readPayload(
       })();
       if (sawIndex) {
         findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: `entry ${name} follows the index, which must be last`, path: name });
+      }
+      if (name === INDEX_PATH && opts.streamIndex) {
+        sawIndex = true;
+        const cmp = new IndexComparer(entries);
+        for await (const c of chunks) {
+          if (n > INDEX_MAX_BYTES) throw new MemsnapError("MEMSNAP_BUNDLE_MALFORMED", "the payload index is over its size cap");
+          cmp.push(c);
+        }
+        indexSha256 = h.digest("hex");
+        const r = cmp.end();
+        if ("error" in r) findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: `the payload index does not parse: ${r.error}`, path: INDEX_PATH });
+        else if (r.tail.format !== "memsnap-index") findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: "the payload index does not parse: not an index document", path: INDEX_PATH });
+        else indexCheck = { snapshotId: r.tail.snapshot_id, findings: r.findings };
+        continue;
       }
       if (name === INDEX_PATH) {
         sawIndex = true;
@@ -203,7 +232,7 @@ export async function readPayload(
   }
   if (!sawIndex) findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: "the payload has no index member", path: INDEX_PATH });
   const stored = await decoder.stored;
-  return { storedSha256: stored.sha256, storedSize: stored.size, entries, index, indexSha256, findings };
+  return { storedSha256: stored.sha256, storedSize: stored.size, entries, index, indexSha256, indexCheck, findings };
 }
 
 /**
@@ -217,16 +246,21 @@ export function compareWithIndex(manifest: Manifest, r: PayloadReadResult): Find
     findings.push({ code: "MEMSNAP_PAYLOAD_HASH_MISMATCH", message: "the payload bytes do not match the manifest's SHA-256/size" });
   }
   const index = r.index;
-  if (!index) return findings;
+  if (!index && !r.indexCheck) return findings;
   if (r.indexSha256 !== manifest.payload.index_sha256) {
     findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: "the payload index is not the one the manifest is bound to", path: INDEX_PATH });
   }
-  if (index.snapshot_id !== manifest.snapshot_id) {
-    findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: `the payload index belongs to snapshot ${String(index.snapshot_id)}`, path: INDEX_PATH });
+  const snapshotId = index ? index.snapshot_id : r.indexCheck!.snapshotId;
+  if (snapshotId !== manifest.snapshot_id) {
+    findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: `the payload index belongs to snapshot ${String(snapshotId)}`, path: INDEX_PATH });
   }
-  if (manifest.index && encodeIndex({ format: "memsnap-index", snapshot_id: manifest.snapshot_id, artifacts: manifest.index }).compare(encodeIndex(index)) !== 0) {
+  // The manifest's own copy (plaintext bundles) must be the same document: same canonical bytes.
+  if (manifest.index && (index
+    ? encodeIndex({ format: "memsnap-index", snapshot_id: manifest.snapshot_id, artifacts: manifest.index }).compare(encodeIndex(index)) !== 0
+    : indexHash({ format: "memsnap-index", snapshot_id: manifest.snapshot_id, artifacts: manifest.index }) !== r.indexSha256)) {
     findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: "the manifest's index differs from the payload's index", path: INDEX_PATH });
   }
+  if (!index) return [...findings, ...r.indexCheck!.findings];
   const want = new Map<string, { size: number; sha256: string }>();
   for (const a of index.artifacts) {
     if (want.has(a.path)) findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: `the index lists ${a.path} twice`, path: a.path });

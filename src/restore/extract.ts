@@ -185,7 +185,7 @@ export async function extractPayload(
         await fh.close();
       }
       crashPoint("restore:staged-entry");
-    }, opts.signal, undefined, opts.onEntry);
+    }, { streamIndex: true, ...(opts.signal ? { signal: opts.signal } : {}), ...(opts.onEntry ? { onEntry: opts.onEntry } : {}) });
     if (current !== null) closeLayer(current);
     const findings = compareWithIndex(manifest, r);
     if (findings.length) {

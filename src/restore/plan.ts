@@ -41,7 +41,7 @@ export async function planRestore(
 ): Promise<RestorePlan> {
   let index: IndexEntry[] | null = manifest.index ?? null;
   if (!index && (keys.identities?.length || keys.passphrases?.length)) {
-    const r = await readPayload(layout, manifest, keys, async () => undefined, signal);
+    const r = await readPayload(layout, manifest, keys, async () => undefined, signal ? { signal } : {});
     index = r.index?.artifacts ?? null;
   }
   const layers: LayerPlan[] = [];

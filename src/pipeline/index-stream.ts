@@ -1,0 +1,202 @@
+/**
+ * The payload index, compared with the payload's entries as it streams.
+ *
+ * The index is the last payload member, so every entry has been read (and hashed) when it
+ * arrives. Parsed whole, a 65k-artifact index costs its bytes, their string and the parsed
+ * objects at once (~70 MB at the end of a verify or restore, on top of everything held): this
+ * reads it one artifact at a time instead and checks each against the entries read, keeping
+ * only a position per entry name and the findings.
+ *
+ * It relies on the index being canonical JSON (docs/FORMAT.md §3.2, as memsnap writes it):
+ * `{"artifacts":[{"kind":…},…],"format":"memsnap-index","snapshot_id":"…"}` with no
+ * whitespace, every artifact an object whose first key is `kind`. In valid JSON a `"`
+ * preceded by `{` always opens a key, so `},{"kind":"` occurs only between two artifacts and
+ * `}],"format":"` only after the last one: the bytes split at them without a tokenizer. An
+ * index in any other form is reported as not parsing (an index that is not canonical JSON is
+ * not a memsnap index).
+ */
+import type { Finding } from "../errors.js";
+import type { IndexEntry } from "../format/manifest.js";
+import type { PayloadEntry } from "./read-payload.js";
+
+const PREFIX = Buffer.from('{"artifacts":[', "utf8");
+const EMPTY = Buffer.from('{"artifacts":[]', "utf8");
+const SEP = Buffer.from('},{"kind":"', "utf8");
+const END = Buffer.from('}],"format":"', "utf8");
+/** One artifact's JSON, and the document's tail, may not be longer. */
+const ELEMENT_MAX = 1 << 20;
+
+/** What the streamed index held besides its artifacts. */
+export interface IndexTail {
+  format: unknown;
+  snapshot_id: unknown;
+}
+
+/** Splits canonical index bytes into artifacts as they arrive. */
+class IndexSplitter {
+  #carry: Buffer = Buffer.alloc(0);
+  #state: "prefix" | "first" | "elements" | "tail" | "bad" = "prefix";
+  #why = "";
+  #tail: Buffer[] = [];
+  #tailLen = 0;
+  readonly #onArtifact: (json: string) => void;
+
+  constructor(onArtifact: (json: string) => void) {
+    this.#onArtifact = onArtifact;
+  }
+
+  #fail(why: string): void {
+    this.#state = "bad";
+    this.#why = why;
+    this.#carry = Buffer.alloc(0);
+    this.#tail = [];
+  }
+
+  push(chunk: Buffer): void {
+    if (this.#state === "bad") return;
+    if (this.#state === "tail") {
+      this.#tailLen += chunk.length;
+      if (this.#tailLen > ELEMENT_MAX) return this.#fail("its end is too long");
+      this.#tail.push(chunk);
+      return;
+    }
+    let buf = this.#carry.length ? Buffer.concat([this.#carry, chunk]) : chunk;
+    if (this.#state === "prefix") {
+      if (buf.length < PREFIX.length + 1) {
+        if (!PREFIX.subarray(0, Math.min(buf.length, PREFIX.length)).equals(buf.subarray(0, PREFIX.length))) return this.#fail("it is not canonical JSON");
+        this.#carry = Buffer.from(buf);
+        return;
+      }
+      if (!buf.subarray(0, PREFIX.length).equals(PREFIX)) return this.#fail("it is not canonical JSON");
+      buf = buf.subarray(PREFIX.length);
+      if (buf[0] === 0x5d) { // "]": no artifacts
+        this.#state = "tail";
+        this.#carry = Buffer.alloc(0);
+        return this.push(Buffer.from(buf.subarray(1)));
+      }
+      this.#state = "elements";
+    }
+    // buf starts at an artifact's "{" (or inside one, carried).
+    let at = 0;
+    // END occurs once, after the last artifact: searched for once per chunk, not per artifact.
+    const end = buf.indexOf(END);
+    for (;;) {
+      const sep = buf.indexOf(SEP, at);
+      if (sep >= 0 && (end < 0 || sep < end)) {
+        this.#onArtifact(buf.toString("utf8", at, sep + 1));
+        at = sep + 2;
+        continue;
+      }
+      if (end >= 0) {
+        this.#onArtifact(buf.toString("utf8", at, end + 1));
+        this.#state = "tail";
+        this.#carry = Buffer.alloc(0);
+        return this.push(Buffer.from(buf.subarray(end + 2)));
+      }
+      break;
+    }
+    if (buf.length - at > ELEMENT_MAX) return this.#fail("an artifact in it is too long");
+    this.#carry = Buffer.from(buf.subarray(at)); // a copy: the chunk's memory is not pinned
+  }
+
+  /** The tail's fields, or an error message. */
+  end(): IndexTail | string {
+    if (this.#state === "bad") return this.#why;
+    if (this.#state !== "tail") return "it ends inside its artifacts";
+    try {
+      const doc = JSON.parse(Buffer.concat([EMPTY, ...this.#tail]).toString("utf8")) as Record<string, unknown>;
+      if (typeof doc !== "object" || doc === null || Array.isArray(doc)) return "it is not an object";
+      return { format: doc.format, snapshot_id: doc.snapshot_id };
+    } catch (e) {
+      return (e as Error).message;
+    }
+  }
+}
+
+/**
+ * Compares the streamed index with the payload entries read before it, producing exactly the
+ * findings, in the same order, that comparing the parsed index does (compareWithIndex): an
+ * artifact listed twice (when seen again; the later listing is the one compared); then per
+ * entry in payload order a duplicate, an entry not in the index, or a size/SHA-256 mismatch;
+ * then the indexed artifacts missing from the payload, in index order. Memory: a position per
+ * distinct entry name and the findings, never the index.
+ */
+export class IndexComparer {
+  readonly #entries: readonly PayloadEntry[];
+  /** Entry name → position of its first occurrence. */
+  readonly #positions = new Map<string, number>();
+  /** Per entry: 1 when an index artifact lists it. */
+  readonly #listed: Uint8Array;
+  /** Per entry position, the mismatch with the (last) listing of it. */
+  readonly #mismatch = new Map<number, Finding>();
+  /** Indexed paths with no entry, in the order first listed. */
+  readonly #absent = new Set<string>();
+  readonly #twice: Finding[] = [];
+  readonly #splitter: IndexSplitter;
+  #parseError: string | null = null;
+
+  constructor(entries: readonly PayloadEntry[]) {
+    this.#entries = entries;
+    entries.forEach((e, i) => { if (!this.#positions.has(e.name)) this.#positions.set(e.name, i); });
+    this.#listed = new Uint8Array(entries.length);
+    this.#splitter = new IndexSplitter((json) => this.#artifact(json));
+  }
+
+  push(chunk: Buffer): void {
+    this.#splitter.push(chunk);
+  }
+
+  #artifact(json: string): void {
+    if (this.#parseError !== null) return;
+    let a: IndexEntry;
+    try {
+      a = JSON.parse(json) as IndexEntry;
+    } catch (e) {
+      this.#parseError = (e as Error).message;
+      return;
+    }
+    if (typeof a !== "object" || a === null || Array.isArray(a) || typeof a.path !== "string") {
+      this.#parseError = "an artifact is not an object with a path";
+      return;
+    }
+    const j = this.#positions.get(a.path);
+    const twice = (): void => { this.#twice.push({ code: "MEMSNAP_INDEX_MISMATCH", message: `the index lists ${a.path} twice`, path: a.path }); };
+    if (j === undefined) {
+      if (this.#absent.has(a.path)) twice();
+      this.#absent.add(a.path);
+      return;
+    }
+    if (this.#listed[j] === 1) twice();
+    this.#listed[j] = 1;
+    const got = this.#entries[j]!;
+    if (a.size !== got.size || a.sha256 !== got.sha256) {
+      this.#mismatch.set(j, {
+        code: "MEMSNAP_ARTIFACT_HASH_MISMATCH",
+        message: a.size !== got.size ? `${got.name}: ${got.size} bytes, index says ${a.size}` : `${got.name}: SHA-256 differs from the index`,
+        path: got.name,
+      });
+    } else {
+      this.#mismatch.delete(j);
+    }
+  }
+
+  /** The index's other fields and the comparison's findings, or why the index does not parse. */
+  end(): { tail: IndexTail; findings: Finding[] } | { error: string } {
+    const tail = this.#splitter.end();
+    if (typeof tail === "string") return { error: tail };
+    if (this.#parseError !== null) return { error: this.#parseError };
+    const findings: Finding[] = [...this.#twice];
+    this.#entries.forEach((e, j) => {
+      if (this.#positions.get(e.name) !== j) {
+        findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: `duplicate payload entry ${e.name}`, path: e.name });
+      } else if (this.#listed[j] === 0) {
+        findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: `payload entry ${e.name} is not in the index`, path: e.name });
+      } else {
+        const m = this.#mismatch.get(j);
+        if (m) findings.push(m);
+      }
+    });
+    for (const p of this.#absent) findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: `indexed artifact ${p} is missing from the payload`, path: p });
+    return { tail, findings };
+  }
+}
