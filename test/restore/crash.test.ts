@@ -135,7 +135,7 @@ describe("restore crash safety", () => {
     expect(outcomes.old).toBeGreaterThan(0);
     expect(outcomes.new).toBeGreaterThan(0);
     console.log(`crash harness: ${points.length} kill points (${outcomes.old} rolled back, ${outcomes.new} finished)`);
-  });
+  }, 240_000); // 32 sequential restores, each killed and recovered: ~40 s idle, over 60 s on a loaded 2-core machine
 
   it("a command on an agent with a pending journal recovers it first", () => {
     const agent = freshAgent();
