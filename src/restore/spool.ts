@@ -12,6 +12,7 @@ import { join } from "node:path";
 import { MemsnapError, destinationError } from "../errors.js";
 import { PLACE_MAX_END } from "../sources/kv-format.js";
 import { SPOOL_FILE, SPOOL_MAP, spoolPart, type SpoolAt, type SpoolPlace } from "../sources/types.js";
+import { FdCache } from "../util/fd-cache.js";
 import { conflictingEntry } from "./safe-path.js";
 
 /** Part files kept open at once; a part seen again after eviction is reopened. */
@@ -23,8 +24,7 @@ export class RestoreSpool {
   readonly #layer: string;
   #fd: number | null = null;
   #pos = 0;
-  /** Open part files, oldest first. */
-  readonly #parts = new Map<number, number>();
+  readonly #parts = new FdCache<number>(OPEN_PARTS);
   readonly #made = new Set<number>();
 
   constructor(root: string, layer: string) {
@@ -42,17 +42,11 @@ export class RestoreSpool {
   }
 
   #part(file: number): number {
-    const fd = this.#parts.get(file);
-    if (fd !== undefined) return fd;
-    if (this.#parts.size >= OPEN_PARTS) {
-      const [oldest, ofd] = this.#parts.entries().next().value!;
-      this.#parts.delete(oldest);
-      closeSync(ofd);
-    }
-    const opened = this.#open(spoolPart(file), this.#made.has(file) ? "r+" : "wx");
-    this.#made.add(file);
-    this.#parts.set(file, opened);
-    return opened;
+    return this.#parts.get(file, () => {
+      const fd = this.#open(spoolPart(file), this.#made.has(file) ? "r+" : "wx");
+      this.#made.add(file);
+      return fd;
+    });
   }
 
   /**
@@ -108,7 +102,6 @@ export class RestoreSpool {
   release(): void {
     if (this.#fd !== null) closeSync(this.#fd);
     this.#fd = null;
-    for (const fd of this.#parts.values()) closeSync(fd);
-    this.#parts.clear();
+    this.#parts.closeAll();
   }
 }

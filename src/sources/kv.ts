@@ -37,6 +37,7 @@ import {
 } from "./pfimg-format.js";
 import { SPOOL_FILE, SPOOL_MAP, isSpoolName, type Artifact, type SourceKind, type SpoolAt } from "./types.js";
 import { sourceChanged, sourceError, walkFiles } from "./walk.js";
+import { FdCache } from "../util/fd-cache.js";
 
 export interface KvShape {
   n_layers: number;
@@ -643,7 +644,7 @@ class SpoolReader {
   readonly map: Record<string, SpoolAt>;
   readonly #src: string;
   #fd: number | null = null;
-  readonly #parts = new Map<number, number>();
+  readonly #parts = new FdCache<number>(OPEN_PARTS);
   /** Part file → where it is now (its spool name, or the rebuilt file it was renamed to). */
   readonly partPath = new Map<number, string>();
 
@@ -659,25 +660,17 @@ class SpoolReader {
   fd(at: SpoolAt): number {
     if (at.length === 2) return (this.#fd ??= openSync(join(this.#src, SPOOL_FILE), "r"));
     const file = at[2];
-    const open = this.#parts.get(file);
-    if (open !== undefined) return open;
-    const path = this.partPath.get(file);
-    if (path === undefined) throw restoreBad(`the page spool has no part ${file}`, SPOOL_FILE);
-    if (this.#parts.size >= OPEN_PARTS) {
-      const [oldest, ofd] = this.#parts.entries().next().value!;
-      this.#parts.delete(oldest);
-      closeSync(ofd);
-    }
-    const fd = openSync(path, "r+");
-    this.#parts.set(file, fd);
-    return fd;
+    return this.#parts.get(file, () => {
+      const path = this.partPath.get(file);
+      if (path === undefined) throw restoreBad(`the page spool has no part ${file}`, SPOOL_FILE);
+      return openSync(path, "r");
+    });
   }
 
   close(): void {
     if (this.#fd !== null) closeSync(this.#fd);
     this.#fd = null;
-    for (const fd of this.#parts.values()) closeSync(fd);
-    this.#parts.clear();
+    this.#parts.closeAll();
   }
 }
 

@@ -1,0 +1,35 @@
+/**
+ * A bounded set of open file descriptors by key: when it is full, the one opened first is
+ * closed to make room (a key asked for again later is simply reopened). For writing or
+ * reading many files in turn without holding a descriptor per file.
+ */
+import { closeSync } from "node:fs";
+
+export class FdCache<K> {
+  readonly #fds = new Map<K, number>();
+  readonly #max: number;
+
+  constructor(max: number) {
+    this.#max = max;
+  }
+
+  /** The open descriptor for `key`, or `open()`'s, kept from now on. */
+  get(key: K, open: () => number): number {
+    const fd = this.#fds.get(key);
+    if (fd !== undefined) return fd;
+    if (this.#fds.size >= this.#max) {
+      const [oldest, ofd] = this.#fds.entries().next().value!;
+      this.#fds.delete(oldest);
+      closeSync(ofd);
+    }
+    const opened = open();
+    this.#fds.set(key, opened);
+    return opened;
+  }
+
+  /** Close every descriptor. */
+  closeAll(): void {
+    for (const fd of this.#fds.values()) closeSync(fd);
+    this.#fds.clear();
+  }
+}
