@@ -81,6 +81,13 @@ export async function restoreToDir(bundle: string, to: string, opts: RestoreToDi
   } catch (e) {
     throw destinationError(e, staging);
   }
+  // Writeback of what is staged starts while later layers extract (one syncfs in flight at a
+  // time, not awaited), so the final sync has only the tail left to flush.
+  let syncing: Promise<unknown> | null = null;
+  const earlySync = (): void => {
+    if (syncing) return;
+    syncing = execFileP("sync", ["-f", staging]).catch(() => undefined).finally(() => { syncing = null; });
+  };
   // Turn each layer's raw artifacts into their live form (a git repo from its bundle, …) as
   // soon as extraction has moved past it; see ./materialize.ts.
   const layers = new Map(manifest.layers.map((l) => [l.name, l]));
@@ -94,13 +101,6 @@ export async function restoreToDir(bundle: string, to: string, opts: RestoreToDi
     debugStep(t0, `layer ${name} materialized`);
     earlySync();
   });
-  // Writeback of what is staged starts while later layers extract (one syncfs in flight at a
-  // time, not awaited), so the final sync has only the tail left to flush.
-  let syncing: Promise<unknown> | null = null;
-  const earlySync = (): void => {
-    if (syncing) return;
-    syncing = execFileP("sync", ["-f", staging]).catch(() => undefined).finally(() => { syncing = null; });
-  };
   try {
     let r;
     try {
