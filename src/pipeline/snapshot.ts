@@ -286,7 +286,7 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
       const cap = await started[i]!;
       estimate = estimate === null || cap.estimatedBytes === undefined ? null : estimate + cap.estimatedBytes;
       const layer: LayerEntry = { name: scfg.name, kind: impl.kind, schema_version: impl.schemaVersion, artifacts: 0, bytes: 0 };
-      const seen = new Set<string>();
+      const seen = impl.distinctPaths ? null : new Set<string>();
       // Redact the next text artifacts while the current one packs: redaction is main-thread
       // work that fills the time the main thread would otherwise wait on the compressor.
       const prepare = (raw: Artifact): Promise<Artifact> => {
@@ -298,8 +298,8 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
       };
       for await (const a of lookahead(cap.artifacts, prepare, impl.independentArtifacts ? REDACT_LOOKAHEAD : 0)) {
         opts.signal?.throwIfAborted();
-        if (seen.has(a.path)) throw new MemsnapError("MEMSNAP_INTERNAL", `source ${scfg.name} yielded ${a.path} twice`);
-        seen.add(a.path);
+        if (seen?.has(a.path)) throw new MemsnapError("MEMSNAP_INTERNAL", `source ${scfg.name} yielded ${a.path} twice`);
+        seen?.add(a.path);
         const e = await packArtifact(enc, levels, scfg.name, a, (n) => {
           opts.signal?.throwIfAborted();
           bytes += n;

@@ -7,7 +7,7 @@
  * the rebuilt file needs it. A place must end below PLACE_MAX_END, and a part file is only
  * ever created once (EEXIST is a conflicting entry, as for every staged name).
  */
-import { closeSync, openSync, writeFileSync, writeSync } from "node:fs";
+import { closeSync, createReadStream, openSync, writeSync } from "node:fs";
 import { join } from "node:path";
 import { MemsnapError, destinationError } from "../errors.js";
 import { PLACE_MAX_END } from "../sources/kv-format.js";
@@ -17,9 +17,19 @@ import { conflictingEntry } from "./safe-path.js";
 
 /** Part files kept open at once; a part seen again after eviction is reopened. */
 const OPEN_PARTS = 16;
+/** Map lines are written in batches of about this many characters. */
+const MAP_BATCH = 64 * 1024;
 
+/**
+ * The map is written as it grows, one JSON array per line: `["<rel>",offset,length]` or
+ * `["<rel>",offset,length,file]` (see {@link readSpoolMap}); only the names are kept, to refuse
+ * a name seen twice.
+ */
 export class RestoreSpool {
-  readonly map: Record<string, SpoolAt> = {};
+  readonly #names = new Set<string>();
+  #mapFd: number | null = null;
+  #mapBuf: string[] = [];
+  #mapLen = 0;
   readonly #root: string;
   readonly #layer: string;
   #fd: number | null = null;
@@ -55,7 +65,7 @@ export class RestoreSpool {
    * PLACE_MAX_END, MEMSNAP_ARTIFACT_HASH_MISMATCH for more bytes than declared, MEMSNAP_DEST_*.
    */
   async put(name: string, rel: string, size: number, chunks: AsyncIterable<Buffer>, place: SpoolPlace | null, onBytes: (n: number) => void): Promise<void> {
-    if (Object.hasOwn(this.map, rel)) throw conflictingEntry(name);
+    if (this.#names.has(rel)) throw conflictingEntry(name);
     if (place && place.offset + size > PLACE_MAX_END) {
       throw new MemsnapError("MEMSNAP_UNSAFE_BUNDLE", `${name} is placed at byte ${place.offset}, past what a restore writes`, {
         path: name, hint: "this bundle was not written by memsnap or was tampered with; nothing was restored",
@@ -77,31 +87,79 @@ export class RestoreSpool {
       if (e instanceof MemsnapError) throw e;
       throw destinationError(e, join(this.#root, place ? spoolPart(place.file) : SPOOL_FILE));
     }
+    this.#names.add(rel);
     if (place) {
-      this.map[rel] = [start, n, place.file];
+      this.#record([rel, start, n, place.file]);
     } else {
       this.#fd ??= this.#open(SPOOL_FILE, "wx"); // an empty artifact still gets a spool
-      this.map[rel] = [start, n];
+      this.#record([rel, start, n]);
       this.#pos += n;
     }
   }
 
-  /** Write the map and close every file. */
+  #record(e: [string, ...number[]]): void {
+    const line = `${JSON.stringify(e)}\n`;
+    this.#mapBuf.push(line);
+    this.#mapLen += line.length;
+    if (this.#mapLen >= MAP_BATCH) this.#flushMap();
+  }
+
+  #flushMap(): void {
+    this.#mapFd ??= this.#open(SPOOL_MAP, "wx");
+    const buf = Buffer.from(this.#mapBuf.join(""), "utf8");
+    this.#mapBuf = [];
+    this.#mapLen = 0;
+    try {
+      let off = 0;
+      while (off < buf.length) off += writeSync(this.#mapFd, buf, off, buf.length - off);
+    } catch (e) {
+      throw destinationError(e, join(this.#root, SPOOL_MAP));
+    }
+  }
+
+  /** Write the rest of the map and close every file. */
   close(): void {
     try {
-      writeFileSync(join(this.#root, SPOOL_MAP), JSON.stringify(this.map), { mode: 0o600, flag: "wx" });
-    } catch (e) {
-      if ((e as NodeJS.ErrnoException).code === "EEXIST") throw conflictingEntry(`${this.#layer}/${SPOOL_MAP}`);
-      throw destinationError(e, this.#root);
+      this.#flushMap();
     } finally {
       this.release();
     }
   }
 
-  /** Close every file without writing the map (on failure). */
+  /** Close every file (on failure, without finishing the map: the layer is not rebuilt). */
   release(): void {
     if (this.#fd !== null) closeSync(this.#fd);
     this.#fd = null;
+    if (this.#mapFd !== null) closeSync(this.#mapFd);
+    this.#mapFd = null;
     this.#parts.closeAll();
+    this.#names.clear();
   }
+}
+
+/**
+ * Read a spool map written by {@link RestoreSpool}, one entry at a time, in the order written.
+ * Throws (a plain Error) on a line that is not a well-formed entry.
+ */
+export async function* readSpoolMap(path: string): AsyncGenerator<[string, SpoolAt]> {
+  let tail = "";
+  const parse = (line: string): [string, SpoolAt] => {
+    let v: unknown;
+    try {
+      v = JSON.parse(line);
+    } catch {
+      throw new Error("a spool map line is not JSON");
+    }
+    if (!Array.isArray(v) || (v.length !== 3 && v.length !== 4) || typeof v[0] !== "string"
+      || !v.slice(1).every((x) => Number.isSafeInteger(x) && (x as number) >= 0)) {
+      throw new Error("a spool map line is not an entry");
+    }
+    return [v[0], v.slice(1) as SpoolAt];
+  };
+  for await (const c of createReadStream(path, { encoding: "utf8", highWaterMark: 1 << 16 })) {
+    const lines = (tail + (c as string)).split("\n");
+    tail = lines.pop()!;
+    for (const l of lines) yield parse(l);
+  }
+  if (tail !== "") throw new Error("the spool map ends mid-line");
 }

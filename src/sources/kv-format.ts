@@ -4,6 +4,7 @@
  * the `kv-index.json` document.
  */
 import { MemsnapError } from "../errors.js";
+import { JsonStreamError, streamJson } from "../util/json-stream.js";
 import { dtypeBytes, field, isObject, posInt } from "./pfimg-format.js";
 
 export const KV_MANIFEST = "kv-manifest.json";
@@ -28,15 +29,68 @@ export function safeRel(p: unknown): p is string {
   return p.split("/").every((s) => s !== "" && s !== "." && s !== "..");
 }
 
-/** One page of a memsnap KV dump. */
-export interface KvDumpPage {
-  layer: number;
-  block: number;
-  file: string;
-  offset: number;
-  /** Lowercase hex, or null when the dump left it empty (memsnap computes it). */
-  sha256: string | null;
-  zero: boolean;
+/** Growable typed array. */
+export class Grow<T extends Float64Array | Int32Array | Uint8Array> {
+  a: T;
+  length = 0;
+  constructor(private readonly make: (n: number) => T) {
+    this.a = make(1024);
+  }
+  push(v: number): number {
+    if (this.length === this.a.length) {
+      const b = this.make(this.a.length * 2);
+      b.set(this.a);
+      this.a = b;
+    }
+    this.a[this.length] = v;
+    return this.length++;
+  }
+}
+
+/**
+ * The pages of a dump manifest, column by column (a few dozen bytes per page, where parsed
+ * objects took several hundred): page `i` is `layer[i]`, `block[i]`, data file `file[i]` (an
+ * index into the manifest's `dataFiles`), `offset[i]`, `zero[i]` and, when `hasSha[i]`, its
+ * declared digest at bytes `32 i` of `sha`.
+ */
+export class KvDumpPages {
+  readonly layer = new Grow((n) => new Float64Array(n));
+  readonly block = new Grow((n) => new Float64Array(n));
+  readonly file = new Grow((n) => new Int32Array(n));
+  readonly offset = new Grow((n) => new Float64Array(n));
+  readonly zero = new Grow((n) => new Uint8Array(n));
+  readonly hasSha = new Grow((n) => new Uint8Array(n));
+  sha = Buffer.alloc(32 * 1024);
+
+  get count(): number {
+    return this.layer.length;
+  }
+
+  push(layer: number, block: number, file: number, offset: number, zero: boolean, sha: string | null): void {
+    const i = this.layer.push(layer);
+    this.block.push(block);
+    this.file.push(file);
+    this.offset.push(offset);
+    this.zero.push(zero ? 1 : 0);
+    this.hasSha.push(sha === null ? 0 : 1);
+    if (sha !== null) {
+      if (this.sha.length < 32 * (i + 1)) {
+        const b = Buffer.alloc(this.sha.length * 2);
+        this.sha.copy(b);
+        this.sha = b;
+      }
+      this.sha.write(sha, 32 * i, "hex");
+    }
+  }
+
+  /** Declared digest of page `i` (lowercase hex), or null. */
+  shaOf(i: number): string | null {
+    return this.hasSha.a[i] === 1 ? this.sha.toString("hex", 32 * i, 32 * i + 32) : null;
+  }
+
+  label(i: number): string {
+    return `L${this.layer.a[i]!}/B${this.block.a[i]!}`;
+  }
 }
 
 export interface KvDumpManifest {
@@ -48,25 +102,57 @@ export interface KvDumpManifest {
   blockSize: number;
   pageBytes: number;
   dataFiles: { path: string; bytes: number | null }[];
-  pages: KvDumpPage[];
+  pages: KvDumpPages;
   sequences: { seqId: string; blocks: number[] }[];
 }
 
 /**
- * Parse and validate `kv-manifest.json`: dimensions, page shape and bytes, safe data file
- * paths, page placement (aligned, inside the file list), and sequences naming known blocks.
- * Whether data files are exactly tiled by their pages is checked against their sizes by
- * the caller. Throws MEMSNAP_SOURCE_INVALID.
+ * Read and validate `kv-manifest.json` as it streams: dimensions, page shape and bytes, safe
+ * data file paths, page placement (aligned, inside the file list), and sequences naming known
+ * blocks. Whether data files are exactly tiled by their pages is checked against their sizes
+ * by the caller. The pages are kept column by column ({@link KvDumpPages}), never as the
+ * document's text or as objects, so memory stays small for dumps of millions of pages; the
+ * findings are those, in the order, of checking the parsed document member by member.
+ * Throws MEMSNAP_SOURCE_INVALID.
  */
-export function parseKvManifest(bytes: Buffer, path: string): KvDumpManifest {
+export async function readKvManifest(chunks: AsyncIterable<Uint8Array> | Iterable<Uint8Array>, path: string): Promise<KvDumpManifest> {
   const where = `kv: ${path}`;
-  let doc: unknown;
+  const pages = new KvDumpPages();
+  // Data files as the pages name them, in order of first mention (reconciled with data_files at the end).
+  const named = new Map<string, number>();
+  const namedList: string[] = [];
+  /** The first problem a page has on its own (its index and message); later pages are still read. */
+  let early: { i: number; msg: string } | null = null;
+  const onPage = (p: unknown, i: number): void => {
+    if (early) return;
+    const bad = (msg: string): void => { early = { i, msg }; };
+    if (!isObject(p)) return bad(`${where}: pages[${i}] is not an object`);
+    const layer = p.layer;
+    const block = p.block;
+    if (!Number.isSafeInteger(layer) || (layer as number) < 0) return bad(`${where}: pages[${i}].layer ${JSON.stringify(layer)} is not in 0..`);
+    if (!Number.isSafeInteger(block) || (block as number) < 0) return bad(`${where}: pages[${i}].block ${JSON.stringify(block)} is not a non-negative integer`);
+    if (!safeRel(p.file)) return bad(`${where}: pages[${i}].file ${JSON.stringify(p.file)} is not a safe relative path`);
+    if (p.file === KV_MANIFEST) return bad(`${where}: pages[${i}] points into ${KV_MANIFEST}`);
+    const offset = p.offset ?? 0;
+    if (!Number.isSafeInteger(offset) || (offset as number) < 0) return bad(`${where}: pages[${i}].offset ${JSON.stringify(p.offset)} is not a multiple of the page size`);
+    const sha = p.sha256 ?? "";
+    if (typeof sha !== "string" || (sha !== "" && !/^(sha256:)?[0-9a-fA-F]{64}$/.test(sha))) return bad(`${where}: pages[${i}].sha256 ${JSON.stringify(sha)} is not a hex SHA-256 (or "")`);
+    const zero = p.zero ?? false;
+    if (typeof zero !== "boolean") return bad(`${where}: pages[${i}].zero must be true or false`);
+    let f = named.get(p.file);
+    if (f === undefined) {
+      f = namedList.push(p.file) - 1;
+      named.set(p.file, f);
+    }
+    pages.push(layer as number, block as number, f, offset as number, zero, sha ? sha.replace(/^sha256:/, "").toLowerCase() : null);
+  };
+  let doc: Record<string, unknown>;
   try {
-    doc = JSON.parse(bytes.toString("utf8"));
+    doc = await streamJson(chunks, { arrays: { pages: onPage } });
   } catch (e) {
-    throw invalid(`${where} is not valid JSON: ${(e as Error).message}`, path);
+    if (e instanceof JsonStreamError) throw invalid(`${where} is not valid JSON: ${e.message}`, path);
+    throw e;
   }
-  if (!isObject(doc)) throw invalid(`${where} is not a JSON object`, path);
   if (doc.format !== KV_DUMP_FORMAT) throw invalid(`${where}: format is ${JSON.stringify(doc.format)}, expected "${KV_DUMP_FORMAT}"`, path);
   if (doc.format_version !== 1) throw invalid(`${where}: format_version ${JSON.stringify(doc.format_version)}; this memsnap reads 1`, path);
   const model = doc.model;
@@ -90,7 +176,7 @@ export function parseKvManifest(bytes: Buffer, path: string): KvDumpManifest {
   if (page.bytes !== pageBytes) throw invalid(`${where}: page.bytes ${JSON.stringify(page.bytes)} is not 2 × ${blockSize} × ${nKvHeads} × ${headDim} × ${eb} = ${pageBytes}`, path);
   if (pageBytes > KV_MAX_PAGE_BYTES) throw invalid(`${where}: pages of ${pageBytes} bytes are over the ${KV_MAX_PAGE_BYTES}-byte cap`, path);
   const dataFiles: KvDumpManifest["dataFiles"] = [];
-  const declared = new Map<string, number | null>();
+  const declared = new Map<string, number>();
   if (doc.data_files !== undefined) {
     if (!Array.isArray(doc.data_files)) throw invalid(`${where}: data_files must be an array`, path);
     for (const f of doc.data_files) {
@@ -99,41 +185,60 @@ export function parseKvManifest(bytes: Buffer, path: string): KvDumpManifest {
       if (!safeRel(p)) throw invalid(`${where}: data file path ${JSON.stringify(p)} is not a safe relative path`, path);
       if (b !== undefined && !(Number.isSafeInteger(b) && (b as number) >= 0)) throw invalid(`${where}: data file ${p} has bytes ${JSON.stringify(b)}`, path);
       if (declared.has(p)) throw invalid(`${where}: data file ${p} is listed twice`, path);
-      declared.set(p, (b as number | undefined) ?? null);
+      declared.set(p, dataFiles.length);
       dataFiles.push({ path: p, bytes: (b as number | undefined) ?? null });
     }
   }
-  if (!Array.isArray(doc.pages)) throw invalid(`${where}: pages must be an array`, path);
-  const pages: KvDumpPage[] = [];
-  const seen = new Set<string>();
-  const blocks = new Set<number>();
-  for (const [i, p] of (doc.pages as unknown[]).entries()) {
-    if (!isObject(p)) throw invalid(`${where}: pages[${i}] is not an object`, path);
-    const layer = p.layer;
-    const block = p.block;
-    if (!Number.isSafeInteger(layer) || (layer as number) < 0 || (layer as number) >= nLayers) throw invalid(`${where}: pages[${i}].layer ${JSON.stringify(layer)} is not in 0..${nLayers - 1}`, path);
-    if (!Number.isSafeInteger(block) || (block as number) < 0) throw invalid(`${where}: pages[${i}].block ${JSON.stringify(block)} is not a non-negative integer`, path);
-    const key = `${layer as number}/${block as number}`;
-    if (seen.has(key)) throw invalid(`${where}: layer ${layer as number} block ${block as number} is listed twice`, path);
-    seen.add(key);
-    blocks.add(block as number);
-    if (!safeRel(p.file)) throw invalid(`${where}: pages[${i}].file ${JSON.stringify(p.file)} is not a safe relative path`, path);
-    if (p.file === KV_MANIFEST) throw invalid(`${where}: pages[${i}] points into ${KV_MANIFEST}`, path);
-    const offset = p.offset ?? 0;
-    if (!Number.isSafeInteger(offset) || (offset as number) < 0 || (offset as number) % pageBytes !== 0) {
-      throw invalid(`${where}: pages[${i}].offset ${JSON.stringify(p.offset)} is not a multiple of the page size ${pageBytes}`, path);
+  if (typeof doc.pages !== "number") throw invalid(`${where}: pages must be an array`, path);
+  // The checks that need the header, page by page in order, up to the first problem found while streaming.
+  const n = pages.count;
+  const fileMap = new Int32Array(namedList.length).fill(-1); // first-mention index → dataFiles index
+  const upto = early === null ? n : (early as { i: number }).i;
+  const order = new Uint32Array(upto);
+  for (let i = 0; i < upto; i++) {
+    order[i] = i;
+    const layer = pages.layer.a[i]!;
+    if (layer >= nLayers) throw invalid(`${where}: pages[${i}].layer ${layer} is not in 0..${nLayers - 1}`, path);
+    const offset = pages.offset.a[i]!;
+    if (offset % pageBytes !== 0) throw invalid(`${where}: pages[${i}].offset ${offset} is not a multiple of the page size ${pageBytes}`, path);
+    const fi = pages.file.a[i]!;
+    if (fileMap[fi] === -1) {
+      const name = namedList[fi]!;
+      const d = declared.get(name);
+      if (d !== undefined) fileMap[fi] = d;
+      else if (doc.data_files !== undefined) throw invalid(`${where}: pages[${i}].file ${name} is not in data_files`, path);
+      else {
+        fileMap[fi] = dataFiles.length;
+        declared.set(name, dataFiles.length);
+        dataFiles.push({ path: name, bytes: null });
+      }
     }
-    const sha = p.sha256 ?? "";
-    if (typeof sha !== "string" || (sha !== "" && !/^(sha256:)?[0-9a-fA-F]{64}$/.test(sha))) throw invalid(`${where}: pages[${i}].sha256 ${JSON.stringify(sha)} is not a hex SHA-256 (or "")`, path);
-    const zero = p.zero ?? false;
-    if (typeof zero !== "boolean") throw invalid(`${where}: pages[${i}].zero must be true or false`, path);
-    if (!declared.has(p.file)) {
-      if (doc.data_files !== undefined) throw invalid(`${where}: pages[${i}].file ${p.file} is not in data_files`, path);
-      declared.set(p.file, null);
-      dataFiles.push({ path: p.file, bytes: null });
-    }
-    pages.push({ layer: layer as number, block: block as number, file: p.file, offset: offset as number, sha256: sha ? sha.replace(/^sha256:/, "").toLowerCase() : null, zero });
+    pages.file.a[i] = fileMap[fi]!;
   }
+  // A (layer, block) listed twice: sorted, repeats are neighbours; reported at the repeat's index.
+  order.sort((x, y) => pages.layer.a[x]! - pages.layer.a[y]! || pages.block.a[x]! - pages.block.a[y]! || x - y);
+  let dup = -1;
+  for (let k = 1; k < upto; k++) {
+    const a = order[k - 1]!;
+    const b = order[k]!;
+    if (pages.layer.a[a] === pages.layer.a[b] && pages.block.a[a] === pages.block.a[b] && (dup === -1 || b < dup)) dup = b;
+  }
+  if (dup !== -1) throw invalid(`${where}: layer ${pages.layer.a[dup]!} block ${pages.block.a[dup]!} is listed twice`, path);
+  if (early !== null) {
+    const e = early as { i: number; msg: string };
+    throw invalid(e.msg.endsWith("is not in 0..") ? `${e.msg}${nLayers - 1}` : e.msg.endsWith("multiple of the page size") ? `${e.msg} ${pageBytes}` : e.msg, path);
+  }
+  const blocks = Float64Array.from(pages.block.a.subarray(0, n)).sort();
+  const hasBlock = (b: number): boolean => {
+    let lo = 0;
+    let hi = blocks.length;
+    while (lo < hi) {
+      const mid = (lo + hi) >> 1;
+      if (blocks[mid]! < b) lo = mid + 1;
+      else hi = mid;
+    }
+    return lo < blocks.length && blocks[lo] === b;
+  };
   const sequences: KvDumpManifest["sequences"] = [];
   if (doc.sequences !== undefined) {
     if (!Array.isArray(doc.sequences)) throw invalid(`${where}: sequences must be an array`, path);
@@ -142,7 +247,7 @@ export function parseKvManifest(bytes: Buffer, path: string): KvDumpManifest {
       const bl = field(s, "blocks");
       if ((typeof id !== "string" && typeof id !== "number") || !Array.isArray(bl)) throw invalid(`${where}: sequences[${i}] needs seq_id and blocks`, path);
       for (const b of bl) {
-        if (!Number.isSafeInteger(b) || !blocks.has(b as number)) throw invalid(`${where}: sequence ${String(id)} names block ${JSON.stringify(b)}, which has no page`, path);
+        if (!Number.isSafeInteger(b) || !hasBlock(b as number)) throw invalid(`${where}: sequence ${String(id)} names block ${JSON.stringify(b)}, which has no page`, path);
       }
       sequences.push({ seqId: String(id), blocks: bl as number[] });
     }
@@ -254,29 +359,87 @@ export interface KvIndex {
   files: KvIndexFile[];
 }
 
-/** Parse and check a kv-index.json document (shape only). */
-export function parseKvIndex(bytes: Buffer): KvIndex {
-  const doc = JSON.parse(bytes.toString("utf8")) as unknown;
-  if (!isObject(doc) || doc.format !== KV_INDEX_FORMAT) throw new Error(`not a ${KV_INDEX_FORMAT} document`);
+/** The kv-index's members other than its three arrays, and how many entries each array had. */
+export interface KvIndexHead {
+  source_format: KvIndex["source_format"];
+  dtype: string;
+  page_bytes: number;
+  shuffle: KvIndex["shuffle"];
+  contents: number;
+  pages: number;
+  files: number;
+}
+
+/** Check one `contents` entry of a kv-index (throws a plain Error). */
+function checkContent(c: unknown): KvContent {
+  if (!isObject(c) || typeof c.sha256 !== "string" || !/^[0-9a-f]{64}$/.test(c.sha256) || !Number.isSafeInteger(c.bytes) || typeof c.zero !== "boolean") {
+    throw new Error("kv-index has a malformed content entry");
+  }
+  if (c.artifact !== null && !(typeof c.artifact === "string" && safeRel(c.artifact))) throw new Error(`kv-index content artifact ${JSON.stringify(c.artifact)} is not a safe path`);
+  if (c.artifact === null && !c.zero) throw new Error(`kv-index content ${c.sha256} has no bytes and is not zero`);
+  return c as unknown as KvContent;
+}
+
+/** Check one `files` entry of a kv-index (tile indexes are range-checked by the caller); throws a plain Error. */
+function checkFile(f: unknown): KvIndexFile {
+  if (!isObject(f) || !safeRel(f.path) || !Number.isSafeInteger(f.bytes) || !Number.isSafeInteger(f.mode) || typeof f.mtime !== "string") {
+    throw new Error("kv-index has a malformed file entry");
+  }
+  if (f.tiles !== undefined) {
+    if (!Array.isArray(f.tiles) || f.tiles.some((t) => !Number.isSafeInteger(t) || (t as number) < 0)) throw new Error(`kv-index file ${f.path} has bad tiles`);
+  } else if (!(typeof f.artifact === "string" && safeRel(f.artifact))) {
+    throw new Error(`kv-index file ${f.path} has neither tiles nor an artifact`);
+  }
+  return f as unknown as KvIndexFile;
+}
+
+/**
+ * Read a kv-index.json document as it streams, with the checks of {@link parseKvIndex}, handing
+ * each content and each file to `on` (pages are checked for shape only and dropped): memory
+ * stays bounded whatever the number of pages (the document is ~230 bytes per page). Every
+ * check, the tile ranges included, is done before this resolves, so a caller acts on what it
+ * collected only after. Throws a plain Error saying what is wrong.
+ */
+export async function readKvIndex(
+  chunks: AsyncIterable<Uint8Array> | Iterable<Uint8Array>,
+  on: { content?: (c: KvContent, i: number) => void; file?: (f: KvIndexFile, i: number) => void },
+): Promise<KvIndexHead> {
+  let maxTile = -1;
+  let badTiles: string | null = null;
+  let doc: Record<string, unknown>;
+  try {
+    doc = await streamJson(chunks, {
+      arrays: {
+        contents: (c, i) => { on.content?.(checkContent(c), i); },
+        pages: () => undefined,
+        files: (raw, i) => {
+          const f = checkFile(raw);
+          for (const t of f.tiles ?? []) {
+            if (t > maxTile) {
+              maxTile = t;
+              badTiles = f.path;
+            }
+          }
+          on.file?.(f, i);
+        },
+      },
+    });
+  } catch (e) {
+    if (e instanceof JsonStreamError) throw new Error(`kv-index is not valid JSON: ${e.message}`);
+    throw e;
+  }
+  if (doc.format !== KV_INDEX_FORMAT) throw new Error(`not a ${KV_INDEX_FORMAT} document`);
   if (doc.version !== 1) throw new Error(`kv-index version ${JSON.stringify(doc.version)}; this memsnap reads 1`);
-  if (!Array.isArray(doc.contents) || !Array.isArray(doc.files) || !Array.isArray(doc.pages)) throw new Error("kv-index needs contents, pages and files arrays");
-  const n = doc.contents.length;
-  for (const c of doc.contents as unknown[]) {
-    if (!isObject(c) || typeof c.sha256 !== "string" || !/^[0-9a-f]{64}$/.test(c.sha256) || !Number.isSafeInteger(c.bytes) || typeof c.zero !== "boolean") {
-      throw new Error("kv-index has a malformed content entry");
-    }
-    if (c.artifact !== null && !(typeof c.artifact === "string" && safeRel(c.artifact))) throw new Error(`kv-index content artifact ${JSON.stringify(c.artifact)} is not a safe path`);
-    if (c.artifact === null && !c.zero) throw new Error(`kv-index content ${c.sha256} has no bytes and is not zero`);
-  }
-  for (const f of doc.files as unknown[]) {
-    if (!isObject(f) || !safeRel(f.path) || !Number.isSafeInteger(f.bytes) || !Number.isSafeInteger(f.mode) || typeof f.mtime !== "string") {
-      throw new Error("kv-index has a malformed file entry");
-    }
-    if (f.tiles !== undefined) {
-      if (!Array.isArray(f.tiles) || f.tiles.some((t) => !Number.isSafeInteger(t) || (t as number) < 0 || (t as number) >= n)) throw new Error(`kv-index file ${f.path} has bad tiles`);
-    } else if (!(typeof f.artifact === "string" && safeRel(f.artifact))) {
-      throw new Error(`kv-index file ${f.path} has neither tiles nor an artifact`);
-    }
-  }
-  return doc as unknown as KvIndex;
+  if (typeof doc.contents !== "number" || typeof doc.files !== "number" || typeof doc.pages !== "number") throw new Error("kv-index needs contents, pages and files arrays");
+  if (maxTile >= doc.contents) throw new Error(`kv-index file ${String(badTiles)} has bad tiles`);
+  return doc as unknown as KvIndexHead;
+}
+
+/** Parse and check a whole kv-index.json document held in memory (shape only): {@link readKvIndex}, collected. */
+export async function parseKvIndex(bytes: Buffer): Promise<KvIndex> {
+  const contents: KvContent[] = [];
+  const files: KvIndexFile[] = [];
+  const head = await readKvIndex([bytes], { content: (c) => { contents.push(c); }, file: (f) => { files.push(f); } });
+  const pages = (JSON.parse(bytes.toString("utf8")) as { pages: [string, number][] }).pages;
+  return { format: KV_INDEX_FORMAT, version: 1, source_format: head.source_format, dtype: head.dtype, page_bytes: head.page_bytes, shuffle: head.shuffle, contents, pages, files };
 }

@@ -21,23 +21,24 @@ import { closeSync, createReadStream, ftruncateSync, openSync, readFileSync, rea
 import type { Stats } from "node:fs";
 import { chmod, lstat, mkdir, open, readdir, readFile, rename, rm, stat, utimes, type FileHandle } from "node:fs/promises";
 import { basename, dirname, join, resolve } from "node:path";
-import { Readable } from "node:stream";
 import type { LayerEntry } from "../format/manifest.js";
 import { MemsnapError, isMemsnapError } from "../errors.js";
 import type { Redactor } from "../redact/types.js";
 import { configInvalid, isPlainObject, optString, rejectUnknownKeys, reqString } from "../util/config-check.js";
 import {
   KV_INDEX, KV_INDEX_FORMAT, KV_MANIFEST, KV_MANIFEST_MAX_BYTES, KV_MAX_PAGE_BYTES, PAGE_ARTIFACT_RE, kvInvalid,
-  pageArtifact, pagePlace, parseKvIndex, parseKvManifest, shuffle as shufflePlanes, unshuffle,
+  Grow, pageArtifact, pagePlace, readKvIndex, readKvManifest, shuffle as shufflePlanes, unshuffle,
   type KvContent, type KvIndex, type KvIndexFile,
 } from "./kv-format.js";
 import {
   FrameHasher, TextScanner, canonicalDtype, decompressToBuffer, dtypeBytes, hashFrameChunks, isAllZero, parsePageManifest,
   sha256Hex, zstdCompressSync,
 } from "./pfimg-format.js";
-import { SPOOL_FILE, SPOOL_MAP, isSpoolName, type Artifact, type SourceKind, type SpoolAt } from "./types.js";
+import { SPOOL_FILE, SPOOL_MAP, isSpoolName, type Artifact, type SourceKind } from "./types.js";
+import { readSpoolMap } from "../restore/spool.js";
 import { sourceChanged, sourceError, walkFiles } from "./walk.js";
 import { FdCache } from "../util/fd-cache.js";
+import { KvIndexWriter } from "./kv-index-writer.js";
 
 export interface KvShape {
   n_layers: number;
@@ -87,19 +88,42 @@ interface Tile {
   zero: boolean;
 }
 
+/** A data file's tiles: its pages in offset order. */
+interface Tiles {
+  readonly length: number;
+  offset(i: number): number;
+  len(i: number): number;
+  label(i: number): string;
+  /** Digest the dump declares (lowercase hex), or null. */
+  sha(i: number): string | null;
+  /** The dump declares the page all-zero. */
+  zero(i: number): boolean;
+}
+
+function listTiles(t: Tile[]): Tiles {
+  return {
+    length: t.length,
+    offset: (i) => t[i]!.offset,
+    len: (i) => t[i]!.len,
+    label: (i) => t[i]!.label,
+    sha: (i) => t[i]!.sha,
+    zero: (i) => t[i]!.zero,
+  };
+}
+
 interface DataFile {
   rel: string;
   abs: string;
   stats: Stats;
-  tiles: Tile[];
+  tiles: Tiles;
 }
 
 interface VerbatimFile {
   rel: string;
   abs: string;
   stats: Stats;
-  /** Bytes read (and validated) while planning; streamed as is. */
-  kept: Buffer | null;
+  /** SHA-256 of the bytes read (and validated) while planning: the streamed bytes must match it. */
+  planned: string | null;
   /** A ProcessFork page blob kept as its stored zstd frame: verified while streaming. */
   zst: { hex: string; what: string; expectRaw: number | null } | null;
   scan: boolean;
@@ -166,41 +190,69 @@ function checkShape(cfg: KvConfig, got: { nLayers: number | null; nKvHeads: numb
 async function planMemsnap(root: string, cfg: KvConfig): Promise<KvPlan> {
   const mAbs = join(root, KV_MANIFEST);
   const mSt = await statFile(mAbs, "dump manifest");
-  const mBytes = await readSmall(mAbs, mSt, KV_MANIFEST_MAX_BYTES);
-  const m = parseKvManifest(mBytes, mAbs);
+  if (mSt.size > KV_MANIFEST_MAX_BYTES) throw kvInvalid(`kv: ${mAbs} is over the ${KV_MANIFEST_MAX_BYTES}-byte cap`, mAbs);
+  // Read as it streams (the manifest grows with the pages: ~200 bytes each), hashed on the way:
+  // the bytes packed later must be these.
+  const mHash = createHash("sha256");
+  let mRead = 0;
+  const m = await readKvManifest((async function* () {
+    try {
+      for await (const c of createReadStream(mAbs, { start: 0, end: mSt.size, highWaterMark: 1 << 20 })) {
+        mHash.update(c as Buffer);
+        mRead += (c as Buffer).length;
+        yield c as Buffer;
+      }
+    } catch (e) {
+      throw sourceError(e, mAbs);
+    }
+  })(), mAbs);
+  if (mRead !== mSt.size) throw sourceChanged(mAbs, `size ${mSt.size} → ${mRead} while it was read`);
   checkShape(cfg, { nLayers: m.nLayers, nKvHeads: m.nKvHeads, headDim: m.headDim, dtype: m.dtype, blockSize: m.blockSize }, mAbs);
-  const byFile = new Map<string, Tile[]>();
-  for (const f of m.dataFiles) {
-    if (f.path === KV_MANIFEST) throw kvInvalid(`kv: ${mAbs} lists itself as a data file`, mAbs);
-    byFile.set(f.path, []);
-  }
-  for (const p of m.pages) {
-    byFile.get(p.file)!.push({ offset: p.offset, len: m.pageBytes, label: `L${p.layer}/B${p.block}`, sha: p.sha256, zero: p.zero });
-  }
+  for (const f of m.dataFiles) if (f.path === KV_MANIFEST) throw kvInvalid(`kv: ${mAbs} lists itself as a data file`, mAbs);
+  // Each data file's pages in offset order: page indexes grouped by file, then sorted.
+  const pg = m.pages;
+  const starts = new Uint32Array(m.dataFiles.length + 1);
+  for (let i = 0; i < pg.count; i++) starts[pg.file.a[i]! + 1]!++;
+  for (let k = 0; k < m.dataFiles.length; k++) starts[k + 1]! += starts[k]!;
+  const fill = starts.slice(0, m.dataFiles.length);
+  const byFile = new Uint32Array(pg.count);
+  for (let i = 0; i < pg.count; i++) byFile[fill[pg.file.a[i]!]!++] = i;
   const data: DataFile[] = [];
-  for (const f of m.dataFiles) {
+  for (const [k, f] of m.dataFiles.entries()) {
     const abs = join(root, ...f.path.split("/"));
     const st = await statFile(abs, `data file ${f.path} named by ${KV_MANIFEST}:`);
-    const tiles = byFile.get(f.path)!.sort((a, b) => a.offset - b.offset);
-    tiles.forEach((t, i) => {
-      if (t.offset !== i * m.pageBytes) {
-        throw kvInvalid(`kv: data file ${f.path}: pages must tile it from offset 0 without gaps or overlaps; page ${t.label} is at offset ${t.offset}, expected ${i * m.pageBytes}`, abs);
+    const idx = byFile.subarray(starts[k]!, starts[k + 1]!).sort((x, y) => pg.offset.a[x]! - pg.offset.a[y]!);
+    for (let i = 0; i < idx.length; i++) {
+      const off = pg.offset.a[idx[i]!]!;
+      if (off !== i * m.pageBytes) {
+        throw kvInvalid(`kv: data file ${f.path}: pages must tile it from offset 0 without gaps or overlaps; page ${pg.label(idx[i]!)} is at offset ${off}, expected ${i * m.pageBytes}`, abs);
       }
-    });
-    const want = tiles.length * m.pageBytes;
+    }
+    const want = idx.length * m.pageBytes;
     if (st.size !== want) {
-      throw kvInvalid(`kv: data file ${f.path} is ${sizeWord(st.size)}, but its ${tiles.length} page(s) of [2, ${m.blockSize}, ${m.nKvHeads}, ${m.headDim}] ${m.dtype} (${m.pageBytes} bytes each) need ${want}`, abs);
+      throw kvInvalid(`kv: data file ${f.path} is ${sizeWord(st.size)}, but its ${idx.length} page(s) of [2, ${m.blockSize}, ${m.nKvHeads}, ${m.headDim}] ${m.dtype} (${m.pageBytes} bytes each) need ${want}`, abs);
     }
     if (f.bytes !== null && f.bytes !== st.size) throw kvInvalid(`kv: data file ${f.path} is ${sizeWord(st.size)}, ${KV_MANIFEST} says ${f.bytes}`, abs);
-    data.push({ rel: f.path, abs, stats: st, tiles });
+    const pageLen = m.pageBytes;
+    data.push({
+      rel: f.path, abs, stats: st,
+      tiles: {
+        length: idx.length,
+        offset: (i) => i * pageLen,
+        len: () => pageLen,
+        label: (i) => pg.label(idx[i]!),
+        sha: (i) => pg.shaOf(idx[i]!),
+        zero: (i) => pg.zero.a[idx[i]!] === 1,
+      },
+    });
   }
   const dataSet = new Set(m.dataFiles.map((f) => f.path));
   const { files, skipped } = await walkFiles(root);
   const verbatim: VerbatimFile[] = [];
   for (const f of files) {
     if (dataSet.has(f.rel)) continue;
-    if (f.rel === KV_MANIFEST) verbatim.push({ rel: f.rel, abs: f.abs, stats: mSt, kept: mBytes, zst: null, scan: true });
-    else verbatim.push({ rel: f.rel, abs: f.abs, stats: f.stats, kept: null, zst: null, scan: /\.(json|jsonl|txt|md)$/.test(f.rel) && f.stats.size <= SCAN_MAX });
+    if (f.rel === KV_MANIFEST) verbatim.push({ rel: f.rel, abs: f.abs, stats: mSt, planned: mHash.digest("hex"), zst: null, scan: true });
+    else verbatim.push({ rel: f.rel, abs: f.abs, stats: f.stats, planned: null, zst: null, scan: /\.(json|jsonl|txt|md)$/.test(f.rel) && f.stats.size <= SCAN_MAX });
   }
   return {
     format: "memsnap", root, dtype: m.dtype, elem: dtypeBytes(m.dtype)!, pageBytes: m.pageBytes, data, verbatim, framePages: [],
@@ -209,7 +261,7 @@ async function planMemsnap(root: string, cfg: KvConfig): Promise<KvPlan> {
       model: { n_layers: m.nLayers, n_kv_heads: m.nKvHeads, head_dim: m.headDim },
       block_size: m.blockSize,
       sequences: m.sequences.length,
-      declared_sha256: m.pages.filter((p) => p.sha256 !== null).length,
+      declared_sha256: pg.hasSha.a.subarray(0, pg.count).reduce((n, v) => n + v, 0),
       skipped,
     },
   };
@@ -249,7 +301,7 @@ async function planPfimgPaged(manifestAbs: string, cfg: KvConfig): Promise<KvPla
   if (!root) throw kvInvalid(`kv: no blobs/sha256/ directory at or above ${dirname(manifestAbs)} to hold the pages of ${manifestAbs}`, manifestAbs);
   const mRel = manifestAbs.slice(root.length + 1).split("\\").join("/");
   const dtype = pm.dtype ?? cfg.shape?.dtype ?? "bf16";
-  const verbatim: VerbatimFile[] = [{ rel: mRel, abs: manifestAbs, stats: mSt, kept: null, zst: null, scan: false }];
+  const verbatim: VerbatimFile[] = [{ rel: mRel, abs: manifestAbs, stats: mSt, planned: null, zst: null, scan: false }];
   const data: DataFile[] = [];
   const framePages: [string, string][] = [];
   const seen = new Map<string, "zst" | "raw">();
@@ -274,7 +326,7 @@ async function planPfimgPaged(manifestAbs: string, cfg: KvConfig): Promise<KvPla
       const rAbs = join(root, ...rRel.split("/"));
       const zSt = await lstat(zAbs).catch(() => null);
       if (zSt?.isFile()) {
-        verbatim.push({ rel: zRel, abs: zAbs, stats: zSt, kept: null, zst: { hex, what, expectRaw: pm.pageBytes }, scan: false });
+        verbatim.push({ rel: zRel, abs: zAbs, stats: zSt, planned: null, zst: { hex, what, expectRaw: pm.pageBytes }, scan: false });
         framePages.push([label, hex]);
         seen.set(hex, "zst");
         continue;
@@ -285,7 +337,7 @@ async function planPfimgPaged(manifestAbs: string, cfg: KvConfig): Promise<KvPla
         throw kvInvalid(`kv: blob sha256:${hex} (${what}) is ${sizeWord(rSt.size)}; a page of ${pm.nLayers} layers × ${pm.pageSizeTokens} tokens × ${pm.nHeads} heads × ${pm.headDim} × ${dtype} is ${pm.pageBytes}`, rAbs);
       }
       if (rSt.size > KV_MAX_PAGE_BYTES) throw kvInvalid(`kv: blob sha256:${hex} (${what}) is over the ${KV_MAX_PAGE_BYTES}-byte page cap`, rAbs);
-      data.push({ rel: rRel, abs: rAbs, stats: rSt, tiles: [{ offset: 0, len: rSt.size, label, sha: hex, zero: false }] });
+      data.push({ rel: rRel, abs: rAbs, stats: rSt, tiles: listTiles([{ offset: 0, len: rSt.size, label, sha: hex, zero: false }]) });
       seen.set(hex, "raw");
     }
   }
@@ -321,7 +373,7 @@ async function planLmcache(pathAbs: string, cfg: KvConfig): Promise<KvPlan> {
     for (let off = 0, i = 0; off < size; off += pageBytes, i++) {
       tiles.push({ offset: off, len: Math.min(pageBytes, size - off), label: `${f.rel}#${i}`, sha: null, zero: false });
     }
-    data.push({ rel: f.rel, abs: f.abs, stats: f.stats, tiles });
+    data.push({ rel: f.rel, abs: f.abs, stats: f.stats, tiles: listTiles(tiles) });
   }
   return {
     format: "lmcache", root, dtype: s.dtype, elem: eb, pageBytes, data, verbatim: [], framePages: [],
@@ -394,14 +446,36 @@ async function decideShuffle(plan: KvPlan, mode: "auto" | "on" | "off"): Promise
   if (mode === "off") return { mode, applied: false, elem_bytes: elem };
   if (mode === "on") return { mode, applied: true, elem_bytes: elem };
   // auto: compress a spread-out sample of non-zero pages both ways at zstd -3.
-  const all: { f: DataFile; t: Tile }[] = [];
-  for (const f of plan.data) for (const t of f.tiles) if (t.len % elem === 0 && !t.zero) all.push({ f, t });
+  // Candidates (tiles of whole elements, not declared zero) by number, without listing them all.
+  const ok = (f: DataFile, i: number): boolean => f.tiles.len(i) % elem === 0 && !f.tiles.zero(i);
+  let total = 0;
+  for (const f of plan.data) for (let i = 0; i < f.tiles.length; i++) if (ok(f, i)) total++;
+  let cf = 0;
+  let ci = 0;
+  let seen = 0;
+  /** The k-th candidate (k not decreasing). */
+  const nth = (k: number): { f: DataFile; t: { offset: number; len: number } } => {
+    for (;;) {
+      const f = plan.data[cf]!;
+      if (ci >= f.tiles.length) {
+        cf++;
+        ci = 0;
+        continue;
+      }
+      if (ok(f, ci)) {
+        if (seen === k) return { f, t: { offset: f.tiles.offset(ci), len: f.tiles.len(ci) } };
+        seen++;
+      }
+      ci++;
+    }
+  };
+  const all = { length: total };
   const want = Math.min(all.length, SAMPLE_PAGES * 2);
   const plain: Buffer[] = [];
   const shuf: Buffer[] = [];
   let bytes = 0;
   for (let k = 0; k < want && plain.length < SAMPLE_PAGES && bytes < SAMPLE_MAX_BYTES; k++) {
-    const { f, t } = all[Math.floor((k * all.length) / want)]!;
+    const { f, t } = nth(Math.floor((k * all.length) / want));
     const len = Math.min(t.len, SAMPLE_MAX_BYTES - bytes);
     const n = len - (len % elem);
     if (n === 0) break;
@@ -445,32 +519,7 @@ function unchanged(abs: string, before: Stats): () => Promise<void> {
   };
 }
 
-/** Content table of the index, built while pages stream. */
-class Contents {
-  readonly list: KvContent[] = [];
-  readonly #raw = new Map<string, number>();
-  readonly #frames = new Map<string, number>();
-  readonly labels: [string, number][] = [];
-
-  raw(hex: string): number | undefined {
-    return this.#raw.get(hex);
-  }
-  addRaw(c: KvContent): number {
-    this.list.push(c);
-    this.#raw.set(c.sha256, this.list.length - 1);
-    return this.list.length - 1;
-  }
-  frame(hex: string): number | undefined {
-    return this.#frames.get(hex);
-  }
-  addFrame(c: KvContent): number {
-    this.list.push(c);
-    this.#frames.set(c.sha256, this.list.length - 1);
-    return this.list.length - 1;
-  }
-}
-
-function verbatimArtifact(v: VerbatimFile, layer: string, redactor: Redactor | undefined, contents: Contents): Artifact {
+function verbatimArtifact(v: VerbatimFile, layer: string, redactor: Redactor | undefined, contents: KvIndexWriter): Artifact {
   const path = `files/${v.rel}`;
   return {
     path,
@@ -481,14 +530,18 @@ function verbatimArtifact(v: VerbatimFile, layer: string, redactor: Redactor | u
     open: () => (async function* () {
       const scanner = redactor && v.scan ? new TextScanner(redactor, `${layer}/${path}`, true) : null;
       const hasher = v.zst ? new FrameHasher(v.zst.expectRaw !== null ? { maxOutput: v.zst.expectRaw } : {}) : null;
+      const planned = v.planned === null ? null : createHash("sha256");
       let ended = false;
       try {
-        const src: AsyncIterable<Buffer> | Buffer[] = v.kept ? [v.kept] : createReadStream(v.abs, { start: 0, end: v.stats.size, highWaterMark: 1 << 20 });
-        for await (const c of src) {
+        // Streamed from disk (planning read it once, not kept: a dump's manifest grows with its pages).
+        const src = createReadStream(v.abs, { start: 0, end: v.stats.size, highWaterMark: 1 << 20 });
+        for await (const c of src as AsyncIterable<Buffer>) {
+          planned?.update(c);
           await hasher?.push(c);
           await scanner?.push(c);
           yield c;
         }
+        if (planned && planned.digest("hex") !== v.planned) throw sourceChanged(v.abs, "modified during capture");
         await scanner?.end();
         if (hasher && v.zst) {
           let d;
@@ -525,7 +578,7 @@ interface Counters {
 }
 
 /** Stream one data file's tiles; yields an artifact per new distinct non-zero page. */
-async function* dataArtifacts(f: DataFile, fileNo: number, plan: KvPlan, shuffle: ShuffleDecision, contents: Contents, tiles: number[], counters: Counters, signal?: AbortSignal): AsyncGenerator<Artifact> {
+async function* dataArtifacts(f: DataFile, fileNo: number, plan: KvPlan, shuffle: ShuffleDecision, contents: KvIndexWriter, tiles: number[], counters: Counters, signal?: AbortSignal): AsyncGenerator<Artifact> {
   let fh: FileHandle;
   try {
     fh = await open(f.abs, "r");
@@ -547,8 +600,8 @@ async function* dataArtifacts(f: DataFile, fileNo: number, plan: KvPlan, shuffle
       // generation until a full GC (+60 MiB of external memory at peak).
       let j = i;
       let len = 0;
-      while (j < f.tiles.length && (j === i || len + f.tiles[j]!.len <= READ_BLOCK)) len += f.tiles[j++]!.len;
-      const start = f.tiles[i]!.offset;
+      while (j < f.tiles.length && (j === i || len + f.tiles.len(j) <= READ_BLOCK)) len += f.tiles.len(j++);
+      const start = f.tiles.offset(i);
       counters.flip ^= 1;
       const k = counters.flip;
       if (bufs[k]!.length < len) bufs[k] = Buffer.allocUnsafe(Math.max(len, READ_BLOCK));
@@ -561,26 +614,36 @@ async function* dataArtifacts(f: DataFile, fileNo: number, plan: KvPlan, shuffle
       }
       let off = 0;
       for (; i < j; i++) {
-        const t = f.tiles[i]!;
+        const t = { offset: f.tiles.offset(i), len: f.tiles.len(i), label: f.tiles.label(i), sha: f.tiles.sha(i), zero: f.tiles.zero(i) };
         const page = buf.subarray(off, off + t.len);
         off += t.len;
         const zero = isAllZero(page);
-        const hex = zero ? zeroPageSha(t.len) : createHash("sha256").update(page).digest("hex");
-        if (t.sha !== null && t.sha !== hex) {
-          throw digestMismatch(`kv: page ${t.label} (${f.rel} at offset ${t.offset}) hashes to sha256:${hex}, but the dump's manifest says sha256:${t.sha}`, f.abs);
+        // The dedup key is the binary digest (a 32-character latin1 string); hex only where needed.
+        let hex: string | null = null;
+        let key: string;
+        if (zero) {
+          hex = zeroPageSha(t.len);
+          key = KvIndexWriter.key(hex);
+        } else {
+          key = createHash("sha256").update(page).digest("binary");
+        }
+        const hexOf = (): string => (hex ??= Buffer.from(key, "latin1").toString("hex"));
+        if (t.sha !== null && t.sha !== hexOf()) {
+          throw digestMismatch(`kv: page ${t.label} (${f.rel} at offset ${t.offset}) hashes to sha256:${hexOf()}, but the dump's manifest says sha256:${t.sha}`, f.abs);
         }
         if (t.zero && !zero) throw digestMismatch(`kv: page ${t.label} (${f.rel} at offset ${t.offset}) is marked zero but holds non-zero bytes`, f.abs);
-        let idx = contents.raw(hex);
+        let idx = contents.raw(key);
         if (idx === undefined) {
+          const sha = hexOf();
           if (zero) {
-            idx = contents.addRaw({ sha256: hex, bytes: t.len, zero: true, artifact: null });
+            idx = contents.addRaw(key, { sha256: sha, bytes: t.len, zero: true, artifact: null });
           } else {
             const elem = shuffle.applied && t.len % plan.elem === 0 ? plan.elem : 1;
             const body = elem > 1 ? shufflePlanes(page, elem) : page;
             // An unshuffled page carries the place of this first occurrence: restore writes
             // it straight there instead of spooling it and copying it into place afterwards.
-            const path = pageArtifact(hex, elem, elem === 1 ? { file: fileNo, offset: t.offset } : undefined);
-            idx = contents.addRaw({ sha256: hex, bytes: t.len, zero: false, artifact: path });
+            const path = pageArtifact(sha, elem, elem === 1 ? { file: fileNo, offset: t.offset } : undefined);
+            idx = contents.addRaw(key, { sha256: sha, bytes: t.len, zero: false, artifact: path });
             counters.bytesStored += body.length;
             yield {
               path, kind: "kv-page", size: body.length, mode: 0o644, mtime: f.stats.mtime,
@@ -588,12 +651,12 @@ async function* dataArtifacts(f: DataFile, fileNo: number, plan: KvPlan, shuffle
               // capture's garbage (53k pages of 8 KiB: peak RSS 286 → 246 MiB).
               open: () => [body],
               // An unshuffled page is yielded from the very bytes just hashed: no second hash.
-              ...(elem === 1 ? { sha256: hex } : {}),
+              ...(elem === 1 ? { sha256: sha } : {}),
             };
           }
         }
         tiles.push(idx);
-        contents.labels.push([t.label, idx]);
+        contents.addLabel(t.label, idx);
       }
     }
   } finally {
@@ -637,29 +700,47 @@ function readFully(fd: number, dst: Buffer, pos: number, where: string): void {
 const OPEN_PARTS = 16;
 
 /**
- * The extraction spool of a layer (see SourceKind.restoreSpool): the spool file, and the part
- * files holding placed pages, each renamed to the data file it became once that file is built.
+ * The extraction spool of a layer (see SourceKind.restoreSpool), as slots: where each spooled
+ * artifact's bytes are (offset, length, and the part file, or -1 for the spool file), and the
+ * part files holding placed pages, each renamed to the data file it became once built.
  */
 class SpoolReader {
-  readonly map: Record<string, SpoolAt>;
+  /** Spooled artifact (layer path) → slot. */
+  readonly slots = new Map<string, number>();
+  readonly off = new Grow((n) => new Float64Array(n));
+  readonly len = new Grow((n) => new Float64Array(n));
+  readonly part = new Grow((n) => new Int32Array(n));
   readonly #src: string;
   #fd: number | null = null;
   readonly #parts = new FdCache<number>(OPEN_PARTS);
   /** Part file → where it is now (its spool name, or the rebuilt file it was renamed to). */
   readonly partPath = new Map<number, string>();
 
-  constructor(src: string, map: Record<string, SpoolAt>, names: string[]) {
+  constructor(src: string, names: string[]) {
     this.#src = src;
-    this.map = map;
     for (const n of names) {
       const m = /^\.memsnap-spool-(0|[1-9][0-9]{0,8})$/.exec(n);
       if (m) this.partPath.set(Number(m[1]), join(src, n));
     }
   }
 
-  fd(at: SpoolAt): number {
-    if (at.length === 2) return (this.#fd ??= openSync(join(this.#src, SPOOL_FILE), "r"));
-    const file = at[2];
+  /** Read the map written on extraction (a later entry for a name replaces an earlier one, as the JSON map did). */
+  async load(path: string, layer: string): Promise<void> {
+    try {
+      for await (const [rel, at] of readSpoolMap(path)) {
+        const k = this.off.push(at[0]);
+        this.len.push(at[1]);
+        this.part.push(at.length === 3 ? at[2] : -1);
+        this.slots.set(rel, k);
+      }
+    } catch {
+      throw restoreBad(`${layer}: the page spool map is damaged`, layer);
+    }
+  }
+
+  fd(slot: number): number {
+    const file = this.part.a[slot]!;
+    if (file < 0) return (this.#fd ??= openSync(join(this.#src, SPOOL_FILE), "r"));
     return this.#parts.get(file, () => {
       const path = this.partPath.get(file);
       if (path === undefined) throw restoreBad(`the page spool has no part ${file}`, SPOOL_FILE);
@@ -674,16 +755,15 @@ class SpoolReader {
   }
 }
 
-function parseSpoolMap(bytes: Buffer, layer: string): Record<string, SpoolAt> {
-  let map: unknown;
+/** SHA-256 (hex) of a file, streamed; null when it cannot be read. */
+async function sha256File(path: string): Promise<string | null> {
   try {
-    map = JSON.parse(bytes.toString("utf8"));
+    const h = createHash("sha256");
+    for await (const c of createReadStream(path, { highWaterMark: 1 << 20 })) h.update(c as Buffer);
+    return h.digest("hex");
   } catch {
-    throw restoreBad(`${layer}: the page spool map is damaged`, layer);
+    return null;
   }
-  const ok = isPlainObject(map) && Object.values(map).every((v) => Array.isArray(v) && (v.length === 2 || v.length === 3) && v.every((x) => Number.isSafeInteger(x) && (x as number) >= 0));
-  if (!ok) throw restoreBad(`${layer}: the page spool map is damaged`, layer);
-  return map as Record<string, SpoolAt>;
 }
 
 /**
@@ -694,24 +774,20 @@ function parseSpoolMap(bytes: Buffer, layer: string): Record<string, SpoolAt> {
  * are left as holes (the file is sized first), which read as zeros: the bytes are the dump's,
  * byte for byte. A placed page must sit exactly on a tile that the index gives that page, and
  * no two may overlap; anything else is refused, so a hole is never anything but zeros.
+ * Memory: the index is read as it streams; per distinct page a few numbers and its digest
+ * are kept (the spool's names while the index is read), never the index's text or labels.
  */
 async function materializeKv(dir: string, layer: LayerEntry, verified?: ReadonlyMap<string, string>): Promise<void> {
   const done = materialized.get(layer) ?? new Set<string>();
   if (done.has(dir)) return;
   const idxAbs = join(dir, KV_INDEX);
-  const idxBytes = await readFile(idxAbs).catch(() => null);
+  const have = await sha256File(idxAbs);
   const want = layer.meta?.index_sha256;
-  if (idxBytes === null || (typeof want === "string" && sha256Hex(idxBytes) !== want)) {
+  if (have === null || (typeof want === "string" && have !== want)) {
     // Already rebuilt (its kv-index.json was consumed, or the file there is the dump's own).
     done.add(dir);
     materialized.set(layer, done);
     return;
-  }
-  let index: KvIndex;
-  try {
-    index = parseKvIndex(idxBytes);
-  } catch (e) {
-    throw restoreBad(`${layer.name}/${KV_INDEX}: ${(e as Error).message}`, `${layer.name}/${KV_INDEX}`);
   }
   // Move the bundle-side artifacts aside, then rebuild the original files in `dir`.
   const src = join(dir, `.memsnap-work-kv-${randomBytes(4).toString("hex")}`);
@@ -723,69 +799,116 @@ async function materializeKv(dir: string, layer: LayerEntry, verified?: Readonly
       moved.push(n);
     }
   }
-  const mapBytes = await readFile(join(src, SPOOL_MAP)).catch(() => null);
-  const spool = mapBytes === null ? null : new SpoolReader(src, parseSpoolMap(mapBytes, layer.name), moved);
-  const spoolAt = (artifact: string | null): SpoolAt | null => (artifact !== null && spool && Object.hasOwn(spool.map, artifact) ? spool.map[artifact]! : null);
+  const spool = moved.includes(SPOOL_MAP) ? new SpoolReader(src, moved) : null;
+  await spool?.load(join(src, SPOOL_MAP), layer.name);
 
-  // Placed pages by part file: offset → [artifact, length], and how many were placed there
-  // (two at one offset leave one in the map: the count tells them apart).
-  const placed = new Map<number, Map<number, [string, number]>>();
+  // The contents, compactly: per content its bytes, zero flag, shuffle element (1 raw page,
+  // 2/4 shuffled, 0 not a page), spool slot (-1: none) and digest; the artifact path itself
+  // only for a content not in the spool (a verbatim zstd blob, or a page missing from it).
+  const cBytes = new Grow((n) => new Float64Array(n));
+  const cZero = new Grow((n) => new Uint8Array(n));
+  const cElem = new Grow((n) => new Uint8Array(n));
+  const cSlot = new Grow((n) => new Int32Array(n));
+  let cSha = Buffer.alloc(32 * 1024);
+  const cArt = new Map<number, string>();
+  const files: KvIndexFile[] = [];
+  const hexOf = (ci: number): string => cSha.toString("hex", 32 * ci, 32 * ci + 32);
+  /** The content's artifact path, as the index named it: kept, or told from its digest, shuffle and slot. */
+  const artifactOf = (ci: number): string | null => {
+    const kept = cArt.get(ci);
+    if (kept !== undefined) return kept;
+    const slot = cSlot.a[ci]!;
+    if (slot < 0) return null;
+    const elem = cElem.a[ci]!;
+    const file = spool!.part.a[slot]!;
+    return pageArtifact(hexOf(ci), elem, elem === 1 && file >= 0 ? { file, offset: spool!.off.a[slot]! } : undefined);
+  };
+  try {
+    await readKvIndex(createReadStream(join(src, KV_INDEX), { highWaterMark: 1 << 20 }) as AsyncIterable<Buffer>, {
+      content: (c, i) => {
+        cBytes.push(c.bytes);
+        cZero.push(c.zero ? 1 : 0);
+        const m = c.artifact ? PAGE_ARTIFACT_RE.exec(c.artifact) : null;
+        cElem.push(m && m[1] === c.sha256 ? (m[2] ? Number(m[2]) : 1) : 0);
+        const slot = c.artifact !== null ? spool?.slots.get(c.artifact) : undefined;
+        cSlot.push(slot ?? -1);
+        if (cSha.length < 32 * (i + 1)) {
+          const b = Buffer.alloc(cSha.length * 2);
+          cSha.copy(b);
+          cSha = b;
+        }
+        cSha.write(c.sha256, 32 * i, "hex");
+        // Kept whenever the name cannot be told from the digest and the slot (a damaged map).
+        if (c.artifact !== null && (slot === undefined || artifactOf(i) !== c.artifact)) cArt.set(i, c.artifact);
+      },
+      file: (f) => { files.push(f); },
+    });
+  } catch (e) {
+    spool?.close();
+    throw restoreBad(`${layer.name}/${KV_INDEX}: ${(e as Error).message}`, `${layer.name}/${KV_INDEX}`);
+  }
+
+  // Placed pages by part file: offset → slot, and how many were placed there (two at one
+  // offset leave one in the map: the count tells them apart).
+  const placed = new Map<number, Map<number, number>>();
   const placedCount = new Map<number, number>();
   if (spool) {
-    for (const [artifact, at] of Object.entries(spool.map)) {
-      if (at.length !== 3) continue;
-      let m = placed.get(at[2]);
-      if (!m) placed.set(at[2], (m = new Map()));
-      m.set(at[0], [artifact, at[1]]);
-      placedCount.set(at[2], (placedCount.get(at[2]) ?? 0) + 1);
+    for (const slot of spool.slots.values()) {
+      const file = spool.part.a[slot]!;
+      if (file < 0) continue;
+      let m = placed.get(file);
+      if (!m) placed.set(file, (m = new Map()));
+      m.set(spool.off.a[slot]!, slot);
+      placedCount.set(file, (placedCount.get(file) ?? 0) + 1);
     }
+    spool.slots.clear(); // the names are no longer needed
   }
   const zeroBufs = new Map<number, Buffer>();
   const cache = new Map<number, Buffer>();
   /** Contents whose bytes were already checked against their SHA-256 in this rebuild. */
-  const checked = new Set<number>();
-  const pageOf = (ci: number): { c: KvContent; m: RegExpExecArray; where: string } => {
-    const c = index.contents[ci]!;
-    const m = c.artifact ? PAGE_ARTIFACT_RE.exec(c.artifact) : null;
-    if (!m || m[1] !== c.sha256) throw restoreBad(`${layer.name}: content ${c.sha256} has no page artifact`, layer.name);
-    return { c, m, where: `${layer.name}/${c.artifact!}` };
+  const checked = new Uint8Array(cBytes.length);
+  const pageWhere = (ci: number): { elem: number; where: string } => {
+    const art = artifactOf(ci);
+    const elem = cElem.a[ci]!;
+    if (art === null || elem === 0) throw restoreBad(`${layer.name}: content ${hexOf(ci)} has no page artifact`, layer.name);
+    return { elem, where: `${layer.name}/${art}` };
   };
+  const isVerified = (ci: number, where: string): boolean => verified?.get(where) === hexOf(ci);
   /** Check bytes read for content `ci` (once per content: extraction hashed most already). */
   const check = (ci: number, bytes: Buffer, where: string): void => {
-    const c = index.contents[ci]!;
-    if (checked.has(ci)) return;
-    if (bytes.length !== c.bytes || (verified?.get(`${layer.name}/${c.artifact!}`) !== c.sha256 && sha256Hex(bytes) !== c.sha256)) {
+    if (checked[ci] === 1) return;
+    if (bytes.length !== cBytes.a[ci] || (!isVerified(ci, where) && createHash("sha256").update(bytes).digest().compare(cSha, 32 * ci, 32 * ci + 32) !== 0)) {
       throw restoreBad(`${where}: page does not hash to its name`, where);
     }
-    checked.add(ci);
+    checked[ci] = 1;
   };
   const pageBytes = (ci: number): Buffer => {
-    const c = index.contents[ci]!;
-    if (c.zero) {
-      let z = zeroBufs.get(c.bytes);
-      if (!z) zeroBufs.set(c.bytes, (z = Buffer.alloc(c.bytes)));
+    const bytes = cBytes.a[ci]!;
+    if (cZero.a[ci] === 1) {
+      let z = zeroBufs.get(bytes);
+      if (!z) zeroBufs.set(bytes, (z = Buffer.alloc(bytes)));
       return z;
     }
     const hit = cache.get(ci);
     if (hit) return hit;
-    const { m, where } = pageOf(ci);
+    const { elem, where } = pageWhere(ci);
     // Synchronous: one small page at a time, and nothing else runs meanwhile; an async read
     // per page costs three thread-pool round trips (measured: the rebuild ran at ~45 MB/s).
     let b: Buffer;
-    const at = spoolAt(c.artifact);
-    if (at) {
-      b = Buffer.allocUnsafe(at[1]);
-      readFully(spool!.fd(at), b, at[0], where);
+    const slot = cSlot.a[ci]!;
+    if (slot >= 0) {
+      b = Buffer.allocUnsafe(spool!.len.a[slot]!);
+      readFully(spool!.fd(slot), b, spool!.off.a[slot]!, where);
     } else {
       try {
-        b = readFileSync(join(src, ...c.artifact!.split("/")));
+        b = readFileSync(join(src, ...artifactOf(ci)!.split("/")));
       } catch {
         throw restoreBad(`${where} is missing from the bundle`, where);
       }
     }
-    if (m[2]) {
-      b = unshuffle(b, Number(m[2]));
-      if (b.length !== c.bytes || sha256Hex(b) !== c.sha256) throw restoreBad(`${where}: page does not hash to its name after un-shuffling`, where);
+    if (elem > 1) {
+      b = unshuffle(b, elem);
+      if (b.length !== bytes || sha256Hex(b) !== hexOf(ci)) throw restoreBad(`${where}: page does not hash to its name after un-shuffling`, where);
     } else {
       check(ci, b, where);
     }
@@ -795,21 +918,19 @@ async function materializeKv(dir: string, layer: LayerEntry, verified?: Readonly
   };
   /** Put content `ci`'s original bytes into `dst` (its exact length). */
   const fillTile = (ci: number, dst: Buffer): void => {
-    const c = index.contents[ci]!;
-    const m = c.zero || !c.artifact ? null : PAGE_ARTIFACT_RE.exec(c.artifact);
-    const at = m && !m[2] ? spoolAt(c.artifact) : null;
-    if (c.zero || !at || at[1] !== c.bytes) {
+    const slot = cSlot.a[ci]!;
+    if (cZero.a[ci] === 1 || cElem.a[ci] !== 1 || slot < 0 || spool!.len.a[slot] !== cBytes.a[ci]) {
       pageBytes(ci).copy(dst);
       return;
     }
     // An unshuffled page in the spool or in place elsewhere: read it straight into place.
-    const where = `${layer.name}/${c.artifact!}`;
-    readFully(spool!.fd(at), dst, at[0], where);
+    const where = `${layer.name}/${artifactOf(ci)!}`;
+    readFully(spool!.fd(slot), dst, spool!.off.a[slot]!, where);
     check(ci, dst, where);
   };
   const batch = Buffer.allocUnsafe(READ_BLOCK);
   try {
-    for (const [fileNo, f] of (index.files as KvIndexFile[]).entries()) {
+    for (const [fileNo, f] of files.entries()) {
       if (f.path.split("/")[0]!.startsWith(".memsnap-work-kv-")) throw new MemsnapError("MEMSNAP_UNSAFE_PATH", `${layer.name}: kv-index names a reserved path ${f.path}`, { path: f.path });
       const target = join(dir, ...f.path.split("/"));
       await mkdir(dirname(target), { recursive: true });
@@ -846,19 +967,21 @@ async function materializeKv(dir: string, layer: LayerEntry, verified?: Readonly
             used = 0;
           };
           for (const ci of f.tiles) {
-            const c = index.contents[ci]!;
-            const len = c.bytes;
+            const len = cBytes.a[ci]!;
             const p = here?.get(n);
-            if (p) {
-              const where = `${layer.name}/${p[0]}`;
-              if (p[0] !== c.artifact || p[1] !== len) throw restoreBad(`${where}: placed at byte ${n} of ${f.path}, where the index has another page`, where);
+            if (p !== undefined) {
+              if (p !== cSlot.a[ci] || spool!.len.a[p] !== len) {
+                const where = `${layer.name}/${await spoolName(p)}`;
+                throw restoreBad(`${where}: placed at byte ${n} of ${f.path}, where the index has another page`, where);
+              }
+              const where = `${layer.name}/${artifactOf(ci)!}`;
               matched++;
-              if (!checked.has(ci)) {
-                if (verified?.get(where) === c.sha256) checked.add(ci);
+              if (checked[ci] !== 1) {
+                if (isVerified(ci, where)) checked[ci] = 1;
                 else fillTile(ci, Buffer.allocUnsafe(len)); // reads and checks the bytes in place
               }
               flush();
-            } else if (c.zero) {
+            } else if (cZero.a[ci] === 1) {
               flush();
             } else {
               if (used > 0 && used + len > batch.length) flush();
@@ -892,7 +1015,7 @@ async function materializeKv(dir: string, layer: LayerEntry, verified?: Readonly
       if (!Number.isNaN(t.getTime())) await utimes(target, t, t);
     }
     for (const fileNo of placed.keys()) {
-      if (!(index.files[fileNo] as KvIndexFile | undefined)?.tiles) throw restoreBad(`${layer.name}: pages are placed in file ${fileNo}, which the index does not have`, layer.name);
+      if (!files[fileNo]?.tiles) throw restoreBad(`${layer.name}: pages are placed in file ${fileNo}, which the index does not have`, layer.name);
     }
   } finally {
     spool?.close();
@@ -900,6 +1023,13 @@ async function materializeKv(dir: string, layer: LayerEntry, verified?: Readonly
   await rm(src, { recursive: true, force: true });
   done.add(dir);
   materialized.set(layer, done);
+
+  /** The name a spool slot was written under (for a message: slot k is the map's line k). */
+  async function spoolName(slot: number): Promise<string> {
+    let k = 0;
+    for await (const [rel] of readSpoolMap(join(src, SPOOL_MAP))) if (k++ === slot) return rel;
+    return "?";
+  }
 }
 
 async function collect(it: AsyncIterable<Buffer>, limit: number): Promise<Buffer | null> {
@@ -938,6 +1068,8 @@ export const kvSource: SourceKind<KvConfig> = {
   kind: "kv",
   // 2: unshuffled pages are named with the place of their first occurrence (pages/<sha>@<file>.<offset>).
   schemaVersion: 2,
+  // Pages are named by their digest and deduplicated by it; files by their unique paths.
+  distinctPaths: true,
   parseConfig(raw, where) {
     rejectUnknownKeys(raw, ["kind", "name", "path", "format", "shape", "shuffle"], where);
     const format = optString(raw, "format", where);
@@ -965,7 +1097,7 @@ export const kvSource: SourceKind<KvConfig> = {
       : format === "pfimg-paged" ? await planPfimgPaged(target, cfg)
         : await planLmcache(target, cfg);
     const shuffle = await decideShuffle(plan, cfg.shuffle ?? "auto");
-    const contents = new Contents();
+    const contents = new KvIndexWriter(ctx.tmpDir, randomBytes(6).toString("hex"));
     const files: KvIndexFile[] = [];
     const counters: Counters = { bytesStored: 0, readBufs: [Buffer.alloc(0), Buffer.alloc(0)], flip: 0 };
     let indexHex = "";
@@ -986,29 +1118,17 @@ export const kvSource: SourceKind<KvConfig> = {
           yield* dataArtifacts(f, files.length, plan, shuffle, contents, tiles, counters, ctx.signal);
           files.push({ ...fileEntry(f.rel, f.stats), tiles });
         }
-        for (const [label, hex] of plan.framePages) contents.labels.push([label, contents.frame(hex)!]);
-        for (const [label, hex] of (plan.meta.extra_labels as [string, string][] | undefined) ?? []) contents.labels.push([label, contents.raw(hex)!]);
+        for (const [label, hex] of plan.framePages) contents.addLabel(label, contents.frame(hex)!);
+        for (const [label, hex] of (plan.meta.extra_labels as [string, string][] | undefined) ?? []) contents.addLabel(label, contents.raw(KvIndexWriter.key(hex))!);
         delete plan.meta.extra_labels;
-        const index: KvIndex = {
-          format: KV_INDEX_FORMAT, version: 1, source_format: plan.format, dtype: plan.dtype, page_bytes: plan.pageBytes,
-          shuffle: { applied: shuffle.applied, elem_bytes: plan.elem },
-          contents: contents.list, pages: contents.labels, files,
-        };
-        const bytes = Buffer.from(JSON.stringify(index) + "\n", "utf8");
-        indexHex = sha256Hex(bytes);
-        yield { path: KV_INDEX, kind: "json", size: bytes.length, mode: 0o644, mtime: new Date(), open: () => Readable.from([bytes]) };
+        const doc = contents.finish(
+          { source_format: plan.format, dtype: plan.dtype, page_bytes: plan.pageBytes, shuffle: { applied: shuffle.applied, elem_bytes: plan.elem } },
+          files, (hex) => { indexHex = hex; },
+        );
+        yield { path: KV_INDEX, kind: "json", size: doc.size, mode: 0o644, mtime: new Date(), open: doc.open };
       })(),
       finish: async () => {
-        const uniq = new Set<string>();
-        let zero = 0;
-        let bytesTotal = 0;
-        for (const [, ci] of contents.labels) {
-          const c = contents.list[ci]!;
-          bytesTotal += c.bytes;
-          if (c.zero) zero++;
-          else uniq.add(c.sha256);
-        }
-        const total = contents.labels.length;
+        const st = contents.stats;
         return {
           format: plan.format,
           root: plan.root,
@@ -1016,15 +1136,18 @@ export const kvSource: SourceKind<KvConfig> = {
           dtype: plan.dtype,
           page_bytes: plan.pageBytes,
           files: { data: plan.data.length, verbatim: plan.verbatim.length },
-          pages_total: total,
-          pages_unique: uniq.size,
-          pages_zero: zero,
-          dedup_ratio: Math.round((total / Math.max(1, uniq.size)) * 1000) / 1000,
-          bytes_total: bytesTotal,
+          pages_total: st.pages_total,
+          pages_unique: st.pages_unique,
+          pages_zero: st.pages_zero,
+          dedup_ratio: Math.round((st.pages_total / Math.max(1, st.pages_unique)) * 1000) / 1000,
+          bytes_total: st.bytes_total,
           bytes_stored: counters.bytesStored,
           shuffle,
           index_sha256: indexHex,
         };
+      },
+      cleanup: async () => {
+        contents.close();
       },
     };
   },
@@ -1040,12 +1163,14 @@ export const kvSource: SourceKind<KvConfig> = {
       return h === pm[1] ? null : `${entry.path}: page hashes to sha256:${h}${elem > 1 ? " after un-shuffling" : ""}, not the digest in its name`;
     }
     if (rel === KV_INDEX) {
-      const buf = await collect(bytes, KV_MANIFEST_MAX_BYTES * 4);
-      if (buf === null) return `${entry.path}: index too large`;
+      // Read as it streams (bounded memory); on a finding, the rest is still drained.
+      const it = bytes[Symbol.asyncIterator]();
+      const feed: AsyncIterable<Buffer> = { [Symbol.asyncIterator]: () => ({ next: () => it.next() }) };
       try {
-        parseKvIndex(buf);
+        await readKvIndex(feed, {});
         return null;
       } catch (e) {
+        while (!(await it.next()).done) { /* drain */ }
         return `${entry.path}: ${(e as Error).message}`;
       }
     }
@@ -1059,12 +1184,22 @@ export const kvSource: SourceKind<KvConfig> = {
       }
     }
     if (rel === `files/${KV_MANIFEST}`) {
-      const buf = await collect(bytes, KV_MANIFEST_MAX_BYTES);
-      if (buf === null) return `${entry.path}: over ${KV_MANIFEST_MAX_BYTES} bytes`;
+      const it = bytes[Symbol.asyncIterator]();
+      let n = 0;
+      const feed: AsyncIterable<Buffer> = {
+        [Symbol.asyncIterator]: () => ({
+          next: async () => {
+            const r = await it.next();
+            if (!r.done && (n += r.value.length) > KV_MANIFEST_MAX_BYTES) throw new Error(`over ${KV_MANIFEST_MAX_BYTES} bytes`);
+            return r;
+          },
+        }),
+      };
       try {
-        parseKvManifest(buf, entry.path);
+        await readKvManifest(feed, entry.path);
         return null;
       } catch (e) {
+        while (!(await it.next()).done) { /* drain */ }
         return `${entry.path}: ${(e as Error).message}`;
       }
     }

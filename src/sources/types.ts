@@ -111,6 +111,12 @@ export interface SourceKind<C extends { name: string } = { name: string }> {
    */
   independentArtifacts?: boolean;
   /**
+   * True when the source cannot yield one path twice by construction (KV pages are named by
+   * their digest and deduplicated by it): the snapshot then keeps no set of the layer's paths
+   * to catch a repeat, which would cost memory per artifact.
+   */
+  distinctPaths?: boolean;
+  /**
    * Artifacts of this layer for which this returns true are not written as files on restore:
    * their bytes (hash-checked as usual) are appended to `<layer dir>/.memsnap-spool`, and
    * `<layer dir>/.memsnap-spool.json` maps each one's layer path to `[offset, length]` in it.

@@ -421,8 +421,11 @@ describe("kv: pages placed on restore (layer schema 2)", () => {
     expect(tree(s.stage)).toEqual(tree(s.dump));
   });
 
-  const spoolMap = (stage: string): Record<string, number[]> => JSON.parse(readFileSync(join(stage, ".memsnap-spool.json"), "utf8")) as Record<string, number[]>;
-  const writeMap = (stage: string, m: Record<string, number[]>): void => writeFileSync(join(stage, ".memsnap-spool.json"), JSON.stringify(m));
+  // The spool map: one JSON array per line, ["<name>", offset, length(, part)].
+  const spoolMap = (stage: string): Record<string, number[]> => Object.fromEntries(readFileSync(join(stage, ".memsnap-spool.json"), "utf8")
+    .split("\n").filter((l) => l !== "").map((l) => { const [k, ...v] = JSON.parse(l) as [string, ...number[]]; return [k, v]; }));
+  const writeMap = (stage: string, m: Record<string, number[]>): void => writeFileSync(join(stage, ".memsnap-spool.json"),
+    Object.entries(m).map(([k, v]) => `${JSON.stringify([k, ...v])}\n`).join(""));
 
   it("refuses a page placed off its tile, two pages at one place, a page placed in a file without tiles, and damaged placed bytes", async () => {
     const dir = tmp();
