@@ -232,6 +232,52 @@ describe("kv: broken dumps", () => {
     await expectSnapFails(dir, { path: "dump", shape: { n_layers: 7, n_kv_heads: 2, head_dim: 64, dtype: "bf16" } }, "MEMSNAP_SOURCE_INVALID", /n_layers 1, the config's shape says 7/);
   });
 
+  it("the manifest is read as it streams: member order does not matter, and every page check still holds", async () => {
+    const dir = tmp();
+    const d = generateKvDump({ dir: join(dir, "dump"), nLayers: 2, sequences: 2, prefixBlocks: 1, ownBlocks: 2, zeroBlocks: 1 });
+    const good = JSON.parse(readFileSync(d.manifestPath, "utf8")) as Record<string, unknown>;
+    const write = (m: Record<string, unknown>, text?: string): void => writeFileSync(d.manifestPath, text ?? JSON.stringify(m, null, 1));
+    // pages first, the header after: the page checks that need the header run once it is known
+    const { pages, ...rest } = good;
+    write({ pages, ...rest });
+    const r = await snap(dir, { path: "dump" });
+    expect(r.manifest.layers[0]!.meta!.pages_total).toBe((pages as unknown[]).length);
+    const edit = (f: (m: any) => void): void => {
+      const m = JSON.parse(JSON.stringify({ pages, ...rest }));
+      f(m);
+      write(m);
+    };
+    edit((m) => { m.pages[3].layer = 2; });
+    await expectSnapFails(dir, { path: "dump" }, "MEMSNAP_SOURCE_INVALID", /pages\[3\]\.layer 2 is not in 0\.\.1/);
+    edit((m) => { m.pages[2].offset = 100; });
+    await expectSnapFails(dir, { path: "dump" }, "MEMSNAP_SOURCE_INVALID", /pages\[2\]\.offset 100 is not a multiple of the page size 8192/);
+    edit((m) => { m.pages.push({ ...m.pages[1] }); });
+    await expectSnapFails(dir, { path: "dump" }, "MEMSNAP_SOURCE_INVALID", /layer \d+ block \d+ is listed twice/);
+    edit((m) => { m.pages[1].file = "data/elsewhere.bin"; });
+    await expectSnapFails(dir, { path: "dump" }, "MEMSNAP_SOURCE_INVALID", /pages\[1\]\.file data\/elsewhere\.bin is not in data_files/);
+    edit((m) => { m.pages[0].sha256 = "xyz"; });
+    await expectSnapFails(dir, { path: "dump" }, "MEMSNAP_SOURCE_INVALID", /pages\[0\]\.sha256 "xyz" is not a hex SHA-256/);
+    write(good, JSON.stringify(good).slice(0, -20));
+    await expectSnapFails(dir, { path: "dump" }, "MEMSNAP_SOURCE_INVALID", /kv-manifest\.json is not valid JSON/);
+  });
+
+  it("a manifest rewritten between planning and packing (same size) is MEMSNAP_SOURCE_CHANGED", async () => {
+    const dir = tmp();
+    const d = generateKvDump({ dir: join(dir, "dump"), nLayers: 1 });
+    const cap = await kvSource.capture({ kind: "kv", name: "kv", path: "dump" }, { baseDir: dir, tmpDir: dir });
+    const text = readFileSync(d.manifestPath, "utf8");
+    writeFileSync(d.manifestPath, text.replace('"format"', '"formax"')); // same size, other bytes
+    let err: unknown;
+    try {
+      for await (const a of cap.artifacts) for await (const _ of a.open()) { /* read */ }
+    } catch (e) {
+      err = e;
+    } finally {
+      await cap.cleanup?.();
+    }
+    expectErr(err, "MEMSNAP_SOURCE_CHANGED", /kv-manifest\.json/);
+  });
+
   it("rejects bad config", () => {
     const bad = (src: Record<string, unknown>, code: string): void => {
       expect(() => parseConfig({ agent: "a", sources: [{ kind: "kv", name: "kv", path: "x", ...src }] }, null, "/")).toThrow(expect.objectContaining({ code }));
