@@ -26,7 +26,7 @@
  *                    and every command (both sides) runs with it cached
  *   --runs N         measure every command N times and report the median time (default 1)
  *   --baseline-only  do not run memsnap (exit 0 if the baselines pass)
- *   --cli PATH       memsnap CLI to run with node (default bin/memsnap.js)
+ *   --cli PATH       memsnap CLI to run, executed directly as an installed `memsnap` is (default bin/memsnap.js)
  *   --workdir DIR    where the mix cache, outputs and reports go (default .bench); the mix stays
  *                    cached in WORKDIR/mix-<scale>/ between runs (delete it to free the space)
  *
@@ -415,7 +415,10 @@ async function main() {
   } else if (!fs.existsSync(path.join(ROOT, "dist"))) {
     log("warning: dist/ does not exist — memsnap will probably fail to load; run `npm run build` (npm run bench does)");
   }
-  const memsnap = (...args) => ["node", rel(cli), ...args];
+  // Run as an installed `memsnap` is: the file itself (its sh preamble execs node with the
+  // runtime flags it ships with; see bin/memsnap.js).
+  const cliCmd = rel(cli).startsWith("/") || rel(cli).startsWith(".") ? rel(cli) : `./${rel(cli)}`;
+  const memsnap = (...args) => [cliCmd, ...args];
 
   // cache state
   let cacheMode = "warm";
@@ -478,7 +481,7 @@ async function main() {
   });
   const memSnap = await runMemsnap("snapshot", {
     argv: memsnap("snapshot", "--config", rel(configFile), "--out", rel(bundle), "--json"),
-    display: `node ${rel(cli)} snapshot --config ${rel(configFile)} --out ${rel(bundle)} --json`,
+    display: `${cliCmd} snapshot --config ${rel(configFile)} --out ${rel(bundle)} --json`,
     prep: () => fs.rmSync(bundle, { force: true }),
   });
   addRow({ op: "snapshot", baseline: baseSnap, memsnap: memSnap, bytes: mixBytes, bytesOf: "mix", maxRatio: 1.3 });
@@ -504,7 +507,7 @@ async function main() {
   const memVerify = haveBundle
     ? await runMemsnap("verify (no key)", {
         argv: memsnap("verify", rel(bundle), "--json"),
-        display: `node ${rel(cli)} verify ${rel(bundle)} --json`,
+        display: `${cliCmd} verify ${rel(bundle)} --json`,
       })
     : noBundle;
   addRow({ op: "verify (no key)", baseline: baseVerify, memsnap: memVerify, bytes: hashBytes, bytesOf: "bundle", maxRatio: 1.0 });
@@ -517,7 +520,7 @@ async function main() {
   const memVerifyKey = haveBundle
     ? await runMemsnap("verify (key)", {
         argv: memsnap("verify", rel(bundle), "--identity", rel(keyFile), "--json"),
-        display: `node ${rel(cli)} verify ${rel(bundle)} --identity ${rel(keyFile)} --json`,
+        display: `${cliCmd} verify ${rel(bundle)} --identity ${rel(keyFile)} --json`,
       })
     : noBundle;
   addRow({ op: "verify (key)", baseline: baseVerifyKey, memsnap: memVerifyKey, bytes: mixBytes, bytesOf: "mix", maxRatio: null });
@@ -545,7 +548,7 @@ async function main() {
   const memRestore = haveBundle
     ? await runMemsnap("restore", {
         argv: memsnap("restore", rel(bundle), "--to", rel(restoreMemsnap), "--identity", rel(keyFile), "--json"),
-        display: `node ${rel(cli)} restore ${rel(bundle)} --to ${rel(restoreMemsnap)} --identity ${rel(keyFile)} --json`,
+        display: `${cliCmd} restore ${rel(bundle)} --to ${rel(restoreMemsnap)} --identity ${rel(keyFile)} --json`,
         prep: () => fs.rmSync(restoreMemsnap, { recursive: true, force: true }),
       })
     : noBundle;
