@@ -14,6 +14,7 @@ import { open } from "node:fs/promises";
 import { Transform, Writable, type TransformCallback } from "node:stream";
 import { pipeline } from "node:stream/promises";
 import tar from "tar-stream";
+import { heapPacer } from "../util/gc.js";
 import { MemsnapError, type Finding } from "../errors.js";
 import type { BundleLayout } from "../format/container.js";
 import { encodeIndex, indexHash, INDEX_PATH, type IndexDocument, type Manifest } from "../format/manifest.js";
@@ -22,6 +23,10 @@ import { PayloadDecoder } from "./decoder.js";
 import { IndexComparer } from "./index-stream.js";
 
 /** Identities and passphrases that may open an encrypted bundle. */
+
+/** Old-generation garbage from the entries' per-entry objects is collected once this much has built up (see heapPacer). */
+const collectEntries = heapPacer(Number(process.env.MEMSNAP_GC_SLACK_MIB ?? 16) * 1024 * 1024);
+
 export interface Keys {
   identities?: string[];
   passphrases?: string[];
@@ -218,6 +223,7 @@ export async function readPayload(
       await handler(info, chunks);
       for await (const _ of chunks) { /* drain whatever the handler left */ }
       const done: PayloadEntry = { name, size: n, sha256: h.digest("hex") };
+      collectEntries();
       entries.push(done);
       onEntry?.(done);
     }

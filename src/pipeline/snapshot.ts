@@ -34,7 +34,7 @@ import { acquireLock, type AgentLock } from "../restore/lock.js";
 import { signManifest } from "../sign.js";
 import { removeOrphans } from "../store/orphans.js";
 import { crashPoint } from "../util/crash-point.js";
-import { gcPacer } from "../util/gc.js";
+import { gcPacer, heapPacer } from "../util/gc.js";
 import type { Redactor } from "../redact/types.js";
 import type { Artifact, LayerCapture } from "../sources/types.js";
 import { sourceChanged } from "../sources/walk.js";
@@ -141,6 +141,8 @@ const ZEROS = Buffer.alloc(2 * BLOCK);
  * from piling up (measured: the KV layer of the bench mix peaked at 235 MiB RSS without it).
  */
 const collectPacked = gcPacer(16 * 1024 * 1024, "minor");
+/** Old-generation garbage of many small artifacts (KV pages) is collected every 16 MiB of it (see heapPacer). */
+const collectArtifacts = heapPacer(16 * 1024 * 1024);
 
 async function packArtifact(
   enc: PayloadEncoder, levels: LevelPolicy, layer: string, a: Artifact, onBytes: (n: number) => void,
@@ -307,6 +309,7 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
         });
         spill.add(e);
         index?.push(e);
+        collectArtifacts();
         crashPoint("snapshot:artifact");
         layer.artifacts++;
         layer.bytes += e.size;
