@@ -39,6 +39,7 @@ import { readSpoolMap } from "../restore/spool.js";
 import { sourceChanged, sourceError, walkFiles } from "./walk.js";
 import { FdCache } from "../util/fd-cache.js";
 import { KvIndexWriter } from "./kv-index-writer.js";
+import { collectNow } from "../util/gc.js";
 
 export interface KvShape {
   n_layers: number;
@@ -847,6 +848,8 @@ async function materializeKv(dir: string, layer: LayerEntry, verified?: Readonly
     spool?.close();
     throw restoreBad(`${layer.name}/${KV_INDEX}: ${(e as Error).message}`, `${layer.name}/${KV_INDEX}`);
   }
+  // The index and map were read in 1 MiB / 64 KiB chunks, garbage now: free them before the rebuild.
+  collectNow("minor");
 
   // Placed pages by part file: offset → slot, and how many were placed there (two at one
   // offset leave one in the map: the count tells them apart).

@@ -73,3 +73,10 @@ export function heapPacer(slack: number): () => void {
 
 /** Calls between two looks at the heap in {@link heapPacer}. */
 export const HEAP_CHECK_EVERY = 64;
+
+/** Run one collection now (a no-op where gc cannot be had). */
+export function collectNow(type: "minor" | "major"): void {
+  const fn = gc();
+  if (type === "major") fn?.();
+  else fn?.({ type });
+}
