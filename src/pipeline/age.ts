@@ -12,17 +12,20 @@
  * Only the final chunk may be shorter than 64 KiB; it is empty only for an empty file.
  */
 
-import { createCipheriv, createDecipheriv, createHash, createPrivateKey, createPublicKey, hkdfSync, randomBytes, scrypt as scryptCb } from "node:crypto";
-import { Transform, type TransformCallback } from "node:stream";
 import {
-  Decrypter,
-  Encrypter,
-  Stanza,
-  generateX25519Identity,
-  identityToRecipient,
-  type Identity,
-  type Recipient,
-} from "age-encryption";
+  createCipheriv, createDecipheriv, createHash, createHmac, createPrivateKey, createPublicKey, diffieHellman, generateKeyPairSync,
+  hkdfSync, randomBytes, scrypt as scryptCb,
+} from "node:crypto";
+import { Transform, type TransformCallback } from "node:stream";
+import type { Identity, Stanza } from "age-encryption";
+
+/**
+ * typage, loaded on first use: only key generation and header decryption need it. The
+ * encrypting side (a snapshot) writes its header with node:crypto below, and the module
+ * graph typage brings (post-quantum KEMs among it) took ~100 ms to load on every command.
+ */
+let typageP: Promise<typeof import("age-encryption")> | undefined;
+const typage = (): Promise<typeof import("age-encryption")> => (typageP ??= import("age-encryption"));
 import { MemsnapError } from "../errors.js";
 
 /** The first bytes of every (binary, unarmored) age v1 file. */
@@ -166,8 +169,9 @@ function recipientOfScalar(scalar: Uint8Array): string {
  */
 export async function generateIdentity(): Promise<{ identity: string; recipient: string }> {
   try {
-    const identity = await generateX25519Identity();
-    const recipient = await identityToRecipient(identity);
+    const t = await typage();
+    const identity = await t.generateX25519Identity();
+    const recipient = await t.identityToRecipient(identity);
     return { identity, recipient };
   } catch (e) {
     throw new MemsnapError("MEMSNAP_INTERNAL", `could not generate an age identity: ${errMessage(e)}`, { cause: e });
@@ -316,15 +320,51 @@ function openFileKey(key: Buffer, body: Uint8Array): Uint8Array | null {
 
 const base64NoPad = (b: Uint8Array): string => Buffer.from(b).toString("base64").replace(/=+$/, "");
 
-/** age scrypt recipient: `-> scrypt <salt> <logN>`, body = sealed file key. */
-class NodeScryptRecipient implements Recipient {
-  constructor(private readonly passphrase: string, private readonly logN: number) {}
+/** One recipient stanza of an age header: `-> <args…>` and its body. */
+interface StanzaOut {
+  args: string[];
+  body: Buffer;
+}
 
-  async wrapFileKey(fileKey: Uint8Array): Promise<Stanza[]> {
-    const salt = randomBytes(16);
-    const key = await scryptKey(this.passphrase, salt, this.logN);
-    return [new Stanza(["scrypt", base64NoPad(salt), String(this.logN)], new Uint8Array(sealFileKey(key, fileKey)))];
+/** age scrypt recipient: `-> scrypt <salt> <logN>`, body = sealed file key. */
+async function scryptStanza(passphrase: string, logN: number, fileKey: Uint8Array): Promise<StanzaOut> {
+  const salt = randomBytes(16);
+  const key = await scryptKey(passphrase, salt, logN);
+  return { args: ["scrypt", base64NoPad(salt), String(logN)], body: sealFileKey(key, fileKey) };
+}
+
+/**
+ * age X25519 recipient (age spec, "X25519 recipient stanza"): an ephemeral key pair, the
+ * shared secret with the recipient, wrap key = HKDF-SHA-256(shared, salt = ephemeral share ‖
+ * recipient, "age-encryption.org/v1/X25519"), body = the file key sealed under it.
+ */
+function x25519Stanza(recipient: Uint8Array, fileKey: Uint8Array): StanzaOut {
+  const { publicKey, privateKey } = generateKeyPairSync("x25519");
+  const share = Buffer.from(publicKey.export({ format: "jwk" }).x!, "base64url");
+  const their = createPublicKey({ key: { kty: "OKP", crv: "X25519", x: Buffer.from(recipient).toString("base64url") }, format: "jwk" });
+  const shared = diffieHellman({ privateKey, publicKey: their });
+  if (shared.every((b) => b === 0)) throw new MemsnapError("MEMSNAP_IDENTITY_INVALID", "the recipient is a low-order point", { hint: RECIPIENT_HINT });
+  const wrap = Buffer.from(hkdfSync("sha256", shared, Buffer.concat([share, recipient]), "age-encryption.org/v1/X25519", 32));
+  return { args: ["X25519", base64NoPad(share)], body: sealFileKey(wrap, fileKey) };
+}
+
+/**
+ * The age v1 header for `stanzas`: the version line, each stanza (its body in base64 lines of
+ * 64 columns, the last one shorter), then `---` and the header MAC, HMAC-SHA-256 under
+ * HKDF-SHA-256(file key, "", "header") over everything up to and including `---`.
+ */
+function ageHeader(fileKey: Uint8Array, stanzas: StanzaOut[]): Buffer {
+  let h = "age-encryption.org/v1\n";
+  for (const st of stanzas) {
+    h += `-> ${st.args.join(" ")}\n`;
+    const b64 = base64NoPad(st.body);
+    for (let i = 0; i < b64.length; i += 64) h += `${b64.slice(i, i + 64)}\n`;
+    if (b64.length % 64 === 0) h += "\n";
   }
+  h += "---";
+  const macKey = Buffer.from(hkdfSync("sha256", fileKey, Buffer.alloc(0), "header", 32));
+  const mac = createHmac("sha256", macKey).update(h, "latin1").digest();
+  return Buffer.from(`${h} ${base64NoPad(mac)}\n`, "latin1");
 }
 
 /** age scrypt identity with the same checks as typage's (and age's): the stanza must be alone. */
@@ -498,39 +538,20 @@ export async function prepareAgeEncryption(opts: AgeEncryptOptions): Promise<Age
     throw new MemsnapError("MEMSNAP_USAGE", `scrypt work factor must be an integer 1..${MAX_SCRYPT_LOG_N}, got ${logN}`);
   }
 
-  const encrypter = new Encrypter();
+  const fileKey = randomBytes(16);
+  const stanzas: StanzaOut[] = [];
   if (hasRecipients) {
     for (const r of opts.recipients ?? []) {
-      if (decodeRecipient(r) === null) {
+      const pub = decodeRecipient(r);
+      if (pub === null) {
         throw new MemsnapError("MEMSNAP_IDENTITY_INVALID", `not an age X25519 recipient: ${shorten(r)}`, { hint: RECIPIENT_HINT });
       }
-      encrypter.addRecipient(r);
+      stanzas.push(x25519Stanza(pub, fileKey));
     }
   } else {
-    encrypter.addRecipient(new NodeScryptRecipient(opts.passphrase ?? "", logN));
+    stanzas.push(await scryptStanza(opts.passphrase ?? "", logN, fileKey));
   }
-  // Learn the file key: this recipient sees it and contributes no stanza.
-  let fileKey: Uint8Array | undefined;
-  encrypter.addRecipient({
-    wrapFileKey(k: Uint8Array): Stanza[] {
-      fileKey = Uint8Array.from(k);
-      return [];
-    },
-  });
-
-  let header: Buffer;
-  try {
-    const empty = Buffer.from(await encrypter.encrypt(new Uint8Array(0)));
-    // An encrypted empty file is header || 16-byte nonce || 16-byte tag.
-    header = empty.subarray(0, empty.length - NONCE_LEN - TAG);
-  } catch (e) {
-    throw new MemsnapError("MEMSNAP_INTERNAL", `could not build the age header: ${errMessage(e)}`, { cause: e });
-  }
-  const macLine = header.lastIndexOf("\n--- ", header.length - 2);
-  if (fileKey === undefined || fileKey.length !== 16 || !header.subarray(0, AGE_MAGIC.length).equals(AGE_MAGIC)
-    || macLine < 0 || header[header.length - 1] !== 0x0a) {
-    throw new MemsnapError("MEMSNAP_INTERNAL", "typage produced an unexpected age header");
-  }
+  const header = ageHeader(fileKey, stanzas);
   const nonce = randomBytes(NONCE_LEN);
   return { preamble: Buffer.concat([header, nonce]), key: payloadKey(fileKey, nonce) };
 }
@@ -681,7 +702,7 @@ class AgeDecryptStream extends Transform {
     const cfg = this.configError();
     if (cfg) throw cfg;
     const header = Uint8Array.from(this.headerBuf.subarray(0, this.headerLen));
-    const d = new Decrypter();
+    const d = new (await typage()).Decrypter();
     for (const id of this.identities) d.addIdentity(id);
     for (const p of this.passphrases) d.addIdentity(new NodeScryptIdentity(p));
     let fileKey: Uint8Array;
