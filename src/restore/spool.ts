@@ -8,6 +8,7 @@
  * ever created once (EEXIST is a conflicting entry, as for every staged name).
  */
 import { closeSync, createReadStream, openSync, writeSync } from "node:fs";
+import { BatchedWriter } from "../util/batched-writer.js";
 import { join } from "node:path";
 import { MemsnapError, destinationError } from "../errors.js";
 import { PLACE_MAX_END } from "../sources/kv-format.js";
@@ -27,9 +28,7 @@ const MAP_BATCH = 64 * 1024;
  */
 export class RestoreSpool {
   readonly #names = new Set<string>();
-  #mapFd: number | null = null;
-  #mapBuf: string[] = [];
-  #mapLen = 0;
+  readonly #map: BatchedWriter;
   readonly #root: string;
   readonly #layer: string;
   #fd: number | null = null;
@@ -40,6 +39,7 @@ export class RestoreSpool {
   constructor(root: string, layer: string) {
     this.#root = root;
     this.#layer = layer;
+    this.#map = new BatchedWriter(() => this.#open(SPOOL_MAP, "wx"), join(root, SPOOL_MAP), MAP_BATCH);
   }
 
   #open(name: string, flags: string): number {
@@ -98,29 +98,13 @@ export class RestoreSpool {
   }
 
   #record(e: [string, ...number[]]): void {
-    const line = `${JSON.stringify(e)}\n`;
-    this.#mapBuf.push(line);
-    this.#mapLen += line.length;
-    if (this.#mapLen >= MAP_BATCH) this.#flushMap();
-  }
-
-  #flushMap(): void {
-    this.#mapFd ??= this.#open(SPOOL_MAP, "wx");
-    const buf = Buffer.from(this.#mapBuf.join(""), "utf8");
-    this.#mapBuf = [];
-    this.#mapLen = 0;
-    try {
-      let off = 0;
-      while (off < buf.length) off += writeSync(this.#mapFd, buf, off, buf.length - off);
-    } catch (e) {
-      throw destinationError(e, join(this.#root, SPOOL_MAP));
-    }
+    this.#map.write(`${JSON.stringify(e)}\n`);
   }
 
   /** Write the rest of the map and close every file. */
   close(): void {
     try {
-      this.#flushMap();
+      this.#map.flush();
     } finally {
       this.release();
     }
@@ -130,8 +114,7 @@ export class RestoreSpool {
   release(): void {
     if (this.#fd !== null) closeSync(this.#fd);
     this.#fd = null;
-    if (this.#mapFd !== null) closeSync(this.#mapFd);
-    this.#mapFd = null;
+    this.#map.close();
     this.#parts.closeAll();
     this.#names.clear();
   }

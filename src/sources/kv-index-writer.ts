@@ -13,9 +13,10 @@
  * latin1 string) and a few bytes of counters.
  */
 import { createHash } from "node:crypto";
-import { closeSync, createReadStream, openSync, writeSync } from "node:fs";
+import { createReadStream, openSync } from "node:fs";
 import { join } from "node:path";
 import { destinationError } from "../errors.js";
+import { BatchedWriter } from "../util/batched-writer.js";
 import { KV_INDEX_FORMAT, type KvContent, type KvIndexFile } from "./kv-format.js";
 
 /** Serialised entries are written out in batches of about this many characters. */
@@ -23,50 +24,32 @@ const BATCH = 64 * 1024;
 
 /** One spill file of comma-separated JSON values. */
 class Spill {
-  readonly path: string;
-  #fd: number | null;
-  #pending: string[] = [];
-  #pendingLen = 0;
+  readonly #out: BatchedWriter;
   /** Values appended so far. */
   count = 0;
   /** Bytes of the comma-separated list (pending ones included). */
   bytes = 0;
 
-  constructor(path: string) {
-    this.path = path;
+  constructor(readonly path: string) {
+    let fd: number;
     try {
-      this.#fd = openSync(path, "wx", 0o600);
+      fd = openSync(path, "wx", 0o600);
     } catch (e) {
       throw destinationError(e, path);
     }
+    this.#out = new BatchedWriter(() => fd, path, BATCH);
   }
 
   add(json: string): void {
     const s = this.count === 0 ? json : `,${json}`;
     this.count++;
     this.bytes += Buffer.byteLength(s);
-    this.#pending.push(s);
-    this.#pendingLen += s.length;
-    if (this.#pendingLen >= BATCH) this.flush();
-  }
-
-  flush(): void {
-    if (this.#pendingLen === 0 || this.#fd === null) return;
-    const buf = Buffer.from(this.#pending.join(""), "utf8");
-    this.#pending = [];
-    this.#pendingLen = 0;
-    try {
-      let off = 0;
-      while (off < buf.length) off += writeSync(this.#fd, buf, off, buf.length - off);
-    } catch (e) {
-      throw destinationError(e, this.path);
-    }
+    this.#out.write(s);
   }
 
   close(): void {
-    this.flush();
-    if (this.#fd !== null) closeSync(this.#fd);
-    this.#fd = null;
+    this.#out.flush();
+    this.#out.close();
   }
 }
 

@@ -184,10 +184,15 @@ class StreamParser {
       this.buf.copy(next, 0, keep, this.len);
     }
     chunk.copy(next, tail);
-    this.buf = next;
+    this.rebase(next, keep, need);
+  }
+
+  /** `buf` (owned) now holds the tail that started at `keep`, `len` bytes in all: shift the offsets. */
+  private rebase(buf: Buffer, keep: number, len: number): void {
+    this.buf = buf;
     this.owned = true;
     this.base += keep;
-    this.len = need;
+    this.len = len;
     this.pos -= keep;
     if (this.tokStart >= 0) this.tokStart -= keep;
   }
@@ -196,31 +201,20 @@ class StreamParser {
   private detach(): void {
     const keep = this.keep();
     const tail = this.len - keep;
+    let next = EMPTY;
     if (tail > 0) {
-      const next = Buffer.allocUnsafeSlow(Math.max(tail * 2, 4096));
+      next = Buffer.allocUnsafeSlow(Math.max(tail * 2, 4096));
       this.buf.copy(next, 0, keep, this.len);
-      this.buf = next;
-    } else {
-      this.buf = EMPTY;
     }
-    this.owned = true;
-    this.base += keep;
-    this.len = tail;
-    this.pos -= keep;
-    if (this.tokStart >= 0) this.tokStart -= keep;
+    this.rebase(next, keep, tail);
   }
 
   private run(): void {
     for (;;) {
       switch (this.state) {
-        case START: {
-          const c = this.peek();
-          if (c < 0) return;
-          if (c !== LBRACE) throw this.unexpected(c, "'{' (the top-level value must be an object)");
-          this.pos++;
-          this.state = OBJ_FIRST;
+        case START:
+          if (!this.expect(LBRACE, "'{' (the top-level value must be an object)", OBJ_FIRST)) return;
           break;
-        }
         case OBJ_FIRST:
         case OBJ_NEXT: {
           const c = this.peek();
@@ -243,14 +237,9 @@ class StreamParser {
           this.state = AFTER_KEY;
           break;
         }
-        case AFTER_KEY: {
-          const c = this.peek();
-          if (c < 0) return;
-          if (c !== COLON) throw this.unexpected(c, "':'");
-          this.pos++;
-          this.state = VALUE;
+        case AFTER_KEY:
+          if (!this.expect(COLON, "':'", VALUE)) return;
           break;
-        }
         case VALUE: {
           const c = this.peek();
           if (c < 0) return;
@@ -332,6 +321,16 @@ class StreamParser {
           throw new Error(`streamJson: bad state ${this.state}`);
       }
     }
+  }
+
+  /** The next byte must be `want`: consume it and go to state `next`. False when more input is needed. */
+  private expect(want: number, what: string, next: number): boolean {
+    const c = this.peek();
+    if (c < 0) return false;
+    if (c !== want) throw this.unexpected(c, what);
+    this.pos++;
+    this.state = next;
+    return true;
   }
 
   /** Skip whitespace; returns the next byte (pos at it), or -1 when the buffer is used up. */
