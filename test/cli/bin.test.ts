@@ -1,0 +1,51 @@
+/**
+ * bin/memsnap.js executed directly, as an installed `memsnap` (npm's link to it) runs: its sh
+ * preamble execs node with the runtime flags and malloc setting it ships with.
+ */
+import { spawnSync } from "node:child_process";
+import { mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { afterAll, describe, expect, it } from "vitest";
+import { BIN } from "../helpers/cli.js";
+
+const dir = mkdtempSync(join(tmpdir(), "memsnap-bin-"));
+afterAll(() => rmSync(dir, { recursive: true, force: true }));
+const version = (JSON.parse(readFileSync(join(BIN, "..", "..", "package.json"), "utf8")) as { version: string }).version;
+
+/** Run `file --version` directly, with a preload that reports what node was started with. */
+function probe(file: string, env: Record<string, string> = {}): { code: number | null; stdout: string; seen: { execArgv: string[]; arena: string | null } } {
+  const hook = join(dir, "hook.cjs");
+  const out = join(dir, `seen-${Math.random().toString(36).slice(2)}.json`);
+  writeFileSync(hook, `require("fs").writeFileSync(${JSON.stringify(out)}, JSON.stringify({ execArgv: process.execArgv, arena: process.env.MALLOC_ARENA_MAX ?? null }));`);
+  const base = { ...process.env };
+  delete base.MALLOC_ARENA_MAX;
+  const r = spawnSync(file, ["--version"], { env: { ...base, NODE_OPTIONS: `--require ${hook}`, ...env }, encoding: "utf8" });
+  return { code: r.status, stdout: r.stdout, seen: JSON.parse(readFileSync(out, "utf8")) as { execArgv: string[]; arena: string | null } };
+}
+
+describe("bin/memsnap.js executed directly", () => {
+  it("runs with a 2 MiB young generation and two malloc arenas", () => {
+    const r = probe(BIN);
+    expect(r.code).toBe(0);
+    expect(r.stdout.trim()).toBe(version);
+    expect(r.seen.execArgv).toContain("--max-semi-space-size=2");
+    expect(r.seen.arena).toBe("2");
+  });
+
+  it("through a symlink (npm link, a global install), and keeping a MALLOC_ARENA_MAX already set", () => {
+    const link = join(dir, "memsnap");
+    symlinkSync(BIN, link);
+    const r = probe(link, { MALLOC_ARENA_MAX: "4" });
+    expect(r.code).toBe(0);
+    expect(r.stdout.trim()).toBe(version);
+    expect(r.seen.execArgv).toContain("--max-semi-space-size=2");
+    expect(r.seen.arena).toBe("4");
+  });
+
+  it("still runs as a plain node script (node bin/memsnap.js), with node's defaults", () => {
+    const r = spawnSync(process.execPath, [BIN, "--version"], { encoding: "utf8" });
+    expect(r.status).toBe(0);
+    expect(r.stdout.trim()).toBe(version);
+  });
+});
