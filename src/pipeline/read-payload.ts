@@ -25,6 +25,8 @@ import { IndexComparer } from "./index-stream.js";
 /** Identities and passphrases that may open an encrypted bundle. */
 
 /** Old-generation garbage from the entries' per-entry objects is collected once this much has built up (see heapPacer). */
+/** The event loop gets a turn at least this often while entries stream (ms). */
+const TURN_MS = 50;
 const collectEntries = heapPacer(Number(process.env.MEMSNAP_GC_SLACK_MIB ?? 16) * 1024 * 1024);
 
 export interface Keys {
@@ -166,6 +168,7 @@ export async function readPayload(
   let indexSha256: string | null = null;
   let indexCheck: PayloadReadResult["indexCheck"] = null;
   let sawIndex = false;
+  let lastTurn = performance.now();
   try {
     for await (const entry of extract) {
       const { name, size, type } = entry.header;
@@ -224,6 +227,12 @@ export async function readPayload(
       for await (const _ of chunks) { /* drain whatever the handler left */ }
       const done: PayloadEntry = { name, size: n, sha256: h.digest("hex") };
       collectEntries();
+      if (performance.now() - lastTurn > TURN_MS) {
+        // Entries already decoded can follow one another as promise continuations for seconds;
+        // let the event loop turn (timers, the progress display, SIGINT) between them.
+        await new Promise<void>((r) => setImmediate(r));
+        lastTurn = performance.now();
+      }
       entries.push(done);
       onEntry?.(done);
     }
