@@ -27,7 +27,7 @@ import { IndexComparer } from "./index-stream.js";
 /** Old-generation garbage from the entries' per-entry objects is collected once this much has built up (see heapPacer). */
 /** The event loop gets a turn at least this often while entries stream (ms). */
 const TURN_MS = 50;
-const collectEntries = heapPacer(Number(process.env.MEMSNAP_GC_SLACK_MIB ?? 16) * 1024 * 1024);
+const collectEntries = heapPacer(16 * 1024 * 1024);
 
 export interface Keys {
   identities?: string[];
