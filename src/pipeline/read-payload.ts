@@ -24,9 +24,9 @@ import { IndexComparer } from "./index-stream.js";
 
 /** Identities and passphrases that may open an encrypted bundle. */
 
-/** Old-generation garbage from the entries' per-entry objects is collected once this much has built up (see heapPacer). */
 /** The event loop gets a turn at least this often while entries stream (ms). */
 const TURN_MS = 50;
+/** Old-generation garbage from the entries' per-entry objects is collected once 16 MiB of it may have built up (see heapPacer). */
 const collectEntries = heapPacer(16 * 1024 * 1024);
 
 export interface Keys {
