@@ -265,6 +265,49 @@ describe("snapshot: source failures leave nothing behind", () => {
     expect(listTree(join(a.dir, "st")).filter((p) => statSync(join(a.dir, "st", p)).isFile())).toEqual([]);
   });
 
+  // Layers of files and state are primed (their first artifacts redacted) while the layer
+  // before them packs; a primed layer's own failure must not mask an earlier layer's.
+  it("the first failing layer in config order is the one reported, though a later one was primed", async () => {
+    const a = makeAgent({
+      state: { "cursor.json": { ok: 1 }, "broken.json": "{\"offset\": 4" },
+      config: {
+        agent: "x", sources: [
+          { kind: "files", name: "memory", path: "memory" },
+          { kind: "state", name: "state", path: "state" },
+          { kind: "files", name: "gone", path: "no/such/dir" },
+        ],
+      },
+    });
+    const r = await runCli(["snapshot", "-c", a.config, "-o", "x.memsnap"], { cwd: a.dir });
+    expectCliError(r, 6, "MEMSNAP_SOURCE_INVALID");
+    expect(r.stderr).toContain("broken.json");
+    expect(r.stderr).not.toContain("no/such/dir");
+    expectNothingLeft(a.dir);
+  });
+
+  it("primed layers keep config order in the index and are redacted like any other", async () => {
+    const token = "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8";
+    const a = makeAgent({ files: { "a.md": "alpha\n", "b.md": `key: ${token}\n` } });
+    mkdirSync(join(a.dir, "notes"));
+    writeFileSync(join(a.dir, "notes", "n.md"), `token = ${token}\n`);
+    const config = parseConfig({
+      agent: "x", sources: [
+        { kind: "files", name: "memory", path: "memory" },
+        { kind: "state", name: "state", path: "state" },
+        { kind: "files", name: "notes", path: "notes" },
+      ],
+    }, null, a.dir);
+    const r = await snapshot({ config, out: join(a.dir, "b.memsnap") });
+    const paths = r.manifest.index!.map((e) => e.path);
+    expect(paths.filter((p) => !p.startsWith("state/"))).toEqual(["memory/a.md", "memory/b.md", "notes/n.md"]);
+    expect(r.manifest.layers.map((l) => l.name)).toEqual(["memory", "state", "notes"]);
+    expect(Object.keys(r.manifest.redaction.redacted ?? {}).sort()).toEqual(["memory/b.md", "notes/n.md"]);
+    const tarText = spawnSync("tar", ["-xOf", join(a.dir, "b.memsnap"), "payload.tar.zst"]).stdout as Buffer;
+    const plain = spawnSync("zstd", ["-dc"], { input: tarText }).stdout as Buffer;
+    expect(plain.includes(token)).toBe(false);
+    expect(plain.includes("alpha\n")).toBe(true);
+  });
+
   it("a state file that is not JSON is MEMSNAP_SOURCE_INVALID, exit 6", async () => {
     const a = makeAgent({ state: { "cursor.json": { ok: 1 }, "broken.json": "{\"offset\": 4" } });
     const r = await runCli(["snapshot", "-c", a.config, "-o", "x.memsnap"], { cwd: a.dir });
