@@ -55,11 +55,11 @@ export async function extractPayload(
   const declared = manifest.index ? new Map(manifest.index.map((e) => [e.path, e.size])) : null;
   let current: string | null = null;
   const closed = new Set<string>();
-  const closeLayer = (layer: string): void => {
+  const closeLayer = async (layer: string): Promise<void> => {
     closed.add(layer);
     const sp = spools.get(layer);
     spools.delete(layer);
-    sp?.close();
+    await sp?.close();
     opts.onLayerDone?.(layer);
   };
   try {
@@ -71,7 +71,7 @@ export async function extractPayload(
             path: info.name, hint: "this bundle was not written by memsnap or was tampered with; nothing was restored",
           });
         }
-        if (current !== null) closeLayer(current);
+        if (current !== null) await closeLayer(current);
         current = info.layer;
       }
       const want = declared?.get(info.name);
@@ -186,7 +186,7 @@ export async function extractPayload(
       }
       crashPoint("restore:staged-entry");
     }, { streamIndex: true, ...(opts.signal ? { signal: opts.signal } : {}), ...(opts.onEntry ? { onEntry: opts.onEntry } : {}) });
-    if (current !== null) closeLayer(current);
+    if (current !== null) await closeLayer(current);
     const findings = compareWithIndex(manifest, r);
     if (findings.length) {
       const f = findings[0]!;
@@ -196,6 +196,6 @@ export async function extractPayload(
     }
     return r;
   } finally {
-    for (const sp of spools.values()) sp.release();
+    for (const sp of spools.values()) await sp.release();
   }
 }

@@ -7,19 +7,22 @@
  * the rebuilt file needs it. A place must end below PLACE_MAX_END, and a part file is only
  * ever created once (EEXIST is a conflicting entry, as for every staged name).
  */
-import { closeSync, createReadStream, openSync, writeSync } from "node:fs";
+import { closeSync, createReadStream, openSync } from "node:fs";
 import { BatchedWriter } from "../util/batched-writer.js";
 import { join } from "node:path";
 import { MemsnapError, destinationError } from "../errors.js";
 import { PLACE_MAX_END } from "../sources/kv-format.js";
 import { SPOOL_FILE, SPOOL_MAP, spoolPart, type SpoolAt, type SpoolPlace } from "../sources/types.js";
 import { FdCache } from "../util/fd-cache.js";
+import { WriteBehind, WriteFailed } from "../util/write-behind.js";
 import { conflictingEntry } from "./safe-path.js";
 
 /** Part files kept open at once; a part seen again after eviction is reopened. */
 const OPEN_PARTS = 16;
 /** Map lines are written in batches of about this many characters. */
 const MAP_BATCH = 64 * 1024;
+/** Bytes of artifact writes in flight on the thread pool at most (see WriteBehind). */
+const WRITES_IN_FLIGHT = 4 * 1024 * 1024;
 
 /**
  * The map is written as it grows, one JSON array per line: `["<rel>",offset,length]` or
@@ -33,7 +36,8 @@ export class RestoreSpool {
   readonly #layer: string;
   #fd: number | null = null;
   #pos = 0;
-  readonly #parts = new FdCache<number>(OPEN_PARTS);
+  readonly #writes = new WriteBehind(WRITES_IN_FLIGHT);
+  readonly #parts = new FdCache<number>(OPEN_PARTS, (fd) => this.#writes.close(fd, closeSync));
   readonly #made = new Set<number>();
 
   constructor(root: string, layer: string) {
@@ -78,14 +82,13 @@ export class RestoreSpool {
         if (n + c.length > size) throw new MemsnapError("MEMSNAP_ARTIFACT_HASH_MISMATCH", `${name} is longer than its header declares`, { path: name });
         // The fd is looked up for every chunk: another artifact's part may have evicted it.
         const fd = place ? this.#part(place.file) : (this.#fd ??= this.#open(SPOOL_FILE, "wx"));
-        let off = 0;
-        while (off < c.length) off += writeSync(fd, c, off, c.length - off, start + n + off);
+        const w = this.#writes.write(fd, c, start + n, place ? spoolPart(place.file) : SPOOL_FILE);
         n += c.length;
         onBytes(c.length);
+        if (w) await w;
       }
     } catch (e) {
-      if (e instanceof MemsnapError) throw e;
-      throw destinationError(e, join(this.#root, place ? spoolPart(place.file) : SPOOL_FILE));
+      throw this.#writeError(e, place ? spoolPart(place.file) : SPOOL_FILE);
     }
     this.#names.add(rel);
     if (place) {
@@ -101,22 +104,30 @@ export class RestoreSpool {
     this.#map.write(`${JSON.stringify(e)}\n`);
   }
 
-  /** Write the rest of the map and close every file. */
-  close(): void {
+  #writeError(e: unknown, name: string): Error {
+    if (e instanceof MemsnapError) return e;
+    if (e instanceof WriteFailed) return destinationError(e.err, join(this.#root, e.where));
+    return destinationError(e, join(this.#root, name));
+  }
+
+  /** Wait for every write, write the rest of the map and close every file. */
+  async close(): Promise<void> {
     try {
+      await this.#writes.drain().catch((e: unknown) => { throw this.#writeError(e, SPOOL_FILE); });
       this.#map.flush();
     } finally {
-      this.release();
+      await this.release();
     }
   }
 
-  /** Close every file (on failure, without finishing the map: the layer is not rebuilt). */
-  release(): void {
-    if (this.#fd !== null) closeSync(this.#fd);
+  /** Close every file once its writes are done (on failure, without finishing the map: the layer is not rebuilt). */
+  async release(): Promise<void> {
+    if (this.#fd !== null) this.#writes.close(this.#fd, closeSync);
     this.#fd = null;
     this.#map.close();
     this.#parts.closeAll();
     this.#names.clear();
+    await this.#writes.drain().catch(() => undefined);
   }
 }
 

@@ -8,9 +8,12 @@ import { closeSync } from "node:fs";
 export class FdCache<K> {
   readonly #fds = new Map<K, number>();
   readonly #max: number;
+  readonly #close: (fd: number) => void;
 
-  constructor(max: number) {
+  /** `close` closes an evicted descriptor (default: at once). */
+  constructor(max: number, close: (fd: number) => void = closeSync) {
     this.#max = max;
+    this.#close = close;
   }
 
   /** The open descriptor for `key`, or `open()`'s, kept from now on. */
@@ -20,7 +23,7 @@ export class FdCache<K> {
     if (this.#fds.size >= this.#max) {
       const [oldest, ofd] = this.#fds.entries().next().value!;
       this.#fds.delete(oldest);
-      closeSync(ofd);
+      this.#close(ofd);
     }
     const opened = open();
     this.#fds.set(key, opened);
@@ -29,7 +32,7 @@ export class FdCache<K> {
 
   /** Close every descriptor. */
   closeAll(): void {
-    for (const fd of this.#fds.values()) closeSync(fd);
+    for (const fd of this.#fds.values()) this.#close(fd);
     this.#fds.clear();
   }
 }

@@ -301,3 +301,31 @@ describe("restore: hostile bundles (built with tar + zstd, manifest matching, re
     expect(jsonOut(r).findings.map((f: { code: string }) => f.code)).toContain("MEMSNAP_UNSAFE_PATH");
   });
 });
+
+describe("restore into a destination that fills up", () => {
+  // KV pages are written on the thread pool while extraction goes on (src/util/write-behind.ts):
+  // a restore that runs out of space with such writes in flight still fails as a whole, and the
+  // staging is removed only after they have settled (nothing is left on the full disk). Which
+  // write meets ENOSPC first varies; the spool's own error path is pinned in kv.test.ts.
+  it("a full destination (1 MiB tmpfs) during a KV layer is MEMSNAP_DEST_FULL, exit 8, nothing left", async (ctx) => {
+    const { generateKvDump } = await import("../helpers/kv-dump.js");
+    const a = makeAgent({
+      files: { "a.md": "a\n" },
+      config: { agent: "x", sources: [{ kind: "files", name: "memory", path: "memory" }, { kind: "kv", name: "kv", path: "kv", format: "memsnap" }] },
+    });
+    generateKvDump({ dir: join(a.dir, "kv"), nLayers: 16 });
+    expectOk(await runCli(["snapshot", "-c", a.config, "-o", "b.memsnap"], { cwd: a.dir }));
+    const mnt = join(a.dir, "tiny");
+    mkdirSync(mnt);
+    const m = spawnSync("mount", ["-t", "tmpfs", "-o", "size=1m", "tmpfs", mnt], { encoding: "utf8" });
+    if (m.status !== 0) ctx.skip(`cannot mount a 1 MiB tmpfs (needs root/CAP_SYS_ADMIN): ${m.stderr || m.error?.message}`);
+    try {
+      const r = await runCli(["restore", "b.memsnap", "--to", "tiny/out"], { cwd: a.dir });
+      expectCliError(r, 8, "MEMSNAP_DEST_FULL");
+      expect(r.stderr).toContain(mnt);
+      expect(listTree(mnt)).toEqual([]);
+    } finally {
+      spawnSync("umount", [mnt]);
+    }
+  });
+});

@@ -3,6 +3,7 @@
  * chunks) through the real pipeline; dedup counts, byte-plane shuffle on/off for each dtype,
  * broken dumps, deep verify on damaged pages.
  */
+import { spawnSync } from "node:child_process";
 import { createHash, randomBytes } from "node:crypto";
 import { createRequire } from "node:module";
 import { mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, truncateSync, unlinkSync, writeFileSync } from "node:fs";
@@ -432,7 +433,7 @@ describe("kv: pages placed on restore (layer schema 2)", () => {
         writeFileSync(join(stage, a.path), body);
       }
     }
-    spool.close();
+    await spool.close();
     const meta = await cap.finish!();
     return { dump: d.dir, stage, meta, layer: { name: "kv", kind: "kv", schema_version: 2, artifacts: 0, bytes: 0, meta }, verified, placed };
   }
@@ -515,6 +516,31 @@ describe("kv: pages placed on restore (layer schema 2)", () => {
     }
   });
 
+  it("a spool on a full disk (64 KiB tmpfs) fails as MEMSNAP_DEST_FULL naming its part file", async (ctx) => {
+    const dir = tmp();
+    const mnt = join(dir, "tiny");
+    mkdirSync(mnt);
+    const m = spawnSync("mount", ["-t", "tmpfs", "-o", "size=64k", "tmpfs", mnt], { encoding: "utf8" });
+    if (m.status !== 0) ctx.skip(`cannot mount a 64 KiB tmpfs (needs root/CAP_SYS_ADMIN): ${m.stderr || m.error?.message}`);
+    try {
+      const spool = new RestoreSpool(mnt, "kv");
+      let err: unknown = null;
+      try {
+        for (let i = 0; i < 32; i++) {
+          await spool.put(`kv/pages/p${i}`, `pages/p${i}`, 8192, [Buffer.alloc(8192, i + 1)], { file: 2, offset: i * 8192 }, () => undefined);
+        }
+        await spool.close();
+      } catch (e) {
+        err = e;
+        await spool.release();
+      }
+      expect(err).toMatchObject({ code: "MEMSNAP_DEST_FULL" });
+      expect((err as Error).message).toContain(".memsnap-spool-2");
+    } finally {
+      spawnSync("umount", [mnt]);
+    }
+  });
+
   it("the spool refuses a place past its bound and a part file made twice", async () => {
     const dir = tmp();
     const spool = new RestoreSpool(dir, "kv");
@@ -523,11 +549,11 @@ describe("kv: pages placed on restore (layer schema 2)", () => {
     await spool.put("kv/pages/a", "pages/a", 4, [Buffer.from("abcd")], { file: 3, offset: 8192 }, () => undefined);
     await expect(spool.put("kv/pages/a", "pages/a", 4, [Buffer.from("abcd")], { file: 3, offset: 0 }, () => undefined))
       .rejects.toMatchObject({ code: "MEMSNAP_UNSAFE_PATH" });
-    spool.close();
+    await spool.close();
     expect(statSync(join(dir, ".memsnap-spool-3")).size).toBe(8196);
     const again = new RestoreSpool(dir, "kv");
     await expect(again.put("kv/pages/b", "pages/b", 4, [Buffer.from("abcd")], { file: 3, offset: 0 }, () => undefined))
       .rejects.toMatchObject({ code: "MEMSNAP_UNSAFE_PATH" });
-    again.release();
+    await again.release();
   });
 });
