@@ -2,16 +2,17 @@
  * The snapshot's payload encoder: payload tar bytes in, bundle file bytes out, all of the
  * heavy work in two threads.
  *
- *   main thread: tar bytes ──(1 MiB transferred buffers)──▶ payload worker: zstd ─▶ [age STREAM]
- *                          ──(shared ring, 4 × 256 KiB)──▶ sink: SHA-256 ─▶ pwrite(fd)
+ *   main thread: tar bytes ──(1 MiB transferred buffers)──▶ payload worker: zstd
+ *                          ──(shared ring, 4 × 1 MiB)──▶ sink: [age STREAM] ─▶ SHA-256 ─▶ pwrite(fd)
  *
  * The main thread reads the sources, hashes each artifact and frames the tar; everything
- * downstream of the tar runs off it. The payload worker compresses and seals; the sink hashes
- * the stored bytes and writes them into the bundle's temp file. Measured on the 2-core bench
- * machine (scale 1): with the hashing and the writes in the payload worker, that worker was
- * busy 4.5 s of a 5.5 s snapshot (zstd 2.75 s, sealing 0.8 s, writes 0.96 s) and was the
- * bottleneck while the SQLite layer packed; with the sink, the layers were packed 0.4 s sooner
- * (5.56 → 5.05-5.18 s), at ~9 MiB more peak RSS (one more isolate).
+ * downstream of the tar runs off it. The payload worker only compresses; the sink seals the
+ * compressed stream, hashes the stored bytes and writes them into the bundle's temp file.
+ * Measured on the 2-core bench machine (scale 1): with all of it in one worker, that worker
+ * was busy 4.5 s of a 5.5 s snapshot (zstd 2.75 s, sealing 0.8 s, writes 0.96 s) and was the
+ * bottleneck while the SQLite layer packed (zstd busy 90-99 % of every 100 ms). With the
+ * sink the same snapshot took 4.6-4.8 s (medians of alternating runs, against 5.1-5.7 s), at
+ * ~9 MiB more peak RSS (one more isolate and the ring).
  *
  * Levels: {@link PayloadEncoder.setLevel} changes the zstd level for what follows. zstd
  * applies a new level only at a frame start in single-threaded mode (measured: a level set
@@ -20,16 +21,16 @@
  * in sequence), so the payload stays a standard `.tar.zst`.
  *
  * age: the header and payload key are made on the main thread (see age.ts
- * `prepareAgeEncryption`); the worker only runs STREAM: 64 KiB chunks, each sealed with
+ * `prepareAgeEncryption`); the sink only runs STREAM: 64 KiB chunks, each sealed with
  * ChaCha20-Poly1305 under the 11-byte big-endian counter nonce, the last one flagged. A full
  * chunk is held back until more bytes arrive, so the last chunk is never empty unless the
  * whole payload is (age v1 spec).
  *
  * Flow control: at most {@link IN_FLIGHT_BUFS} input buffers are at the worker at once; the
- * worker acknowledges each after it has compressed and sealed it and handed what it produced
- * to the ring, so the main thread stalls when the disk or the compressor is the slower side.
- * The worker blocks (Atomics.wait) while the ring is full. Memory stays bounded: 4 MiB of
- * input, 1 MiB of zstd output, the 1 MiB ring.
+ * worker acknowledges each after it has compressed it and put the frames in the ring, so the
+ * main thread stalls when the disk or the compressor is the slower side. The worker blocks
+ * (Atomics.wait) while the ring is full, the sink while it is empty. Memory stays bounded:
+ * 4 MiB of input, 2 MiB of zstd segment and output, the 4 MiB ring, a 1 MiB write batch.
  *
  * Failure: a write error (ENOSPC, EIO) in the sink or a zstd error in the worker is reported
  * once with its errno code; the other thread sees the stop flag in the ring's control words
@@ -48,8 +49,8 @@ const IN_BUF = 1024 * 1024;
 const IN_FLIGHT_BUFS = 4;
 /** Tar bytes per zstd frame (at most; a level change ends a frame early). */
 const SEG_BYTES = 2 * 1024 * 1024;
-/** Bytes the sink writes with one pwrite (a slot of the shared ring). */
-const W_BATCH = 256 * 1024;
+/** Bytes in a slot of the ring between the payload worker and the sink, and in the sink's write batch. */
+const W_BATCH = 1024 * 1024;
 /** Slots in the ring between the payload worker and the sink. */
 const W_SLOTS = 4;
 
@@ -73,23 +74,19 @@ export interface PayloadEncoderOptions {
 const WORKER_SOURCE = String.raw`
 "use strict";
 const { parentPort, workerData: wd } = require("node:worker_threads");
-const crypto = require("node:crypto");
-const fs = require("node:fs");
 const b = require(wd.bindingPath);
 const EMPTY = Buffer.alloc(0);
-const CHUNK = wd.ageChunk, TAG = wd.ageTag;
 let failed = false;
-const T = { z: 0, seal: 0, write: 0, idle: 0 }; // busy ms, for MEMSNAP_DEBUG_ENCODER
+const T = { z: 0, ring: 0, idle: 0 }; // busy ms, for MEMSNAP_DEBUG_ENCODER
 
-// -- output: the stored bytes go to the sink thread through a shared ring of wd.slots slots of
-// wd.wBatch bytes each (the sink hashes and writes them; see SINK_SOURCE). ctl: [0] slots
-// published, [1] slots consumed, [2] 0 running / 1 sink failed / 2 stopped, [3 + i] length of
-// slot i (0 marks the end of the stream).
+// -- output: the zstd frames go to the sink thread through a shared ring of wd.slots slots of
+// wd.wBatch bytes each (the sink seals, hashes and writes them; see SINK_SOURCE). ctl: [0]
+// slots published, [1] slots consumed, [2] 0 running / 1 sink failed / 2 stopped, [3 + i]
+// length of slot i (0 marks the end of the stream).
 const ring = Buffer.from(wd.ring);
 const ctl = new Int32Array(wd.ctl);
 const SLOTS = wd.slots, WB = wd.wBatch;
-let stored = 0;
-let head = Buffer.alloc(0);
+let compressed = 0;
 let slot = 0, wlen = 0, published = 0;
 class SinkGone extends Error {}
 /** Wait until slot number \`published\` is free (the sink has consumed the one it replaces). */
@@ -101,7 +98,7 @@ function acquire() {
     if (published - consumed < SLOTS) break;
     Atomics.wait(ctl, 1, consumed, 50);
   }
-  T.write += now() - t0;
+  T.ring += now() - t0;
 }
 function publish(len) {
   Atomics.store(ctl, 3 + slot, len);
@@ -111,13 +108,8 @@ function publish(len) {
   slot = published % SLOTS;
   wlen = 0;
 }
-function flushWrites() {
-  if (wlen > 0) publish(wlen);
-}
-function out(buf) {
-  if (buf.length === 0) return;
-  if (head.length < 64) head = Buffer.concat([head, buf.subarray(0, 64 - head.length)]);
-  stored += buf.length;
+function emit(buf) {
+  compressed += buf.length;
   let off = 0;
   while (off < buf.length) {
     if (wlen === 0) acquire();
@@ -129,62 +121,10 @@ function out(buf) {
   }
 }
 function endOutput() {
-  flushWrites();
+  if (wlen > 0) publish(wlen);
   acquire();
   publish(0);
 }
-
-// Each sealed chunk is a fresh 64 KiB Buffer (node:crypto has no update-into). Left to V8's
-// own pacing they pile up as external memory (measured: +38 MiB of peak RSS on a 1 GiB
-// snapshot), so a minor GC runs every 4 MiB sealed; it costs well under a millisecond.
-let runGc = null;
-try {
-  require("node:v8").setFlagsFromString("--expose-gc");
-  runGc = require("node:vm").runInNewContext("gc");
-} catch { runGc = null; }
-let sinceGc = 0;
-function collect(n) {
-  sinceGc += n;
-  if (runGc !== null && sinceGc >= 4 * 1024 * 1024) {
-    sinceGc = 0;
-    runGc({ type: "minor" });
-  }
-}
-
-// -- age STREAM (optional)
-const key = wd.ageKey ? Buffer.from(wd.ageKey) : null;
-const chunk = key ? Buffer.allocUnsafeSlow(CHUNK) : null;
-let used = 0, counter = 0;
-const nonce = Buffer.alloc(12);
-function seal(plain, last) {
-  const t0 = now();
-  nonce.fill(0);
-  nonce.writeUIntBE(counter, 5, 6);
-  nonce[11] = last ? 1 : 0;
-  const c = crypto.createCipheriv("chacha20-poly1305", key, nonce, { authTagLength: TAG });
-  out(c.update(plain));
-  c.final();
-  out(c.getAuthTag());
-  counter++;
-  collect(plain.length);
-  T.seal += now() - t0;
-}
-function emit(data) {
-  if (!key) return out(data);
-  while (data.length > 0) {
-    if (used === CHUNK) { seal(chunk, false); used = 0; }
-    if (used === 0 && data.length > CHUNK) {
-      seal(data.subarray(0, CHUNK), false);
-      data = data.subarray(CHUNK);
-      continue;
-    }
-    const n = Math.min(CHUNK - used, data.length);
-    data.copy(chunk, used, 0, n);
-    used += n;
-    data = data.subarray(n);
-  }
-}
-if (key) out(Buffer.from(wd.agePreamble));
 
 // -- zstd: the tar stream is cut into segments of wd.segBytes (and at every level change),
 // each compressed as one complete frame; odd segments go to a second compressor thread (the
@@ -294,11 +234,10 @@ function pump() {
       if (emitSeq < nextSeq) return; // the peer still holds a frame
       queue.shift();
       finished = true;
-      if (key) seal(chunk.subarray(0, used), true);
       endOutput();
       if (peer) void peer.terminate();
       if (process.env.MEMSNAP_DEBUG_ENCODER) process.stderr.write("encoder worker busy ms: " + JSON.stringify(T) + " frames " + frames + "\n");
-      parentPort.postMessage({ t: "done", stored, head });
+      parentPort.postMessage({ t: "done", compressed });
     }
   }
 }
@@ -331,9 +270,10 @@ parentPort.on("message", (m) => {
 `;
 
 /**
- * The sink: hashes the stored bytes and writes them at their offsets, slot by slot from the
- * shared ring the payload worker fills. It never returns to its event loop until the end
- * marker (a slot of length 0), so it blocks in Atomics.wait (in 50 ms steps, to see a stop).
+ * The sink: seals the compressed stream (age), hashes the stored bytes and writes them at their
+ * offsets, slot by slot from the shared ring the payload worker fills. It does not return to
+ * its event loop before the end marker (a slot of length 0): it blocks in Atomics.wait, in
+ * 50 ms steps, to see a stop.
  * A write error sets ctl[2] = 1 (the payload worker then stops at its next slot) and is
  * reported with its errno code.
  */
@@ -345,10 +285,95 @@ const fs = require("node:fs");
 const ring = Buffer.from(wd.ring);
 const ctl = new Int32Array(wd.ctl);
 const SLOTS = wd.slots, WB = wd.wBatch;
-const hash = crypto.createHash("sha256");
-let pos = wd.start, consumed = 0, busy = 0;
+const CHUNK = wd.ageChunk, TAG = wd.ageTag;
 const now = () => Number(process.hrtime.bigint()) / 1e6;
+const T = { seal: 0, write: 0, busy: 0 };
+
+// -- output: SHA-256 of the stored bytes, the first 64 of them, batched positional writes
+const hash = crypto.createHash("sha256");
+let stored = 0;
+let head = Buffer.alloc(0);
+const wbuf = Buffer.allocUnsafeSlow(WB);
+let wlen = 0;
+let pos = wd.start;
+function writeAll(buf, len) {
+  const t0 = now();
+  let off = 0;
+  while (off < len) off += fs.writeSync(wd.fd, buf, off, len - off, pos + off);
+  pos += len;
+  T.write += now() - t0;
+}
+function flushWrites() {
+  writeAll(wbuf, wlen);
+  wlen = 0;
+}
+function out(buf) {
+  if (buf.length === 0) return;
+  hash.update(buf);
+  if (head.length < 64) head = Buffer.concat([head, buf.subarray(0, 64 - head.length)]);
+  stored += buf.length;
+  if (wlen + buf.length > WB) flushWrites();
+  if (buf.length >= WB) return writeAll(buf, buf.length);
+  buf.copy(wbuf, wlen);
+  wlen += buf.length;
+}
+
+// Each sealed chunk is a fresh 64 KiB Buffer (node:crypto has no update-into). Left to V8's
+// own pacing they pile up as external memory (measured: +38 MiB of peak RSS on a 1 GiB
+// snapshot), so a minor GC runs every 4 MiB sealed; it costs well under a millisecond.
+let runGc = null;
 try {
+  require("node:v8").setFlagsFromString("--expose-gc");
+  runGc = require("node:vm").runInNewContext("gc");
+} catch { runGc = null; }
+let sinceGc = 0;
+function collect(n) {
+  sinceGc += n;
+  if (runGc !== null && sinceGc >= 4 * 1024 * 1024) {
+    sinceGc = 0;
+    runGc({ type: "minor" });
+  }
+}
+
+// -- age STREAM (optional): 64 KiB chunks, each sealed under the counter nonce; a full chunk
+// is held back until more bytes arrive, so only the whole payload's end is flagged last.
+const key = wd.ageKey ? Buffer.from(wd.ageKey) : null;
+const chunk = key ? Buffer.allocUnsafeSlow(CHUNK) : null;
+let used = 0, counter = 0;
+const nonce = Buffer.alloc(12);
+function seal(plain, last) {
+  const t0 = now();
+  nonce.fill(0);
+  nonce.writeUIntBE(counter, 5, 6);
+  nonce[11] = last ? 1 : 0;
+  const c = crypto.createCipheriv("chacha20-poly1305", key, nonce, { authTagLength: TAG });
+  const body = c.update(plain);
+  c.final();
+  T.seal += now() - t0;
+  out(body);
+  out(c.getAuthTag());
+  counter++;
+  collect(plain.length);
+}
+function emit(data) {
+  if (!key) return out(data);
+  while (data.length > 0) {
+    if (used === CHUNK) { seal(chunk, false); used = 0; }
+    if (used === 0 && data.length > CHUNK) {
+      seal(data.subarray(0, CHUNK), false);
+      data = data.subarray(CHUNK);
+      continue;
+    }
+    const n = Math.min(CHUNK - used, data.length);
+    data.copy(chunk, used, 0, n);
+    used += n;
+    data = data.subarray(n);
+  }
+}
+
+let consumed = 0, taken = 0;
+try {
+  if (key) out(Buffer.from(wd.agePreamble));
   for (;;) {
     if (Atomics.load(ctl, 2) !== 0) break;
     if (Atomics.load(ctl, 0) === consumed) { Atomics.wait(ctl, 0, consumed, 50); continue; }
@@ -356,19 +381,18 @@ try {
     const i = consumed % SLOTS;
     const len = Atomics.load(ctl, 3 + i);
     if (len === 0) {
-      if (process.env.MEMSNAP_DEBUG_ENCODER) process.stderr.write("sink busy ms: " + Math.round(busy) + "\n");
-      parentPort.postMessage({ t: "sunk", bytes: pos - wd.start, sha256: hash.digest("hex") });
+      if (key) seal(chunk.subarray(0, used), true);
+      flushWrites();
+      if (process.env.MEMSNAP_DEBUG_ENCODER) process.stderr.write("sink busy ms: " + JSON.stringify(T) + "\n");
+      parentPort.postMessage({ t: "sunk", taken, stored, sha256: hash.digest("hex"), head });
       break;
     }
-    const buf = ring.subarray(i * WB, i * WB + len);
-    hash.update(buf);
-    let off = 0;
-    while (off < len) off += fs.writeSync(wd.fd, buf, off, len - off, pos + off);
-    pos += len;
+    emit(ring.subarray(i * WB, i * WB + len));
+    taken += len;
     consumed++;
     Atomics.store(ctl, 1, consumed);
     Atomics.notify(ctl, 1);
-    busy += now() - t0;
+    T.busy += now() - t0;
   }
 } catch (e) {
   parentPort.postMessage({ t: "err", kind: typeof e.code === "string" && e.syscall ? "io" : "internal", code: e.code, msg: String(e.message) });
@@ -407,8 +431,8 @@ function bindingPath(): string {
 
 type Msg =
   | { t: "ack"; ab: ArrayBuffer }
-  | { t: "done"; stored: number; head: Uint8Array }
-  | { t: "sunk"; bytes: number; sha256: string }
+  | { t: "done"; compressed: number }
+  | { t: "sunk"; taken: number; stored: number; sha256: string; head: Uint8Array }
   | { t: "err"; kind: "io" | "internal"; code?: string; msg: string };
 
 /** Compresses, encrypts, hashes and writes the payload in a worker thread. */
@@ -416,8 +440,8 @@ export class PayloadEncoder {
   readonly #worker: Worker;
   readonly #sink: Worker;
   readonly #ctl: Int32Array;
-  #done: { stored: number; head: Uint8Array } | null = null;
-  #sunk: { bytes: number; sha256: string } | null = null;
+  #done: { compressed: number } | null = null;
+  #sunk: { taken: number; stored: number; sha256: string; head: Uint8Array } | null = null;
   readonly #path: string;
   #buf: Uint8Array;
   #len = 0;
@@ -443,7 +467,11 @@ export class PayloadEncoder {
       eval: true,
       execArgv: [],
       resourceLimits: { maxYoungGenerationSizeMb: 4 },
-      workerData: shared,
+      workerData: {
+        ...shared, ageChunk: AGE_CHUNK, ageTag: AGE_TAG,
+        ageKey: opts.age ? Uint8Array.from(opts.age.key) : null,
+        agePreamble: opts.age ? Uint8Array.from(opts.age.preamble) : null,
+      },
     });
     this.#worker = new Worker(WORKER_SOURCE, {
       eval: true,
@@ -452,10 +480,7 @@ export class PayloadEncoder {
       resourceLimits: { maxYoungGenerationSizeMb: 4 },
       workerData: {
         ...shared, bindingPath: bindingPath(), level: opts.level, threads: opts.threads ?? 0,
-        ageChunk: AGE_CHUNK, ageTag: AGE_TAG,
         segBytes: SEG_BYTES, parallel: (opts.threads ?? 0) > 0, peerSource: PEER_SOURCE,
-        ageKey: opts.age ? Uint8Array.from(opts.age.key) : null,
-        agePreamble: opts.age ? Uint8Array.from(opts.age.preamble) : null,
       },
     });
     this.#exited = Promise.all([this.#worker, this.#sink].map((w) => new Promise<void>((res) => w.once("exit", () => res())))).then(() => undefined);
@@ -476,12 +501,13 @@ export class PayloadEncoder {
     const f = this.#finish;
     this.#finish = null;
     void this.#worker.terminate();
-    if (this.#sunk.bytes !== this.#done.stored) {
-      f?.reject(new MemsnapError("MEMSNAP_INTERNAL", `payload writer wrote ${this.#sunk.bytes} bytes of ${this.#done.stored}`));
+    if (this.#sunk.taken !== this.#done.compressed) {
+      f?.reject(new MemsnapError("MEMSNAP_INTERNAL", `payload writer took ${this.#sunk.taken} bytes of ${this.#done.compressed}`));
       return;
     }
-    f?.resolve({ storedSize: this.#done.stored, sha256: this.#sunk.sha256, head: Buffer.from(this.#done.head) });
+    f?.resolve({ storedSize: this.#sunk.stored, sha256: this.#sunk.sha256, head: Buffer.from(this.#sunk.head) });
   }
+
 
   #onMessage(m: Msg): void {
     switch (m.t) {
@@ -495,11 +521,11 @@ export class PayloadEncoder {
         }
         return;
       case "done":
-        this.#done = { stored: m.stored, head: m.head };
+        this.#done = { compressed: m.compressed };
         this.#settle();
         return;
       case "sunk":
-        this.#sunk = { bytes: m.bytes, sha256: m.sha256 };
+        this.#sunk = { taken: m.taken, stored: m.stored, sha256: m.sha256, head: m.head };
         this.#settle();
         return;
       case "err": {

@@ -127,42 +127,6 @@ async function* lookahead<T, U>(items: AsyncIterable<T>, prepare: (x: T) => Prom
   }
 }
 
-/**
- * An artifact stream whose first item can be asked for before the stream is read: `prime()`
- * starts the generator (and with {@link lookahead}, the preparation of its first items) at
- * once; reading it later picks up from there.
- */
-class Primed<T> implements AsyncIterable<T> {
-  readonly #gen: AsyncGenerator<T>;
-  #first: Promise<IteratorResult<T>> | null = null;
-
-  constructor(gen: AsyncGenerator<T>) {
-    this.#gen = gen;
-  }
-
-  prime(): this {
-    if (this.#first === null) {
-      this.#first = this.#gen.next();
-      this.#first.catch(() => undefined); // awaited when the stream is read
-    }
-    return this;
-  }
-
-  async *[Symbol.asyncIterator](): AsyncGenerator<T> {
-    try {
-      for (let r = await (this.#first ?? this.#gen.next()); !r.done; r = await this.#gen.next()) yield r.value;
-    } finally {
-      await this.#gen.return(undefined);
-    }
-  }
-
-  /** Stop a stream that was primed but will not be read (a failed snapshot). */
-  async close(): Promise<void> {
-    await this.#first?.catch(() => undefined);
-    await this.#gen.return(undefined).catch(() => undefined);
-  }
-}
-
 /** Where a snapshot with this id goes in a store. */
 export function storePath(store: string, tenant: string, agent: string, id: string): string {
   return join(store, tenant, agent, `${id}.memsnap`);
@@ -267,8 +231,6 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
   let redactor: Redactor | undefined;
   const captures: LayerCapture[] = [];
   let started: Promise<LayerCapture>[] = [];
-  const streams: (Primed<Artifact> | undefined)[] = [];
-  let closed = false;
   let spill: IndexSpill | undefined;
   let enc: PayloadEncoder | undefined;
   // Writeback of the bundle starts while later layers pack: an fdatasync after each layer (one
@@ -319,10 +281,16 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
       p.then((c) => { captures.push(c); }, () => undefined);
       started[i] = p;
     };
-    // Redact the next text artifacts while the current one packs: redaction is main-thread
-    // work that fills the time the main thread would otherwise wait on the compressor.
-    const streamOf = (i: number, cap: LayerCapture): Primed<Artifact> => {
-      const { impl, cfg: scfg } = cfg.sources[i]!;
+    for (const [i, { impl, cfg: scfg }] of cfg.sources.entries()) {
+      opts.signal?.throwIfAborted();
+      startCapture(i);
+      startCapture(i + 1);
+      const cap = await started[i]!;
+      estimate = estimate === null || cap.estimatedBytes === undefined ? null : estimate + cap.estimatedBytes;
+      const layer: LayerEntry = { name: scfg.name, kind: impl.kind, schema_version: impl.schemaVersion, artifacts: 0, bytes: 0 };
+      const seen = impl.distinctPaths ? null : new Set<string>();
+      // Redact the next text artifacts while the current one packs: redaction is main-thread
+      // work that fills the time the main thread would otherwise wait on the compressor.
       const prepare = (raw: Artifact): Promise<Artifact> => {
         if (!redactor || !raw.text) return Promise.resolve(raw);
         const r0 = performance.now();
@@ -330,29 +298,7 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
         p.catch(() => undefined); // awaited in order below
         return p;
       };
-      return new Primed(lookahead(cap.artifacts, prepare, impl.independentArtifacts ? REDACT_LOOKAHEAD : 0));
-    };
-    // Layers of independent artifacts (files, state) that follow the one packing are primed:
-    // their first artifacts are redacted while it packs (a SQLite or KV layer keeps the main
-    // thread mostly idle), so their own packing starts with the compressor fed at once.
-    const primeAhead = (from: number): void => {
-      for (let j = from; j < cfg.sources.length && cfg.sources[j]!.impl.independentArtifacts && redactor; j++) {
-        startCapture(j);
-        const k = j;
-        started[k]!.then((cap) => { if (!streams[k] && !closed) streams[k] = streamOf(k, cap).prime(); }, () => undefined);
-      }
-    };
-    for (const [i, { impl, cfg: scfg }] of cfg.sources.entries()) {
-      opts.signal?.throwIfAborted();
-      startCapture(i);
-      startCapture(i + 1);
-      primeAhead(i + 1);
-      const cap = await started[i]!;
-      estimate = estimate === null || cap.estimatedBytes === undefined ? null : estimate + cap.estimatedBytes;
-      const layer: LayerEntry = { name: scfg.name, kind: impl.kind, schema_version: impl.schemaVersion, artifacts: 0, bytes: 0 };
-      const seen = impl.distinctPaths ? null : new Set<string>();
-      streams[i] ??= streamOf(i, cap);
-      for await (const a of streams[i]!) {
+      for await (const a of lookahead(cap.artifacts, prepare, impl.independentArtifacts ? REDACT_LOOKAHEAD : 0)) {
         opts.signal?.throwIfAborted();
         if (seen?.has(a.path)) throw new MemsnapError("MEMSNAP_INTERNAL", `source ${scfg.name} yielded ${a.path} twice`);
         seen?.add(a.path);
@@ -447,8 +393,6 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
   } finally {
     spill?.close();
     await Promise.allSettled(started);
-    closed = true;
-    for (const st of streams) await st?.close();
     for (const c of captures) await c.cleanup?.().catch(() => undefined);
     await redactor?.cleanup().catch(() => undefined);
     await rm(workDir, { recursive: true, force: true }).catch(() => undefined);

@@ -265,9 +265,9 @@ describe("snapshot: source failures leave nothing behind", () => {
     expect(listTree(join(a.dir, "st")).filter((p) => statSync(join(a.dir, "st", p)).isFile())).toEqual([]);
   });
 
-  // Layers of files and state are primed (their first artifacts redacted) while the layer
-  // before them packs; a primed layer's own failure must not mask an earlier layer's.
-  it("the first failing layer in config order is the one reported, though a later one was primed", async () => {
+  // A layer's capture starts while the layer before it packs; a later layer's own failure must
+  // not mask an earlier layer's.
+  it("the first failing layer in config order is the one reported, though a later one started early", async () => {
     const a = makeAgent({
       state: { "cursor.json": { ok: 1 }, "broken.json": "{\"offset\": 4" },
       config: {
@@ -285,7 +285,7 @@ describe("snapshot: source failures leave nothing behind", () => {
     expectNothingLeft(a.dir);
   });
 
-  it("primed layers keep config order in the index and are redacted like any other", async () => {
+  it("layers keep config order in the index, and text in each is redacted", async () => {
     const token = "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8";
     const a = makeAgent({ files: { "a.md": "alpha\n", "b.md": `key: ${token}\n` } });
     mkdirSync(join(a.dir, "notes"));
