@@ -488,8 +488,9 @@ export class PayloadEncoder {
       w.on("message", (m: Msg) => this.#onMessage(m));
       w.on("error", (e: Error) => this.#fail(new MemsnapError("MEMSNAP_INTERNAL", `${what} failed: ${e.message}`, { cause: e })));
       w.on("exit", (code: number) => {
-        // The sink ends on its own once it has written the end of the stream and said so.
-        if (w === this.#sink && this.#sunk !== null) return;
+        // The sink ends on its own once it has written the end of the stream and said so, or
+        // when told to stop (by the payload worker, whose own error message is the one to report).
+        if (w === this.#sink && (this.#sunk !== null || Atomics.load(this.#ctl, 2) === 2)) return;
         if (this.#finish !== null || this.#waiter !== null) this.#fail(new MemsnapError("MEMSNAP_INTERNAL", `${what} exited unexpectedly (code ${code})`));
       });
     }
