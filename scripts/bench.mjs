@@ -24,7 +24,8 @@
  *   --cold           drop the page cache (sync; echo 3 > /proc/sys/vm/drop_caches) before every
  *                    measured command; default is warm: the mix is read once into the page cache
  *                    and every command (both sides) runs with it cached
- *   --runs N         measure every command N times and report the median time (default 1)
+ *   --runs N         measure every command N times and report the median time (default 1); the
+ *                    baseline and memsnap runs of an operation alternate (b, m, b, m, …)
  *   --baseline-only  do not run memsnap (exit 0 if the baselines pass)
  *   --cli PATH       memsnap CLI to run, executed directly as an installed `memsnap` is (default bin/memsnap.js)
  *   --workdir DIR    where the mix cache, outputs and reports go (default .bench); the mix stays
@@ -198,7 +199,7 @@ function strangers(mix) {
  * -shm it creates. Only an empty -wal and the -shm beside it are removed, and only next to a
  * database of the manifest; anything else foreign is reported, not touched.
  */
-function tidyMix(mix) {
+function tidyMix(mix, quiet = false) {
   const removed = [];
   for (const f of strangers(mix)) {
     const m = /^(.*)-(wal|shm)$/.exec(f);
@@ -208,6 +209,7 @@ function tidyMix(mix) {
     fs.rmSync(path.join(mix.dir, f), { force: true });
     removed.push(f);
   }
+  if (quiet) return;
   if (removed.length) log(`removed ${removed.join(", ")} from the cached mix (left by an earlier memsnap snapshot; not written by the generator)`);
   const rest = strangers(mix);
   if (rest.length) log(`warning: the cached mix holds ${rest.length} file(s) the generator did not write (e.g. ${rest.slice(0, 3).join(", ")}); --regen rebuilds it`);
@@ -223,33 +225,39 @@ const median = (xs) => {
   return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2;
 };
 
+/** One command's runs, gathered by {@link runOnce} and summarised by {@link summarize}. */
+function newRuns(spec) {
+  return { spec, times: [], cpu: [], foreign: [], curves: [], rss: null, last: null };
+}
+
 /**
- * Runs one command `runs` times (prep before each, untimed) and summarises.
- * @returns {{ok, seconds, allSeconds, rssKiB, stdout, stderr, code, display}}
+ * One run of a command: its prep (untimed), a sync (or a dropped cache), then the timed run,
+ * then its `after(last)` hook (untimed; `last`: no further run of it follows).
  */
-async function measure(ctx, { argv, display, prep, captureStdout = false, sampleRss = false }) {
-  const times = [];
-  const cpu = [];
-  const foreign = [];
-  const curves = [];
-  let rss = null;
-  let last = null;
-  for (let r = 0; r < ctx.opts.runs; r++) {
-    if (prep) prep();
-    if (ctx.opts.cold) {
-      if (!dropCaches()) ctx.notes.add("--cold: could not drop the page cache (not root?); ran warm");
-    } else syncDisks();
-    last = await timedRun(argv, { cwd: ROOT, tmpDir: ctx.tmp, captureStdout, sampleRss: sampleRss ? RSS_SAMPLE_MS : false });
-    if (!last.ok) break;
-    times.push(last.seconds);
-    if (sampleRss) curves.push({ seconds: last.seconds, samples: last.rssSamples ?? [], sampledPeakKiB: last.rssSampledPeakKiB, peakKiB: last.rssKiB });
-    if (last.cpuSeconds != null) cpu.push(last.cpuSeconds);
-    if (last.foreignCpuSeconds != null) foreign.push(last.foreignCpuSeconds);
-    ctx.foreign.cpu += last.foreignCpuSeconds ?? 0;
-    ctx.foreign.wall += last.seconds;
-    if (last.rssKiB != null) rss = Math.max(rss ?? 0, last.rssKiB);
-  }
-  syncDisks();
+async function runOnce(ctx, acc, last) {
+  const { argv, prep, captureStdout = false, sampleRss = false } = acc.spec;
+  if (prep) prep();
+  if (ctx.opts.cold) {
+    if (!dropCaches()) ctx.notes.add("--cold: could not drop the page cache (not root?); ran warm");
+  } else syncDisks();
+  const run = await timedRun(argv, { cwd: ROOT, tmpDir: ctx.tmp, captureStdout, sampleRss: sampleRss ? RSS_SAMPLE_MS : false });
+  acc.last = run;
+  acc.spec.after?.(last || !run.ok, run);
+  if (!run.ok) return false;
+  const l = run;
+  acc.times.push(l.seconds);
+  if (sampleRss) acc.curves.push({ seconds: l.seconds, samples: l.rssSamples ?? [], sampledPeakKiB: l.rssSampledPeakKiB, peakKiB: l.rssKiB });
+  if (l.cpuSeconds != null) acc.cpu.push(l.cpuSeconds);
+  if (l.foreignCpuSeconds != null) acc.foreign.push(l.foreignCpuSeconds);
+  ctx.foreign.cpu += l.foreignCpuSeconds ?? 0;
+  ctx.foreign.wall += l.seconds;
+  if (l.rssKiB != null) acc.rss = Math.max(acc.rss ?? 0, l.rssKiB);
+  return true;
+}
+
+/** @returns {{ok, seconds, allSeconds, rssKiB, stdout, stderr, code, display}} */
+function summarize(acc) {
+  const { times, cpu, foreign, curves, rss, last } = acc;
   // The RSS curve of the run whose time is the median one.
   const med = times.length ? median(times) : null;
   const curve = curves.length ? curves.reduce((a, c) => (Math.abs(c.seconds - med) < Math.abs(a.seconds - med) ? c : a)) : null;
@@ -260,13 +268,31 @@ async function measure(ctx, { argv, display, prep, captureStdout = false, sample
     signal: last.signal,
     seconds: last.ok ? median(times) : null,
     allSeconds: times,
-    cpuSeconds: cpu.length ? median(cpu) : null,
-    foreignCpuSeconds: foreign.length ? median(foreign) : null,
+    cpuSeconds: cpu.length ? Math.round(median(cpu) * 100) / 100 : null,
+    foreignCpuSeconds: foreign.length ? Math.round(median(foreign) * 100) / 100 : null,
     rssKiB: last.ok ? rss : last.rssKiB,
     stdout: last.stdout,
     stderr: last.stderr,
-    display,
+    display: acc.spec.display,
   };
+}
+
+/**
+ * Runs two commands `runs` times each, alternating (a, b, a, b, …), and summarises each: a
+ * slow spell of the machine, or what one side left in the page cache, then falls on both
+ * sides alike instead of on whichever ran second. `b` null: `a` alone.
+ */
+async function measureAlternating(ctx, a, b) {
+  const ra = newRuns(a);
+  const rb = b ? newRuns(b) : null;
+  for (let r = 0; r < ctx.opts.runs; r++) {
+    const last = r === ctx.opts.runs - 1;
+    const okA = ra.last === null || ra.last.ok ? await runOnce(ctx, ra, last) : false;
+    const okB = rb && (rb.last === null || rb.last.ok) ? await runOnce(ctx, rb, last) : false;
+    if (!okA && !okB) break;
+  }
+  syncDisks();
+  return [summarize(ra), rb ? summarize(rb) : null];
 }
 
 function failureText(res) {
@@ -447,23 +473,24 @@ async function main() {
     log(`${row.op}: memsnap ${ms}; baseline ${bs}`);
   };
   const skipped = (why) => ({ ok: false, skipped: why });
-  const runMemsnap = async (what, spec) => {
-    if (memsnapSkip) return skipped(memsnapSkip);
-    const r = await measure(ctx, { ...spec, captureStdout: true, sampleRss: true });
-    r.json = parseJsonOut(r, what, ctx);
-    memsnapJson[what] = r.json;
-    if (r.rssCurve) rssCurves[what] = r.rssCurve;
-    if (r.ok && r.json && r.json.ok === false) {
-      r.ok = false;
-      r.stderr += `\n${what} --json reported ok: false`;
+  /**
+   * The baseline and memsnap for one operation, their runs alternating (measureAlternating);
+   * `memSpec` null (no bundle to work on) or memsnap unavailable: the baseline alone.
+   */
+  const runPair = async (what, baseSpec, memSpec, memMissing) => {
+    const runMem = memSpec && !memsnapSkip;
+    const [b, m] = await measureAlternating(ctx, baseSpec, runMem ? { ...memSpec, captureStdout: true, sampleRss: true } : null);
+    if (!b.ok) failures.push(`baseline ${what} failed: ${failureText(b)}`);
+    if (!runMem) return [b, memsnapSkip ? skipped(memsnapSkip) : memMissing];
+    m.json = parseJsonOut(m, what, ctx);
+    memsnapJson[what] = m.json;
+    if (m.rssCurve) rssCurves[what] = m.rssCurve;
+    if (m.ok && m.json && m.json.ok === false) {
+      m.ok = false;
+      m.stderr += `\n${what} --json reported ok: false`;
     }
-    if (!r.ok) failures.push(`memsnap ${what} failed: ${failureText(r)}`);
-    return r;
-  };
-  const runBaseline = async (what, spec) => {
-    const r = await measure(ctx, spec);
-    if (!r.ok) failures.push(`baseline ${what} failed: ${failureText(r)}`);
-    return r;
+    if (!m.ok) failures.push(`memsnap ${what} failed: ${failureText(m)}`);
+    return [b, m];
   };
   const sizeOf = (p) => (fs.existsSync(p) ? fs.statSync(p).size : null);
   // Outputs go as soon as they are no longer needed (unless --keep): at scale 10 the mix is
@@ -474,12 +501,14 @@ async function main() {
 
   // 3/4. snapshot
   log("snapshot");
-  const baseSnap = await runBaseline("snapshot", {
+  const [baseSnap, memSnap] = await runPair("snapshot", {
     argv: bashPipeline(`tar -cf - -C ${shq(mix.dir)} . | zstd -3 -T2 -q | age -r ${shq(recipient)} > ${shq(rel(baseArchive))}`),
     display: "tar -cf - -C MIX . | zstd -3 -T2 | age -r R > base.tar.zst.age",
-    prep: () => fs.rmSync(baseArchive, { force: true }),
-  });
-  const memSnap = await runMemsnap("snapshot", {
+    prep: () => {
+      fs.rmSync(baseArchive, { force: true });
+      tidyMix(mix, true); // what memsnap's run before this one left (an empty -wal, a -shm) is not archived
+    },
+  }, {
     argv: memsnap("snapshot", "--config", rel(configFile), "--out", rel(bundle), "--json"),
     display: `${cliCmd} snapshot --config ${rel(configFile)} --out ${rel(bundle)} --json`,
     prep: () => fs.rmSync(bundle, { force: true }),
@@ -500,58 +529,56 @@ async function main() {
   const hashTarget = haveBundle ? bundle : baseArchive;
   if (!haveBundle) ctx.notes.add("sha256sum baseline hashed base.tar.zst.age (no memsnap bundle to hash)");
   const hashBytes = sizeOf(hashTarget);
-  const baseVerify = await runBaseline("verify", {
+  const [baseVerify, memVerify] = await runPair("verify (no key)", {
     argv: ["sha256sum", rel(hashTarget)],
     display: `sha256sum ${haveBundle ? "<memsnap bundle>" : "base.tar.zst.age"}`,
-  });
-  const memVerify = haveBundle
-    ? await runMemsnap("verify (no key)", {
-        argv: memsnap("verify", rel(bundle), "--json"),
-        display: `${cliCmd} verify ${rel(bundle)} --json`,
-      })
-    : noBundle;
+  }, haveBundle ? {
+    argv: memsnap("verify", rel(bundle), "--json"),
+    display: `${cliCmd} verify ${rel(bundle)} --json`,
+  } : null, noBundle);
   addRow({ op: "verify (no key)", baseline: baseVerify, memsnap: memVerify, bytes: hashBytes, bytesOf: "bundle", maxRatio: 1.0 });
 
   // verify with key vs decrypt + decompress + hash of the baseline archive
-  const baseVerifyKey = await runBaseline("verify with key", {
+  const [baseVerifyKey, memVerifyKey] = await runPair("verify (key)", {
     argv: bashPipeline(`age -d -i ${shq(rel(keyFile))} ${shq(rel(baseArchive))} | zstd -d -q | sha256sum`),
     display: "age -d -i key base.tar.zst.age | zstd -d | sha256sum",
-  });
-  const memVerifyKey = haveBundle
-    ? await runMemsnap("verify (key)", {
-        argv: memsnap("verify", rel(bundle), "--identity", rel(keyFile), "--json"),
-        display: `${cliCmd} verify ${rel(bundle)} --identity ${rel(keyFile)} --json`,
-      })
-    : noBundle;
+  }, haveBundle ? {
+    argv: memsnap("verify", rel(bundle), "--identity", rel(keyFile), "--json"),
+    display: `${cliCmd} verify ${rel(bundle)} --identity ${rel(keyFile)} --json`,
+  } : null, noBundle);
   addRow({ op: "verify (key)", baseline: baseVerifyKey, memsnap: memVerifyKey, bytes: mixBytes, bytesOf: "mix", maxRatio: null });
 
   // restore, each side checked (untimed) and cleaned up before the next one starts
   log("restore");
   const restoreCheck = {};
-  const baseRestore = await runBaseline("restore", {
+  const [baseRestore, memRestore] = await runPair("restore", {
     argv: bashPipeline(`age -d -i ${shq(rel(keyFile))} ${shq(rel(baseArchive))} | zstd -d -q | tar -xf - -C ${shq(rel(restoreBase))}`),
     display: "age -d -i key base.tar.zst.age | zstd -d | tar -xf - -C OUT",
     prep: () => {
       fs.rmSync(restoreBase, { recursive: true, force: true });
       fs.mkdirSync(restoreBase);
     },
-  });
-  if (baseRestore.ok) {
-    log("checking the baseline restore");
-    const c = compareTree(mix.manifest, restoreBase);
-    restoreCheck.baseline = summarizeCheck(c, rel(restoreBase));
-    if (!c.ok) failures.push(`baseline restore does not match the mix: ${restoreCheck.baseline.text}`);
-  }
-  drop(restoreBase, baseArchive);
+    // Only one restored tree on disk at a time (at scale 10 each is ~10 GiB): the baseline's
+    // last tree is checked and dropped before memsnap's last run, earlier ones at once.
+    after: (last, run) => {
+      if (last && run.ok) {
+        log("checking the baseline restore");
+        const c = compareTree(mix.manifest, restoreBase);
+        restoreCheck.baseline = summarizeCheck(c, rel(restoreBase));
+        if (!c.ok) failures.push(`baseline restore does not match the mix: ${restoreCheck.baseline.text}`);
+      }
+      if (last) drop(restoreBase, baseArchive);
+      else fs.rmSync(restoreBase, { recursive: true, force: true });
+    },
+  }, haveBundle ? {
+    argv: memsnap("restore", rel(bundle), "--to", rel(restoreMemsnap), "--identity", rel(keyFile), "--json"),
+    display: `${cliCmd} restore ${rel(bundle)} --to ${rel(restoreMemsnap)} --identity ${rel(keyFile)} --json`,
+    prep: () => fs.rmSync(restoreMemsnap, { recursive: true, force: true }),
+    after: (last) => {
+      if (!last) fs.rmSync(restoreMemsnap, { recursive: true, force: true });
+    },
+  } : null, noBundle);
   syncDisks();
-
-  const memRestore = haveBundle
-    ? await runMemsnap("restore", {
-        argv: memsnap("restore", rel(bundle), "--to", rel(restoreMemsnap), "--identity", rel(keyFile), "--json"),
-        display: `${cliCmd} restore ${rel(bundle)} --to ${rel(restoreMemsnap)} --identity ${rel(keyFile)} --json`,
-        prep: () => fs.rmSync(restoreMemsnap, { recursive: true, force: true }),
-      })
-    : noBundle;
   addRow({ op: "restore", baseline: baseRestore, memsnap: memRestore, bytes: mixBytes, bytesOf: "mix", maxRatio: 1.3 });
   if (memRestore.ok) {
     log("checking the memsnap restore, layer by layer");
