@@ -21,6 +21,7 @@ import { Readable } from "node:stream";
 import { Worker } from "node:worker_threads";
 import { createRequire } from "node:module";
 import { MemsnapError } from "../errors.js";
+import { WORKER_MINOR_GC_JS } from "../util/gc.js";
 import { AGE_DAMAGED_HINT, AGE_SEALED_CHUNK } from "./age.js";
 
 const READ_BLOCK = 1024 * 1024;
@@ -110,22 +111,8 @@ function feedPlain(buf) {
   plain.push({ buf, pos: 0 });
 }
 
-// Each opened chunk is a fresh 64 KiB Buffer; a minor GC every 4 MiB keeps them from piling
-// up as external memory (see encoder.ts, where this was measured).
-let runGc = null;
-try {
-  require("node:v8").setFlagsFromString("--expose-gc");
-  runGc = require("node:vm").runInNewContext("gc");
-} catch { runGc = null; }
-let sinceGc = 0;
-function collect(n) {
-  sinceGc += n;
-  if (runGc !== null && sinceGc >= 4 * 1024 * 1024) {
-    sinceGc = 0;
-    runGc({ type: "minor" });
-  }
-}
-
+// collect(n): a minor GC every 4 MiB opened (see WORKER_MINOR_GC_JS).
+${WORKER_MINOR_GC_JS}
 // -- age STREAM open
 const key = wd.ageKey ? Buffer.from(wd.ageKey) : null;
 const sealedBuf = key ? Buffer.allocUnsafeSlow(SEALED) : null;

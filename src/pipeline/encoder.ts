@@ -41,6 +41,7 @@ import { Worker } from "node:worker_threads";
 import { createRequire } from "node:module";
 import { MemsnapError, destinationError } from "../errors.js";
 import type { PayloadWritten } from "../format/container.js";
+import { WORKER_MINOR_GC_JS } from "../util/gc.js";
 import { AGE_CHUNK, AGE_TAG, type AgeStreamParams } from "./age.js";
 
 /** Input buffer size: what the main thread fills before handing a buffer to the worker. */
@@ -318,23 +319,8 @@ function out(buf) {
   wlen += buf.length;
 }
 
-// Each sealed chunk is a fresh 64 KiB Buffer (node:crypto has no update-into). Left to V8's
-// own pacing they pile up as external memory (measured: +38 MiB of peak RSS on a 1 GiB
-// snapshot), so a minor GC runs every 4 MiB sealed; it costs well under a millisecond.
-let runGc = null;
-try {
-  require("node:v8").setFlagsFromString("--expose-gc");
-  runGc = require("node:vm").runInNewContext("gc");
-} catch { runGc = null; }
-let sinceGc = 0;
-function collect(n) {
-  sinceGc += n;
-  if (runGc !== null && sinceGc >= 4 * 1024 * 1024) {
-    sinceGc = 0;
-    runGc({ type: "minor" });
-  }
-}
-
+// collect(n): a minor GC every 4 MiB sealed (see WORKER_MINOR_GC_JS).
+${WORKER_MINOR_GC_JS}
 // -- age STREAM (optional): 64 KiB chunks, each sealed under the counter nonce; a full chunk
 // is held back until more bytes arrive, so only the whole payload's end is flagged last.
 const key = wd.ageKey ? Buffer.from(wd.ageKey) : null;
