@@ -166,8 +166,9 @@ const PEM_INLINE = /(?:\\[nr]|\\\/|[A-Za-z0-9+/=])*/y;
 const PEM_LINE = /(?:[A-Za-z0-9+/=]+|(?:Proc-Type|DEK-Info|Comment|Version): ?[^\r\n]*)\r?(?=\n|$)/y;
 
 /**
- * Where the private-key block that begins at `p` (`-----BEGIN`) ends: just after its END
- * marker when one follows within {@link PEM_MAX}, else after the base64 lines that follow.
+ * Where the private-key block that begins at `p` (`-----BEGIN`) ends: just after the END
+ * marker that closes it (markers nest like brackets) when one follows within {@link PEM_MAX},
+ * else after the last END within reach, else after the base64 lines that follow.
  * `null` when `p` is not a private-key BEGIN. `-1` when it cannot be decided yet because
  * `text` ends before the block does and more text may follow (`final` false).
  */
@@ -176,11 +177,31 @@ export function pemExtent(text: string, p: number, final: boolean): number | nul
   if (!PEM_BEGIN.test(text)) return null;
   const afterBegin = PEM_BEGIN.lastIndex;
   const limit = p + PEM_MAX;
-  for (let q = text.indexOf("-----END", afterBegin); q >= 0 && q < limit; q = text.indexOf("-----END", q + 8)) {
-    PEM_END.lastIndex = q;
-    if (PEM_END.test(text)) return PEM_END.lastIndex;
+  // BEGIN and END markers pair up like brackets: a block pasted inside another (BEGIN, BEGIN,
+  // …, END, …, END) ends at the END that closes the first BEGIN, so the outer block's rest is
+  // not left behind after the inner block's END. Unbalanced (a BEGIN whose END is missing):
+  // up to the last END within reach.
+  let depth = 1;
+  let lastEnd = -1;
+  for (let q = afterBegin; q < limit;) {
+    const e = text.indexOf("-----END", q);
+    if (e < 0 || e >= limit) break;
+    const b = text.indexOf("-----BEGIN", q);
+    if (b >= 0 && b < e) {
+      PEM_BEGIN.lastIndex = b;
+      if (PEM_BEGIN.test(text)) depth++;
+      q = b + 10;
+      continue;
+    }
+    PEM_END.lastIndex = e;
+    if (PEM_END.test(text)) {
+      lastEnd = PEM_END.lastIndex;
+      if (--depth === 0) return lastEnd;
+      q = lastEnd;
+    } else q = e + 8;
   }
   if (!final && text.length < limit + 64) return -1;
+  if (lastEnd >= 0) return lastEnd;
   // No END marker: the block is what looks like key material after BEGIN.
   PEM_INLINE.lastIndex = afterBegin;
   PEM_INLINE.test(text);

@@ -51,6 +51,23 @@ describe("blocks and carries", () => {
     }
   });
 
+  // Found by the property below (seed -1654068829): a block pasted after another block's BEGIN
+  // line (BEGIN, BEGIN, …, END, …, END) left the outer block's key lines after the inner END.
+  it("a PEM block pasted inside another is redacted to the outer END, whole and streamed", async () => {
+    const lines = PEM.split("\n");
+    const nested = [lines[0], PEM, ...lines.slice(1)].join("\n");
+    const base = markdown(3 << 20, 11);
+    const text = insertAt(base, BLOCK - 500, `two keys:\n${nested}`);
+    const r = await redactor();
+    const whole = await r.redactDocument(text, "whole", false);
+    expect(whole).not.toContain("FAKEKEYFORTESTS0");
+    expect(whole).not.toContain("-----END RSA PRIVATE KEY-----");
+    for (const chunk of [BLOCK, 64 * 1024, [BLOCK - 700, 50, BLOCK]]) {
+      const out = await redactBytes(r, "notes.md", Buffer.from(text), { chunk });
+      expect(out.toString()).toBe(whole);
+    }
+  });
+
   it("any chunking gives the same bytes as redacting the whole text (property)", async () => {
     const r = await redactor();
     const base = markdown((2 << 20) + 12_345, 3);
