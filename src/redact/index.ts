@@ -99,12 +99,13 @@ function looksLikeJson(text: string): boolean {
 const MEM_MAX = 1 << 20;
 
 /**
- * A stream is scanned through a latin1 view of each ~1 MiB piece: strings that big go to V8's
- * large-object space and wait there for a full collection, so a full GC runs after every
- * 32 MiB streamed (measured on the bench's 119 MB of JSONL traces, with two artifacts redacted
- * ahead of the one packing: the traces phase peaked at 200 MiB of RSS, 192-196 with it).
+ * A stream is scanned through latin1 views of 64 KiB pieces (young-generation strings), but a
+ * long line or an open PEM block is carried and viewed whole, and views of 128 KiB or more go
+ * to V8's large-object space, where they wait for a full collection: one runs after every
+ * 32 MiB of such views. (With 1 MiB pieces every view was large: the bench's 119 MB of JSONL
+ * traces peaked at 200 MiB of RSS without this pacer, 192-196 with it.)
  */
-const collectStreamed = gcPacer(32 * 1024 * 1024, "major");
+const collectLargeViews = gcPacer(32 * 1024 * 1024, "major");
 
 class MemsnapRedactor implements Redactor {
   private readonly report_: ReportBuilder;
@@ -165,10 +166,8 @@ class MemsnapRedactor implements Redactor {
     const sr = new StreamRedactor(this.engine, {
       json: isJsonArtifact(a),
       count: (rule, red) => this.report_.add(payloadPath, rule, red),
-      scanned: (n) => {
-        this.report_.scanned(n);
-        collectStreamed(n);
-      },
+      scanned: (n) => this.report_.scanned(n),
+      largeView: collectLargeViews,
     }, write);
     try {
       const src = a.open();

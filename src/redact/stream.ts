@@ -21,8 +21,17 @@ import type { Finding } from "./rules.js";
 
 /** Output is written in batches of about this many bytes. */
 export const BLOCK = 1 << 20;
-/** Input is scanned in pieces of about this many bytes. */
-export const PIECE = 1 << 20;
+/**
+ * Input is scanned in pieces of about this many bytes. The latin1 view of a piece is a V8
+ * string; at 64 KiB it is a young-generation object that the next scavenge frees, where a view
+ * of 128 KiB or more would go to the large-object space and wait for a full collection (see
+ * {@link LARGE_VIEW}). Measured on the bench mix (scale 1, 5 alternating runs each): 1 MiB
+ * pieces 5.07 / 4.67 s and 8.21 / 7.73 CPU-s per snapshot; 64 KiB 4.64 / 4.50 s and
+ * 7.71 / 7.33 CPU-s; 32 KiB 4.61 s, 7.57 CPU-s. Peak RSS unchanged.
+ */
+export const PIECE = 1 << 16;
+/** A view at least this long is a large object in V8 (its large-object space), freed only by a full collection. */
+export const LARGE_VIEW = 1 << 17;
 /** An unfinished line or open PEM block is carried at most this far; beyond, a piece is cut where it ends. */
 export const CARRY_CAP = 1 << 20;
 const BINARY_SNIFF = 8000;
@@ -56,6 +65,8 @@ export interface StreamOptions {
   count: CountFn;
   /** Bytes of input processed, as they are. */
   scanned: (bytes: number) => void;
+  /** Called with the length of each latin1 view of at least {@link LARGE_VIEW} bytes (a carried long line), for GC pacing. */
+  largeView?: (bytes: number) => void;
 }
 
 /**
@@ -154,6 +165,7 @@ export class StreamRedactor {
       this.binary = buf.subarray(0, BINARY_SNIFF).includes(0);
     }
     const view = buf.toString("latin1");
+    if (view.length >= LARGE_VIEW) this.opts.largeView?.(view.length);
     const windows = !this.opts.json;
     let plan: RegionPlan = planRegions(view, final, windows);
     let forced = false;
