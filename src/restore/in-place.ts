@@ -23,6 +23,7 @@ import type { Keys } from "../pipeline/read-payload.js";
 import { snapshot, type SnapshotResult } from "../pipeline/snapshot.js";
 import type { LiveTarget } from "../sources/types.js";
 import { crashPoint } from "../util/crash-point.js";
+import { syncFilesystem } from "../util/fs-atomic.js";
 import { extractPayload } from "./extract.js";
 import { LayerMaterializer } from "./materialize.js";
 import { listFiles } from "./live-files.js";
@@ -192,6 +193,9 @@ export async function restoreInPlace(bundle: string, config: MemsnapConfig, opts
         throw e;
       }
       await mat.finish(bySelected.keys());
+      // Every staged byte is on disk before the journal says "swapping" (one syncfs per staged
+      // root, not an fsync per file): from then on, recovery rolls forward to these files.
+      for (const staged of new Set(selected.map((s) => roots.get(s.layer.name)!.staged))) await syncFilesystem(staged);
       crashPoint("restore:staged");
       for (const s of selected) {
         const { staged, backup } = roots.get(s.layer.name)!;

@@ -7,15 +7,13 @@
  * is either absent/empty as before or complete.
  */
 import { randomBytes } from "node:crypto";
-import { execFile } from "node:child_process";
 import { mkdir, readdir, rename, rm, rmdir, writeFile } from "node:fs/promises";
 import { basename, dirname, join, resolve } from "node:path";
-import { promisify } from "node:util";
 import { MemsnapError, destinationError } from "../errors.js";
 import { readLayout } from "../format/container.js";
 import { MANIFEST_MEMBER, parseManifest, type Manifest } from "../format/manifest.js";
 import type { Keys } from "../pipeline/read-payload.js";
-import { fsyncDir } from "../util/fs-atomic.js";
+import { fsyncDir, syncFilesystem } from "../util/fs-atomic.js";
 import { checkManifest, checkManifestFindings, enforceSignature, type SignaturePolicy } from "./preflight.js";
 import { sourceKind } from "../sources/registry.js";
 import { extractPayload } from "./extract.js";
@@ -44,8 +42,6 @@ async function isEmptyOrAbsent(dir: string): Promise<boolean> {
     throw destinationError(e, dir);
   }
 }
-
-const execFileP = promisify(execFile);
 
 /** With MEMSNAP_DEBUG_ENCODER set: when each restore step ended, on stderr. */
 function debugStep(t0: number, what: string): void {
@@ -86,7 +82,7 @@ export async function restoreToDir(bundle: string, to: string, opts: RestoreToDi
   let syncing: Promise<unknown> | null = null;
   const earlySync = (): void => {
     if (syncing) return;
-    syncing = execFileP("sync", ["-f", staging]).catch(() => undefined).finally(() => { syncing = null; });
+    syncing = syncFilesystem(staging).finally(() => { syncing = null; });
   };
   // Turn each layer's raw artifacts into their live form (a git repo from its bundle, …) as
   // soon as extraction has moved past it; see ./materialize.ts.
@@ -115,7 +111,7 @@ export async function restoreToDir(bundle: string, to: string, opts: RestoreToDi
     await writeFile(join(staging, ".memsnap", MANIFEST_MEMBER), layout.manifestBytes, { mode: 0o600 });
     // One syncfs for the whole tree instead of an fsync per file.
     await syncing;
-    await execFileP("sync", ["-f", staging]).catch(() => undefined);
+    await syncFilesystem(staging);
     debugStep(t0, "synced");
     await rmdir(target).catch((e: NodeJS.ErrnoException) => {
       if (e.code !== "ENOENT") throw destinationError(e, target);

@@ -15,7 +15,7 @@
  * unredacted.
  */
 import { createReadStream } from "node:fs";
-import { open, readdir, readFile, stat } from "node:fs/promises";
+import { readdir, readFile, stat } from "node:fs/promises";
 import type { Stats } from "node:fs";
 import { homedir } from "node:os";
 import { join, resolve } from "node:path";
@@ -23,7 +23,6 @@ import { Readable } from "node:stream";
 import type { LayerEntry } from "../format/manifest.js";
 import { MemsnapError, isMemsnapError } from "../errors.js";
 import { configInvalid, optBool, optString, optStringArray, rejectUnknownKeys, reqString } from "../util/config-check.js";
-import { fsyncDir } from "../util/fs-atomic.js";
 import {
   BLOB_REL_RE, FrameHasher, IMAGE_REL_RE, TextScanner, blobRel, decompressToBuffer, digestHex, hashFrameChunks, imageRel,
   parseFsTree, parseImageManifest, parsePageManifest, sha256Hex, type BlobCategory, type ImageManifest,
@@ -385,12 +384,14 @@ function restoreBad(msg: string, path: string): MemsnapError {
   return new MemsnapError("MEMSNAP_ARTIFACT_HASH_MISMATCH", msg, { path, hint: "the bundle's ProcessFork layer is damaged; use another copy" });
 }
 
-/** Verify a restored store in place (every digest, and that each image's blobs are all there) and fsync it. */
+/**
+ * Verify a restored store in place (every digest, and that each image's blobs are all there).
+ * Not fsynced here: the restore syncs its whole staged tree before it commits (syncFilesystem).
+ */
 async function materializeStore(dir: string, layer: LayerEntry): Promise<void> {
   const done = materialized.get(layer) ?? new Set<string>();
   if (done.has(dir)) return;
   const { files } = await walkFiles(dir);
-  const dirs = new Set<string>([dir]);
   for (const f of files) {
     const where = `${layer.name}/${f.rel}`;
     const im = IMAGE_REL_RE.exec(f.rel);
@@ -409,7 +410,6 @@ async function materializeStore(dir: string, layer: LayerEntry): Promise<void> {
     } else {
       throw new MemsnapError("MEMSNAP_BUNDLE_MALFORMED", `${where} is not a ProcessFork store path`, { path: where, hint: "the bundle was not written by memsnap or was altered" });
     }
-    dirs.add(f.abs.slice(0, f.abs.lastIndexOf("/")));
   }
   try {
     await planStore(dir, "all", false);
@@ -417,15 +417,6 @@ async function materializeStore(dir: string, layer: LayerEntry): Promise<void> {
     if (isMemsnapError(e) && e.code.startsWith("MEMSNAP_SOURCE_")) throw restoreBad(`layer ${layer.name}: the restored store is incomplete: ${e.message}`, layer.name);
     throw e;
   }
-  for (const f of files) {
-    const fh = await open(f.abs, "r");
-    try {
-      await fh.sync();
-    } finally {
-      await fh.close();
-    }
-  }
-  for (const d of [...dirs].sort((a, b) => b.length - a.length)) await fsyncDir(d);
   done.add(dir);
   materialized.set(layer, done);
 }
