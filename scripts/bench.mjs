@@ -278,21 +278,22 @@ function summarize(acc) {
 }
 
 /**
- * Runs two commands `runs` times each, alternating (a, b, a, b, …), and summarises each: a
- * slow spell of the machine, or what one side left in the page cache, then falls on both
- * sides alike instead of on whichever ran second. `b` null: `a` alone.
+ * Runs commands `runs` times each, alternating (a, b, c, a, b, c, …), and summarises each: a
+ * slow spell of the machine, or what one side left in the page cache, then falls on every
+ * side alike instead of on whichever ran last. A null command is skipped (`b` null: `a` alone).
  */
-async function measureAlternating(ctx, a, b) {
-  const ra = newRuns(a);
-  const rb = b ? newRuns(b) : null;
+async function measureAlternating(ctx, a, ...others) {
+  const all = [newRuns(a), ...others.map((o) => (o ? newRuns(o) : null))];
   for (let r = 0; r < ctx.opts.runs; r++) {
     const last = r === ctx.opts.runs - 1;
-    const okA = ra.last === null || ra.last.ok ? await runOnce(ctx, ra, last) : false;
-    const okB = rb && (rb.last === null || rb.last.ok) ? await runOnce(ctx, rb, last) : false;
-    if (!okA && !okB) break;
+    let any = false;
+    for (const acc of all) {
+      if (acc && (acc.last === null || acc.last.ok) && (await runOnce(ctx, acc, last))) any = true;
+    }
+    if (!any) break;
   }
   syncDisks();
-  return [summarize(ra), rb ? summarize(rb) : null];
+  return all.map((acc) => (acc ? summarize(acc) : null));
 }
 
 function failureText(res) {
@@ -415,6 +416,7 @@ async function main() {
   const outDir = path.join(BENCH, "out");
   const baseArchive = path.join(outDir, "base.tar.zst.age");
   const bundle = path.join(outDir, "snap.memsnap");
+  const bundlePlain = path.join(outDir, "snap-no-redact.memsnap");
   const restoreBase = path.join(BENCH, "restore-base");
   const restoreMemsnap = path.join(BENCH, "restore-memsnap");
   const configFile = path.join(BENCH, "memsnap.json");
@@ -477,20 +479,26 @@ async function main() {
    * The baseline and memsnap for one operation, their runs alternating (measureAlternating);
    * `memSpec` null (no bundle to work on) or memsnap unavailable: the baseline alone.
    */
-  const runPair = async (what, baseSpec, memSpec, memMissing) => {
+  /** `also`: another memsnap command ({ what, spec }) measured against the same baseline runs (a, b, c alternating). */
+  const runPair = async (what, baseSpec, memSpec, memMissing, also = null) => {
     const runMem = memSpec && !memsnapSkip;
-    const [b, m] = await measureAlternating(ctx, baseSpec, runMem ? { ...memSpec, captureStdout: true, sampleRss: true } : null);
+    const withJson = (spec) => ({ ...spec, captureStdout: true, sampleRss: true });
+    const [b, m, m2] = await measureAlternating(ctx, baseSpec, runMem ? withJson(memSpec) : null, runMem && also ? withJson(also.spec) : null);
     if (!b.ok) failures.push(`baseline ${what} failed: ${failureText(b)}`);
-    if (!runMem) return [b, memsnapSkip ? skipped(memsnapSkip) : memMissing];
-    m.json = parseJsonOut(m, what, ctx);
-    memsnapJson[what] = m.json;
-    if (m.rssCurve) rssCurves[what] = m.rssCurve;
-    if (m.ok && m.json && m.json.ok === false) {
-      m.ok = false;
-      m.stderr += `\n${what} --json reported ok: false`;
-    }
-    if (!m.ok) failures.push(`memsnap ${what} failed: ${failureText(m)}`);
-    return [b, m];
+    if (!runMem) return [b, memsnapSkip ? skipped(memsnapSkip) : memMissing, memsnapSkip ? skipped(memsnapSkip) : memMissing];
+    const check = (m, what) => {
+      if (!m) return m;
+      m.json = parseJsonOut(m, what, ctx);
+      memsnapJson[what] = m.json;
+      if (m.rssCurve) rssCurves[what] = m.rssCurve;
+      if (m.ok && m.json && m.json.ok === false) {
+        m.ok = false;
+        m.stderr += `\n${what} --json reported ok: false`;
+      }
+      if (!m.ok) failures.push(`memsnap ${what} failed: ${failureText(m)}`);
+      return m;
+    };
+    return [b, check(m, what), also ? check(m2, also.what) : null];
   };
   const sizeOf = (p) => (fs.existsSync(p) ? fs.statSync(p).size : null);
   // Outputs go as soon as they are no longer needed (unless --keep): at scale 10 the mix is
@@ -501,7 +509,7 @@ async function main() {
 
   // 3/4. snapshot
   log("snapshot");
-  const [baseSnap, memSnap] = await runPair("snapshot", {
+  const [baseSnap, memSnap, memSnapPlain] = await runPair("snapshot", {
     argv: bashPipeline(`tar -cf - -C ${shq(mix.dir)} . | zstd -3 -T2 -q | age -r ${shq(recipient)} > ${shq(rel(baseArchive))}`),
     display: "tar -cf - -C MIX . | zstd -3 -T2 | age -r R > base.tar.zst.age",
     prep: () => {
@@ -512,8 +520,19 @@ async function main() {
     argv: memsnap("snapshot", "--config", rel(configFile), "--out", rel(bundle), "--json"),
     display: `${cliCmd} snapshot --config ${rel(configFile)} --out ${rel(bundle)} --json`,
     prep: () => fs.rmSync(bundle, { force: true }),
+  }, null, {
+    // The same snapshot without the redaction stage: what the pipeline itself does (read, hash,
+    // compress, encrypt, write), against the same baseline runs. Its bundle is not kept.
+    what: "snapshot (no redact)",
+    spec: {
+      argv: memsnap("snapshot", "--config", rel(configFile), "--out", rel(bundlePlain), "--no-redact", "--json"),
+      display: `${cliCmd} snapshot --config ${rel(configFile)} --out ${rel(bundlePlain)} --no-redact --json`,
+      prep: () => fs.rmSync(bundlePlain, { force: true }),
+      after: () => fs.rmSync(bundlePlain, { force: true }),
+    },
   });
   addRow({ op: "snapshot", baseline: baseSnap, memsnap: memSnap, bytes: mixBytes, bytesOf: "mix", maxRatio: 1.3 });
+  if (memSnapPlain) addRow({ op: "snapshot (no redact)", baseline: baseSnap, memsnap: memSnapPlain, bytes: mixBytes, bytesOf: "mix", maxRatio: null });
   if (!memsnapSkip) {
     // A snapshot should leave the live state as it found it.
     const left = strangers(mix);

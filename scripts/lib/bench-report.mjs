@@ -85,6 +85,11 @@ function legend(x, y, items) {
 }
 
 /** Throughput bars: per operation, memsnap vs baseline MB/s. */
+/** An operation's name under its bars; a parenthesised qualifier ("snapshot (no redact)") goes on a second line. */
+function opLabel(cx, y, op) {
+  return op.split(/ (?=\()/).map((line, i) => text(cx, y + 13 * i, line, { size: 11, anchor: "middle" }));
+}
+
 function throughputPanel(rows, x, y, w, h) {
   const parts = panelTitle(x, y, "Throughput (MB/s, higher is better)", "MB/s of the mix; verify (no key): of the bundle");
   const px = x + 56;
@@ -108,7 +113,7 @@ function throughputPanel(rows, x, y, w, h) {
         parts.push(text(bx + bw / 2, py + ph - 4, "n/a", { size: 10, anchor: "middle", color: COLORS.muted }));
       }
     });
-    parts.push(text(cx, py + ph + 16, r.op, { size: 11, anchor: "middle" }));
+    parts.push(...opLabel(cx, py + ph + 16, r.op));
   });
   parts.push(...legend(px, y + h - 8, [{ label: "memsnap", color: COLORS.memsnap }, { label: "shell pipeline", color: COLORS.baseline }]));
   return parts;
@@ -143,7 +148,7 @@ function ratioPanel(rows, x, y, w, h) {
       // beside the bar, above the line
       parts.push(text(cx + bw / 2 + 3, yv(t) - 4, `≤ ${t}×`, { size: 9, color: COLORS.target, extra: HALO }));
     }
-    parts.push(text(cx, py + ph + 16, r.op, { size: 11, anchor: "middle" }));
+    parts.push(...opLabel(cx, py + ph + 16, r.op));
   });
   parts.push(...legend(px, y + h - 8, [{ label: "within target", color: COLORS.ok }, { label: "over target", color: COLORS.miss }, { label: "target", color: COLORS.target, dash: true }]));
   return parts;
