@@ -9,7 +9,7 @@ import { afterAll, describe, expect, it, vi } from "vitest";
 import { isMemsnapError } from "../../src/errors.js";
 import { Engine } from "../../src/redact/engine.js";
 import { MEMSNAP_RULES } from "../../src/redact/rules.js";
-import { BLOCK, CARRY_CAP, StreamRedactor } from "../../src/redact/stream.js";
+import { BLOCK, CARRY_CAP, LARGE_VIEW, PIECE, StreamRedactor } from "../../src/redact/stream.js";
 import { markdown } from "./helpers/corpus.js";
 import { memArtifact, readArtifact, redactBytes, redactor, removeTempDirs, tempDir } from "./helpers/redactor.js";
 
@@ -105,6 +105,25 @@ describe("blocks and carries", () => {
     const out = Buffer.concat(outParts).toString();
     expect(out).not.toContain("hunter2-fake");
     expect(out.split("[REDACTED:memsnap/password-assignment]")).toHaveLength(9);
+  });
+
+  it("pieces are viewed as young strings; only a carried long line is a large view (GC pacing)", async () => {
+    const engine = new Engine(MEMSNAP_RULES, null, () => false);
+    const large: number[] = [];
+    const run = async (input: Buffer): Promise<void> => {
+      large.length = 0;
+      const sr = new StreamRedactor(engine, { json: false, count: () => undefined, scanned: () => undefined, largeView: (n) => large.push(n) }, async () => undefined);
+      for (let off = 0; off < input.length; off += 1 << 20) await sr.push(input.subarray(off, off + (1 << 20)));
+      await sr.end();
+    };
+    // 4 MiB of short lines: every view is at most a piece plus a line, under LARGE_VIEW.
+    await run(Buffer.from("a short line of notes, nothing secret in it\n".repeat(100_000)));
+    expect(large).toEqual([]);
+    expect(PIECE).toBeLessThan(LARGE_VIEW);
+    // One 1 MB line: carried until it ends, so it is viewed whole at least once.
+    await run(Buffer.concat([Buffer.from("x".repeat(1_000_000)), Buffer.from("\nend\n")]));
+    expect(large.length).toBeGreaterThan(0);
+    expect(Math.min(...large)).toBeGreaterThanOrEqual(LARGE_VIEW);
   });
 
   it("200 MB streamed through a redactor keep the RSS flat", async () => {
