@@ -362,7 +362,7 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
         { hint: "encrypt the bundle (-r age1… or --passphrase-file), or pass --allow-unredacted" });
     }
     const tarSize = enc.bytesIn;
-    if (process.env.MEMSNAP_DEBUG_ENCODER) process.stderr.write(`levels: ${levels.samples} samples, ${levels.denseSamples} dense\n`);
+    if (process.env.MEMSNAP_DEBUG_ENCODER) process.stderr.write(`levels: ${levels.samples} samples, ${levels.denseSamples} dense; frames compressed on the main thread: ${enc.stolenFrames}\n`);
     const payload = await enc.finish();
     const recipientInfo: RecipientInfo[] = opts.passphrase
       ? [{ type: "scrypt" }]
