@@ -278,16 +278,21 @@ function summarize(acc) {
 }
 
 /**
- * Runs commands `runs` times each, alternating (a, b, c, a, b, c, …), and summarises each: a
- * slow spell of the machine, or what one side left in the page cache, then falls on every
- * side alike instead of on whichever ran last. A null command is skipped (`b` null: `a` alone).
+ * Runs commands `runs` times each, alternating, and summarises each: a slow spell of the
+ * machine, or what one side left in the page cache, then falls on every side alike instead of
+ * on whichever ran last. Rounds go forth and back (a, b, c, then c, b, a, …; the last round
+ * always forth, so each side's `after(last)` hook runs in the usual order): a drift over the
+ * runs then cancels out too. (On this machine restores slow down run after run as the bench
+ * deletes and recreates trees; in one forth-only run both sides' restores grew by ~0.4 s per
+ * round, and memsnap, always second, read 1.25x where the same builds measured 0.99x.)
+ * A null command is skipped (`b` null: `a` alone).
  */
 async function measureAlternating(ctx, a, ...others) {
   const all = [newRuns(a), ...others.map((o) => (o ? newRuns(o) : null))];
   for (let r = 0; r < ctx.opts.runs; r++) {
     const last = r === ctx.opts.runs - 1;
     let any = false;
-    for (const acc of all) {
+    for (const acc of r % 2 === 1 && !last ? [...all].reverse() : all) {
       if (acc && (acc.last === null || acc.last.ok) && (await runOnce(ctx, acc, last))) any = true;
     }
     if (!any) break;
