@@ -610,6 +610,19 @@ export class PayloadEncoder {
    * in the worker's queue; beyond that the caller waits as before.
    */
   #steal(): void {
+    if (this.#error) {
+      this.#len = 0; // failed: write() and finish() reject with the error
+      return;
+    }
+    try {
+      this.#compressHere();
+    } catch (e) {
+      this.#len = 0;
+      this.#fail(new MemsnapError("MEMSNAP_INTERNAL", `payload encoding failed: ${(e as Error).message}`, { cause: e }));
+    }
+  }
+
+  #compressHere(): void {
     if (!this.#cctx) {
       const b = createRequire(import.meta.url)(bindingPath()) as { CCtx: new () => ZstdCCtx; CParameter: Record<string, number> };
       this.#cctx = new b.CCtx();
@@ -683,6 +696,7 @@ export class PayloadEncoder {
   finish(): Promise<PayloadWritten> {
     if (this.#error) return Promise.reject(this.#error);
     this.#post();
+    if (this.#error) return Promise.reject(this.#error); // compressing the last buffer here failed
     return new Promise<PayloadWritten>((resolve, reject) => {
       this.#finish = { resolve, reject };
       this.#worker.postMessage({ t: "end" });
