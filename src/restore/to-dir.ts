@@ -79,10 +79,12 @@ export async function restoreToDir(bundle: string, to: string, opts: RestoreToDi
   }
   // Writeback of what is staged starts while later layers extract (one syncfs in flight at a
   // time, not awaited), so the final sync has only the tail left to flush.
+  // A failed early sync (a write-back error) is kept and thrown before the commit.
   let syncing: Promise<unknown> | null = null;
+  let syncFailed: { error: unknown } | null = null;
   const earlySync = (): void => {
-    if (syncing) return;
-    syncing = syncFilesystem(staging).finally(() => { syncing = null; });
+    if (syncing || syncFailed) return;
+    syncing = syncFilesystem(staging).catch((error: unknown) => { syncFailed ??= { error }; }).finally(() => { syncing = null; });
   };
   // Turn each layer's raw artifacts into their live form (a git repo from its bundle, …) as
   // soon as extraction has moved past it; see ./materialize.ts.
@@ -111,6 +113,8 @@ export async function restoreToDir(bundle: string, to: string, opts: RestoreToDi
     await writeFile(join(staging, ".memsnap", MANIFEST_MEMBER), layout.manifestBytes, { mode: 0o600 });
     // One syncfs for the whole tree instead of an fsync per file.
     await syncing;
+    const failed = syncFailed as { error: unknown } | null; // set in earlySync's callback
+    if (failed) throw failed.error;
     await syncFilesystem(staging);
     debugStep(t0, "synced");
     await rmdir(target).catch((e: NodeJS.ErrnoException) => {

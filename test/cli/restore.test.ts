@@ -329,3 +329,42 @@ describe("restore into a destination that fills up", () => {
     }
   });
 });
+
+describe("restore when the disk fails the final flush", () => {
+  // syncfs(2) reports a write-back error (EIO, ENOSPC) since Linux 5.8 and `sync -f` then exits
+  // non-zero with the errno's text. A real failing disk cannot be had in a test, so a `sync`
+  // earlier on PATH stands in for coreutils' and fails the way it does.
+  function fakeSync(script: string): Record<string, string> {
+    const bin = tempDir("memsnap-fake-sync-");
+    writeFileSync(join(bin, "sync"), `#!/bin/sh\n${script}\n`, { mode: 0o755 });
+    return { PATH: `${bin}:${process.env.PATH ?? ""}` };
+  }
+
+  it("an I/O error from syncfs is MEMSNAP_DEST_UNWRITABLE, exit 8, and nothing is committed", async () => {
+    const d = tempDir();
+    const env = fakeSync(`echo "sync: error syncing '$2': Input/output error" >&2; exit 1`);
+    const r = await runCli(["restore", plain, "--to", "out"], { cwd: d, env });
+    expectCliError(r, 8, "MEMSNAP_DEST_UNWRITABLE");
+    expect(r.stderr).toContain("Input/output error");
+    expect(existsSync(join(d, "out"))).toBe(false);
+    expect(listLeftovers(d)).toEqual([]);
+  });
+
+  it("no space at write-back is MEMSNAP_DEST_FULL", async () => {
+    const d = tempDir();
+    const env = fakeSync(`echo "sync: error syncing '$2': No space left on device" >&2; exit 1`);
+    expectCliError(await runCli(["restore", plain, "--to", "out"], { cwd: d, env }), 8, "MEMSNAP_DEST_FULL");
+    expect(listLeftovers(d)).toEqual([]);
+  });
+
+  it("a sync without -f (BSD) falls back to a plain sync and the restore succeeds", async () => {
+    const d = tempDir();
+    const log = join(d, "sync.log");
+    const env = fakeSync(`echo "args:$*" >> '${log}'; if [ "$1" = "-f" ]; then echo "sync: illegal option -- f" >&2; echo "usage: sync" >&2; exit 1; fi; exit 0`);
+    expectOk(await runCli(["restore", plain, "--to", "out"], { cwd: d, env }));
+    expectSameTree(join(d, "out"), plain);
+    const calls = readFileSync(log, "utf8").trim().split("\n");
+    expect(calls).toContain("args:");
+    expect(calls.some((c) => c.startsWith("args:-f "))).toBe(true);
+  });
+});
