@@ -175,9 +175,14 @@ const hash = crypto.createHash("sha256");
 let fd;
 let at = 0; // bytes of the payload read
 const streamStart = key ? wd.ageOffset : 0;
+// An encrypted payload is read into one reused buffer: feedSealed consumes a block before the
+// next read (it copies a partial chunk into sealedBuf and decrypts whole ones into new buffers).
+// A fresh block per read cost its page faults: measured reading a 551 MB bundle from the page
+// cache, 100-190 ms against 40-50 ms. A plaintext block stays queued for zstd, so it is fresh.
+const readBuf = key ? Buffer.allocUnsafeSlow(wd.readBlock) : null;
 function readBlock() {
   const n = Math.min(wd.readBlock, wd.size - at);
-  const buf = Buffer.allocUnsafe(n);
+  const buf = readBuf ? readBuf.subarray(0, n) : Buffer.allocUnsafe(n);
   let got = 0;
   while (got < n) {
     const r = fs.readSync(fd, buf, got, n - got, wd.offset + at + got);
