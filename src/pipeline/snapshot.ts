@@ -157,7 +157,7 @@ async function packArtifact(
     enc.setLevel(levels.start(layer, a.size, first));
     await enc.write(encodeEntryHeader(name, a.size, a.mtime, a.mode));
   };
-  for await (const c of a.open()) {
+  for await (const c of a.open({ reuse: true })) {
     const chunk = c as Buffer;
     seen += chunk.length;
     if (seen > a.size) throw sourceChanged(name, `grew past its declared ${a.size} bytes`);

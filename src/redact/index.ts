@@ -13,13 +13,14 @@
  * policy is `default`, or `custom` when the config allows or disables anything.
  */
 import { gcPacer } from "../util/gc.js";
+import { reusedChunks } from "../util/reused-chunks.js";
 import { randomBytes } from "node:crypto";
 import { createReadStream } from "node:fs";
 import { mkdir, open, rm, type FileHandle } from "node:fs/promises";
 import { extname, join } from "node:path";
 import { Readable } from "node:stream";
 import { destinationError } from "../errors.js";
-import type { Artifact } from "../sources/types.js";
+import type { Artifact, OpenOptions } from "../sources/types.js";
 import { sourceChanged } from "../sources/walk.js";
 import { configInvalid, isPlainObject, optBool, optStringArray, rejectUnknownKeys } from "../util/config-check.js";
 import { compileAllow, type AllowMatcher } from "./allow.js";
@@ -191,7 +192,7 @@ class MemsnapRedactor implements Redactor {
       path: a.path, kind: a.kind, size, mode: a.mode, mtime: a.mtime,
       ...(a.text !== undefined ? { text: a.text } : {}),
       ...(a.check ? { check: () => a.check!() } : {}),
-      open: spool === undefined ? memOpen(mem) : this.spoolOpen(spool),
+      open: spool === undefined ? memOpen(mem) : this.spoolOpen(spool, size),
     };
     return out;
   }
@@ -226,11 +227,26 @@ class MemsnapRedactor implements Redactor {
     await rm(p, { force: true }).catch(() => undefined);
   }
 
-  /** Read the spool; it is removed once read to its end (the pipeline opens an artifact once). */
-  private spoolOpen(p: string): () => Readable {
-    return () => {
+  /**
+   * Read the spool; it is removed once read to its end (the pipeline opens an artifact once).
+   * With `reuse` (the pipeline packing it) into reused buffers, see Artifact.open.
+   */
+  private spoolOpen(p: string, size: number): (o?: OpenOptions) => Readable | AsyncIterable<Buffer> {
+    const drop = (): Promise<void> => this.dropSpool(p);
+    return (o) => {
+      if (o?.reuse) {
+        return (async function* () {
+          const fh = await open(p, "r");
+          try {
+            yield* reusedChunks(fh, 0, size);
+          } finally {
+            await fh.close();
+          }
+          await drop();
+        })();
+      }
       const s = createReadStream(p, { highWaterMark: 1 << 20 });
-      s.once("end", () => void this.dropSpool(p));
+      s.once("end", () => void drop());
       return s;
     };
   }

@@ -133,11 +133,12 @@ import { pipeline } from "node:stream/promises";
 import { MemsnapError } from "../errors.js";
 import type { Redactor } from "../redact/types.js";
 import { isPlainObject, optBool, optInt, optStringArray, rejectUnknownKeys, reqString } from "../util/config-check.js";
+import { reusedChunks } from "../util/reused-chunks.js";
 import {
   betterSqlitePath, runSqliteJob, SqliteJobError, SqliteWorker, type CheckResult, type CopyResult,
   type LiveBeginResult, type LiveScanStats, type LiveVerifyResult,
 } from "./sqlite-worker.js";
-import type { Artifact, SourceKind } from "./types.js";
+import type { Artifact, OpenOptions, SourceKind } from "./types.js";
 import { fileArtifact, sourceChanged, sourceError, walkFiles, type FoundFile } from "./walk.js";
 import { pathTarget } from "./live-target.js";
 
@@ -583,19 +584,20 @@ function liveArtifact(
     size,
     mode: f.stats.mode & 0o7777,
     mtime: f.stats.mtime,
-    open: () => {
-      const s = live.fh.createReadStream({ start: 0, end: size, autoClose: false, highWaterMark: 1 << 20 });
+    open: (o?: OpenOptions) => {
+      const s = o?.reuse ? null : live.fh.createReadStream({ start: 0, end: size, autoClose: false, highWaterMark: 1 << 20 });
       return (async function* () {
         let done = false;
         try {
-          for await (const chunk of s) yield chunk as Buffer;
+          if (s) for await (const chunk of s) yield chunk as Buffer;
+          else yield* reusedChunks(live.fh, 0, size);
           done = true;
         } catch (e) {
           throw sourceError(e, f.abs);
         } finally {
           if (!done) {
-            s.destroy();
-            void live.release(); // the stream failed or was abandoned: let writers go now
+            s?.destroy();
+            void live.release(); // the read failed or was abandoned: let writers go now
           }
         }
       })();

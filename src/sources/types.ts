@@ -13,6 +13,12 @@ import type { LayerEntry } from "../format/manifest.js";
 import type { Redactor } from "../redact/types.js";
 
 /** One artifact a source yields. `open()` is called once, right before its bytes are packed. */
+/** How a consumer will use an artifact's chunks (see {@link Artifact.open}). */
+export interface OpenOptions {
+  /** The consumer keeps no chunk after asking for the next, so the source may reuse buffers. */
+  reuse?: boolean;
+}
+
 export interface Artifact {
   /** Path inside the layer: relative, POSIX separators, no `.`/`..` segments. */
   path: string;
@@ -22,8 +28,15 @@ export interface Artifact {
   size: number;
   mode: number;
   mtime: Date;
-  /** The artifact's bytes. At most `size + 1` bytes are read, so a growing file is detected without reading it to its end. */
-  open(): Readable | AsyncIterable<Buffer> | Iterable<Buffer>;
+  /**
+   * The artifact's bytes. At most `size + 1` bytes are read, so a growing file is detected
+   * without reading it to its end. With `{ reuse: true }` the source may yield chunks that are
+   * valid only until the next one is asked for (read into reused buffers, see
+   * util/reused-chunks.ts); the pipeline asks for that when it packs an artifact, since it
+   * keeps no chunk. A wrapper that replaces `open` needs to know nothing of it: its own `open`
+   * ignores the option and yields what it yields.
+   */
+  open(opts?: OpenOptions): Readable | AsyncIterable<Buffer> | Iterable<Buffer>;
   /** Called after the bytes streamed; throws MEMSNAP_SOURCE_CHANGED if the source changed meanwhile. */
   check?(): Promise<void>;
   /**

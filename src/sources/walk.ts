@@ -1,11 +1,12 @@
 /** Directory walking shared by file-based sources: sorted, filtered, regular files only. */
-import { lstat, readdir, stat } from "node:fs/promises";
+import { lstat, open, readdir, stat, type FileHandle } from "node:fs/promises";
 import { createReadStream, type Stats } from "node:fs";
 import { basename, join } from "node:path";
 import type { Readable } from "node:stream";
 import { MemsnapError } from "../errors.js";
 import { compileGlobs } from "../util/glob.js";
-import type { Artifact } from "./types.js";
+import { reusedChunks } from "../util/reused-chunks.js";
+import type { Artifact, OpenOptions } from "./types.js";
 
 export interface WalkOptions {
   include?: readonly string[];
@@ -111,6 +112,20 @@ function openBounded(f: FoundFile): Readable {
   return s;
 }
 
+/** The same bytes as openBounded, into reused buffers (Artifact.open with `reuse`). */
+async function* reusedFileChunks(f: FoundFile): AsyncGenerator<Buffer> {
+  let fh: FileHandle | undefined;
+  try {
+    fh = await open(f.abs, "r");
+    yield* reusedChunks(fh, 0, f.stats.size); // at most size + 1 bytes, like openBounded
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code === "ENOENT") throw changed(f.abs, "it was removed");
+    throw sourceError(e, f.abs);
+  } finally {
+    await fh?.close();
+  }
+}
+
 /** An artifact backed by a file on disk, with change detection by size and mtime. */
 export function fileArtifact(f: FoundFile, kind: string, path = f.rel): Artifact {
   return {
@@ -119,7 +134,8 @@ export function fileArtifact(f: FoundFile, kind: string, path = f.rel): Artifact
     size: f.stats.size,
     mode: f.stats.mode & 0o7777,
     mtime: f.stats.mtime,
-    open: () => {
+    open: (o?: OpenOptions) => {
+      if (o?.reuse) return reusedFileChunks(f);
       const s = openBounded(f);
       return (async function* () {
         try {
