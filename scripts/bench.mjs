@@ -83,6 +83,10 @@ import {
 const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), "..");
 let BENCH = path.join(ROOT, ".bench");
 const RSS_TARGET_MIB = 200;
+/** The performance issue's bundle-size target: at most this fraction of the baseline archive. */
+const PERF_BUNDLE_MAX = 0.95;
+/** A perf ratio target for the table: 1/1.5 reads "0.67×". */
+const fmtPerfRatio = (r) => `${r.toFixed(2).replace(/0$/, "")}×`;
 const RSS_SAMPLE_MS = 50;
 
 const log = (m) => console.error(`bench: ${m}`);
@@ -536,7 +540,7 @@ async function main() {
       after: () => fs.rmSync(bundlePlain, { force: true }),
     },
   });
-  addRow({ op: "snapshot", baseline: baseSnap, memsnap: memSnap, bytes: mixBytes, bytesOf: "mix", maxRatio: 1.3 });
+  addRow({ op: "snapshot", baseline: baseSnap, memsnap: memSnap, bytes: mixBytes, bytesOf: "mix", maxRatio: 1.3, perfRatio: 1.0 });
   if (memSnapPlain) addRow({ op: "snapshot (no redact)", baseline: baseSnap, memsnap: memSnapPlain, bytes: mixBytes, bytesOf: "mix", maxRatio: null });
   if (!memsnapSkip) {
     // A snapshot should leave the live state as it found it.
@@ -560,7 +564,7 @@ async function main() {
     argv: memsnap("verify", rel(bundle), "--json"),
     display: `${cliCmd} verify ${rel(bundle)} --json`,
   } : null, noBundle);
-  addRow({ op: "verify (no key)", baseline: baseVerify, memsnap: memVerify, bytes: hashBytes, bytesOf: "bundle", maxRatio: 1.0 });
+  addRow({ op: "verify (no key)", baseline: baseVerify, memsnap: memVerify, bytes: hashBytes, bytesOf: "bundle", maxRatio: 1.0, perfRatio: 1 / 1.5 });
 
   // verify with key vs decrypt + decompress + hash of the baseline archive
   const [baseVerifyKey, memVerifyKey] = await runPair("verify (key)", {
@@ -570,7 +574,7 @@ async function main() {
     argv: memsnap("verify", rel(bundle), "--identity", rel(keyFile), "--json"),
     display: `${cliCmd} verify ${rel(bundle)} --identity ${rel(keyFile)} --json`,
   } : null, noBundle);
-  addRow({ op: "verify (key)", baseline: baseVerifyKey, memsnap: memVerifyKey, bytes: mixBytes, bytesOf: "mix", maxRatio: null });
+  addRow({ op: "verify (key)", baseline: baseVerifyKey, memsnap: memVerifyKey, bytes: mixBytes, bytesOf: "mix", maxRatio: null, perfRatio: 1.0 });
 
   // restore, each side checked (untimed) and cleaned up before the next one starts
   log("restore");
@@ -603,7 +607,7 @@ async function main() {
     },
   } : null, noBundle);
   syncDisks();
-  addRow({ op: "restore", baseline: baseRestore, memsnap: memRestore, bytes: mixBytes, bytesOf: "mix", maxRatio: 1.3 });
+  addRow({ op: "restore", baseline: baseRestore, memsnap: memRestore, bytes: mixBytes, bytesOf: "mix", maxRatio: 1.3, perfRatio: 1.0 });
   if (memRestore.ok) {
     log("checking the memsnap restore, layer by layer");
     const c = await checkRestoredLayers({
@@ -622,8 +626,8 @@ async function main() {
 
   // ---------------------------------------------------------------------------------------------
   // table
-  const header = ["operation", "memsnap s", "baseline s", "ratio", "memsnap MB/s", "baseline MB/s", "peak RSS memsnap", "peak RSS baseline", "target", "status"];
-  const RIGHT = [false, true, true, true, true, true, true, true, false, false];
+  const header = ["operation", "memsnap s", "baseline s", "ratio", "memsnap MB/s", "baseline MB/s", "peak RSS memsnap", "peak RSS baseline", "target", "status", "perf target", "perf status"];
+  const RIGHT = [false, true, true, true, true, true, true, true, false, false, false, false];
   const tableRows = [];
   const rowData = [];
   for (const r of rows) {
@@ -642,6 +646,13 @@ async function main() {
       if (m.rssKiB != null && m.rssKiB / 1024 > RSS_TARGET_MIB) missed.push("RSS");
       status = missed.length ? `MISS (${missed.join(", ")})` : "ok";
     }
+    // The performance issue's targets (time ratio; RSS as above), where it sets one.
+    const perfTarget = r.perfRatio == null ? "—" : `≤ ${fmtPerfRatio(r.perfRatio)}`;
+    let perfStatus = "—";
+    if (r.perfRatio != null) {
+      if (!m.ok || !b.ok) perfStatus = status;
+      else perfStatus = ratio > r.perfRatio || (m.rssKiB != null && m.rssKiB / 1024 > RSS_TARGET_MIB) ? `MISS (${ratio > r.perfRatio ? "time" : "RSS"})` : "ok";
+    }
     tableRows.push([
       r.op,
       m.ok ? fmtS(m.seconds) : "—",
@@ -653,12 +664,15 @@ async function main() {
       b.ok ? fmtRss(b.rssKiB) : "—",
       target,
       status,
+      perfTarget,
+      perfStatus,
     ]);
     rowData.push({
       op: r.op,
       status,
       ratio,
       target: { maxTimeRatio: r.maxRatio, maxRssMiB: RSS_TARGET_MIB },
+      perfTarget: { maxTimeRatio: r.perfRatio ?? null, maxRssMiB: RSS_TARGET_MIB, status: perfStatus },
       throughputBytes: r.bytes,
       throughputOf: r.bytesOf,
       memsnap: m.skipped
@@ -694,7 +708,7 @@ async function main() {
     `sizes: mix ${fmtBytes(sizes.mix)}; baseline archive ${fmtBytes(sizes.baseline)}` +
     (sizes.baseline ? ` (${((100 * sizes.baseline) / sizes.mix).toFixed(1)} % of mix)` : "") +
     `; memsnap bundle ${sizes.memsnap == null ? "—" : fmtBytes(sizes.memsnap)}` +
-    (sizes.memsnap && sizes.baseline ? ` (${((100 * sizes.memsnap) / sizes.mix).toFixed(1)} % of mix, ${(sizes.memsnap / sizes.baseline).toFixed(3)}× the baseline archive)` : "");
+    (sizes.memsnap && sizes.baseline ? ` (${((100 * sizes.memsnap) / sizes.mix).toFixed(1)} % of mix, ${(sizes.memsnap / sizes.baseline).toFixed(3)}× the baseline archive; perf target ≤ ${PERF_BUNDLE_MAX}×: ${sizes.memsnap / sizes.baseline <= PERF_BUNDLE_MAX ? "ok" : "MISS"})` : "");
   lines.push(sizeLine);
   const checkLine = `restore check: baseline ${restoreCheck.baseline?.text ?? "—"}; memsnap ${restoreCheck.memsnap?.text ?? "—"}`;
   lines.push(checkLine);
@@ -755,7 +769,7 @@ async function main() {
     md.push("Notes:");
     md.push("");
     md.push("- MB/s = 10^6 bytes/s of the uncompressed mix (snapshot, verify (key), restore) or of the bundle (verify (no key)).");
-    md.push("- ratio = memsnap time / baseline time; targets: snapshot ≤ 1.3×, restore ≤ 1.3×, verify without key at least sha256sum's speed (≤ 1.0×), peak RSS ≤ 200 MiB.");
+    md.push("- ratio = memsnap time / baseline time; targets: snapshot ≤ 1.3×, restore ≤ 1.3×, verify without key at least sha256sum's speed (≤ 1.0×), peak RSS ≤ 200 MiB. Perf targets (the performance issue): snapshot ≤ 1.0×, restore ≤ 1.0×, verify without key ≥ 1.5× sha256sum's speed (≤ 0.67×), verify with key ≤ 1.0×, the bundle ≤ 0.95× the baseline archive, the same RSS bound.");
     md.push("- Peak RSS from `/usr/bin/time -f '%e %M'`; for a `bash -c` pipeline it is the largest process of the pipeline, not the sum. The RSS curves in the chart are the summed VmRSS of memsnap's process tree (node and any git/sqlite3 children), sampled every 50 ms.");
     md.push("- Neither baseline fsyncs its output; untimed `sync` runs between commands.");
     md.push(`- CPU seconds (user+sys, memsnap / baseline): ${rows.map((r) => `${r.op} ${r.memsnap.cpuSeconds ?? "—"} / ${r.baseline.cpuSeconds ?? "—"}`).join("; ")}`);
@@ -781,6 +795,7 @@ async function main() {
       mix: { bytes: mixBytes, files: mix.manifest.count, digest: mix.manifest.digest, generatedSeconds: mix.genSeconds, summary: mix.summary },
       sources: config.sources.map((s) => ({ ...s, [s.store ? "store" : "path"]: path.relative(mix.dir, s.store ?? s.path) || "." })),
       targets: { snapshotMaxRatio: 1.3, restoreMaxRatio: 1.3, verifyNoKeyMaxRatio: 1.0, maxRssMiB: RSS_TARGET_MIB },
+      perfTargets: { snapshotMaxRatio: 1.0, restoreMaxRatio: 1.0, verifyNoKeyMaxRatio: 1 / 1.5, verifyKeyMaxRatio: 1.0, bundleMaxRatio: PERF_BUNDLE_MAX, maxRssMiB: RSS_TARGET_MIB },
       rows: rowData,
       table: { header, rows: tableRows, markdown: tableMd },
       reproduce,
