@@ -134,4 +134,29 @@ describe("restore in place", () => {
     expect(r.code, r.stderr).toBe(0);
     expect(existsSync(join(agent, ".memsnap", "lock"))).toBe(false);
   });
+
+  it("a write-back error when the staged files are flushed is exit 8 and leaves the live state as it was", () => {
+    // syncfs(2) reports write-back errors (Linux >= 5.8) and `sync -f` then fails with the
+    // errno's text; a `sync` earlier on PATH stands in for a failing disk.
+    const bin = mkdtempSync(join(work, "fake-sync-"));
+    writeFileSync(join(bin, "sync"), `#!/bin/sh\necho "sync: error syncing '$2': Input/output error" >&2\nexit 1\n`, { mode: 0o755 });
+    const before = readdirSync(join(agent, "memory")).sort();
+    const r = spawnSync(process.execPath, [BIN, "restore", bundle, "-c", join(agent, "memsnap.json"), "--no-safety-snapshot"], {
+      encoding: "utf8", env: { ...process.env, PATH: `${bin}:${process.env.PATH ?? ""}` },
+    });
+    expect(r.status, r.stderr).toBe(8);
+    expect(r.stderr).toContain("[MEMSNAP_DEST_UNWRITABLE]");
+    expect(r.stderr).toContain("Input/output error");
+    // untouched: the v2 files, no staging or backup siblings, no journal, no lock
+    expect(readFileSync(join(agent, "memory", "MEMORY.md"), "utf8")).toBe("# v2\n");
+    expect(readFileSync(join(agent, "state", "cursor.json"), "utf8")).toBe('{"c":2}');
+    expect(readdirSync(join(agent, "memory")).sort()).toEqual(before);
+    expect(readdirSync(agent).filter((n) => n.includes(".memsnap-"))).toEqual([]);
+    expect(existsSync(join(agent, ".memsnap", "journal.json"))).toBe(false);
+    expect(existsSync(join(agent, ".memsnap", "lock"))).toBe(false);
+    // and a restore with a working disk then goes through
+    const ok = cli(["restore", bundle, "-c", join(agent, "memsnap.json"), "--no-safety-snapshot"]);
+    expect(ok.code, ok.stderr).toBe(0);
+    expect(readFileSync(join(agent, "memory", "MEMORY.md"), "utf8")).toBe("# v1\n");
+  });
 });
