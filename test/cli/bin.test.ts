@@ -25,11 +25,12 @@ function probe(file: string, env: Record<string, string> = {}): { code: number |
 }
 
 describe("bin/memsnap.js executed directly", () => {
-  it("runs with a 2 MiB young generation and two malloc arenas", () => {
+  it("runs with a 2 MiB young generation, a 256 KiB interrupt budget and two malloc arenas", () => {
     const r = probe(BIN);
     expect(r.code).toBe(0);
     expect(r.stdout.trim()).toBe(version);
     expect(r.seen.execArgv).toContain("--max-semi-space-size=2");
+    expect(r.seen.execArgv).toContain("--interrupt-budget=262144");
     expect(r.seen.arena).toBe("2");
   });
 
