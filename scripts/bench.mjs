@@ -18,7 +18,9 @@
  *                    (scripts/readme-bench.mjs does the same from an existing report.json)
  *   --keep           keep the archives, bundle and restored trees (default: each is deleted as
  *                    soon as its check is done, so disk peaks at about 3.3 × the mix: scale 10
- *                    needs ~35 GiB free, the 10 GiB mix cache included)
+ *                    needs ~35 GiB free, the 10 GiB mix cache included); with --runs N the
+                   restored trees of earlier runs are moved aside until the last restore
+                   run, while the disk keeps 3 × the mix + 2 GiB free (else deleted)
  *   --skip-gen       never generate: use the existing WORKDIR/mix-<scale>/ as it is (fails if absent)
  *   --regen          regenerate the mix even when a matching cached one exists
  *   --cold           drop the page cache (sync; echo 3 > /proc/sys/vm/drop_caches) before every
@@ -229,6 +231,16 @@ const median = (xs) => {
   return s.length % 2 ? s[m] : (s[m - 1] + s[m]) / 2;
 };
 
+/** Bytes free for an unprivileged writer on the file system holding `dir` (Infinity when unknown). */
+function freeBytes(dir) {
+  try {
+    const st = fs.statfsSync(dir);
+    return st.bavail * st.bsize;
+  } catch {
+    return Infinity;
+  }
+}
+
 /** One command's runs, gathered by {@link runOnce} and summarised by {@link summarize}. */
 function newRuns(spec) {
   return { spec, times: [], cpu: [], foreign: [], curves: [], rss: null, last: null };
@@ -288,7 +300,9 @@ function summarize(acc) {
  * always forth, so each side's `after(last)` hook runs in the usual order): a drift over the
  * runs then cancels out too. (On this machine restores slow down run after run as the bench
  * deletes and recreates trees; in one forth-only run both sides' restores grew by ~0.4 s per
- * round, and memsnap, always second, read 1.25x where the same builds measured 0.99x.)
+ * round, and memsnap, always second, read 1.25x where the same builds measured 0.99x. The
+ * cause was ext4 without a journal skipping recently freed inodes: see `retire` in the restore
+ * step, which now moves earlier trees aside instead of deleting them.)
  * A null command is skipped (`b` null: `a` alone).
  */
 async function measureAlternating(ctx, a, ...others) {
@@ -428,8 +442,9 @@ async function main() {
   const bundlePlain = path.join(outDir, "snap-no-redact.memsnap");
   const restoreBase = path.join(BENCH, "restore-base");
   const restoreMemsnap = path.join(BENCH, "restore-memsnap");
+  const retiredDir = path.join(BENCH, "restore-retired");
   const configFile = path.join(BENCH, "memsnap.json");
-  for (const p of [outDir, restoreBase, restoreMemsnap]) fs.rmSync(p, { recursive: true, force: true });
+  for (const p of [outDir, restoreBase, restoreMemsnap, retiredDir]) fs.rmSync(p, { recursive: true, force: true });
   fs.mkdirSync(outDir, { recursive: true });
   const config = {
     tenant: "bench",
@@ -576,14 +591,33 @@ async function main() {
   } : null, noBundle);
   addRow({ op: "verify (key)", baseline: baseVerifyKey, memsnap: memVerifyKey, bytes: mixBytes, bytesOf: "mix", maxRatio: null, perfRatio: 1.0 });
 
-  // restore, each side checked (untimed) and cleaned up before the next one starts
+  // restore, each side checked (untimed) and moved aside (or deleted) before the next one starts
   log("restore");
   const restoreCheck = {};
+  // Earlier runs' restored trees are moved aside, not deleted, until the restore runs are over
+  // (when the disk has room for them): on ext4 without a journal (this machine's disk), creating
+  // a file skips every inode freed in the last 1-6 minutes (find_inode_bit → recently_deleted,
+  // one buffer-cache lookup each), so deleting a tree of 3,000+ files made the next restore's
+  // file creation slower, on both sides and run after run (perf: 2.4 CPU-s of one restore's
+  // `git checkout` in recently_deleted; 3,000 files took 0.3-2 s to create, 0.05 s on a quiet
+  // disk).
+  let retired = 0;
+  let deletedTrees = 0;
+  const retire = (p) => {
+    if (!fs.existsSync(p)) return;
+    if (freeBytes(BENCH) > 3 * mixBytes + 2 ** 31) {
+      fs.mkdirSync(retiredDir, { recursive: true });
+      fs.renameSync(p, path.join(retiredDir, String(retired++)));
+    } else {
+      fs.rmSync(p, { recursive: true, force: true });
+      deletedTrees++;
+    }
+  };
   const [baseRestore, memRestore] = await runPair("restore", {
     argv: bashPipeline(`age -d -i ${shq(rel(keyFile))} ${shq(rel(baseArchive))} | zstd -d -q | tar -xf - -C ${shq(rel(restoreBase))}`),
     display: "age -d -i key base.tar.zst.age | zstd -d | tar -xf - -C OUT",
     prep: () => {
-      fs.rmSync(restoreBase, { recursive: true, force: true });
+      retire(restoreBase);
       fs.mkdirSync(restoreBase);
     },
     // Only one restored tree on disk at a time (at scale 10 each is ~10 GiB): the baseline's
@@ -596,16 +630,18 @@ async function main() {
         if (!c.ok) failures.push(`baseline restore does not match the mix: ${restoreCheck.baseline.text}`);
       }
       if (last) drop(restoreBase, baseArchive);
-      else fs.rmSync(restoreBase, { recursive: true, force: true });
+      else retire(restoreBase);
     },
   }, haveBundle ? {
     argv: memsnap("restore", rel(bundle), "--to", rel(restoreMemsnap), "--identity", rel(keyFile), "--json"),
     display: `${cliCmd} restore ${rel(bundle)} --to ${rel(restoreMemsnap)} --identity ${rel(keyFile)} --json`,
-    prep: () => fs.rmSync(restoreMemsnap, { recursive: true, force: true }),
+    prep: () => retire(restoreMemsnap),
     after: (last) => {
-      if (!last) fs.rmSync(restoreMemsnap, { recursive: true, force: true });
+      if (!last) retire(restoreMemsnap);
     },
   } : null, noBundle);
+  fs.rmSync(retiredDir, { recursive: true, force: true });
+  if (deletedTrees) ctx.notes.add(`restore: ${deletedTrees} earlier restored tree(s) were deleted between runs for lack of disk space (on ext4 without a journal that slows the next runs' file creation)`);
   syncDisks();
   addRow({ op: "restore", baseline: baseRestore, memsnap: memRestore, bytes: mixBytes, bytesOf: "mix", maxRatio: 1.3, perfRatio: 1.0 });
   if (memRestore.ok) {
