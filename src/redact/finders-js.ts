@@ -70,12 +70,13 @@ for (const w of KEY_WORDS) {
 }
 /**
  * Could a key of KEYS} end just before the ':' / '=' at 'p'? The look-behind reads
- * 'key', an optional quote (itself optionally after a backslash), whitespace, then 'p'; none
+ * 'key', an optional quote (itself optionally after a backslash), whitespace or characters
+ * U+0080-U+00FF (the UTF-8 bytes of a non-ASCII space, seen through a latin1 view), then 'p'; none
  * of these parts can take a character of another, so the key's end is found by walking back.
  */
 function keyBefore(text, p) {
     let j = p - 1;
-    while (j >= 0 && isJsSpace(text.charCodeAt(j)))
+    for (let c = at(text, j); c >= 0 && (isJsSpace(c) || (c >= 0x80 && c <= 0xff)); c = at(text, j))
         j--;
     const q = at(text, j);
     if (q === 0x22 || q === 0x27)

@@ -41,8 +41,11 @@ const ALT = {
   dot: String.raw`\.(?<=(?:SG|hv[sbr]|${ci("hooks")})\.)`,
   // URL credentials (scheme://user:pass@)
   url: String.raw`:\/\/[^\s\/@]{0,600}@`,
-  // key = value assignments (passwords, secrets, tokens, API keys, AWS secret key / account id)
-  assign: String.raw`[:=](?<=(?:${KEYS})(?:\\?["'])?\s*[:=])`,
+  // key = value assignments (passwords, secrets, tokens, API keys, AWS secret key / account id).
+  // Between the key and the operator: JS whitespace, or any of U+0080-U+00FF, which covers the
+  // UTF-8 bytes of every non-ASCII space (U+00A0 = C2 A0, U+3000 = E3 80 80, …) in a latin1
+  // view, where the rules (on decoded text) see one \s character.
+  assign: String.raw`[:=](?<=(?:${KEYS})(?:\\?["'])?[\s\x80-\xff]*[:=])`,
   // JWT
   jwt: String.raw`J(?<=eyJ)`,
   // AWS access key ids

@@ -78,7 +78,7 @@ const PIECES = [
   ...TOKEN_PREFIXES, ...DASHES, ...DOTS, ...OTHERS,
   ...KEYS.flatMap((k) => OPS.map((o) => k + o)),
 ];
-const ALPHABET = fc.constantFrom(..."abdehiknoprstxyzABEGJKRSX0139 _-.:=\"'\\/@\n\r\t{}[],\u00a0é東\u2028".split(""));
+const ALPHABET = fc.constantFrom(..."abdehiknoprstxyzABEGJKRSX0139 _-.:=\"'\\/@\n\r\t{}[],\u00a0é東\u2028\u3000\u00c2".split(""));
 const noise = fc.string({ unit: ALPHABET, maxLength: 12 });
 const piece = fc.constantFrom(...PIECES);
 const fixture = fc.constantFrom(...FIXTURES);

@@ -183,6 +183,19 @@ describe("what is not text", () => {
     const out = (await redactBytes(r, "w.txt", Buffer.from(text), { chunk: 7 })).toString();
     expect(out).toBe("\ufeff[REDACTED:@secretlint/secretlint-rule-aws] first\r\nnaïve 東京 password=[REDACTED:memsnap/password-assignment] 🎉\r\n");
   });
+
+  it("a non-ASCII space between a key and its operator (NBSP, U+3000, …) is redacted when streamed, as in a whole text", async () => {
+    // The stream's pre-filter reads a latin1 view of the UTF-8 bytes, where U+00A0 is the two
+    // characters "Â\xa0": a key followed by one used to slip past it (and the secret through).
+    const spaces = ["\u00a0", "\u1680", "\u2003", "\u2028", "\u202f", "\u205f", "\u3000", "\ufeff"];
+    const text = spaces.map((s, i) => `line ${i}: password${s}= hunter2-fake-${i} and "api_key"${s}: "sk-live-fake-${i}"\n`).join("");
+    const r = await redactor();
+    const streamed = (await redactBytes(r, "spaces.txt", Buffer.from(text))).toString();
+    const whole = await (await redactor()).redactText(text, "layer/spaces.txt");
+    expect(streamed).toBe(whole);
+    expect(streamed).not.toMatch(/hunter2|sk-live/);
+    expect(r.report().redacted["layer/spaces.txt"]).toEqual({ "memsnap/password-assignment": 8, "memsnap/secret-assignment": 8 });
+  });
 });
 
 describe("the artifact", () => {
