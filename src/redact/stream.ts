@@ -16,6 +16,7 @@
 import { isUtf8 } from "node:buffer";
 import type { Engine, Redacted, RegionText } from "./engine.js";
 import { jsonEndState, type JsonState } from "./json.js";
+import { nativePrefilter } from "./native.js";
 import { planRegions, type RegionPlan } from "./regions.js";
 import type { Finding } from "./rules.js";
 
@@ -164,6 +165,12 @@ export class StreamRedactor {
       this.first = false;
       this.binary = buf.subarray(0, BINARY_SNIFF).includes(0);
     }
+    if (nativePrefilter()?.scan(buf, 0, buf.length) === -1) {
+      // No scanner can match anywhere in the piece (./native.ts): what planRegions would say
+      // of it (no regions), without a view or the JS finders.
+      await this.passThrough(buf, final);
+      return;
+    }
     const view = buf.toString("latin1");
     if (view.length >= LARGE_VIEW) this.opts.largeView?.(view.length);
     const windows = !this.opts.json;
@@ -185,6 +192,25 @@ export class StreamRedactor {
       }
     }
     if (plan.cut < buf.length) this.carry = buf.subarray(plan.cut);
+  }
+
+  /** {@link process} for a piece with no candidate anywhere: the plan without regions. */
+  private async passThrough(buf: Buffer, final: boolean): Promise<void> {
+    let cut = final ? buf.length : buf.lastIndexOf(10) + 1;
+    const forced = !final && buf.length - cut > CARRY_CAP;
+    if (forced) cut = buf.length;
+    const state0 = this.state;
+    await this.emit(cut > 0 ? [buf.subarray(0, cut)] : []);
+    this.opts.scanned(cut);
+    if (this.opts.json) {
+      if (forced) {
+        const nl = buf.lastIndexOf(10);
+        this.state = jsonEndState(buf.toString("latin1", nl + 1), nl < 0 ? state0 : 0);
+      } else if (cut > 0) {
+        this.state = 0;
+      }
+    }
+    if (cut < buf.length) this.carry = buf.subarray(cut);
   }
 
   private async processPiece(buf: Buffer, plan: RegionPlan, state0: JsonState): Promise<void> {

@@ -38,6 +38,7 @@ import { createRequire } from "node:module";
 import { Worker } from "node:worker_threads";
 import { MemsnapError } from "../errors.js";
 import { FINDERS_JS } from "../redact/finders-js.js";
+import { NATIVE_PREFILTER_PATH, nativePrefilter } from "../redact/native.js";
 import { MAIN_ALTERNATIVES } from "../redact/prefilter.js";
 
 /** Source pragmas read in one read transaction before the copy. */
@@ -72,8 +73,8 @@ export interface LiveScanStats {
   /** Tables whose TEXT cells were scanned (every real table but sqlite_schema: ordinary, shadow and sqlite_stat*). */
   tables: number;
   cells_scanned: number;
-  /** Characters of TEXT scanned. */
-  text_chars: number;
+  /** Bytes of TEXT (UTF-8) scanned. */
+  text_bytes: number;
   /** Cells (or, when the scan stops, chunks of cells) the pre-filter flagged; the scan stops at the first. */
   candidates: number;
   /** Bytes of stale space (free pages, unallocated and freed space, overflow tails) that are not all zero and were scanned. */
@@ -185,6 +186,17 @@ function candidate(t) {
   for (const f of FINDERS) if (f.cursor(t)(0) >= 0) return true;
   return false;
 }
+// The native pre-filter (src/redact/native.ts), when built: scan(bytes, a, e) is -1 only when
+// candidate() is false on those bytes as UTF-8 text and as a latin1 view, so it answers the
+// common "no" without decoding; any other answer goes to candidate().
+const NATIVE = workerData.prefilterPath ? require(workerData.prefilterPath) : null;
+/** candidate() of b[a, e) decoded by \`decode\` ("utf8Slice" or "latin1Slice"). */
+function candidateIn(b, a, e, decode) {
+  if (NATIVE !== null && NATIVE.scan(b, a, e) === -1) return false;
+  const s = b[decode](a, e);
+  collectScanned(s.length);
+  return candidate(s);
+}
 // A run of token characters with a letter and a digit: what is left of a secret whose start
 // (and with it the pre-filter's anchor) was overwritten in stale space.
 const TOKEN_RUN = /[A-Za-z0-9+\/_=-]{24,}/g;
@@ -284,7 +296,7 @@ function collectScanned(n) {
 async function scanCells(h, st) {
   const db = h.db;
   const hit = (s, name) => {
-    st.text_chars += s.length;
+    st.text_bytes += Buffer.byteLength(s);
     collectScanned(s.length);
     if (!candidate(s)) return false;
     st.candidates++;
@@ -389,16 +401,15 @@ function newCellScan(h, st, ps, usable, pageCount, free) {
 
 function flushCells(cs) {
   if (cs.n === 0) return;
-  testText(cs, cs.batch.utf8Slice(0, cs.n));
+  testText(cs, cs.batch, 0, cs.n);
   cs.n = 0;
 }
 
-function testText(cs, s) {
-  const st = cs.st;
-  st.text_chars += s.length;
-  collectScanned(s.length);
-  if (cs.state === "scan" && candidate(s)) {
-    st.candidates++;
+// Test the UTF-8 text in b[a, e).
+function testText(cs, b, a, e) {
+  cs.st.text_bytes += e - a;
+  if (cs.state === "scan" && candidateIn(b, a, e, "utf8Slice")) {
+    cs.st.candidates++;
     cs.state = "hit";
   }
 }
@@ -509,7 +520,7 @@ function text(cs, b, c, local, ov, off, len) {
     need = e;
   }
   if (dst === cs.batch) cs.n = at;
-  else testText(cs, dst.utf8Slice(at0, at));
+  else testText(cs, dst, at0, at);
   return cs.state === "scan";
 }
 
@@ -554,9 +565,8 @@ async function scanStale(h, st, size, pageCount, cells = null) {
     if (e <= a || verdict) return;
     if (ZERO.compare(b, a, e, 0, e - a) === 0) return;
     st.stale_bytes += e - a;
-    const s = b.latin1Slice(a, e);
-    if (candidate(s)) verdict = "stale_candidate";
-    else if (tokenRun(s)) verdict = "stale_token";
+    if (candidateIn(b, a, e, "latin1Slice")) verdict = "stale_candidate";
+    else if (tokenRun(b.latin1Slice(a, e))) verdict = "stale_token";
     if (verdict) st.found = "stale page " + p;
   };
   const others = [];
@@ -675,7 +685,7 @@ async function liveBegin(job) {
         out.reused = true;
         reason = c.reason;
       } else {
-        const st = { tables: 0, cells_scanned: 0, text_chars: 0, candidates: 0, stale_bytes: 0, free_pages: 0, ms: 0 };
+        const st = { tables: 0, cells_scanned: 0, text_bytes: 0, candidates: 0, stale_bytes: 0, free_pages: 0, ms: 0 };
         const s0 = performance.now();
         try {
           // One pass over the pages: the stale bytes and (the fast path) every cell's TEXT.
@@ -686,7 +696,7 @@ async function liveBegin(job) {
             // a hit, or pages this parser cannot read (or a freelist it refused): SQL decides
             st.cells_via = "sql";
             st.cells_scanned = 0;
-            st.text_chars = 0;
+            st.text_bytes = 0;
             st.candidates = 0;
             const c0 = performance.now();
             await scanCells(h, st);
@@ -874,6 +884,7 @@ export class SqliteWorker {
     this.#worker = new Worker(WORKER_SOURCE, { eval: true, execArgv: [], resourceLimits: { maxYoungGenerationSizeMb: 16 }, workerData: {
       bsqlPath: betterSqlitePath(),
       finders: { js: FINDERS_JS, alt: { ...MAIN_ALTERNATIVES } },
+      prefilterPath: nativePrefilter() === null ? null : NATIVE_PREFILTER_PATH,
     } });
     this.#worker.unref();
     this.#worker.on("message", (m: Reply) => {

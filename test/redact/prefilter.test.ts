@@ -9,6 +9,7 @@
 import { readFileSync } from "node:fs";
 import fc from "fast-check";
 import { afterAll, describe, expect, it, vi } from "vitest";
+import { NATIVE_PREFILTER_PATH, nativePrefilter, useNativePrefilter } from "../../src/redact/native.js";
 import { candidate, FINDERS, SCANNERS, type Finder } from "../../src/redact/prefilter.js";
 import { planRegions } from "../../src/redact/regions.js";
 import { memArtifact, readArtifact, removeTempDirs, tempDir } from "./helpers/redactor.js";
@@ -180,4 +181,90 @@ describe("pre-filter: the whole redactor gives the same bytes", () => {
     await oldR.cleanup();
     await newR.cleanup();
   }, 180_000);
+});
+
+describe("native pre-filter (native/prefilter): a superset of the finders, so output cannot change", () => {
+  const addon = nativePrefilter();
+  /** Could a finder match in b[a, e), as latin1 (the stream) or as the UTF-8 text (SQLite cells)? */
+  const jsHit = (b: Buffer, a: number, e: number): boolean => candidate(b.latin1Slice(a, e)) || candidate(b.utf8Slice(a, e));
+
+  it.runIf(process.env.CI)("is built in CI", () => {
+    expect(addon, "npm ci builds native/prefilter with node-gyp").not.toBeNull();
+    expect(NATIVE_PREFILTER_PATH).toMatch(/memsnap_prefilter\.node$/);
+  });
+
+  it.runIf(addon)("never says no where a finder says yes: fixtures, literals, random text and byte ranges", () => {
+    const check = (t: string, a?: number, e?: number): void => {
+      const b = Buffer.from(t, "utf8");
+      const lo = Math.min(a ?? 0, b.length);
+      const hi = Math.max(lo, Math.min(e ?? b.length, b.length));
+      const what = `${JSON.stringify(t.slice(0, 200))} [${lo}, ${hi})`;
+      if (jsHit(b, lo, hi)) expect(addon!.scan(b, lo, hi), what).toBeGreaterThanOrEqual(lo);
+      // position by position in the latin1 view: every finder hit is a native hit (or one byte after one)
+      const view = b.latin1Slice(lo, hi);
+      const native = new Set<number>();
+      for (let r = addon!.scan(b, lo, hi); r >= 0; r = addon!.scan(b, lo, hi, r + 1)) native.add(r - lo);
+      for (const f of FINDERS) {
+        for (const p of positions(f, view)) expect(native.has(p) || native.has(p - 1), `${what}: hit at ${p} ${JSON.stringify(view.slice(p - 12, p + 12))}`).toBe(true);
+      }
+    };
+    for (const t of [...FIXTURES, ...PIECES]) {
+      for (const v of [t, `x${t}x`, `${t}${t}`, `é${t}\n${t.toUpperCase()}`, t.slice(1), t.slice(0, -1), `${"x".repeat(70)}${t}${"y".repeat(70)}`]) {
+        check(v);
+      }
+    }
+    fc.assert(fc.property(fc.array(text, { maxLength: 12 }), fc.nat(), fc.nat(), (parts, x, y) => {
+      const t = parts.join("");
+      check(t);
+      const n = Buffer.byteLength(t) + 1;
+      check(t, x % n, (x % n) + (y % n));
+    }), { numRuns: 5000 });
+  });
+
+  it.runIf(addon)("says no on clean traces and notes (it prunes; it is not a constant)", () => {
+    const line = (i: number): string => JSON.stringify({
+      ts: "2024-05-01T08:00:33.547Z", session: `s-${i}`, turn: i, role: "tool", tool_id: `call_${i}qwdap7`,
+      content: JSON.stringify({ status: "ok", items: [{ id: i, score: 0.5, text: "Tokens. Keys of the accounts, hooks and bear bonds." }] }),
+    });
+    const clean = [
+      Array.from({ length: 300 }, (_, i) => line(i)).join("\n"),
+      "# Notes\n\n_updated: 2024-05-04_\n\n- Seemed that this token like Denver.\n- Key notes, SG and hv.\n".repeat(80),
+      "naïve café 東京 — ☕ ".repeat(500),
+    ];
+    for (const t of clean) {
+      const b = Buffer.from(t);
+      expect(jsHit(b, 0, b.length)).toBe(false);
+      expect(addon!.scan(b)).toBe(-1);
+    }
+    // and yes on each of them with a secret anywhere in it (after the vector loop's first 64 bytes too)
+    for (const t of clean) {
+      for (const s of ["password=hunter2", "AKIAI44QH8DHBEXAMPLE", "ghp_x", "eyJhb", "https://u:p@h", "Bearer x", "dapi1", "xoxb-1"]) {
+        for (const at of [0, 1, 63, 64, 65, 1000, t.length]) {
+          const u = t.slice(0, at) + s + t.slice(at);
+          expect(addon!.scan(Buffer.from(u)), `${s} at ${at}`).toBeGreaterThanOrEqual(0);
+        }
+      }
+    }
+  });
+
+  it.runIf(addon)("the stream redactor gives the same bytes with the native pre-filter and without it", async () => {
+    const mod = await import("../../src/redact/index.js");
+    const r = (await mod.createRedactor({ enabled: true, allow: [], disable: [] }, tempDir())) as import("../../src/redact/index.js").DocumentRedactor;
+    const run = async (on: boolean, path: string, kind: "file" | "jsonl", buf: Buffer, chunk: number): Promise<string> => {
+      useNativePrefilter(on);
+      try {
+        return (await readArtifact(await r.redactArtifact(memArtifact(path, buf, { kind, chunk }), `l/${path}`))).toString("latin1");
+      } finally {
+        useNativePrefilter(true);
+      }
+    };
+    await fc.assert(fc.asyncProperty(fc.array(text, { minLength: 1, maxLength: 8 }), fc.integer({ min: 1, max: 70_000 }), async (lines, chunk) => {
+      const plain = Buffer.from(lines.join("\n"), "utf8");
+      const jsonl = Buffer.from(lines.map((t) => JSON.stringify({ role: "user", content: t })).join("\n") + "\n", "utf8");
+      for (const [path, kind, buf] of [["a.md", "file", plain], ["a.jsonl", "jsonl", jsonl]] as const) {
+        expect(await run(true, path, kind, buf, chunk)).toBe(await run(false, path, kind, buf, chunk));
+      }
+    }), { numRuns: 300 });
+    await r.cleanup();
+  }, 120_000);
 });

@@ -8,6 +8,7 @@ import fc from "fast-check";
 import { afterAll, describe, expect, it, vi } from "vitest";
 import { isMemsnapError } from "../../src/errors.js";
 import { Engine } from "../../src/redact/engine.js";
+import { nativePrefilter, useNativePrefilter } from "../../src/redact/native.js";
 import { MEMSNAP_RULES } from "../../src/redact/rules.js";
 import { BLOCK, CARRY_CAP, LARGE_VIEW, PIECE, StreamRedactor } from "../../src/redact/stream.js";
 import { markdown } from "./helpers/corpus.js";
@@ -120,10 +121,24 @@ describe("blocks and carries", () => {
     await run(Buffer.from("a short line of notes, nothing secret in it\n".repeat(100_000)));
     expect(large).toEqual([]);
     expect(PIECE).toBeLessThan(LARGE_VIEW);
-    // One 1 MB line: carried until it ends, so it is viewed whole at least once.
-    await run(Buffer.concat([Buffer.from("x".repeat(1_000_000)), Buffer.from("\nend\n")]));
+    // One 1 MB line: carried until it ends, so it is viewed whole at least once (by the JS
+    // finders; the native pre-filter views nothing where it finds no candidate).
+    const long = Buffer.concat([Buffer.from("x".repeat(1_000_000)), Buffer.from("\nend\n")]);
+    useNativePrefilter(false);
+    try {
+      await run(long);
+    } finally {
+      useNativePrefilter(true);
+    }
     expect(large.length).toBeGreaterThan(0);
     expect(Math.min(...large)).toBeGreaterThanOrEqual(LARGE_VIEW);
+    if (nativePrefilter()) {
+      await run(long);
+      expect(large).toEqual([]);
+      // a candidate in the line sends it to the JS finders, which view it whole
+      await run(Buffer.concat([Buffer.from("token: " + "x".repeat(1_000_000)), Buffer.from("\nend\n")]));
+      expect(large.length).toBeGreaterThan(0);
+    }
   });
 
   it("200 MB streamed through a redactor keep the RSS flat", async () => {

@@ -615,7 +615,7 @@ describe("sqlite live read: the TEXT of every cell is read from the pages", () =
       expect(r.scan!.cells_scanned).toBeGreaterThanOrEqual(1000 + 4);
       // the long values were followed onto their overflow pages
       const textBytes = 2 * (500 * 5 + 20 * (500 * 501) / 2) + 9000;
-      expect(r.scan!.text_chars).toBeGreaterThan(textBytes);
+      expect(r.scan!.text_bytes).toBeGreaterThan(textBytes);
     } finally {
       await w.close();
     }

@@ -1,0 +1,319 @@
+/*
+ * memsnap's redaction pre-filter, negative test in native code: could any rule match in these
+ * bytes?
+ *
+ * `scan(buf, start, end[, from])` returns the first offset in [from, end) where one of the
+ * trigger tests below passes, or -1 (look-behinds reach back to `start`, look-aheads to `end`). It is a SUPERSET of the pre-filter's scanners
+ * (src/redact/prefilter.ts, SCANNERS) on both views a caller may test with them:
+ *  - the latin1 view of the bytes (what the stream redactor and the SQLite stale-byte scan read);
+ *  - the JS string the bytes decode to as UTF-8 (the SQLite cell test).
+ * Every anchor and every character next to one is ASCII, and ASCII bytes are the same
+ * characters in both views. Two parts of the scanners read non-ASCII characters, and both are
+ * widened here: whitespace between a key and its operator (any byte 0x80-0xFF is skipped like
+ * a space: every non-ASCII JS space is made of such bytes in UTF-8), and the URL user-info
+ * run (`[^\s/@]{0,600}`: here up to 2400 bytes, 600 characters of at most 4 bytes, stopping only
+ * at ASCII spaces, '/' and '@').
+ *
+ * A hit here is not a finding: callers then run the exact pre-filter (JS) and the rules, so a
+ * false positive costs time, never output. A miss (-1) must mean the scanners find nothing,
+ * which test/redact/native.test.ts checks differentially against the JS finders.
+ *
+ * Speed: triggers are found 16 bytes at a time with SSE2 (10 byte compares), then each is
+ * tested with a few loads. Measured on the bench machine: see src/redact/native.ts.
+ */
+#define NAPI_VERSION 8
+#include <node_api.h>
+#include <stdint.h>
+#include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+typedef const uint8_t *bytes;
+
+static inline int lower(int c) { return (c >= 'A' && c <= 'Z') ? c | 0x20 : c; }
+
+/* Does `w` (length n) end at b[j] (inclusive), case-sensitively? */
+static inline int ends_with(bytes b, long j, const char *w, long n) {
+  return j + 1 >= n && memcmp(b + j + 1 - n, w, (size_t)n) == 0;
+}
+/* The same, ASCII case-insensitive (`w` lowercase). */
+static inline int ends_with_ci(bytes b, long j, const char *w, long n) {
+  if (j + 1 < n) return 0;
+  for (long k = 0; k < n; k++)
+    if (lower(b[j - k]) != w[n - 1 - k]) return 0;
+  return 1;
+}
+/* Does `w` (length n) start at b[p], within [.., end)? */
+static inline int starts_with(bytes b, long p, long end, const char *w, long n) {
+  return p + n <= end && memcmp(b + p, w, (size_t)n) == 0;
+}
+#define ENDS(b, j, lit) ends_with(b, j, lit, (long)sizeof(lit) - 1)
+#define ENDS_CI(b, j, lit) ends_with_ci(b, j, lit, (long)sizeof(lit) - 1)
+#define STARTS(b, p, end, lit) starts_with(b, p, end, lit, (long)sizeof(lit) - 1)
+
+/* The last two letters (lowercase) of every key word of the assignment alternative. */
+static uint8_t KEY_END[256][256];
+static const char *const KEY_WORDS[] = {"password", "passwd", "passphrase", "pwd", "secret", "token", "key",
+                                        "credential", "credentials", "account", "account_id", "accountid"};
+
+/* What the assignment alternative may skip between a key and its operator (see the header). */
+static inline int skip_space(int c) { return c == ' ' || (c >= 0x09 && c <= 0x0d) || c >= 0x80; }
+
+/*
+ * `(?<=(?:KEYS)(?:\\?["'])?\s*[:=])` at the operator at p: KEYS = passw(or)?d, passphrase,
+ * pwd, secret, token, key, credentials?, account(_?id)?, in any ASCII case.
+ */
+static int key_before(bytes b, long lo, long p) {
+  long j = p - 1;
+  while (j >= lo && skip_space(b[j])) j--;
+  if (j >= lo && (b[j] == '"' || b[j] == '\'')) j -= (j - 1 >= lo && b[j - 1] == '\\') ? 2 : 1;
+  if (j < lo + 2) return 0;
+  if (!KEY_END[lower(b[j - 1])][lower(b[j])]) return 0;
+  bytes s = b + lo;
+  long k = j - lo;
+  switch (lower(b[j])) {
+    case 'd': return ENDS_CI(s, k, "password") || ENDS_CI(s, k, "passwd") || ENDS_CI(s, k, "pwd") || ENDS_CI(s, k, "account_id") || ENDS_CI(s, k, "accountid");
+    case 'e': return ENDS_CI(s, k, "passphrase");
+    case 't': return ENDS_CI(s, k, "secret") || ENDS_CI(s, k, "account");
+    case 'n': return ENDS_CI(s, k, "token");
+    case 'y': return ENDS_CI(s, k, "key");
+    case 'l': return ENDS_CI(s, k, "credential");
+    case 's': return ENDS_CI(s, k, "credentials");
+    default: return 0;
+  }
+}
+
+/* `:\/\/[^\s\/@]{0,600}@`, widened (see the header). */
+static int url_at(bytes b, long p, long end) {
+  if (p + 3 > end || b[p + 1] != '/' || b[p + 2] != '/') return 0;
+  long lim = p + 3 + 2400 + 1;
+  if (lim > end) lim = end;
+  for (long q = p + 3; q < lim; q++) {
+    int c = b[q];
+    if (c == '@') return 1;
+    if (c == '/' || c == ' ' || (c >= 0x09 && c <= 0x0d)) return 0;
+  }
+  return 0;
+}
+
+static int is_upper_or_digit(int c) { return (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'); }
+
+/* The trigger at p (its byte is b[p]): could a scanner match here? `lo` is the range start (look-behinds stop there). */
+static int test_at(bytes b, long lo, long p, long end) {
+  bytes s = b + lo;
+  long k = p - lo; /* p as an offset into s, for the look-behinds */
+  switch (b[p]) {
+    case '_': {
+      /* gh[pousr]|github_pat|hf|npm|[sr]k_(?:live|test)|shp(?:pa|ca|at|ss)|glc|glsa|ops|gsk|lin_api|ntn|vc[pirak]|dckr_pat|figd */
+      if (k < 2) return 0;
+      long j = k - 1;
+      int c = s[j];
+      switch (c) {
+        case 'p': return ENDS(s, j, "ghp") || ENDS(s, j, "vcp");
+        case 'o': return ENDS(s, j, "gho");
+        case 'u': return ENDS(s, j, "ghu");
+        case 's': return ENDS(s, j, "ghs") || ENDS(s, j, "ops") || ENDS(s, j, "shpss");
+        case 'r': return ENDS(s, j, "ghr") || ENDS(s, j, "vcr");
+        case 't': return ENDS(s, j, "github_pat") || ENDS(s, j, "sk_test") || ENDS(s, j, "rk_test") || ENDS(s, j, "shpat") || ENDS(s, j, "dckr_pat");
+        case 'f': return ENDS(s, j, "hf");
+        case 'm': return ENDS(s, j, "npm");
+        case 'e': return ENDS(s, j, "sk_live") || ENDS(s, j, "rk_live");
+        case 'a': return ENDS(s, j, "shppa") || ENDS(s, j, "shpca") || ENDS(s, j, "glsa") || ENDS(s, j, "vca");
+        case 'c': return ENDS(s, j, "glc");
+        case 'k': return ENDS(s, j, "gsk") || ENDS(s, j, "vck");
+        case 'i': return ENDS(s, j, "lin_api") || ENDS(s, j, "vci");
+        case 'n': return ENDS(s, j, "ntn");
+        case 'd': return ENDS(s, j, "figd");
+        default: return 0;
+      }
+    }
+    case '-':
+      /* -----BEGIN | x-oauth-basic | sk-… (widened: any "sk-") | (xox[bpaor]|xapp|glpat)- */
+      if (STARTS(b, p, end, "-----BEGIN")) return 1;
+      if (k >= 1 && s[k - 1] == 'x' && STARTS(b, p, end, "-oauth-basic")) return 1;
+      if (k >= 2 && s[k - 2] == 's' && s[k - 1] == 'k') return 1;
+      if (k >= 4 && (ENDS(s, k - 1, "xoxb") || ENDS(s, k - 1, "xoxp") || ENDS(s, k - 1, "xoxa") || ENDS(s, k - 1, "xoxo") ||
+                     ENDS(s, k - 1, "xoxr") || ENDS(s, k - 1, "xapp"))) return 1;
+      return ENDS(s, k - 1, "glpat");
+    case '.':
+      /* (?<=(?:SG|hv[sbr]|hooks)\.) */
+      return ENDS(s, k - 1, "SG") || ENDS(s, k - 1, "hvs") || ENDS(s, k - 1, "hvb") || ENDS(s, k - 1, "hvr") || ENDS_CI(s, k - 1, "hooks");
+    case ':':
+      return url_at(b, p, end) || key_before(b, lo, p);
+    case '=':
+      return key_before(b, lo, p);
+    case 'J':
+      return k >= 2 && s[k - 2] == 'e' && s[k - 1] == 'y';
+    case 'A': {
+      /* A(?=KIA|SIA|3T[A-Z0-9]|GPA|IDA|ROA|IPA|NPA|NVA) */
+      if (p + 4 > end) return 0;
+      bytes t = b + p + 1;
+      if (t[0] == '3' && t[1] == 'T') return is_upper_or_digit(t[2]);
+      return !memcmp(t, "KIA", 3) || !memcmp(t, "SIA", 3) || !memcmp(t, "GPA", 3) || !memcmp(t, "IDA", 3) ||
+             !memcmp(t, "ROA", 3) || !memcmp(t, "IPA", 3) || !memcmp(t, "NPA", 3) || !memcmp(t, "NVA", 3);
+    }
+    case 'd':
+      return STARTS(b, p, end, "dapi");
+    case 'B':
+      return STARTS(b, p, end, "Bearer") || STARTS(b, p, end, "BEARER");
+    case 'b':
+      return STARTS(b, p, end, "bearer");
+    default:
+      return 0;
+  }
+}
+
+static const uint8_t TRIGGERS[] = {'_', '-', '.', ':', '=', 'J', 'A', 'd', 'B', 'b'};
+#define N_TRIGGERS (sizeof(TRIGGERS))
+
+static uint8_t IS_TRIGGER[256];
+
+#if defined(__SSE2__)
+static __m128i c_us, c_dash, c_dot, c_col, c_eq, c_d, c_a, c_b, c_B, c_e, c_E, c_y, c_J, c_A, c_K, c_S, c_3, c_G, c_I, c_R,
+    c_N, c_20, c_s, c_r, c_x, c_k, c_p, c_o, c_t;
+
+static void init_vectors(void) {
+  c_us = _mm_set1_epi8('_'), c_dash = _mm_set1_epi8('-'), c_dot = _mm_set1_epi8('.'), c_col = _mm_set1_epi8(':');
+  c_eq = _mm_set1_epi8('='), c_d = _mm_set1_epi8('d'), c_a = _mm_set1_epi8('a'), c_b = _mm_set1_epi8('b');
+  c_B = _mm_set1_epi8('B'), c_e = _mm_set1_epi8('e'), c_E = _mm_set1_epi8('E'), c_y = _mm_set1_epi8('y');
+  c_J = _mm_set1_epi8('J'), c_A = _mm_set1_epi8('A'), c_K = _mm_set1_epi8('K'), c_S = _mm_set1_epi8('S');
+  c_3 = _mm_set1_epi8('3'), c_G = _mm_set1_epi8('G'), c_I = _mm_set1_epi8('I'), c_R = _mm_set1_epi8('R');
+  c_N = _mm_set1_epi8('N'), c_20 = _mm_set1_epi8(0x20), c_s = _mm_set1_epi8('s'), c_r = _mm_set1_epi8('r');
+  c_x = _mm_set1_epi8('x'), c_k = _mm_set1_epi8('k'), c_p = _mm_set1_epi8('p'), c_o = _mm_set1_epi8('o');
+  c_t = _mm_set1_epi8('t');
+}
+
+#define EQ _mm_cmpeq_epi8
+#define OR _mm_or_si128
+#define AND _mm_and_si128
+
+/*
+ * The trigger positions of the 16 bytes at `at` (which reads at[-1] and at[16]), as a bit mask;
+ * `*ce` gets those that are ':' or '='. Triggers whose test needs a neighbour are paired with
+ * it here, so that common letters and punctuation do not each cost a test: 'd' + 'a' (dapi),
+ * 'b' + 'e' and 'B' + 'e'/'E' (bearer), 'y' + 'J' (eyJ: flagged at its 'y'), 'A' + one of
+ * K S 3 G I R N, '.' after G s S b r, '-' before '-' or after x k b p a o r t. '_', ':' and '='
+ * go to their tests as they are.
+ */
+static inline unsigned block(bytes at, unsigned *ce) {
+  __m128i v = _mm_loadu_si128((const __m128i *)at);
+  __m128i n = _mm_loadu_si128((const __m128i *)(at + 1));
+  __m128i pv = _mm_loadu_si128((const __m128i *)(at - 1));
+  __m128i pl = OR(pv, c_20); /* ASCII letters folded to lowercase */
+  __m128i dot = AND(EQ(v, c_dot), OR(OR(EQ(pv, c_G), EQ(pl, c_s)), OR(EQ(pv, c_b), EQ(pv, c_r))));
+  __m128i dpre = OR(OR(OR(EQ(pv, c_x), EQ(pv, c_k)), OR(EQ(pv, c_b), EQ(pv, c_p))),
+                    OR(OR(EQ(pv, c_a), EQ(pv, c_o)), OR(EQ(pv, c_r), EQ(pv, c_t))));
+  __m128i dash = AND(EQ(v, c_dash), OR(dpre, EQ(n, c_dash)));
+  __m128i colon = OR(EQ(v, c_col), EQ(v, c_eq));
+  __m128i m = OR(OR(EQ(v, c_us), dash), OR(dot, colon));
+  m = OR(m, AND(EQ(v, c_d), EQ(n, c_a)));
+  m = OR(m, AND(EQ(v, c_b), EQ(n, c_e)));
+  m = OR(m, AND(EQ(v, c_B), OR(EQ(n, c_e), EQ(n, c_E))));
+  m = OR(m, AND(EQ(v, c_y), EQ(n, c_J)));
+  __m128i aw = OR(OR(OR(EQ(n, c_K), EQ(n, c_S)), OR(EQ(n, c_3), EQ(n, c_G))), OR(OR(EQ(n, c_I), EQ(n, c_R)), EQ(n, c_N)));
+  m = OR(m, AND(EQ(v, c_A), aw));
+  *ce = (unsigned)_mm_movemask_epi8(colon);
+  return (unsigned)_mm_movemask_epi8(m);
+}
+#endif
+
+/* The test of a trigger found by block(): ':' and '=' by their own tests, 'y' as the 'y' of "eyJ". */
+static inline int test_found(bytes b, long lo, long q, long end, int colon) {
+  if (colon) return (b[q] == ':' && url_at(b, q, end)) || key_before(b, lo, q);
+  if (b[q] == 'y') return q - lo >= 1 && b[q - 1] == 'e';
+  return test_at(b, lo, q, end);
+}
+
+static long scan(bytes b, long lo, long from, long end) {
+  long p = from;
+#if defined(__SSE2__)
+  /* block() reads b[p - 1] and b[p + 16]: the first position goes through the scalar test */
+  if (p < end && IS_TRIGGER[b[p]] && test_at(b, lo, p, end)) return p;
+  if (p < end) p++;
+  /* 64 bytes at a time, so that the loop over the hits leaves (a mispredicted branch) once per 64 bytes */
+  for (; p + 65 <= end; p += 64) {
+    unsigned c0, c1, c2, c3;
+    uint64_t m = (uint64_t)block(b + p, &c0) | (uint64_t)block(b + p + 16, &c1) << 16 |
+                 (uint64_t)block(b + p + 32, &c2) << 32 | (uint64_t)block(b + p + 48, &c3) << 48;
+    if (!m) continue;
+    uint64_t ce = (uint64_t)c0 | (uint64_t)c1 << 16 | (uint64_t)c2 << 32 | (uint64_t)c3 << 48;
+    do {
+      int bit = __builtin_ctzll(m);
+      long q = p + bit;
+      if (test_found(b, lo, q, end, (int)((ce >> bit) & 1))) return q;
+      m &= m - 1;
+    } while (m);
+  }
+  for (; p + 17 <= end; p += 16) {
+    unsigned c;
+    unsigned m = block(b + p, &c);
+    while (m) {
+      int bit = __builtin_ctz(m);
+      if (test_found(b, lo, p + bit, end, (int)((c >> bit) & 1))) return p + bit;
+      m &= m - 1;
+    }
+  }
+#endif
+  for (; p < end; p++)
+    if (IS_TRIGGER[b[p]] && test_at(b, lo, p, end)) return p;
+  return -1;
+}
+
+/* scan(buf: Uint8Array, start?: number, end?: number, from?: number): number; look-behinds stop at start, the search begins at from */
+static napi_value Scan(napi_env env, napi_callback_info info) {
+  size_t argc = 4;
+  napi_value argv[4];
+  napi_get_cb_info(env, info, &argc, argv, NULL, NULL);
+  bool is_ta = false;
+  if (argc < 1 || napi_is_typedarray(env, argv[0], &is_ta) != napi_ok || !is_ta) {
+    napi_throw_type_error(env, NULL, "scan: a Uint8Array is required");
+    return NULL;
+  }
+  napi_typedarray_type type;
+  size_t length;
+  void *data;
+  napi_value ab;
+  size_t offset;
+  napi_get_typedarray_info(env, argv[0], &type, &length, &data, &ab, &offset);
+  if (type != napi_uint8_array) {
+    napi_throw_type_error(env, NULL, "scan: a Uint8Array is required");
+    return NULL;
+  }
+  int64_t start = 0, end = (int64_t)length;
+  if (argc >= 2) napi_get_value_int64(env, argv[1], &start);
+  if (argc >= 3) napi_get_value_int64(env, argv[2], &end);
+  if (start < 0) start = 0;
+  if (end > (int64_t)length) end = (int64_t)length;
+  int64_t from = start;
+  if (argc >= 4) napi_get_value_int64(env, argv[3], &from);
+  if (from < start) from = start;
+  long r = from >= end ? -1 : scan((bytes)data, (long)start, (long)from, (long)end);
+  napi_value out;
+  napi_create_int64(env, r, &out);
+  return out;
+}
+
+static napi_value Init(napi_env env, napi_value exports) {
+  for (unsigned i = 0; i < N_TRIGGERS; i++) IS_TRIGGER[TRIGGERS[i]] = 1;
+#if defined(__SSE2__)
+  init_vectors();
+#endif
+  for (unsigned i = 0; i < sizeof(KEY_WORDS) / sizeof(KEY_WORDS[0]); i++) {
+    size_t n = strlen(KEY_WORDS[i]);
+    KEY_END[(uint8_t)KEY_WORDS[i][n - 2]][(uint8_t)KEY_WORDS[i][n - 1]] = 1;
+  }
+  napi_value fn;
+  napi_create_function(env, "scan", NAPI_AUTO_LENGTH, Scan, NULL, &fn);
+  napi_set_named_property(env, exports, "scan", fn);
+  napi_value simd;
+#if defined(__SSE2__)
+  napi_get_boolean(env, true, &simd);
+#else
+  napi_get_boolean(env, false, &simd);
+#endif
+  napi_set_named_property(env, exports, "simd", simd);
+  return exports;
+}
+
+NAPI_MODULE(NODE_GYP_MODULE_NAME, Init)
