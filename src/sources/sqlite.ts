@@ -50,7 +50,8 @@
  *   test, in SQL (each table's TEXT joined with newlines by `group_concat`, in pieces of at
  *   most 8 MB; a join can only add matches), whose verdict stands (`live_scan.cells_via` says
  *   which one decided). The test is the memsnap pre-filter (src/redact/prefilter.ts,
- *   built in the worker from the same finder source), which is exactly `candidate()` of the
+ *   built in the worker from the same finder source; the native scan of src/redact/native.ts,
+ *   when built, runs first on the raw bytes and only its "maybe" is decoded), which is exactly `candidate()` of the
  *   production redactor: the scan relies on `Redactor.candidate` being that pre-filter (a
  *   Redactor whose candidate() flags more would need `"live_read": false`). Not scanned, as on
  *   the copy path: BLOB cells, contentless FTS indexes (listed in
