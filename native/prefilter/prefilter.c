@@ -229,7 +229,7 @@ static long scan(bytes b, long lo, long from, long end) {
   long p = from;
 #if defined(__SSE2__)
   /* block() reads b[p - 1] and b[p + 16]: the first position goes through the scalar test */
-  if (p < end && IS_TRIGGER[b[p]] && test_at(b, lo, p, end)) return p;
+  if (p < end && ((IS_TRIGGER[b[p]] && test_at(b, lo, p, end)) || (b[p] == 'y' && p + 1 < end && b[p + 1] == 'J' && test_found(b, lo, p, end, 0)))) return p;
   if (p < end) p++;
   /* 64 bytes at a time, so that the loop over the hits leaves (a mispredicted branch) once per 64 bytes */
   for (; p + 65 <= end; p += 64) {

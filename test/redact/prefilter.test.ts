@@ -221,6 +221,16 @@ describe("native pre-filter (native/prefilter): a superset of the finders, so ou
     }), { numRuns: 5000 });
   });
 
+  it.runIf(addon)("from: the search starts there, the look-behinds still reach back to start", () => {
+    const b = Buffer.from(`xeyJabc${"q".repeat(100)}`);
+    expect(addon!.scan(b, 0, b.length, 2)).toBe(2); // "eyJ" flagged at its 'y', with the 'e' before from
+    expect(addon!.scan(b, 0, b.length, 3)).toBe(3);
+    expect(addon!.scan(b, 2, b.length, 2)).toBe(-1); // the 'e' is before start
+    const k = Buffer.from(`${"q".repeat(70)}password = x`);
+    expect(addon!.scan(k, 0, k.length, 75)).toBe(79);
+    expect(addon!.scan(k, 75, k.length)).toBe(-1); // "word =" is no key
+  });
+
   it.runIf(addon)("says no on clean traces and notes (it prunes; it is not a constant)", () => {
     const line = (i: number): string => JSON.stringify({
       ts: "2024-05-01T08:00:33.547Z", session: `s-${i}`, turn: i, role: "tool", tool_id: `call_${i}qwdap7`,
