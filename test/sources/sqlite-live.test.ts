@@ -24,6 +24,7 @@ import { sqliteSource, type SqliteDbMeta } from "../../src/sources/sqlite.js";
 import { SqliteWorker, type LiveBeginResult, type LiveVerifyResult } from "../../src/sources/sqlite-worker.js";
 import type { Artifact } from "../../src/sources/types.js";
 import { readBundle, tempDir } from "../helpers/cli.js";
+import { registerSeededBlob } from "../helpers/seeded-blob.js";
 
 // ------------------------------------------------------------------------------ redactor stub
 
@@ -68,7 +69,7 @@ class StubRedactor implements Redactor {
 // ------------------------------------------------------------------------------ helpers
 
 interface Stmt { run(...a: unknown[]): unknown; get(...a: unknown[]): unknown; all(...a: unknown[]): unknown[]; pluck(): Stmt }
-interface Db { prepare(s: string): Stmt; exec(s: string): void; pragma(s: string, o?: { simple?: boolean }): unknown; close(): void }
+interface Db { prepare(s: string): Stmt; exec(s: string): void; pragma(s: string, o?: { simple?: boolean }): unknown; close(): void; function(name: string, o: { deterministic?: boolean }, f: (...a: unknown[]) => unknown): void }
 const BSQL = createRequire(import.meta.url).resolve("better-sqlite3");
 const Database = createRequire(import.meta.url)("better-sqlite3") as new (p: string, o?: { readonly?: boolean; fileMustExist?: boolean; timeout?: number }) => Db;
 const WRITER = fileURLToPath(new URL("../helpers/sqlite-writer.mjs", import.meta.url));
@@ -89,6 +90,7 @@ function withDb<T>(path: string, fn: (db: Db) => T, readonly = true): T {
 
 function makeDb(path: string, sql: string, journal: "wal" | "delete" = "delete"): void {
   const db = new Database(path);
+  registerSeededBlob(db);
   db.pragma(`journal_mode = ${journal === "wal" ? "WAL" : "DELETE"}`);
   db.exec(sql);
   db.close();
@@ -431,7 +433,7 @@ describe("sqlite live read: redaction", () => {
       CREATE VIRTUAL TABLE fts USING fts5 (body);
       CREATE VIRTUAL TABLE ftsc USING fts5 (body, content = '');
       WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < 3000)
-        INSERT INTO notes (body, n, b) SELECT 'plain note number ' || i, i / 3.0, randomblob(64) FROM c;
+        INSERT INTO notes (body, n, b) SELECT 'plain note number ' || i, i / 3.0, seeded_blob(64, i) FROM c;
       INSERT INTO kv VALUES ('a', 'one'), ('b', 'two');
       INSERT INTO fts (body) VALUES ('hello there'), ('general kenobi');
       DELETE FROM notes WHERE id % 10 = 0;`);
@@ -604,7 +606,7 @@ describe("sqlite live read: the TEXT of every cell is read from the pages", () =
       CREATE INDEX notes_body ON notes (body);
       CREATE TABLE kv (k TEXT PRIMARY KEY, v TEXT) WITHOUT ROWID;
       WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < 500)
-        INSERT INTO notes (body, b) SELECT 'note ' || i || ' ' || printf('%.*c', i * 20, 'w'), randomblob(3000) FROM c;
+        INSERT INTO notes (body, b) SELECT 'note ' || i || ' ' || printf('%.*c', i * 20, 'w'), seeded_blob(3000, i) FROM c;
       INSERT INTO kv VALUES ('a', printf('%.*c', 9000, 'v')), ('b', 'two');`);
     const w = new SqliteWorker();
     try {

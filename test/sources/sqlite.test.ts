@@ -23,6 +23,7 @@ import { sqliteSource, type SqliteDbMeta } from "../../src/sources/sqlite.js";
 import { SqliteWorker, type CopyResult } from "../../src/sources/sqlite-worker.js";
 import type { Artifact } from "../../src/sources/types.js";
 import { readBundle, tempDir } from "../helpers/cli.js";
+import { registerSeededBlob } from "../helpers/seeded-blob.js";
 
 // ------------------------------------------------------------------------------ redactor stub
 
@@ -72,7 +73,7 @@ class StubRedactor implements Redactor {
 // ------------------------------------------------------------------------------ helpers
 
 interface Stmt { run(...a: unknown[]): unknown; get(...a: unknown[]): unknown; all(...a: unknown[]): unknown[]; pluck(): Stmt }
-interface Db { prepare(s: string): Stmt; exec(s: string): void; pragma(s: string, o?: { simple?: boolean }): unknown; close(): void }
+interface Db { prepare(s: string): Stmt; exec(s: string): void; pragma(s: string, o?: { simple?: boolean }): unknown; close(): void; function(name: string, o: { deterministic?: boolean }, f: (...a: unknown[]) => unknown): void }
 const Database = createRequire(import.meta.url)("better-sqlite3") as new (p: string, o?: { readonly?: boolean; fileMustExist?: boolean }) => Db;
 const WRITER = fileURLToPath(new URL("../helpers/sqlite-writer.mjs", import.meta.url));
 const ZSTD_OK = spawnSync("zstd", ["--version"]).error === undefined;
@@ -170,6 +171,7 @@ function startWriter(db: string, args: string[] = []): Promise<Writer> {
 /** Make a database with `sql`, in WAL mode unless `journal` says otherwise. */
 function makeDb(path: string, sql: string, journal: "wal" | "delete" = "wal"): void {
   const db = new Database(path);
+  registerSeededBlob(db);
   db.pragma(`journal_mode = ${journal === "wal" ? "WAL" : "DELETE"}`);
   db.exec(sql);
   db.close();
@@ -337,7 +339,7 @@ describe("sqlite: meta, restore and materialize", () => {
       CREATE TABLE kv (k TEXT PRIMARY KEY, v TEXT) WITHOUT ROWID;
       CREATE VIRTUAL TABLE search USING fts5 (body);
       WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < 500)
-        INSERT INTO facts (subject, fact, score, raw) SELECT 'subj' || (i % 13), 'fact number ' || i, i / 7.0, randomblob(16) FROM c;
+        INSERT INTO facts (subject, fact, score, raw) SELECT 'subj' || (i % 13), 'fact number ' || i, i / 7.0, seeded_blob(16, i) FROM c;
       INSERT INTO kv VALUES ('a', '1'), ('b', '2'), ('c', NULL);
       INSERT INTO search (body) VALUES ('the quick brown fox'), ('jumps over the lazy dog');
       DELETE FROM facts WHERE id % 5 = 0;`);
