@@ -50,6 +50,7 @@ import { Worker } from "node:worker_threads";
 import { createRequire } from "node:module";
 import { MemsnapError, destinationError } from "../errors.js";
 import type { PayloadWritten } from "../format/container.js";
+import { directIoAddon } from "../util/directio.js";
 import { WORKER_MINOR_GC_JS } from "../util/gc.js";
 import { AGE_CHUNK, AGE_TAG, type AgeStreamParams } from "./age.js";
 
@@ -83,6 +84,8 @@ export interface PayloadEncoderOptions {
   threads?: number;
   /** age STREAM parameters, or null for a plaintext payload. */
   age: AgeStreamParams | null;
+  /** Write with O_DIRECT where the native/directio addon and the file system allow it (default true; see src/util/directio.ts). */
+  directIo?: boolean;
 }
 
 const WORKER_SOURCE = String.raw`
@@ -312,33 +315,107 @@ const CHUNK = wd.ageChunk, TAG = wd.ageTag;
 const now = () => Number(process.hrtime.bigint()) / 1e6;
 const T = { seal: 0, write: 0, busy: 0 };
 
-// -- output: SHA-256 of the stored bytes, the first 64 of them, batched positional writes
+// -- output: SHA-256 of the stored bytes, the first 64 of them, batched positional writes.
+// wbuf holds the file's bytes [base, base + wlen). With direct I/O (wd.directAddon: Linux, the
+// native/directio addon built), wbuf is page-aligned memory and base starts at the 4 KiB
+// block holding the payload's first byte (the bytes of that block before it, the bundle's tar
+// header, are read back once), so whole blocks go out with O_DIRECT through a second
+// descriptor of the file, bypassing the page cache; the last partial block is written through
+// wd.fd. A file system or device that refuses O_DIRECT (EINVAL: tmpfs, an alignment it does not
+// take) turns it off for the rest of the bundle, and the same bytes go through wd.fd.
 const hash = crypto.createHash("sha256");
 let stored = 0;
 let head = Buffer.alloc(0);
-const wbuf = Buffer.allocUnsafeSlow(WB);
+const ALIGN = 4096;
+const CAP = WB + ALIGN;
+let wbuf = null;
+let dfd = -1;
+let base = wd.start;
 let wlen = 0;
-let pos = wd.start;
-function writeAll(buf, len) {
-  const t0 = now();
-  let off = 0;
-  while (off < len) off += fs.writeSync(wd.fd, buf, off, len - off, pos + off);
-  pos += len;
-  T.write += now() - t0;
+let directBytes = 0; // written with O_DIRECT
+if (wd.directAddon) {
+  try {
+    const ab = require(wd.directAddon).alignedBuffer(CAP + 1, ALIGN);
+    // MEMSNAP_DIRECT_IO=misaligned (tests): memory one byte off, which O_DIRECT refuses (EINVAL).
+    wbuf = Buffer.from(ab, process.env.MEMSNAP_DIRECT_IO === "misaligned" ? 1 : 0, CAP);
+    const lead = wd.start % ALIGN;
+    const rfd = fs.openSync("/proc/self/fd/" + wd.fd, "r");
+    try {
+      if (fs.readSync(rfd, wbuf, 0, lead, wd.start - lead) === lead) {
+        dfd = fs.openSync("/proc/self/fd/" + wd.fd, fs.constants.O_WRONLY | fs.constants.O_DIRECT);
+        base = wd.start - lead;
+        wlen = lead;
+      }
+    } finally {
+      fs.closeSync(rfd);
+    }
+  } catch {
+    dfd = -1; // no /proc, no O_DIRECT here: buffered writes
+  }
 }
-function flushWrites() {
-  writeAll(wbuf, wlen);
-  wlen = 0;
+if (wbuf === null) wbuf = Buffer.allocUnsafeSlow(CAP);
+function stopDirect() {
+  if (dfd < 0) return;
+  try { fs.closeSync(dfd); } catch {}
+  dfd = -1;
+}
+function writeAt(buf, off, len, at) {
+  while (len > 0) {
+    const n = fs.writeSync(wd.fd, buf, off, len, at);
+    off += n;
+    at += n;
+    len -= n;
+  }
+}
+/** Write what wbuf holds; with direct I/O, all but the last partial block unless it is the final flush. */
+function flushWrites(final) {
+  const t0 = now();
+  let n = wlen;
+  if (dfd >= 0) {
+    n = wlen - (wlen % ALIGN);
+    let done = 0;
+    if (n > 0) {
+      try {
+        done = fs.writeSync(dfd, wbuf, 0, n, base);
+        directBytes += done;
+      } catch (e) {
+        if (!e || e.code !== "EINVAL") throw e;
+        stopDirect();
+        n = wlen;
+      }
+    }
+    if (done < n) writeAt(wbuf, done, n - done, base + done); // a short direct write, or none
+    if (final && n < wlen) {
+      writeAt(wbuf, n, wlen - n, base + n);
+      n = wlen;
+    }
+  } else {
+    writeAt(wbuf, 0, wlen, base);
+  }
+  if (n < wlen) wbuf.copy(wbuf, 0, n, wlen); // the partial block waits for the next batch
+  base += n;
+  wlen -= n;
+  T.write += now() - t0;
 }
 function out(buf) {
   if (buf.length === 0) return;
   hash.update(buf);
   if (head.length < 64) head = Buffer.concat([head, buf.subarray(0, 64 - head.length)]);
   stored += buf.length;
-  if (wlen + buf.length > WB) flushWrites();
-  if (buf.length >= WB) return writeAll(buf, buf.length);
-  buf.copy(wbuf, wlen);
-  wlen += buf.length;
+  if (dfd < 0 && wlen === 0 && buf.length >= WB) {
+    const t0 = now();
+    writeAt(buf, 0, buf.length, base); // a whole slot (plaintext): straight from the ring
+    base += buf.length;
+    T.write += now() - t0;
+    return;
+  }
+  for (let off = 0; off < buf.length;) {
+    if (wlen === CAP) flushWrites(false);
+    const k = Math.min(CAP - wlen, buf.length - off);
+    buf.copy(wbuf, wlen, off, off + k);
+    wlen += k;
+    off += k;
+  }
 }
 
 // collect(n): a minor GC every 4 MiB sealed (see WORKER_MINOR_GC_JS).
@@ -390,9 +467,10 @@ try {
     const len = Atomics.load(ctl, 3 + i);
     if (len === 0) {
       if (key) seal(chunk.subarray(0, used), true);
-      flushWrites();
-      if (process.env.MEMSNAP_DEBUG_ENCODER) process.stderr.write("sink busy ms: " + JSON.stringify(T) + "\n");
-      parentPort.postMessage({ t: "sunk", taken, stored, sha256: hash.digest("hex"), head });
+      flushWrites(true);
+      stopDirect();
+      if (process.env.MEMSNAP_DEBUG_ENCODER) process.stderr.write("sink busy ms: " + JSON.stringify(T) + " direct bytes " + directBytes + "\n");
+      parentPort.postMessage({ t: "sunk", taken, stored, sha256: hash.digest("hex"), head, directBytes });
       break;
     }
     emit(ring.subarray(i * WB, i * WB + len));
@@ -403,6 +481,7 @@ try {
     T.busy += now() - t0;
   }
 } catch (e) {
+  stopDirect();
   parentPort.postMessage({ t: "err", kind: typeof e.code === "string" && e.syscall ? "io" : "internal", code: e.code, msg: String(e.message) });
   Atomics.store(ctl, 2, 1);
   Atomics.notify(ctl, 1);
@@ -447,7 +526,7 @@ type Msg =
   | { t: "ack"; ab: ArrayBuffer }
   | { t: "fack"; ab: ArrayBuffer }
   | { t: "done"; compressed: number }
-  | { t: "sunk"; taken: number; stored: number; sha256: string; head: Uint8Array }
+  | { t: "sunk"; taken: number; stored: number; sha256: string; head: Uint8Array; directBytes: number }
   | { t: "err"; kind: "io" | "internal"; code?: string; msg: string };
 
 /** Compresses, encrypts, hashes and writes the payload in a worker thread. */
@@ -477,6 +556,8 @@ export class PayloadEncoder {
   bytesIn = 0;
   /** Frames the main thread compressed itself while the worker was behind (for tests and MEMSNAP_DEBUG_ENCODER). */
   stolenFrames = 0;
+  /** Payload bytes the sink wrote with O_DIRECT (known once the payload is finished; for tests). */
+  directBytes = 0;
 
   constructor(opts: PayloadEncoderOptions) {
     this.#path = opts.path;
@@ -486,6 +567,7 @@ export class PayloadEncoder {
     const ctl = new SharedArrayBuffer((3 + W_SLOTS) * 4);
     this.#ctl = new Int32Array(ctl);
     const shared = { ring, ctl, slots: W_SLOTS, wBatch: W_BATCH, fd: opts.fd, start: opts.start };
+    const direct = opts.directIo === false ? null : directIoAddon();
     this.#sink = new Worker(SINK_SOURCE, {
       eval: true,
       execArgv: [],
@@ -494,6 +576,7 @@ export class PayloadEncoder {
         ...shared, ageChunk: AGE_CHUNK, ageTag: AGE_TAG,
         ageKey: opts.age ? Uint8Array.from(opts.age.key) : null,
         agePreamble: opts.age ? Uint8Array.from(opts.age.preamble) : null,
+        directAddon: direct,
       },
     });
     this.#worker = new Worker(WORKER_SOURCE, {
@@ -554,6 +637,7 @@ export class PayloadEncoder {
         return;
       case "sunk":
         this.#sunk = { taken: m.taken, stored: m.stored, sha256: m.sha256, head: m.head };
+        this.directBytes = m.directBytes;
         this.#settle();
         return;
       case "err": {

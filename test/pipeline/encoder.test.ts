@@ -1,15 +1,18 @@
 /**
  * PayloadEncoder on its own: plain (no age) output into a file, read back with the zstd CLI
- * and with our decoder; the main thread's frames (work stealing) land in order.
+ * and with our decoder; the main thread's frames (work stealing) land in order; O_DIRECT
+ * writes (native/directio) give the same file as the page cache, whatever the payload's start.
  */
 import { spawnSync } from "node:child_process";
 import { createHash } from "node:crypto";
-import { openSync, closeSync, readFileSync } from "node:fs";
+import { constants, existsSync, openSync, closeSync, readFileSync, unlinkSync, writeFileSync, writeSync } from "node:fs";
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
+import { generateIdentity, prepareAgeEncryption } from "../../src/pipeline/age.js";
 import { PayloadEncoder } from "../../src/pipeline/encoder.js";
+import { directIoAddon } from "../../src/util/directio.js";
 
 const zstdCli = spawnSync("zstd", ["--version"]).status === 0;
 const ci = process.env.CI === "true";
@@ -67,4 +70,115 @@ describe.skipIf(!zstdCli && !ci)("PayloadEncoder", () => {
     expect(d.stdout.length).toBe(input.length);
     expect(d.stdout.equals(input)).toBe(true);
   }, 120_000);
+});
+
+/** True when files in `dir` can be opened with O_DIRECT (not on tmpfs, for one). */
+function directOk(dir: string): boolean {
+  if (constants.O_DIRECT === undefined) return false;
+  const p = join(dir, "probe");
+  try {
+    closeSync(openSync(p, constants.O_WRONLY | constants.O_CREAT | constants.O_DIRECT, 0o600));
+    return true;
+  } catch {
+    return false;
+  } finally {
+    if (existsSync(p)) unlinkSync(p);
+  }
+}
+
+describe.skipIf(!zstdCli && !ci)("PayloadEncoder: direct I/O", () => {
+  it.runIf(ci && process.platform === "linux")("native/directio is built in CI", () => {
+    expect(directIoAddon(), "npm ci builds native/directio with node-gyp").not.toBeNull();
+  });
+
+  /** Encode `input` after a `start`-byte header, in odd-sized writes; the file, the result and how many bytes went out with O_DIRECT. */
+  async function encode(dir: string, start: number, input: Buffer, directIo: boolean, recipient: string | null) {
+    const path = join(dir, `p-${start}-${directIo}-${recipient !== null}.bin`);
+    const fd = openSync(path, "wx", 0o600);
+    const header = Buffer.alloc(start, 0x5a);
+    if (start) writeSync(fd, header, 0, start, 0);
+    const enc = new PayloadEncoder({
+      fd, start, path, level: 1, directIo,
+      age: recipient !== null ? await prepareAgeEncryption({ recipients: [recipient] }) : null,
+    });
+    try {
+      let off = 0;
+      for (let k = 1; off < input.length; k++) {
+        const n = Math.min(input.length - off, (k * 7919) % 300_000 + 1);
+        const w = enc.write(input.subarray(off, off + n));
+        if (w) await w;
+        off += n;
+      }
+      const r = await enc.finish();
+      return { path, r, header, direct: enc.directBytes };
+    } finally {
+      await enc.destroy();
+      closeSync(fd);
+    }
+  }
+
+  it("the same file with and without O_DIRECT: header kept, exact length, payload decodes, hash of the stored bytes", async () => {
+    const dir = await mkdtemp(join(tmpdir(), "memsnap-direct-"));
+    dirs.push(dir);
+    const expectDirect = directIoAddon() !== null && directOk(dir);
+    const input = Buffer.concat([textBytes(3 * 1024 * 1024 + 777, 11), Buffer.alloc(1 << 20), textBytes(4099, 3)]);
+    for (const start of [0, 512, 1536, 4096 + 512, 3 * 4096]) {
+      const a = await encode(dir, start, input, true, null);
+      const b = await encode(dir, start, input, false, null);
+      expect(b.direct).toBe(0);
+      if (expectDirect) expect(a.direct, `start ${start}`).toBeGreaterThan(0);
+      for (const x of [a, b]) {
+        const file = readFileSync(x.path);
+        expect(file.length).toBe(start + x.r.storedSize);
+        expect(file.subarray(0, start).equals(x.header)).toBe(true);
+        const payload = file.subarray(start);
+        expect(createHash("sha256").update(payload).digest("hex")).toBe(x.r.sha256);
+        const d = spawnSync("zstd", ["-d", "-q", "-c"], { input: payload, maxBuffer: 64 * 1024 * 1024 });
+        expect(d.status).toBe(0);
+        expect(d.stdout.equals(input)).toBe(true);
+      }
+    }
+  }, 120_000);
+
+  it("an age payload written with O_DIRECT: the age and zstd CLIs read it back to the same bytes", async () => {
+    const dir = await mkdtemp(join(tmpdir(), "memsnap-direct-"));
+    dirs.push(dir);
+    const { identity, recipient } = await generateIdentity();
+    const key = join(dir, "key.txt");
+    writeFileSync(key, `${identity}\n`, { mode: 0o600 });
+    const input = textBytes(2 * 1024 * 1024 + 13, 5);
+    const x = await encode(dir, 512, input, true, recipient);
+    if (directIoAddon() !== null && directOk(dir)) expect(x.direct).toBeGreaterThan(0);
+    const file = readFileSync(x.path);
+    expect(file.length).toBe(512 + x.r.storedSize);
+    const payload = file.subarray(512);
+    expect(createHash("sha256").update(payload).digest("hex")).toBe(x.r.sha256);
+    if (spawnSync("age", ["--version"]).status !== 0 && !ci) return;
+    const enc = join(dir, "payload.age");
+    writeFileSync(enc, payload);
+    const d = spawnSync("sh", ["-c", `age -d -i ${JSON.stringify(key)} ${JSON.stringify(enc)} | zstd -d -q -c`], { maxBuffer: 64 * 1024 * 1024 });
+    expect(d.status, d.stderr.toString()).toBe(0);
+    expect(d.stdout.equals(input)).toBe(true);
+  }, 120_000);
+
+  it("O_DIRECT refused mid-stream (EINVAL): the rest goes through the page cache, and the file is the same", async () => {
+    const dir = await mkdtemp(join(tmpdir(), "memsnap-direct-"));
+    dirs.push(dir);
+    const input = textBytes(3 * 1024 * 1024 + 5, 9);
+    const before = process.env.MEMSNAP_DIRECT_IO;
+    process.env.MEMSNAP_DIRECT_IO = "misaligned"; // the sink's memory is one byte off: every direct write is refused
+    let x;
+    try {
+      x = await encode(dir, 1536, input, true, null);
+    } finally {
+      if (before === undefined) delete process.env.MEMSNAP_DIRECT_IO;
+      else process.env.MEMSNAP_DIRECT_IO = before;
+    }
+    expect(x.direct).toBe(0);
+    const file = readFileSync(x.path);
+    expect(file.length).toBe(1536 + x.r.storedSize);
+    expect(file.subarray(0, 1536).equals(x.header)).toBe(true);
+    const d = spawnSync("zstd", ["-d", "-q", "-c"], { input: file.subarray(1536), maxBuffer: 64 * 1024 * 1024 });
+    expect(d.stdout.equals(input)).toBe(true);
+  }, 60_000);
 });
