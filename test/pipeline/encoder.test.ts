@@ -5,7 +5,7 @@
  */
 import { spawnSync } from "node:child_process";
 import { createHash } from "node:crypto";
-import { constants, existsSync, openSync, closeSync, readFileSync, unlinkSync, writeFileSync, writeSync } from "node:fs";
+import { existsSync, openSync, closeSync, readFileSync, writeFileSync, writeSync } from "node:fs";
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -13,6 +13,7 @@ import { afterAll, describe, expect, it } from "vitest";
 import { generateIdentity, prepareAgeEncryption } from "../../src/pipeline/age.js";
 import { PayloadEncoder } from "../../src/pipeline/encoder.js";
 import { directIoAddon } from "../../src/util/directio.js";
+import { directOk } from "../helpers/direct.js";
 
 const zstdCli = spawnSync("zstd", ["--version"]).status === 0;
 const ci = process.env.CI === "true";
@@ -72,19 +73,6 @@ describe.skipIf(!zstdCli && !ci)("PayloadEncoder", () => {
   }, 120_000);
 });
 
-/** True when files in `dir` can be opened with O_DIRECT (not on tmpfs, for one). */
-function directOk(dir: string): boolean {
-  if (constants.O_DIRECT === undefined) return false;
-  const p = join(dir, "probe");
-  try {
-    closeSync(openSync(p, constants.O_WRONLY | constants.O_CREAT | constants.O_DIRECT, 0o600));
-    return true;
-  } catch {
-    return false;
-  } finally {
-    if (existsSync(p)) unlinkSync(p);
-  }
-}
 
 describe.skipIf(!zstdCli && !ci)("PayloadEncoder: direct I/O", () => {
   it.runIf(ci && process.platform === "linux")("native/directio is built in CI", () => {

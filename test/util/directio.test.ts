@@ -5,26 +5,14 @@
  * back to the page cache for the rest. And a restore of a big file through it gives the bytes back.
  */
 import { createHash, randomBytes } from "node:crypto";
-import { closeSync, constants, existsSync, mkdirSync, openSync, readFileSync, unlinkSync, writeFileSync } from "node:fs";
+import { closeSync, mkdirSync, openSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import { parseConfig, restoreToDir, snapshot } from "../../src/index.js";
 import { alignedBuffer, directIoAddon, SequentialDirectWriter } from "../../src/util/directio.js";
 import { tempDir } from "../helpers/cli.js";
+import { directOk } from "../helpers/direct.js";
 
-/** True when files in `dir` can be opened with O_DIRECT. */
-function directOk(dir: string): boolean {
-  if (constants.O_DIRECT === undefined) return false;
-  const p = join(dir, "probe");
-  try {
-    closeSync(openSync(p, constants.O_WRONLY | constants.O_CREAT | constants.O_DIRECT, 0o600));
-    return true;
-  } catch {
-    return false;
-  } finally {
-    if (existsSync(p)) unlinkSync(p);
-  }
-}
 
 async function writeWith(path: string, data: Buffer, buf: Buffer, step: (k: number) => number): Promise<number> {
   const fd = openSync(path, "wx", 0o600);
