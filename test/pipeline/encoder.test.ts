@@ -5,7 +5,7 @@
  */
 import { spawnSync } from "node:child_process";
 import { createHash } from "node:crypto";
-import { existsSync, openSync, closeSync, readFileSync, writeFileSync, writeSync } from "node:fs";
+import { openSync, closeSync, readFileSync, writeFileSync, writeSync } from "node:fs";
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
