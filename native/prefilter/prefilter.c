@@ -25,6 +25,7 @@
 #include <node_api.h>
 #include <stdint.h>
 #include <string.h>
+#include "prefilter.h"
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
@@ -260,6 +261,8 @@ static long scan(bytes b, long lo, long from, long end) {
   return -1;
 }
 
+long memsnap_scan(const uint8_t *b, long lo, long from, long end) { return from >= end ? -1 : scan(b, lo, from, end); }
+
 /* scan(buf: Uint8Array, start?: number, end?: number, from?: number): number; look-behinds stop at start, the search begins at from */
 static napi_value Scan(napi_env env, napi_callback_info info) {
   size_t argc = 4;
@@ -313,6 +316,7 @@ static napi_value Init(napi_env env, napi_value exports) {
   napi_get_boolean(env, false, &simd);
 #endif
   napi_set_named_property(env, exports, "simd", simd);
+  memsnap_register_sqlite_walk(env, exports);
   return exports;
 }
 
