@@ -50,7 +50,7 @@ import { Worker } from "node:worker_threads";
 import { createRequire } from "node:module";
 import { MemsnapError, destinationError } from "../errors.js";
 import type { PayloadWritten } from "../format/container.js";
-import { directIoAddon } from "../util/directio.js";
+import { directIoAddon, memoryAddon } from "../util/directio.js";
 import { WORKER_MINOR_GC_JS } from "../util/gc.js";
 import { AGE_CHUNK, AGE_TAG, type AgeStreamParams } from "./age.js";
 
@@ -88,9 +88,22 @@ export interface PayloadEncoderOptions {
   directIo?: boolean;
 }
 
+/**
+ * Worker-source helper: native/directio's memcpy (or null: Buffer#copy). V8 copies into and out
+ * of a SharedArrayBuffer with relaxed atomic word stores, several times slower than memcpy;
+ * the ring's hand-over is ordered by Atomics either way (see native/directio/directio.c).
+ */
+const NATIVE_COPY_SOURCE = String.raw`
+function nativeCopy(path) {
+  if (!path) return null;
+  try { return require(path).copy; } catch { return null; }
+}
+`;
+
 const WORKER_SOURCE = String.raw`
 "use strict";
 const { parentPort, workerData: wd } = require("node:worker_threads");
+${NATIVE_COPY_SOURCE}
 const b = require(wd.bindingPath);
 const EMPTY = Buffer.alloc(0);
 let failed = false;
@@ -103,6 +116,7 @@ const T = { z: 0, ring: 0, idle: 0 }; // busy ms, for MEMSNAP_DEBUG_ENCODER
 const ring = Buffer.from(wd.ring);
 const ctl = new Int32Array(wd.ctl);
 const SLOTS = wd.slots, WB = wd.wBatch;
+const COPY = nativeCopy(wd.memAddon);
 let compressed = 0;
 let slot = 0, wlen = 0, published = 0;
 class SinkGone extends Error {}
@@ -131,7 +145,8 @@ function emit(buf) {
   while (off < buf.length) {
     if (wlen === 0) acquire();
     const n = Math.min(WB - wlen, buf.length - off);
-    buf.copy(ring, slot * WB + wlen, off, off + n);
+    if (COPY !== null) COPY(ring, slot * WB + wlen, buf, off, n);
+    else buf.copy(ring, slot * WB + wlen, off, off + n);
     wlen += n;
     off += n;
     if (wlen === WB) publish(WB);
@@ -306,11 +321,13 @@ parentPort.on("message", (m) => {
 const SINK_SOURCE = String.raw`
 "use strict";
 const { parentPort, workerData: wd } = require("node:worker_threads");
+${NATIVE_COPY_SOURCE}
 const crypto = require("node:crypto");
 const fs = require("node:fs");
 const ring = Buffer.from(wd.ring);
 const ctl = new Int32Array(wd.ctl);
 const SLOTS = wd.slots, WB = wd.wBatch;
+const COPY = nativeCopy(wd.memAddon);
 const CHUNK = wd.ageChunk, TAG = wd.ageTag;
 const now = () => Number(process.hrtime.bigint()) / 1e6;
 const T = { seal: 0, write: 0, busy: 0 };
@@ -412,7 +429,8 @@ function out(buf) {
   for (let off = 0; off < buf.length;) {
     if (wlen === CAP) flushWrites(false);
     const k = Math.min(CAP - wlen, buf.length - off);
-    buf.copy(wbuf, wlen, off, off + k);
+    if (COPY !== null) COPY(wbuf, wlen, buf, off, k); // buf may be the shared ring
+    else buf.copy(wbuf, wlen, off, off + k);
     wlen += k;
     off += k;
   }
@@ -566,7 +584,7 @@ export class PayloadEncoder {
     const ring = new SharedArrayBuffer(W_SLOTS * W_BATCH);
     const ctl = new SharedArrayBuffer((3 + W_SLOTS) * 4);
     this.#ctl = new Int32Array(ctl);
-    const shared = { ring, ctl, slots: W_SLOTS, wBatch: W_BATCH, fd: opts.fd, start: opts.start };
+    const shared = { ring, ctl, slots: W_SLOTS, wBatch: W_BATCH, fd: opts.fd, start: opts.start, memAddon: memoryAddon() };
     const direct = opts.directIo === false ? null : directIoAddon();
     this.#sink = new Worker(SINK_SOURCE, {
       eval: true,

@@ -24,6 +24,15 @@ export function directIoAddon(): string | null {
   return existsSync(ADDON) ? ADDON : null;
 }
 
+/**
+ * The addon's path for its memcpy (`copy`), used with shared memory whatever the O_DIRECT
+ * setting (null: not built, or `MEMSNAP_NATIVE=0`: Buffer#copy).
+ */
+export function memoryAddon(): string | null {
+  if (process.env.MEMSNAP_NATIVE === "0") return null;
+  return existsSync(ADDON) ? ADDON : null;
+}
+
 /** Writes are whole blocks of this many bytes at offsets that are multiples of it. */
 export const DIRECT_ALIGN = 4096;
 

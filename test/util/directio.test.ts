@@ -9,7 +9,8 @@ import { closeSync, mkdirSync, openSync, readFileSync, writeFileSync } from "nod
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import { parseConfig, restoreToDir, snapshot } from "../../src/index.js";
-import { alignedBuffer, directIoAddon, SequentialDirectWriter } from "../../src/util/directio.js";
+import { createRequire } from "node:module";
+import { alignedBuffer, directIoAddon, memoryAddon, SequentialDirectWriter } from "../../src/util/directio.js";
 import { tempDir } from "../helpers/cli.js";
 import { directOk } from "../helpers/direct.js";
 
@@ -43,6 +44,32 @@ async function withEnv<T>(value: string | undefined, f: () => Promise<T>): Promi
     else process.env.MEMSNAP_DIRECT_IO = before;
   }
 }
+
+describe.runIf(memoryAddon() !== null)("native/directio copy (memcpy into shared memory)", () => {
+  type Copy = (dst: Uint8Array, dstOffset: number, src: Uint8Array, srcOffset: number, length: number) => void;
+  const copy = (): Copy => (createRequire(import.meta.url)(memoryAddon()!) as { copy: Copy }).copy;
+
+  it("copies the bytes asked for into a SharedArrayBuffer and from one, and nothing else", () => {
+    const ring = Buffer.from(new SharedArrayBuffer(1 << 16));
+    const src = randomBytes(40000);
+    copy()(ring, 123, src, 7, 30000);
+    expect(ring.subarray(123, 30123).equals(src.subarray(7, 30007))).toBe(true);
+    expect(ring.subarray(0, 123).every((b) => b === 0) && ring.subarray(30123).every((b) => b === 0)).toBe(true);
+    const back = Buffer.alloc(30000);
+    copy()(back, 0, ring, 123, 30000);
+    expect(back.equals(src.subarray(7, 30007))).toBe(true);
+  });
+
+  it("refuses a range past either end, and anything but Uint8Arrays", () => {
+    const a = Buffer.alloc(16);
+    const b = Buffer.alloc(16);
+    expect(() => copy()(a, 12, b, 0, 5)).toThrow(/within both arrays/);
+    expect(() => copy()(a, 0, b, 12, 5)).toThrow(/within both arrays/);
+    expect(() => copy()(a, -1, b, 0, 1)).toThrow(/within both arrays/);
+    expect(() => copy()(new Uint16Array(8) as unknown as Uint8Array, 0, b, 0, 1)).toThrow(/Uint8Arrays/);
+    expect(a.every((x) => x === 0)).toBe(true);
+  });
+});
 
 describe.runIf(directIoAddon() !== null)("SequentialDirectWriter", () => {
   it("writes the same bytes, in any chunking, at any length; whole blocks with O_DIRECT", async () => {
