@@ -301,7 +301,10 @@ static napi_value Walk(napi_env env, napi_callback_info info) {
   if (got < 0 || (size_t)got > buf_len || w.ps < 512 || w.ps > 65536 || w.usable < 480 || w.usable > w.ps) goto bad;
 
   long ps = w.ps, usable = w.usable;
-  long *blocks = malloc(sizeof(long) * (size_t)(ps / 2 + 4));
+  /* The regions of one page: the pointer gap, the freed blocks (strictly increasing offsets, at
+     most ps + 1 of them: the JS walk's guard), the reserved tail; two entries each. */
+  const long cap = 2 * (ps + 4);
+  long *blocks = malloc(sizeof(long) * (size_t)cap);
   if (!blocks) { napi_throw_error(env, NULL, "walk: out of memory"); return NULL; }
   int ret = WALK_DONE;
   long region = region0;
@@ -333,7 +336,7 @@ static napi_value Walk(napi_env env, napi_callback_info info) {
         if (ok) { blocks[nreg++] = ptr_end; blocks[nreg++] = c_start; }
         long guard = 0;
         for (long fb = u16(b, ho + 1), prev = 0; ok && fb; guard++) {
-          if (fb <= prev || fb < c_start || fb + 4 > usable || guard > ps) { ok = 0; break; }
+          if (fb <= prev || fb < c_start || fb + 4 > usable || guard > ps || nreg + 4 > cap) { ok = 0; break; }
           long sz = u16(b, fb + 2);
           if (sz < 4 || fb + sz > usable) { ok = 0; break; }
           blocks[nreg++] = fb + 4;

@@ -652,7 +652,10 @@ async function scanStale(h, st, size, pageCount, cells = null) {
   if (seen !== nFree) return "freelist";
   if (cells !== null) Object.assign(cells, newCellScan(h, st, ps, usable, pageCount, free));
   const others = [];
-  let verdict = WALK !== null ? await walkPages(h, st, size, ps, usable, pageCount, free, cells, others) : null;
+  // (a usable size under 480 bytes is no valid database; the JS walk takes it as before)
+  const native = WALK !== null && usable >= 480;
+  st.walk = native ? "native" : "js";
+  let verdict = native ? await walkPages(h, st, size, ps, usable, pageCount, free, cells, others) : null;
   const region = (b, a, e, p) => {
     if (e <= a || verdict) return;
     if (ZERO.compare(b, a, e, 0, e - a) === 0) return;
@@ -663,7 +666,7 @@ async function scanStale(h, st, size, pageCount, cells = null) {
   };
   const CH = 64 * ps;
   const buf = Buffer.allocUnsafe(CH);
-  for (let off = 0; off < size && !verdict && WALK === null; off += CH) {
+  for (let off = 0; off < size && !verdict && !native; off += CH) {
     const got = fs.readSync(fd, buf, 0, Math.min(CH, size - off), off);
     for (let po = 0; po < got && !verdict; po += ps) {
       const p = (off + po) / ps + 1;
@@ -783,7 +786,6 @@ async function liveBegin(job) {
           const cells = { state: "unparsed" }; // "scan" once the walk starts (an empty file or a refused freelist never does)
           const stale = await scanStale(h, st, stat.size, pageCount, cells);
           st.cells_via = "pages";
-          st.walk = WALK !== null ? "native" : "js";
           if (cells.state !== "scan") {
             // a hit, or pages this parser cannot read (or a freelist it refused): SQL decides
             st.cells_via = "sql";

@@ -6,7 +6,7 @@
  * the database's end) and on random ones.
  */
 import { spawnSync } from "node:child_process";
-import { appendFileSync, closeSync, openSync, readSync, writeSync } from "node:fs";
+import { appendFileSync, closeSync, openSync, readFileSync, readSync, writeFileSync, writeSync } from "node:fs";
 import { open } from "node:fs/promises";
 import { createRequire } from "node:module";
 import { join } from "node:path";
@@ -219,6 +219,36 @@ describe.runIf(walkBuilt)("sqlite live read: the native page walk answers as the
       expect: { eligible: true },
     },
     {
+      name: "a chain of 1,200 overlapping freed blocks (more than a page could hold apart)",
+      build: (p) => {
+        makeDb(p, "CREATE TABLE a (x TEXT); CREATE TABLE b (x TEXT); INSERT INTO b VALUES ('one');");
+        // page 2 (table a, empty): content starts at 16; freed blocks at 16, 19, 22, …, 3 bytes
+        // apart, each block's last byte also the next one's first. A block: next (2 bytes),
+        // size (2 bytes): the size's high byte is 1 and its low byte the next pointer's high byte.
+        const pg = Buffer.alloc(4096);
+        pg[0] = 13;
+        pg.writeUInt16BE(16, 1); // first freed block
+        pg.writeUInt16BE(0, 3); // no cells
+        pg.writeUInt16BE(16, 5); // content start
+        let f = 16;
+        let blocks = 1;
+        for (; f + 3 <= 3700; f += 3, blocks++) {
+          pg[f] = (f + 3) >> 8;
+          pg[f + 1] = (f + 3) & 0xff;
+          pg[f + 2] = 1;
+          pg[f + 3] = (f + 6) >> 8;
+        }
+        pg.writeUInt16BE(0, f); // the last block: no next (the one before it is 256 bytes long)
+        pg.writeUInt16BE(4, f + 2);
+        expect(blocks).toBeGreaterThan(4096 / 4);
+        const fd = openSync(p, "r+");
+        writeSync(fd, pg, 0, 4096, 4096);
+        closeSync(fd);
+      },
+      // the page was read as a b-tree page: its cells (none) come from the pages
+      expect: { eligible: true, scan: expect.objectContaining({ cells_via: "pages" }) },
+    },
+    {
       name: "bytes past the database's end (a partial last page)",
       build: (p) => {
         makeDb(p, `CREATE TABLE t (x TEXT); INSERT INTO t VALUES ('${MAYBE}');`);
@@ -274,6 +304,44 @@ describe.runIf(walkBuilt)("sqlite live read: the native page walk answers as the
       ),
       { numRuns: Number(process.env.WALK_RUNS ?? 60) },
     );
+  });
+});
+
+describe.runIf(walkBuilt)("sqlite live read: the native page walk on damaged pages", () => {
+  it("property: bytes overwritten anywhere in the b-tree pages give the same answer in both walks (and no crash)", async () => {
+    const native = new SqliteWorker({ walk: "native" });
+    const js = new SqliteWorker({ walk: "js" });
+    const dir = tempDir("memsnap-walk-fuzz-");
+    const base = join(dir, "base.db");
+    makeDb(base, `PRAGMA page_size = 1024; PRAGMA secure_delete = ON; CREATE TABLE t (id INTEGER PRIMARY KEY, x TEXT); CREATE INDEX tx ON t (x);
+      CREATE TABLE u (k TEXT PRIMARY KEY, v) WITHOUT ROWID;
+      WITH RECURSIVE c(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM c WHERE i < 120)
+        INSERT INTO t (x) SELECT 'row ' || i || ' ' || printf('%.*c', (i * 53) % 1500, 'f') FROM c;
+      INSERT INTO u SELECT x, id FROM t WHERE id % 3 = 0; DELETE FROM t WHERE id % 7 = 0;`);
+    const bytes = readFileSync(base);
+    let n = 0;
+    try {
+      await fc.assert(
+        fc.asyncProperty(
+          // (offset in the file past page 1, value): header bytes, cell pointers, record headers, freed-block chains
+          fc.array(fc.tuple(fc.integer({ min: 1024, max: bytes.length - 1 }), fc.integer({ min: 0, max: 255 }), fc.boolean()), { minLength: 1, maxLength: 12 }),
+          async (edits) => {
+            const b = Buffer.from(bytes);
+            // half the edits land in the first 16 bytes of a page (its header), the rest anywhere
+            for (const [off, v, head] of edits) b[head ? off - (off % 1024) + (off % 16) : off] = v;
+            const path = join(dir, `f${++n}.db`);
+            writeFileSync(path, b);
+            const a = await begin(native, path, n);
+            const c = await begin(js, path, n);
+            expect(a).toEqual(c);
+          },
+        ),
+        { numRuns: Number(process.env.WALK_RUNS ?? 80) },
+      );
+    } finally {
+      await native.close();
+      await js.close();
+    }
   });
 });
 
