@@ -54,7 +54,7 @@ export async function extractPayload(
   const spools = new Map<string, RestoreSpool>();
   const total = manifest.payload.bytes;
   let written = 0;
-  let direct: Buffer | null | undefined; // one aligned buffer for the big files, written one at a time
+  let direct: Buffer[] | null | undefined; // aligned buffers for the big files, written one at a time
   const made = new Set<string>();
   const declared = manifest.index ? new Map(manifest.index.map((e) => [e.path, e.size])) : null;
   let current: string | null = null;
@@ -166,7 +166,12 @@ export async function extractPayload(
       // Big files go out with O_DIRECT where the addon and the file system allow it (see
       // src/util/directio.ts): the restore is CPU-bound, and the page cache's copy and
       // writeback are CPU the hashing and decompression need.
-      if (direct === undefined) direct = alignedBuffer(WRITE_BATCH);
+      // Two buffers: one fills while the other is written (see SequentialDirectWriter).
+      if (direct === undefined) {
+        const a = alignedBuffer(WRITE_BATCH);
+        const b = a && alignedBuffer(WRITE_BATCH);
+        direct = a && b ? [a, b] : a && [a];
+      }
       const dw = direct && info.size >= DIRECT_MIN ? new SequentialDirectWriter(dest, fh.fd, direct) : null;
       try {
         let n = 0;
@@ -196,7 +201,7 @@ export async function extractPayload(
         if (e instanceof MemsnapError) throw e;
         throw destinationError(e, dest);
       } finally {
-        dw?.close();
+        await dw?.settle(); // no write in flight when the descriptors close
         await fh.close();
       }
       crashPoint("restore:staged-entry");

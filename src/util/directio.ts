@@ -49,17 +49,31 @@ export function alignedBuffer(size: number): Buffer | null {
 }
 
 /**
- * A new file written front to back, from offset 0: whole blocks go out with O_DIRECT from the
- * aligned `buf` through a second descriptor, the tail through `fd`. Falls back to `fd` alone
+ * A new file written front to back, from offset 0: whole blocks go out with O_DIRECT from
+ * aligned buffers through a second descriptor, the tail through `fd`. Falls back to `fd` alone
  * (the same bytes) where O_DIRECT is refused: at open, or EINVAL on a write. One file at a
- * time per buffer; {@link close} before the file's own descriptor is closed.
+ * time per set of buffers.
+ *
+ * With two buffers, one fills while the other is written: an O_DIRECT write returns only once
+ * the device has the bytes, so with one buffer the restore stood still for every write (one
+ * write is in flight at a time either way). Call {@link end} to finish the file, or
+ * {@link settle} when giving up on it; either waits for the write in flight, so the file's
+ * descriptors may be closed after it.
  */
 export class SequentialDirectWriter {
   #dfd: number | null;
+  readonly #bufs: readonly Buffer[];
+  #cur = 0;
   #fill = 0;
+  /** File offset of the current buffer's first byte. */
   #pos = 0;
+  #inflight: Promise<void> | null = null;
 
-  constructor(readonly path: string, readonly fd: number, readonly buf: Buffer) {
+  constructor(readonly path: string, readonly fd: number, bufs: Buffer | readonly Buffer[]) {
+    this.#bufs = Array.isArray(bufs) ? bufs : [bufs as Buffer];
+    if (this.#bufs.length < 1 || this.#bufs.length > 2 || this.#bufs.some((b) => b.length !== this.#bufs[0]!.length || b.length % DIRECT_ALIGN !== 0)) {
+      throw new RangeError("SequentialDirectWriter: one or two buffers of the same size, a multiple of 4096 bytes");
+    }
     try {
       this.#dfd = openSync(path, constants.O_WRONLY | constants.O_DIRECT);
     } catch {
@@ -72,45 +86,75 @@ export class SequentialDirectWriter {
 
   async write(c: Uint8Array): Promise<void> {
     for (let off = 0; off < c.length;) {
-      const k = Math.min(this.buf.length - this.#fill, c.length - off);
-      this.buf.set(c.subarray(off, off + k), this.#fill);
+      const buf = this.#bufs[this.#cur]!;
+      const k = Math.min(buf.length - this.#fill, c.length - off);
+      buf.set(c.subarray(off, off + k), this.#fill);
       this.#fill += k;
       off += k;
-      if (this.#fill === this.buf.length) await this.#flush(false);
+      if (this.#fill === buf.length) await this.#submit(false);
     }
   }
 
   /** Write what is left (the last partial block through the ordinary descriptor) and close the direct one. */
   async end(): Promise<void> {
-    await this.#flush(true);
+    await this.#submit(true);
+    await this.#inflight;
     this.close();
   }
 
+  /** Wait for the write in flight (its error is dropped) and close the direct descriptor. */
+  async settle(): Promise<void> {
+    await this.#inflight?.catch(() => undefined);
+    this.close();
+  }
+
+  /** Close the direct descriptor; only once no write is in flight (after {@link end} or {@link settle}). */
   close(): void {
     if (this.#dfd !== null) closeSync(this.#dfd);
     this.#dfd = null;
   }
 
-  async #flush(final: boolean): Promise<void> {
-    let n = this.#fill;
+  /**
+   * Hand the current buffer's whole blocks (all of it when `final`) to a write, once the one
+   * in flight is done; the partial block left over starts the other buffer.
+   */
+  async #submit(final: boolean): Promise<void> {
+    await this.#inflight;
+    this.#inflight = null;
+    const buf = this.#bufs[this.#cur]!;
+    const fill = this.#fill;
+    const n = final || this.#dfd === null ? fill : fill - (fill % DIRECT_ALIGN);
+    const write = this.#writeOut(buf, n, this.#pos);
+    const next = this.#bufs[(this.#cur + 1) % this.#bufs.length]!;
+    if (next === buf) {
+      await write; // one buffer: its bytes must be out before it is filled again
+      if (n < fill) buf.copy(buf, 0, n, fill);
+    } else {
+      if (n < fill) buf.copy(next, 0, n, fill);
+      write.catch(() => undefined); // awaited by the next submit, end or settle
+      this.#inflight = write;
+      this.#cur = (this.#cur + 1) % this.#bufs.length;
+    }
+    this.#pos += n;
+    this.#fill = fill - n;
+  }
+
+  /** Write buf[0, n) at `pos`: whole blocks with O_DIRECT while it is on, the rest through `fd`. */
+  async #writeOut(buf: Buffer, n: number, pos: number): Promise<void> {
     let done = 0;
     if (this.#dfd !== null) {
-      n = this.#fill - (this.#fill % DIRECT_ALIGN);
-      if (n > 0) {
+      const whole = n - (n % DIRECT_ALIGN);
+      if (whole > 0) {
         try {
-          done = await writeP(this.#dfd, this.buf, 0, n, this.#pos);
+          done = await writeP(this.#dfd, buf, 0, whole, pos);
           this.direct += done;
         } catch (e) {
           if ((e as NodeJS.ErrnoException).code !== "EINVAL") throw e;
           this.close();
         }
       }
-      if (final || this.#dfd === null) n = this.#fill;
     }
-    await writeAll(this.fd, this.buf, done, n - done, this.#pos + done);
-    if (n < this.#fill) this.buf.copy(this.buf, 0, n, this.#fill);
-    this.#pos += n;
-    this.#fill -= n;
+    await writeAll(this.fd, buf, done, n - done, pos + done);
   }
 }
 

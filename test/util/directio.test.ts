@@ -15,7 +15,7 @@ import { tempDir } from "../helpers/cli.js";
 import { directOk } from "../helpers/direct.js";
 
 
-async function writeWith(path: string, data: Buffer, buf: Buffer, step: (k: number) => number): Promise<number> {
+async function writeWith(path: string, data: Buffer, buf: Buffer | Buffer[], step: (k: number) => number): Promise<number> {
   const fd = openSync(path, "wx", 0o600);
   const w = new SequentialDirectWriter(path, fd, buf);
   try {
@@ -28,7 +28,7 @@ async function writeWith(path: string, data: Buffer, buf: Buffer, step: (k: numb
     await w.end();
     return w.direct;
   } finally {
-    w.close();
+    await w.settle();
     closeSync(fd);
   }
 }
@@ -76,25 +76,46 @@ describe.runIf(directIoAddon() !== null)("SequentialDirectWriter", () => {
     const dir = tempDir("memsnap-directio-");
     const expectDirect = directOk(dir);
     const buf = alignedBuffer(1 << 20)!;
+    const buf2 = alignedBuffer(1 << 20)!;
     expect(buf).not.toBeNull();
-    for (const [len, step] of [[0, () => 1], [100, () => 7], [4096, () => 4096], [(3 << 20) + 4095, (k: number) => (k * 7919) % 300_000 + 1], [5 << 20, () => 1 << 20]] as const) {
-      const data = randomBytes(len);
-      const path = join(dir, `f-${len}`);
-      const direct = await writeWith(path, data, buf, step);
-      expect(readFileSync(path).equals(data), `length ${len}`).toBe(true);
-      if (expectDirect) expect(direct).toBe(len - (len % 4096));
+    for (const bufs of [buf, [buf, buf2]]) {
+      for (const [len, step] of [[0, () => 1], [100, () => 7], [4096, () => 4096], [(3 << 20) + 4095, (k: number) => (k * 7919) % 300_000 + 1], [5 << 20, () => 1 << 20], [(2 << 20) + 1, () => 3 << 20]] as const) {
+        const data = randomBytes(len);
+        const path = join(dir, `f-${len}-${Array.isArray(bufs) ? 2 : 1}`);
+        const direct = await writeWith(path, data, bufs, step);
+        expect(readFileSync(path).equals(data), `length ${len}, ${Array.isArray(bufs) ? 2 : 1} buffer(s)`).toBe(true);
+        if (expectDirect) expect(direct).toBe(len - (len % 4096));
+      }
     }
   });
 
   it("O_DIRECT refused (EINVAL on the first write): the page cache takes the same bytes", async () => {
     const dir = tempDir("memsnap-directio-");
-    const buf = await withEnv("misaligned", async () => alignedBuffer(1 << 20));
+    const [buf, buf2] = await withEnv("misaligned", async () => [alignedBuffer(1 << 20), alignedBuffer(1 << 20)]);
     expect(buf).not.toBeNull();
-    const data = randomBytes((2 << 20) + 333);
+    for (const bufs of [buf!, [buf!, buf2!]]) {
+      const data = randomBytes((2 << 20) + 333);
+      const path = join(dir, `f-${Array.isArray(bufs) ? 2 : 1}`);
+      const direct = await writeWith(path, data, bufs, (k) => (k * 104_729) % 700_000 + 1);
+      expect(direct).toBe(0);
+      expect(readFileSync(path).equals(data)).toBe(true);
+    }
+  });
+
+  it("a failed write surfaces (here the tail's, at the end), and settle() then closes", async () => {
+    const dir = tempDir("memsnap-directio-");
     const path = join(dir, "f");
-    const direct = await writeWith(path, data, buf!, (k) => (k * 104_729) % 700_000 + 1);
-    expect(direct).toBe(0);
-    expect(readFileSync(path).equals(data)).toBe(true);
+    closeSync(openSync(path, "wx", 0o600));
+    // the file's own descriptor read-only: the tail's write fails with EBADF
+    const ro = openSync(path, "r");
+    const w2 = new SequentialDirectWriter(path, ro, [alignedBuffer(1 << 20)!, alignedBuffer(1 << 20)!]);
+    try {
+      await w2.write(randomBytes(100));
+      await expect(w2.end()).rejects.toMatchObject({ code: "EBADF" });
+    } finally {
+      await w2.settle();
+      closeSync(ro);
+    }
   });
 
   it("a restore writes big files with and without it to the same bytes", async () => {
