@@ -665,7 +665,7 @@ async function scanStale(h, st, size, pageCount, cells = null) {
     if (verdict) st.found = "stale page " + p;
   };
   const CH = 64 * ps;
-  const buf = Buffer.allocUnsafe(CH);
+  const buf = native ? null : Buffer.allocUnsafe(CH); // the JS walk's read buffer
   for (let off = 0; off < size && !verdict && !native; off += CH) {
     const got = fs.readSync(fd, buf, 0, Math.min(CH, size - off), off);
     for (let po = 0; po < got && !verdict; po += ps) {
