@@ -21,6 +21,7 @@ import { Readable } from "node:stream";
 import { Worker } from "node:worker_threads";
 import { createRequire } from "node:module";
 import { MemsnapError } from "../errors.js";
+import { AEAD_LOAD_SOURCE, aeadAddonPath } from "../util/aead.js";
 import { WORKER_MINOR_GC_JS } from "../util/gc.js";
 import { AGE_DAMAGED_HINT, AGE_SEALED_CHUNK } from "./age.js";
 
@@ -51,6 +52,7 @@ const { parentPort, workerData: wd } = require("node:worker_threads");
 const crypto = require("node:crypto");
 const fs = require("node:fs");
 const b = require(wd.bindingPath);
+${AEAD_LOAD_SOURCE}
 const SEALED = wd.sealedChunk, TAG = 16;
 let failed = false, finished = false;
 let credit = wd.outCredit;
@@ -102,6 +104,7 @@ function decompressSome() {
       if (item.pos === item.buf.length && (r[1] < dst.length || r[0] === 0)) break;
     }
     plain.shift();
+    if (item.buf.pooled !== undefined) plainFree.push(item.buf.pooled);
   }
   return true;
 }
@@ -118,7 +121,19 @@ const key = wd.ageKey ? Buffer.from(wd.ageKey) : null;
 const sealedBuf = key ? Buffer.allocUnsafeSlow(SEALED) : null;
 let used = 0, counter = 0, sealedDone = false;
 const nonce = Buffer.alloc(12);
+// With native/aead, chunks open into recycled 64 KiB buffers (given back once zstd has
+// consumed them); node:crypto otherwise (a cipher object and a fresh buffer per chunk).
+const AEAD = key ? loadAead(wd.aeadAddon) : null;
+const plainFree = [];
 function tryOpen(sealed, last) {
+  if (AEAD !== null) {
+    const p = plainFree.pop() || Buffer.allocUnsafeSlow(SEALED - TAG);
+    const n = AEAD.open(key, counter, last, sealed, 0, sealed.length, p, 0);
+    if (n < 0) { plainFree.push(p); return null; }
+    const r = p.subarray(0, n);
+    r.pooled = p;
+    return r;
+  }
   nonce.fill(0);
   nonce.writeUIntBE(counter, 5, 6);
   nonce[11] = last ? 1 : 0;
@@ -130,7 +145,7 @@ function tryOpen(sealed, last) {
 }
 function openChunk(sealed, last) {
   const p = tryOpen(sealed, last);
-  if (p !== null) { counter++; feedPlain(p); collect(p.length); return true; }
+  if (p !== null) { counter++; feedPlain(p); if (AEAD === null) collect(p.length); return true; }
   if (!last && tryOpen(sealed, true) !== null) return fail("decrypt", "trailing data after the final age chunk (chunk " + counter + ")"), false;
   if (last && sealed.length === SEALED && tryOpen(sealed, false) !== null) {
     return fail("decrypt", "the age payload is truncated: it ends after chunk " + counter + ", which is not marked final"), false;
@@ -302,6 +317,7 @@ export class PayloadDecoder extends Readable {
         bindingPath: bindingPath(), path: opts.path, offset: opts.offset, size: opts.size,
         ageKey: opts.age ? Uint8Array.from(opts.age.key) : null, ageOffset: opts.age?.offset ?? 0,
         maxOut: opts.maxOutputBytes, sealedChunk: AGE_SEALED_CHUNK, readBlock: READ_BLOCK, outChunk: OUT_CHUNK, outCredit: OUT_CREDIT,
+        aeadAddon: aeadAddonPath(),
       },
     });
     this.#worker.on("message", (m: Msg) => this.#onMessage(m));

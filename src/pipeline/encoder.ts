@@ -50,6 +50,7 @@ import { Worker } from "node:worker_threads";
 import { createRequire } from "node:module";
 import { MemsnapError, destinationError } from "../errors.js";
 import type { PayloadWritten } from "../format/container.js";
+import { AEAD_LOAD_SOURCE, aeadAddonPath } from "../util/aead.js";
 import { directIoAddon, memoryAddon } from "../util/directio.js";
 import { WORKER_MINOR_GC_JS } from "../util/gc.js";
 import { AGE_CHUNK, AGE_TAG, type AgeStreamParams } from "./age.js";
@@ -322,6 +323,7 @@ const SINK_SOURCE = String.raw`
 "use strict";
 const { parentPort, workerData: wd } = require("node:worker_threads");
 ${NATIVE_COPY_SOURCE}
+${AEAD_LOAD_SOURCE}
 const crypto = require("node:crypto");
 const fs = require("node:fs");
 const ring = Buffer.from(wd.ring);
@@ -414,11 +416,15 @@ function flushWrites(final) {
   wlen -= n;
   T.write += now() - t0;
 }
-function out(buf) {
-  if (buf.length === 0) return;
+/** Account stored bytes: the SHA-256, the first 64 bytes, the count. */
+function account(buf) {
   hash.update(buf);
   if (head.length < 64) head = Buffer.concat([head, buf.subarray(0, 64 - head.length)]);
   stored += buf.length;
+}
+function out(buf) {
+  if (buf.length === 0) return;
+  account(buf);
   if (dfd < 0 && wlen === 0 && buf.length >= WB) {
     const t0 = now();
     writeAt(buf, 0, buf.length, base); // a whole slot (plaintext): straight from the ring
@@ -444,8 +450,20 @@ const key = wd.ageKey ? Buffer.from(wd.ageKey) : null;
 const chunk = key ? Buffer.allocUnsafeSlow(CHUNK) : null;
 let used = 0, counter = 0;
 const nonce = Buffer.alloc(12);
+// With native/aead, each chunk is sealed straight into the write batch (no cipher object, no
+// output buffer, no copy); node:crypto otherwise.
+const AEAD = key ? loadAead(wd.aeadAddon) : null;
 function seal(plain, last) {
   const t0 = now();
+  if (AEAD !== null) {
+    if (CAP - wlen < plain.length + TAG) flushWrites(false);
+    const n = AEAD.seal(key, counter, last, plain, 0, plain.length, wbuf, wlen);
+    account(wbuf.subarray(wlen, wlen + n));
+    wlen += n;
+    counter++;
+    T.seal += now() - t0;
+    return;
+  }
   nonce.fill(0);
   nonce.writeUIntBE(counter, 5, 6);
   nonce[11] = last ? 1 : 0;
@@ -584,7 +602,7 @@ export class PayloadEncoder {
     const ring = new SharedArrayBuffer(W_SLOTS * W_BATCH);
     const ctl = new SharedArrayBuffer((3 + W_SLOTS) * 4);
     this.#ctl = new Int32Array(ctl);
-    const shared = { ring, ctl, slots: W_SLOTS, wBatch: W_BATCH, fd: opts.fd, start: opts.start, memAddon: memoryAddon() };
+    const shared = { ring, ctl, slots: W_SLOTS, wBatch: W_BATCH, fd: opts.fd, start: opts.start, memAddon: memoryAddon(), aeadAddon: aeadAddonPath() };
     const direct = opts.directIo === false ? null : directIoAddon();
     this.#sink = new Worker(SINK_SOURCE, {
       eval: true,
