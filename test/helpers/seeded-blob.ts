@@ -18,3 +18,19 @@ export function seededBlob(n: number, seed: number): Buffer {
 export function registerSeededBlob(db: { function(name: string, o: { deterministic?: boolean }, f: (...a: unknown[]) => unknown): void }): void {
   db.function("seeded_blob", { deterministic: true }, (n, seed) => seededBlob(Number(n), Number(seed)));
 }
+
+/** n bytes of text-like words from a seeded generator: compressible, but not trivially. */
+export function seededText(n: number, seed: number): Buffer {
+  const words = ["agent", "memory", "note", "tool", "result", "vector", "cursor", "trace", "plan", "step", "0x3f", "{\"k\":", "42"];
+  const out = Buffer.allocUnsafe(n);
+  let x = seed >>> 0 || 1;
+  let i = 0;
+  while (i < n) {
+    x ^= x << 13;
+    x ^= x >>> 17;
+    x ^= x << 5;
+    const w = words[(x >>> 0) % words.length]!;
+    i += out.write(`${w}${(x >>> 8) % 7 === 0 ? "\n" : " "}`, i, "latin1");
+  }
+  return out;
+}

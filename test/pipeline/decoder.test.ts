@@ -15,42 +15,14 @@ import { PayloadEncoder } from "../../src/pipeline/encoder.js";
 import { directIoAddon } from "../../src/util/directio.js";
 import { tempDir } from "../helpers/cli.js";
 import { directOk } from "../helpers/direct.js";
-
-/** Text-like bytes from a seeded generator (compressible, not trivially). */
-function textBytes(n: number, seed: number): Buffer {
-  const words = ["agent", "memory", "note", "tool", "result", "vector", "cursor", "trace", "plan", "step", "0x3f", "{\"k\":", "42"];
-  const out = Buffer.allocUnsafe(n);
-  let x = seed >>> 0 || 1;
-  let i = 0;
-  while (i < n) {
-    x ^= x << 13;
-    x ^= x >>> 17;
-    x ^= x << 5;
-    const w = words[(x >>> 0) % words.length]!;
-    i += out.write(`${w}${(x >>> 8) % 7 === 0 ? "\n" : " "}`, i, "latin1");
-  }
-  return out;
-}
-
-/** Random-looking bytes (incompressible: the payload is then bigger than several read blocks). */
-function noise(n: number, seed: number): Buffer {
-  const out = Buffer.allocUnsafe(n);
-  let x = seed >>> 0 || 1;
-  for (let i = 0; i < n; i++) {
-    x ^= x << 13;
-    x ^= x >>> 17;
-    x ^= x << 5;
-    out[i] = x & 0xff;
-  }
-  return out;
-}
+import { seededBlob, seededText } from "../helpers/seeded-blob.js";
 
 const openFds = (): number => readdirSync("/proc/self/fd").length;
 
 let dir: string;
 let identity: string;
 let recipient: string;
-const input = Buffer.concat([textBytes(1_500_000, 7), noise(3 * 1024 * 1024 + 4321, 3), Buffer.alloc(700_000), textBytes(99_999, 5)]);
+const input = Buffer.concat([seededText(1_500_000, 7), seededBlob(3 * 1024 * 1024 + 4321, 3), Buffer.alloc(700_000), seededText(99_999, 5)]);
 
 beforeAll(async () => {
   dir = tempDir("memsnap-decoder-");
@@ -93,9 +65,9 @@ async function decode(path: string, offset: number, size: number): Promise<{ out
   return { out: Buffer.concat(parts), stored: await d.stored };
 }
 
-/** Let terminated workers finish exiting (their descriptors close on exit), up to 2 s. */
+/** Let terminated workers finish exiting (their descriptors close on exit), up to 10 s (a loaded CI machine). */
 async function settledFds(want: number): Promise<number> {
-  for (let i = 0; i < 40 && openFds() > want; i++) await new Promise((r) => setTimeout(r, 50));
+  for (let i = 0; i < 200 && openFds() > want; i++) await new Promise((r) => setTimeout(r, 50));
   return openFds();
 }
 

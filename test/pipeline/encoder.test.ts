@@ -14,6 +14,7 @@ import { generateIdentity, prepareAgeEncryption } from "../../src/pipeline/age.j
 import { PayloadEncoder } from "../../src/pipeline/encoder.js";
 import { directIoAddon } from "../../src/util/directio.js";
 import { directOk } from "../helpers/direct.js";
+import { seededText } from "../helpers/seeded-blob.js";
 
 const zstdCli = spawnSync("zstd", ["--version"]).status === 0;
 const ci = process.env.CI === "true";
@@ -21,22 +22,6 @@ const dirs: string[] = [];
 afterAll(async () => {
   for (const d of dirs) await rm(d, { recursive: true, force: true });
 });
-
-/** Text-like bytes that compress, but slowly at a high level: words from a seeded generator. */
-function textBytes(n: number, seed: number): Buffer {
-  const words = ["agent", "memory", "note", "tool", "result", "vector", "cursor", "trace", "plan", "step", "0x3f", "{\"k\":", "42"];
-  const out = Buffer.allocUnsafe(n);
-  let x = seed >>> 0 || 1;
-  let i = 0;
-  while (i < n) {
-    x ^= x << 13;
-    x ^= x >>> 17;
-    x ^= x << 5;
-    const w = words[(x >>> 0) % words.length]!;
-    i += out.write(`${w}${(x >>> 8) % 7 === 0 ? "\n" : " "}`, i, "latin1");
-  }
-  return out;
-}
 
 describe.skipIf(!zstdCli && !ci)("PayloadEncoder", () => {
   it("the zstd CLI is installed (required when CI is set)", () => {
@@ -50,7 +35,7 @@ describe.skipIf(!zstdCli && !ci)("PayloadEncoder", () => {
     const fd = openSync(path, "w");
     // Level 19 makes the worker the slow side, so the writer outruns it and steals.
     const enc = new PayloadEncoder({ fd, start: 0, path, level: 19, age: null });
-    const input = textBytes(24 * 1024 * 1024, 7);
+    const input = seededText(24 * 1024 * 1024, 7);
     try {
       for (let off = 0; off < input.length; off += 256 * 1024) {
         const w = enc.write(input.subarray(off, off + 256 * 1024));
@@ -72,7 +57,6 @@ describe.skipIf(!zstdCli && !ci)("PayloadEncoder", () => {
     expect(d.stdout.equals(input)).toBe(true);
   }, 120_000);
 });
-
 
 describe.skipIf(!zstdCli && !ci)("PayloadEncoder: direct I/O", () => {
   it.runIf(ci && process.platform === "linux")("native/directio is built in CI", () => {
@@ -109,7 +93,7 @@ describe.skipIf(!zstdCli && !ci)("PayloadEncoder: direct I/O", () => {
     const dir = await mkdtemp(join(tmpdir(), "memsnap-direct-"));
     dirs.push(dir);
     const expectDirect = directIoAddon() !== null && directOk(dir);
-    const input = Buffer.concat([textBytes(3 * 1024 * 1024 + 777, 11), Buffer.alloc(1 << 20), textBytes(4099, 3)]);
+    const input = Buffer.concat([seededText(3 * 1024 * 1024 + 777, 11), Buffer.alloc(1 << 20), seededText(4099, 3)]);
     for (const start of [0, 512, 1536, 4096 + 512, 3 * 4096]) {
       const a = await encode(dir, start, input, true, null);
       const b = await encode(dir, start, input, false, null);
@@ -134,7 +118,7 @@ describe.skipIf(!zstdCli && !ci)("PayloadEncoder: direct I/O", () => {
     const { identity, recipient } = await generateIdentity();
     const key = join(dir, "key.txt");
     writeFileSync(key, `${identity}\n`, { mode: 0o600 });
-    const input = textBytes(2 * 1024 * 1024 + 13, 5);
+    const input = seededText(2 * 1024 * 1024 + 13, 5);
     const x = await encode(dir, 512, input, true, recipient);
     if (directIoAddon() !== null && directOk(dir)) expect(x.direct).toBeGreaterThan(0);
     const file = readFileSync(x.path);
@@ -152,7 +136,7 @@ describe.skipIf(!zstdCli && !ci)("PayloadEncoder: direct I/O", () => {
   it("O_DIRECT refused mid-stream (EINVAL): the rest goes through the page cache, and the file is the same", async () => {
     const dir = await mkdtemp(join(tmpdir(), "memsnap-direct-"));
     dirs.push(dir);
-    const input = textBytes(3 * 1024 * 1024 + 5, 9);
+    const input = seededText(3 * 1024 * 1024 + 5, 9);
     const before = process.env.MEMSNAP_DIRECT_IO;
     process.env.MEMSNAP_DIRECT_IO = "misaligned"; // the sink's memory is one byte off: every direct write is refused
     let x;
