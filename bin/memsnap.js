@@ -20,6 +20,15 @@
 //   8.03 -> 7.44 CPU-s; verify and restore unchanged within noise.
 // To node, those lines are strings and comments, so `node bin/memsnap.js …` works too (with the
 // defaults).
-import { main } from "../dist/cli/main.js";
+//
+// The CLI runs from dist/cli/memsnap.mjs, all of dist/cli/main.js's modules in one file (built by
+// `npm run build`, see scripts/bundle-cli.mjs; it saves ~0.1 s of module loading per command).
+// When that file is missing or older than dist/cli/main.js (tsc was run alone after a change),
+// the modules tsc wrote are loaded instead, so a stale bundle never runs.
+import { statSync } from "node:fs";
+
+const mtime = (rel) => statSync(new URL(rel, import.meta.url), { throwIfNoEntry: false })?.mtimeMs ?? -1;
+const bundled = mtime("../dist/cli/memsnap.mjs") >= mtime("../dist/cli/main.js");
+const { main } = await import(bundled ? "../dist/cli/memsnap.mjs" : "../dist/cli/main.js");
 
 process.exitCode = await main(process.argv.slice(2));

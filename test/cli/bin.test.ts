@@ -3,7 +3,7 @@
  * preamble execs node with the runtime flags and malloc setting it ships with.
  */
 import { spawnSync } from "node:child_process";
-import { mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
+import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, symlinkSync, utimesSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
@@ -48,5 +48,37 @@ describe("bin/memsnap.js executed directly", () => {
     const r = spawnSync(process.execPath, [BIN, "--version"], { encoding: "utf8" });
     expect(r.status).toBe(0);
     expect(r.stdout.trim()).toBe(version);
+  });
+});
+
+describe("bin/memsnap.js picks the CLI bundle only when it is fresh", () => {
+  // A copy of bin/memsnap.js next to two stand-in entry points, so only the choice is tested.
+  const fake = join(dir, "fake");
+  const bin = join(fake, "bin", "memsnap.js");
+  const cli = join(fake, "dist", "cli");
+  mkdirSync(join(fake, "bin"), { recursive: true });
+  mkdirSync(cli, { recursive: true });
+  copyFileSync(BIN, bin);
+  const entry = (name: string): string => `export async function main() { process.stdout.write(${JSON.stringify(name)}); return 0; }\n`;
+  const run = (): string => spawnSync(process.execPath, [bin], { encoding: "utf8" }).stdout;
+  const at = (file: string, s: number): void => utimesSync(file, s, s);
+
+  it("the bundle when it is as new as dist/cli/main.js or newer, the tsc modules when it is older or missing", () => {
+    writeFileSync(join(cli, "main.js"), entry("tsc"));
+    expect(run()).toBe("tsc"); // no bundle
+    writeFileSync(join(cli, "memsnap.mjs"), entry("bundle"));
+    at(join(cli, "main.js"), 1_000_000);
+    at(join(cli, "memsnap.mjs"), 1_000_000);
+    expect(run()).toBe("bundle"); // same mtime (npm pack gives every file one)
+    at(join(cli, "memsnap.mjs"), 1_000_100);
+    expect(run()).toBe("bundle");
+    at(join(cli, "main.js"), 1_000_200); // tsc ran after the bundle was built
+    expect(run()).toBe("tsc");
+  });
+
+  it.runIf(process.env.CI)("is built in CI, after the tsc output", () => {
+    const bundle = join(BIN, "..", "..", "dist", "cli", "memsnap.mjs");
+    expect(existsSync(bundle)).toBe(true);
+    expect(statSync(bundle).mtimeMs).toBeGreaterThanOrEqual(statSync(join(BIN, "..", "..", "dist", "cli", "main.js")).mtimeMs);
   });
 });
