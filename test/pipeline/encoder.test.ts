@@ -23,18 +23,23 @@ afterAll(async () => {
   for (const d of dirs) await rm(d, { recursive: true, force: true });
 });
 
+/** A plain (no age) encoder writing into a new file in a temp directory. */
+async function tempEncoder(level: number): Promise<{ enc: PayloadEncoder; fd: number; path: string }> {
+  const dir = await mkdtemp(join(tmpdir(), "memsnap-enc-"));
+  dirs.push(dir);
+  const path = join(dir, "payload.zst");
+  const fd = openSync(path, "w");
+  return { enc: new PayloadEncoder({ fd, start: 0, path, level, age: null }), fd, path };
+}
+
 describe.skipIf(!zstdCli && !ci)("PayloadEncoder", () => {
   it("the zstd CLI is installed (required when CI is set)", () => {
     expect(zstdCli).toBe(true);
   });
 
   it("frames compressed on the main thread while the worker is behind land in order", async () => {
-    const dir = await mkdtemp(join(tmpdir(), "memsnap-enc-"));
-    dirs.push(dir);
-    const path = join(dir, "payload.zst");
-    const fd = openSync(path, "w");
     // Level 19 makes the worker the slow side, so the writer outruns it and steals.
-    const enc = new PayloadEncoder({ fd, start: 0, path, level: 19, age: null });
+    const { enc, fd, path } = await tempEncoder(19);
     const input = seededText(24 * 1024 * 1024, 7);
     try {
       for (let off = 0; off < input.length; off += 256 * 1024) {
@@ -58,12 +63,8 @@ describe.skipIf(!zstdCli && !ci)("PayloadEncoder", () => {
   }, 120_000);
 
   it("artifact hashes computed in the worker: across buffers, in stolen frames, empty, unhashed bytes between, digests due with nothing left to send", async () => {
-    const dir = await mkdtemp(join(tmpdir(), "memsnap-enc-"));
-    dirs.push(dir);
-    const path = join(dir, "payload.zst");
-    const fd = openSync(path, "w");
     // Level 19: the worker is behind, so the main thread steals frames, and their raw bytes travel along.
-    const enc = new PayloadEncoder({ fd, start: 0, path, level: 19, age: null });
+    const { enc, fd } = await tempEncoder(19);
     const text = seededText(12 * 1024 * 1024, 11);
     // Artifact sizes: bigger than a 1 MiB input buffer, empty, tiny, exactly 1 MiB, odd.
     const sizes = [3 * 1024 * 1024 + 17, 0, 5, 1024 * 1024, 777_777, 2 * 1024 * 1024, 1, 4 * 1024 * 1024 - 5];
@@ -111,11 +112,7 @@ describe.skipIf(!zstdCli && !ci)("PayloadEncoder", () => {
   }, 120_000);
 
   it("a failed encoder rejects the digests still due", async () => {
-    const dir = await mkdtemp(join(tmpdir(), "memsnap-enc-"));
-    dirs.push(dir);
-    const path = join(dir, "payload.zst");
-    const fd = openSync(path, "w");
-    const enc = new PayloadEncoder({ fd, start: 0, path, level: 3, age: null });
+    const { enc, fd } = await tempEncoder(3);
     enc.hashStart();
     enc.write(Buffer.from("a few bytes still in the main thread's buffer"), true);
     const d = expect(enc.hashEnd()).rejects.toThrow(/destroyed/);
