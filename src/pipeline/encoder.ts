@@ -39,7 +39,7 @@
  * worker acknowledges each after it has compressed it and put the frames in the ring, so the
  * main thread stalls when the disk or the compressor is the slower side. The worker blocks
  * (Atomics.wait) while the ring is full, the sink while it is empty. Memory stays bounded:
- * 8 MiB of input, 2 MiB of zstd segment and output, the 4 MiB ring, a 1 MiB write batch.
+ * 4 MiB of input, 2 MiB of zstd segment and output, the 4 MiB ring, a 1 MiB write batch.
  *
  * Failure: a write error (ENOSPC, EIO) in the sink or a zstd error in the worker is reported
  * once with its errno code; the other thread sees the stop flag in the ring's control words
@@ -57,14 +57,8 @@ import { AGE_CHUNK, AGE_TAG, type AgeStreamParams } from "./age.js";
 
 /** Input buffer size: what the main thread fills before handing a buffer to the worker. */
 const IN_BUF = 1024 * 1024;
-/**
- * Input buffers at the worker at a time. 8, not 4: the KV source writes a 4 MiB read block of
- * pages at once, and with 4 buffers each burst looked like a worker behind, so the main thread
- * (the KV layer's critical path: it reads and hashes the pages) compressed frames instead
- * (measured, alternating runs: KV layer alone 1.63 -> 1.54 s; bench mix 3.84 -> 3.81 s and
- * 6.74 -> 6.53 CPU-s; +3 MiB peak RSS).
- */
-const IN_FLIGHT_BUFS = 8;
+/** Input buffers at the worker at a time. */
+const IN_FLIGHT_BUFS = 4;
 /** Tar bytes per zstd frame (at most; a level change ends a frame early). */
 const SEG_BYTES = 2 * 1024 * 1024;
 /** Bytes in a slot of the ring between the payload worker and the sink, and in the sink's write batch. */
