@@ -5,8 +5,8 @@
  *   main thread: tar bytes ──(1 MiB transferred buffers)──▶ payload worker: zstd
  *                          ──(shared ring, 4 × 1 MiB)──▶ sink: [age STREAM] ─▶ SHA-256 ─▶ pwrite(fd)
  *
- * The main thread reads the sources and frames the tar; everything downstream of the tar runs
- * off it, and so does hashing each artifact's content (see {@link PayloadEncoder.hashStart}). The payload worker only compresses; the sink seals the
+ * The main thread reads the sources, hashes each artifact and frames the tar; everything
+ * downstream of the tar runs off it. The payload worker only compresses; the sink seals the
  * compressed stream, hashes the stored bytes and writes them into the bundle's temp file.
  * Measured on the 2-core bench machine (scale 1): with all of it in one worker, that worker
  * was busy 4.5 s of a 5.5 s snapshot (zstd 2.75 s, sealing 0.8 s, writes 0.96 s) and was the
@@ -108,7 +108,7 @@ ${NATIVE_COPY_SOURCE}
 const b = require(wd.bindingPath);
 const EMPTY = Buffer.alloc(0);
 let failed = false;
-const T = { z: 0, ring: 0, idle: 0, hash: 0 }; // busy ms, for MEMSNAP_DEBUG_ENCODER
+const T = { z: 0, ring: 0, idle: 0 }; // busy ms, for MEMSNAP_DEBUG_ENCODER
 
 // -- output: the zstd frames go to the sink thread through a shared ring of wd.slots slots of
 // wd.wBatch bytes each (the sink seals, hashes and writes them; see SINK_SOURCE). ctl: [0]
@@ -297,46 +297,10 @@ function fail(e, kind) {
 
 let idleSince = now();
 const IDLE = [];
-// -- artifact hashes (see PayloadEncoder.hashStart): a data buffer, or the raw bytes of a frame
-// the main thread compressed, comes with ops, triples (id, start, end): hash bytes [start, end)
-// into artifact id's SHA-256, or with start -1, finish it. Buffers arrive in the order the main
-// thread wrote them, so each artifact's bytes are hashed in order; digests go back at once.
-const crypto = require("node:crypto");
-const hashes = new Map();
-function runOps(src, ops) {
-  let digs = null;
-  for (let i = 0; i < ops.length; i += 3) {
-    const id = ops[i], s = ops[i + 1];
-    let h = hashes.get(id);
-    if (h === undefined) hashes.set(id, (h = crypto.createHash("sha256")));
-    if (s >= 0) {
-      h.update(src.subarray(s, ops[i + 2]));
-    } else {
-      (digs ??= []).push(id, h.digest("hex"));
-      hashes.delete(id);
-    }
-  }
-  if (digs !== null) parentPort.postMessage({ t: "digs", digs });
-}
-
 parentPort.on("message", (m) => {
   if (failed) return;
   if (idleSince !== null) { T.idle += now() - idleSince; idleSince = null; }
   try {
-    if (m.t === "ops") { // digests due with no bytes left to send
-      runOps(EMPTY, m.ops);
-      if (queue.length === 0) idleSince = now();
-      return;
-    }
-    if (m.ops) {
-      const t0 = now();
-      if (m.t === "data") runOps(Buffer.from(m.ab, 0, m.len), m.ops);
-      else {
-        runOps(Buffer.from(m.raw, 0, m.rawLen), m.ops);
-        parentPort.postMessage({ t: "rack", ab: m.raw }, [m.raw]);
-      }
-      T.hash += now() - t0;
-    }
     if (m.t === "data") queue.push({ t: "data", ab: m.ab, len: m.len, pos: 0 });
     else queue.push(m);
     pump();
@@ -597,8 +561,6 @@ interface ZstdCCtx {
 type Msg =
   | { t: "ack"; ab: ArrayBuffer }
   | { t: "fack"; ab: ArrayBuffer }
-  | { t: "rack"; ab: ArrayBuffer }
-  | { t: "digs"; digs: (number | string)[] }
   | { t: "done"; compressed: number }
   | { t: "sunk"; taken: number; stored: number; sha256: string; head: Uint8Array; directBytes: number }
   | { t: "err"; kind: "io" | "internal"; code?: string; msg: string };
@@ -625,14 +587,6 @@ export class PayloadEncoder {
   #levelParam = 0;
   #finish: { resolve: (r: PayloadWritten) => void; reject: (e: Error) => void } | null = null;
   #error: Error | null = null;
-  /** Hash ops for the bytes in #buf (see {@link hashStart}): triples (id, start, end), end -1 to finish. */
-  #ops: number[] = [];
-  /** The artifact whose bytes write(…, true) hashes now (0: none). */
-  #hashId = 0;
-  #nextHashId = 1;
-  /** Digests asked for and not yet reported by the worker. */
-  readonly #digests = new Map<number, { resolve: (hex: string) => void; reject: (e: Error) => void }>();
-  #hashesDrained: { resolve: () => void; reject: (e: Error) => void } | null = null;
   #exited: Promise<void>;
   /** Bytes given to {@link write} so far (the payload tar's size). */
   bytesIn = 0;
@@ -713,21 +667,6 @@ export class PayloadEncoder {
         this.#stolen--;
         this.#frameFree.push(m.ab);
         return;
-      case "rack":
-        this.#free.push(m.ab);
-        return;
-      case "digs":
-        for (let i = 0; i < m.digs.length; i += 2) {
-          const id = m.digs[i] as number;
-          this.#digests.get(id)?.resolve(m.digs[i + 1] as string);
-          this.#digests.delete(id);
-        }
-        if (this.#digests.size === 0 && this.#hashesDrained) {
-          const d = this.#hashesDrained;
-          this.#hashesDrained = null;
-          d.resolve();
-        }
-        return;
       case "done":
         this.#done = { compressed: m.compressed };
         this.#settle();
@@ -751,10 +690,6 @@ export class PayloadEncoder {
     if (this.#error) return;
     this.#error = e;
     this.#stop();
-    for (const d of this.#digests.values()) d.reject(e);
-    this.#digests.clear();
-    this.#hashesDrained?.reject(e);
-    this.#hashesDrained = null;
     const w = this.#waiter;
     this.#waiter = null;
     w?.reject(e);
@@ -774,18 +709,14 @@ export class PayloadEncoder {
 
   /** Post the filled part of the current input buffer (or compress it here when the worker is behind). */
   #post(): void {
-    if (this.#len === 0) {
-      const ops = this.#takeOps();
-      if (ops !== undefined) this.#worker.postMessage({ t: "ops", ops });
-      return;
-    }
+    if (this.#len === 0) return;
     if (this.#inFlight >= IN_FLIGHT_BUFS && this.#stolen < STOLEN_FRAMES) {
       this.#steal();
       return;
     }
     const ab = this.#buf.buffer as ArrayBuffer;
     this.#inFlight++;
-    this.#worker.postMessage({ t: "data", ab, len: this.#len, ops: this.#takeOps() }, [ab]);
+    this.#worker.postMessage({ t: "data", ab, len: this.#len }, [ab]);
     const next = this.#free.pop();
     this.#buf = new Uint8Array(next ?? new ArrayBuffer(IN_BUF));
     this.#len = 0;
@@ -826,15 +757,7 @@ export class PayloadEncoder {
     const len = this.#cctx.compress2(new Uint8Array(ab), this.#buf.subarray(0, this.#len));
     this.#stolen++;
     this.stolenFrames++;
-    const ops = this.#takeOps();
-    if (ops === undefined) {
-      this.#worker.postMessage({ t: "frame", ab, len }, [ab]);
-    } else {
-      // The raw bytes go along to be hashed in order, and come back as a free input buffer.
-      const raw = this.#buf.buffer as ArrayBuffer;
-      this.#worker.postMessage({ t: "frame", ab, len, raw, rawLen: this.#len, ops }, [ab, raw]);
-      this.#buf = new Uint8Array(this.#free.pop() ?? new ArrayBuffer(IN_BUF));
-    }
+    this.#worker.postMessage({ t: "frame", ab, len }, [ab]);
     this.#len = 0;
   }
 
@@ -849,14 +772,13 @@ export class PayloadEncoder {
    * Append payload bytes (copied; the caller may reuse `data`). Returns a promise only when
    * the worker is behind and the caller must wait before writing more.
    */
-  write(data: Uint8Array, hashed = false): Promise<void> | undefined {
+  write(data: Uint8Array): Promise<void> | undefined {
     if (this.#error) return Promise.reject(this.#error);
     this.bytesIn += data.length;
     let off = 0;
     while (off < data.length) {
       const n = Math.min(IN_BUF - this.#len, data.length - off);
       this.#buf.set(data.subarray(off, off + n), this.#len);
-      if (hashed) this.#hashRange(this.#len, this.#len + n);
       this.#len += n;
       off += n;
       if (this.#len === IN_BUF) {
@@ -869,60 +791,13 @@ export class PayloadEncoder {
           const rest = data.subarray(off);
           return this.#room()!.then(() => {
             this.#post();
-            return this.write(rest, hashed);
+            return this.write(rest);
           }).then(() => undefined);
         }
         this.#post();
       }
     }
     return this.#room();
-  }
-
-  /**
-   * Start an artifact whose SHA-256 the payload worker computes: the bytes passed to
-   * `write(…, true)` from now on until {@link hashEnd} are its content. The main thread reads
-   * the sources and frames the tar while the worker, which only compresses, had time to spare
-   * (measured on the bench mix: idle ~1 s of a 3.6 s snapshot while the main thread, the
-   * critical path, spent ~0.5 s hashing). The bytes are hashed where they already are: the
-   * input buffers the worker gets, in order, and the raw bytes of a frame the main thread
-   * compressed itself travel with that frame.
-   */
-  hashStart(): void {
-    this.#hashId = this.#nextHashId++;
-  }
-
-  /** Finish the artifact started by {@link hashStart}; resolves with its hex SHA-256 once the worker has hashed it. */
-  hashEnd(): Promise<string> {
-    const id = this.#hashId;
-    if (id === 0) throw new Error("hashEnd without hashStart");
-    this.#hashId = 0;
-    if (this.#error) return Promise.reject(this.#error);
-    this.#ops.push(id, -1, -1);
-    return new Promise<string>((resolve, reject) => this.#digests.set(id, { resolve, reject }));
-  }
-
-  /** Resolves once every digest asked for is known (posts the bytes still held here). */
-  hashesDone(): Promise<void> {
-    if (this.#error) return Promise.reject(this.#error);
-    if (this.#ops.length > 0) this.#post();
-    if (this.#digests.size === 0) return Promise.resolve();
-    return new Promise<void>((resolve, reject) => { this.#hashesDrained = { resolve, reject }; });
-  }
-
-  #hashRange(start: number, end: number): void {
-    const id = this.#hashId;
-    if (id === 0) throw new Error("a hashed write outside hashStart/hashEnd");
-    const o = this.#ops;
-    const k = o.length;
-    if (k >= 3 && o[k - 3] === id && o[k - 1] === start) o[k - 1] = end; // contiguous: one range
-    else o.push(id, start, end);
-  }
-
-  #takeOps(): number[] | undefined {
-    if (this.#ops.length === 0) return undefined;
-    const o = this.#ops;
-    this.#ops = [];
-    return o;
   }
 
   /** The zstd level for the bytes written from now on (a change starts a new zstd frame). */
@@ -951,10 +826,6 @@ export class PayloadEncoder {
   /** Stop the worker; resolves once it has exited (no write of it can land after). */
   async destroy(): Promise<void> {
     if (!this.#error) this.#error = new MemsnapError("MEMSNAP_INTERNAL", "payload encoder destroyed");
-    for (const d of this.#digests.values()) d.reject(this.#error);
-    this.#digests.clear();
-    this.#hashesDrained?.reject(this.#error);
-    this.#hashesDrained = null;
     this.#waiter?.reject(this.#error);
     this.#waiter = null;
     this.#finish = null;

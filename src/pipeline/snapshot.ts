@@ -2,13 +2,12 @@
  * Snapshot: every source's artifacts → one payload tar → zstd (worker thread) → age
  * (optional) → the bundle file, in one pass.
  *
- *   main thread:    source bytes ─▶ tar framing ─┐
- *   payload worker: ┌────────────────────────────┘
- *                   └▶ SHA-256 of each artifact, zstd (level per class)
- *   sink:              [age STREAM] ─▶ SHA-256 of stored bytes ─▶ pwrite into the temp file
+ *   main thread:   source bytes ─hash─▶ tar framing ─┐
+ *   payload worker: ┌─────────────────────────────────┘
+ *                   └▶ zstd (level per class) ─▶ [age STREAM] ─▶ SHA-256 of stored bytes ─▶ pwrite into the temp file
  *
- * Each artifact's bytes are hashed in the buffers that carry them into the tar (in the payload
- * worker: PayloadEncoder.hashStart), so the hash in the index is over exactly the bytes stored. The index is the last payload member because the
+ * Each artifact's bytes are hashed as they stream into their tar entry, so the hash in the
+ * index is over exactly the bytes stored. The index is the last payload member because the
  * hashes are known only once the bytes have streamed (a first member would need a second
  * read of every source, which is how the system we replace produced unverifiable bundles).
  * The tar is framed here (ustar, PAX for long names) rather than by a tar library, so that a
@@ -145,20 +144,12 @@ const collectPacked = gcPacer(16 * 1024 * 1024, "minor");
 /** Old-generation garbage of many small artifacts (KV pages) is collected every 16 MiB of it (see heapPacer). */
 const collectArtifacts = heapPacer(16 * 1024 * 1024);
 
-/** An index entry whose `sha256` the payload worker may still be computing (`digest`). */
-interface PackedEntry {
-  entry: IndexEntry;
-  digest: Promise<string> | null;
-}
-
 async function packArtifact(
   enc: PayloadEncoder, levels: LevelPolicy, layer: string, a: Artifact, onBytes: (n: number) => void,
-): Promise<PackedEntry> {
+): Promise<IndexEntry> {
   const name = `${layer}/${a.path}`;
   const known = a.text ? undefined : a.sha256;
-  // The content is hashed in the payload worker (PayloadEncoder.hashStart) unless the source knows the digest.
-  const hashed = known === undefined;
-  if (hashed) enc.hashStart();
+  const hash = known === undefined ? createHash("sha256") : null;
   let seen = 0;
   let started = false;
   const begin = async (first: Uint8Array | undefined): Promise<void> => {
@@ -172,66 +163,21 @@ async function packArtifact(
     if (seen > a.size) throw sourceChanged(name, `grew past its declared ${a.size} bytes`);
     if (!started) await begin(chunk);
     enc.setLevel(levels.next(chunk));
+    hash?.update(chunk);
     onBytes(chunk.length);
     collectPacked(chunk.length);
-    const w = enc.write(chunk, hashed);
+    const w = enc.write(chunk);
     if (w) await w;
   }
   if (!started) await begin(undefined);
   if (seen !== a.size) throw sourceChanged(name, `shrank from ${a.size} to ${seen} bytes`);
-  const digest = hashed ? enc.hashEnd() : null;
-  digest?.catch(() => undefined); // awaited with the others (see PendingIndex); the encoder's own error is the one reported
   const pad = padding(a.size);
   if (pad) await enc.write(ZEROS.subarray(0, pad));
   await a.check?.();
   return {
-    entry: { path: name, layer, kind: a.kind, size: a.size, sha256: known ?? "", mode: a.mode, mtime: a.mtime.toISOString() },
-    digest,
+    path: name, layer, kind: a.kind, size: a.size, sha256: hash ? hash.digest("hex") : known!,
+    mode: a.mode, mtime: a.mtime.toISOString(),
   };
-}
-
-/**
- * Index entries in payload order, each added to the index once its digest is known: the
- * payload worker reports digests in order, a moment after the bytes were written.
- */
-class PendingIndex {
-  readonly #queue: PackedEntry[] = [];
-  #head = 0;
-  constructor(readonly add: (e: IndexEntry) => void) {}
-
-  push(p: PackedEntry): void {
-    if (p.digest === null && this.#head === this.#queue.length) {
-      this.add(p.entry);
-      return;
-    }
-    this.#queue.push(p);
-    if (p.digest !== null) {
-      void p.digest.then((hex) => {
-        p.entry.sha256 = hex;
-        p.digest = null;
-        this.#drain();
-      }, () => undefined);
-    }
-    this.#drain();
-  }
-
-  #drain(): void {
-    const q = this.#queue;
-    while (this.#head < q.length && q[this.#head]!.digest === null) this.add(q[this.#head++]!.entry);
-    if (this.#head === q.length) {
-      q.length = 0;
-      this.#head = 0;
-    }
-  }
-
-  /** Wait for every digest (after PayloadEncoder.hashesDone has been asked for them) and add the rest. */
-  async settle(): Promise<void> {
-    for (const p of this.#queue.slice(this.#head)) {
-      if (p.digest) p.entry.sha256 = await p.digest;
-      p.digest = null;
-    }
-    this.#drain();
-  }
 }
 
 /**
@@ -245,7 +191,7 @@ class PendingIndex {
  */
 async function packLayer(
   enc: PayloadEncoder, levels: LevelPolicy, layer: LayerEntry, cap: LayerCapture, independent: boolean, distinctPaths: boolean,
-  redactor: Redactor | undefined, signal: AbortSignal | undefined, onBytes: (n: number) => void, onPacked: (e: PackedEntry) => void,
+  redactor: Redactor | undefined, signal: AbortSignal | undefined, onBytes: (n: number) => void, onPacked: (e: IndexEntry) => void,
 ): Promise<number> {
   let redactMs = 0;
   const seen = distinctPaths ? null : new Set<string>();
@@ -265,7 +211,7 @@ async function packLayer(
     collectArtifacts();
     crashPoint("snapshot:artifact");
     layer.artifacts++;
-    layer.bytes += e.entry.size;
+    layer.bytes += e.size;
   }
   return redactMs;
 }
@@ -350,11 +296,6 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
     // a plaintext bundle also lists it in its manifest, so there it is kept in memory too.
     spill = new IndexSpill(join(workDir, "index.spill"));
     const index: IndexEntry[] | null = encrypted ? null : [];
-    const sp = spill;
-    const pending = new PendingIndex((e) => {
-      sp.add(e);
-      index?.push(e);
-    });
     const layers: LayerEntry[] = [];
     let bytes = 0;
     let redactMs = 0;
@@ -387,7 +328,10 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
         opts.signal?.throwIfAborted();
         bytes += n;
         opts.onProgress?.({ bytes, totalBytes: estimate, artifacts: spill!.count, layer: scfg.name });
-      }, (e) => pending.push(e));
+      }, (e) => {
+        spill!.add(e);
+        index?.push(e);
+      });
       if (process.env.MEMSNAP_DEBUG_ENCODER) {
         const elu = performance.eventLoopUtilization(elu0);
         elu0 = performance.eventLoopUtilization();
@@ -400,8 +344,6 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
       layers.push(layer);
       earlySync(raw.fd);
     }
-    await enc.hashesDone();
-    await pending.settle();
     const indexSize = spill.documentBytes(id);
     const indexHash = createHash("sha256");
     levels.start("", indexSize, undefined);

@@ -61,66 +61,6 @@ describe.skipIf(!zstdCli && !ci)("PayloadEncoder", () => {
     expect(d.stdout.length).toBe(input.length);
     expect(d.stdout.equals(input)).toBe(true);
   }, 120_000);
-
-  it("artifact hashes computed in the worker: across buffers, in stolen frames, empty, unhashed bytes between, digests due with nothing left to send", async () => {
-    // Level 19: the worker is behind, so the main thread steals frames, and their raw bytes travel along.
-    const { enc, fd } = await tempEncoder(19);
-    const text = seededText(12 * 1024 * 1024, 11);
-    // Artifact sizes: bigger than a 1 MiB input buffer, empty, tiny, exactly 1 MiB, odd.
-    const sizes = [3 * 1024 * 1024 + 17, 0, 5, 1024 * 1024, 777_777, 2 * 1024 * 1024, 1, 4 * 1024 * 1024 - 5];
-    const want: string[] = [];
-    const got: Promise<string>[] = [];
-    const sep = Buffer.from("--unhashed separator--");
-    let off = 0;
-    let sent = 0;
-    try {
-      for (const [i, n] of sizes.entries()) {
-        const body = text.subarray(off, off + n);
-        off += n;
-        want.push(createHash("sha256").update(body).digest("hex"));
-        enc.hashStart();
-        // In odd-sized writes, so ranges split and merge at buffer edges.
-        for (let p = 0; p < n; p += 300_001) {
-          const w = enc.write(body.subarray(p, Math.min(n, p + 300_001)), true);
-          if (w) await w;
-        }
-        got.push(enc.hashEnd());
-        sent += n;
-        if (i % 2 === 0) {
-          const w = enc.write(sep);
-          if (w) await w;
-          sent += sep.length;
-        }
-      }
-      // The last artifact ends where the 1 MiB buffer is full and was just posted: its digest is
-      // due with no bytes after it.
-      const fill = 1024 * 1024 - (sent % (1024 * 1024));
-      const tail = text.subarray(0, fill);
-      enc.hashStart();
-      const w = enc.write(tail, true);
-      if (w) await w;
-      want.push(createHash("sha256").update(tail).digest("hex"));
-      got.push(enc.hashEnd());
-      await enc.hashesDone();
-      expect(await Promise.all(got)).toEqual(want);
-      await enc.finish();
-    } finally {
-      await enc.destroy();
-      closeSync(fd);
-    }
-    expect(enc.stolenFrames).toBeGreaterThan(0);
-  }, 120_000);
-
-  it("a failed encoder rejects the digests still due", async () => {
-    const { enc, fd } = await tempEncoder(3);
-    enc.hashStart();
-    enc.write(Buffer.from("a few bytes still in the main thread's buffer"), true);
-    const d = expect(enc.hashEnd()).rejects.toThrow(/destroyed/);
-    await enc.destroy();
-    closeSync(fd);
-    await d;
-    await expect(enc.hashesDone()).rejects.toThrow(/destroyed/);
-  });
 });
 
 describe.skipIf(!zstdCli && !ci)("PayloadEncoder: direct I/O", () => {
