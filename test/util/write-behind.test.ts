@@ -70,4 +70,41 @@ describe("WriteBehind", () => {
     expect(() => wb.write(fd, block(2, 16), 0, "part-8")).toThrow(WriteFailed);
     closeSync(fd);
   });
+
+  it("interleaved runs on several descriptors, contiguous and not, all land where they belong", async () => {
+    const dir = tempDir("memsnap-wb-");
+    const paths = [join(dir, "a"), join(dir, "b"), join(dir, "c")];
+    const fds = paths.map((p) => openSync(p, "w"));
+    const wb = new WriteBehind(512 * 1024);
+    const S = 4096 + 17; // odd sizes: batches end mid-page
+    const N = 300;
+    for (let i = 0; i < N; i++) {
+      for (let f = 0; f < fds.length; f++) {
+        // file c is written back to front (never contiguous), a and b front to back (batched)
+        const at = f === 2 ? N - 1 - i : i;
+        const w = wb.write(fds[f]!, block(at + f, S), at * S, `f${f}`);
+        if (w) await w;
+      }
+    }
+    await wb.drain();
+    for (const fd of fds) closeSync(fd);
+    for (let f = 0; f < paths.length; f++) {
+      const got = readFileSync(paths[f]!);
+      expect(got.length).toBe(N * S);
+      for (let i = 0; i < N; i++) expect(got.subarray(i * S, (i + 1) * S).equals(block(i + f, S)), `file ${f} block ${i}`).toBe(true);
+    }
+  });
+
+  it("after a failed write the writes queued behind it are dropped, and drain settles with the error", async () => {
+    const path = join(tempDir("memsnap-wb-"), "f");
+    writeFileSync(path, "x");
+    const fd = openSync(path, "r");
+    const wb = new WriteBehind(64 << 20);
+    for (let i = 0; i < 50; i++) wb.write(fd, block(i, 65536), i * 65536, `part-${i}`);
+    const e = await wb.drain().then(() => null, (x: unknown) => x);
+    expect(e).toBeInstanceOf(WriteFailed);
+    expect((e as WriteFailed).where).toBe("part-0");
+    closeSync(fd);
+  });
 });
+
