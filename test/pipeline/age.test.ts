@@ -619,3 +619,71 @@ describe("failures", () => {
     await expectCode(open(Buffer.from("age-encryption.org/v2\n-> x\n")), "MEMSNAP_PAYLOAD_MISLABELED");
   });
 });
+
+describe("header opening (node:crypto, age v1 grammar)", () => {
+  const plain = Buffer.from("the header is opened without typage\n".repeat(100));
+  let cipher: Buffer;
+  let hlen: number;
+
+  beforeAll(async () => {
+    cipher = await encrypt(plain, { recipients: [alice.recipient, bob.recipient] });
+    hlen = headerLength(cipher);
+  });
+
+  /** `cipher` with its header text rewritten by `edit` (the MAC left as it was). */
+  function rewrite(edit: (header: string) => string): Buffer {
+    const header = cipher.subarray(0, hlen).toString("latin1");
+    return Buffer.concat([Buffer.from(edit(header), "latin1"), cipher.subarray(hlen)]);
+  }
+
+  const message = async (p: Promise<unknown>): Promise<string> => (await expectCode(p, "MEMSNAP_DECRYPT_FAILED")).message;
+
+  it("opens a header with several X25519 stanzas with either identity, and skips stanzas of unknown types", async () => {
+    expect((await decrypt(cipher, { identities: [bob.identity] })).equals(plain)).toBe(true);
+    expect((await decrypt(cipher, { identities: [bob.identity, alice.identity] })).equals(plain)).toBe(true);
+    // An unknown stanza type changes the MAC'd bytes: the MAC check (not the parser) must be what refuses it.
+    const withUnknown = rewrite((h) => h.replace("-> X25519", "-> some-plugin-type arg\nAAAA\n-> X25519"));
+    expect(await message(decrypt(withUnknown, { identities: [alice.identity] }))).toMatch(/MAC does not verify/);
+  });
+
+  it("refuses malformed headers with a message that says so", async () => {
+    const bodyLine = (h: string): string => h.split("\n")[2]!;
+    const cases: [string, (h: string) => string][] = [
+      ["padded base64 body", (h) => h.replace(bodyLine(h), `${bodyLine(h)}=`)],
+      ["body line longer than 64 columns", (h) => h.replace(bodyLine(h), `${bodyLine(h)}${"A".repeat(70)}`)],
+      ["no stanza", (h) => `age-encryption.org/v1\n${h.slice(h.indexOf("--- "))}`],
+      ["short MAC", (h) => h.replace(/--- (\S+)/, (_m, mac: string) => `--- ${mac.slice(0, 40)}`)],
+      ["empty argument", (h) => h.replace("-> X25519 ", "-> X25519  ")],
+      ["X25519 share of 31 bytes", (h) => h.replace(/-> X25519 (\S+)/, (_m, s: string) => `-> X25519 ${Buffer.from(s, "base64").subarray(0, 31).toString("base64").replace(/=+$/, "")}`)],
+    ];
+    for (const [name, edit] of cases) {
+      expect(await message(decrypt(rewrite(edit), { identities: [alice.identity] })), name).toMatch(/malformed/);
+    }
+  });
+
+  it("an scrypt stanza beside another stanza is refused", async () => {
+    const pw = await encrypt(plain, { passphrase: "pw", scryptLogN: LOG_N });
+    const pwHeader = pw.subarray(0, headerLength(pw)).toString("latin1");
+    const scryptStanza = pwHeader.slice(pwHeader.indexOf("-> scrypt"), pwHeader.indexOf("--- "));
+    const mixed = rewrite((h) => h.replace("-> X25519", `${scryptStanza}-> X25519`));
+    expect(await message(decrypt(mixed, { passphrases: ["pw"] }))).toMatch(/malformed: an scrypt stanza must be the only one/);
+  });
+
+  it("a low-order X25519 share is refused", async () => {
+    const zeroShare = rewrite((h) => h.replace(/-> X25519 (\S+)/, `-> X25519 ${"A".repeat(43)}`));
+    expect(await message(decrypt(zeroShare, { identities: [alice.identity] }))).toMatch(/low-order/);
+  });
+
+  itWithTools(["age"])("the age CLI opens what we encrypt to two recipients, with the second identity", async () => {
+    const dir = await mkdtemp(join(tmpdir(), "memsnap-age-hdr-"));
+    try {
+      await writeFile(join(dir, "c.age"), cipher);
+      await writeFile(join(dir, "bob.txt"), `${bob.identity}\n`);
+      const d = await exec("age", ["-d", "-i", join(dir, "bob.txt"), join(dir, "c.age")]);
+      expect(d.code, d.stderr.toString()).toBe(0);
+      expect(d.stdout.equals(plain)).toBe(true);
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+});
