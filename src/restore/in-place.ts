@@ -23,7 +23,7 @@ import type { Keys } from "../pipeline/read-payload.js";
 import { snapshot, type SnapshotResult } from "../pipeline/snapshot.js";
 import type { LiveTarget } from "../sources/types.js";
 import { crashPoint } from "../util/crash-point.js";
-import { syncFilesystem } from "../util/fs-atomic.js";
+import { EarlySync, syncFilesystem } from "../util/fs-atomic.js";
 import { extractPayload } from "./extract.js";
 import { LayerMaterializer } from "./materialize.js";
 import { listFiles } from "./live-files.js";
@@ -175,17 +175,25 @@ export async function restoreInPlace(bundle: string, config: MemsnapConfig, opts
       // Each selected layer is materialized in its staging as soon as extraction has moved
       // past it (./materialize.ts); nothing is swapped before every layer is done.
       const bySelected = new Map(selected.map((s) => [s.layer.name, s]));
+      const stagedRoots = (): Set<string> => new Set(selected.map((s) => roots.get(s.layer.name)!.staged));
+      // Writeback of what is staged starts while later layers extract (see EarlySync).
+      const early = new EarlySync(stagedRoots);
       const mat = new LayerMaterializer(async (name, verified) => {
         const s = bySelected.get(name);
         if (!s) return;
         const dir = roots.get(name)!.staged;
         await mkdir(dir, { recursive: true });
         await s.source.impl.materialize?.(dir, s.layer, verified);
+        early.kick();
       });
       let r;
       try {
         r = await extractPayload(layout, manifest, (layer) => roots.get(layer)?.staged ?? null, {
-          keys, onEntry: mat.entry, onLayerDone: mat.layerDone,
+          keys, onLayerDone: mat.layerDone,
+          onEntry: (e) => {
+            early.bytes(e.size);
+            mat.entry(e);
+          },
           ...(opts.signal ? { signal: opts.signal } : {}), ...(opts.onProgress ? { onProgress: opts.onProgress } : {}),
         });
       } catch (e) {
@@ -195,7 +203,8 @@ export async function restoreInPlace(bundle: string, config: MemsnapConfig, opts
       await mat.finish(bySelected.keys());
       // Every staged byte is on disk before the journal says "swapping" (one syncfs per staged
       // root, not an fsync per file): from then on, recovery rolls forward to these files.
-      for (const staged of new Set(selected.map((s) => roots.get(s.layer.name)!.staged))) await syncFilesystem(staged);
+      await early.settle();
+      for (const staged of stagedRoots()) await syncFilesystem(staged);
       crashPoint("restore:staged");
       for (const s of selected) {
         const { staged, backup } = roots.get(s.layer.name)!;

@@ -13,7 +13,7 @@ import { MemsnapError, destinationError } from "../errors.js";
 import { readLayout } from "../format/container.js";
 import { MANIFEST_MEMBER, parseManifest, type Manifest } from "../format/manifest.js";
 import type { Keys } from "../pipeline/read-payload.js";
-import { fsyncDir, syncFilesystem } from "../util/fs-atomic.js";
+import { EarlySync, fsyncDir, syncFilesystem } from "../util/fs-atomic.js";
 import { checkManifest, checkManifestFindings, enforceSignature, type SignaturePolicy } from "./preflight.js";
 import { sourceKind } from "../sources/registry.js";
 import { extractPayload } from "./extract.js";
@@ -77,15 +77,8 @@ export async function restoreToDir(bundle: string, to: string, opts: RestoreToDi
   } catch (e) {
     throw destinationError(e, staging);
   }
-  // Writeback of what is staged starts while later layers extract (one syncfs in flight at a
-  // time, not awaited), so the final sync has only the tail left to flush.
-  // A failed early sync (a write-back error) is kept and thrown before the commit.
-  let syncing: Promise<unknown> | null = null;
-  let syncFailed: { error: unknown } | null = null;
-  const earlySync = (): void => {
-    if (syncing || syncFailed) return;
-    syncing = syncFilesystem(staging).catch((error: unknown) => { syncFailed ??= { error }; }).finally(() => { syncing = null; });
-  };
+  // Writeback of what is staged starts while later layers extract (see EarlySync).
+  const early = new EarlySync(() => [staging]);
   // Turn each layer's raw artifacts into their live form (a git repo from its bundle, …) as
   // soon as extraction has moved past it; see ./materialize.ts.
   const layers = new Map(manifest.layers.map((l) => [l.name, l]));
@@ -97,12 +90,18 @@ export async function restoreToDir(bundle: string, to: string, opts: RestoreToDi
     await mkdir(dir, { recursive: true });
     await impl.materialize(dir, layer, verified);
     debugStep(t0, `layer ${name} materialized`);
-    earlySync();
+    early.kick();
   });
   try {
     let r;
     try {
-      r = await extractPayload(layout, manifest, (layer) => join(staging, layer), { ...opts, onEntry: mat.entry, onLayerDone: mat.layerDone });
+      r = await extractPayload(layout, manifest, (layer) => join(staging, layer), {
+        ...opts, onLayerDone: mat.layerDone,
+        onEntry: (e) => {
+          early.bytes(e.size);
+          mat.entry(e);
+        },
+      });
     } catch (e) {
       await mat.settle();
       throw e;
@@ -112,9 +111,7 @@ export async function restoreToDir(bundle: string, to: string, opts: RestoreToDi
     await mkdir(join(staging, ".memsnap"), { recursive: true });
     await writeFile(join(staging, ".memsnap", MANIFEST_MEMBER), layout.manifestBytes, { mode: 0o600 });
     // One syncfs for the whole tree instead of an fsync per file.
-    await syncing;
-    const failed = syncFailed as { error: unknown } | null; // set in earlySync's callback
-    if (failed) throw failed.error;
+    await early.settle();
     await syncFilesystem(staging);
     debugStep(t0, "synced");
     await rmdir(target).catch((e: NodeJS.ErrnoException) => {
