@@ -87,6 +87,7 @@ export async function restoreToDir(bundle: string, to: string, opts: RestoreToDi
     const impl = layer ? sourceKind(layer.kind) : undefined;
     if (!layer || !impl?.materialize) return;
     const dir = join(staging, name);
+    debugStep(t0, `layer ${name} materializing`);
     await mkdir(dir, { recursive: true });
     await impl.materialize(dir, layer, verified);
     debugStep(t0, `layer ${name} materialized`);
@@ -96,10 +97,9 @@ export async function restoreToDir(bundle: string, to: string, opts: RestoreToDi
     let r;
     try {
       r = await extractPayload(layout, manifest, (layer) => join(staging, layer), {
-        ...opts, onLayerDone: mat.layerDone,
+        ...opts, onLayerDone: mat.layerDone, entries: mat.verified,
         onEntry: (e) => {
           early.bytes(e.size);
-          mat.entry(e);
         },
       });
     } catch (e) {
@@ -119,7 +119,7 @@ export async function restoreToDir(bundle: string, to: string, opts: RestoreToDi
     });
     await rename(staging, target).catch((e: unknown) => { throw destinationError(e, target); });
     await fsyncDir(dirname(target));
-    return { path: target, manifest, artifacts: r.entries.length, bytes: r.entries.reduce((n, e) => n + e.size, 0), durationMs: performance.now() - t0 };
+    return { path: target, manifest, artifacts: r.entries.length, bytes: r.entries.bytes(), durationMs: performance.now() - t0 };
   } catch (e) {
     await rm(staging, { recursive: true, force: true });
     throw e;

@@ -1,6 +1,6 @@
 /** Directory walking shared by file-based sources: sorted, filtered, regular files only. */
-import { lstat, open, readdir, stat, type FileHandle } from "node:fs/promises";
-import { createReadStream, type Stats } from "node:fs";
+import { open, stat, type FileHandle } from "node:fs/promises";
+import { closeSync, createReadStream, lstatSync, openSync, readdirSync, readSync, statSync, type Stats } from "node:fs";
 import { basename, join } from "node:path";
 import type { Readable } from "node:stream";
 import { MemsnapError } from "../errors.js";
@@ -24,6 +24,9 @@ export function selector(opts: WalkOptions): (rel: string) => boolean {
 export function isMemsnapPrivate(name: string): boolean {
   return name === ".memsnap" || /\.memsnap-(new|old|work|staging)-/.test(name) || /^\.memsnap-work-/.test(name);
 }
+
+/** The walk's synchronous calls run at most this long before the event loop gets a turn (ms). */
+const WALK_SLICE_MS = 8;
 
 /** A regular file found by {@link walkFiles}. */
 export interface FoundFile {
@@ -70,10 +73,20 @@ export async function walkFiles(root: string, opts: WalkOptions = {}): Promise<W
   if (rootStats.isFile()) {
     return { files: [{ abs: root, rel: basename(root), stats: rootStats }], skipped };
   }
+  // Entries are listed and stat'ed with synchronous calls, yielding to the event loop every
+  // WALK_SLICE_MS: an async lstat per entry is a thread-pool round trip, and awaited one after
+  // another they made the walk latency-bound (3,010 files of the bench's memory layer: 180-375 ms
+  // async against 37-64 ms this way, with the machine busy).
+  let slice = performance.now();
+  const breathe = async (): Promise<void> => {
+    if (performance.now() - slice < WALK_SLICE_MS) return;
+    await new Promise<void>((r) => setImmediate(r));
+    slice = performance.now();
+  };
   const visit = async (dir: string, relDir: string): Promise<void> => {
     let names: string[];
     try {
-      names = await readdir(dir);
+      names = readdirSync(dir);
     } catch (e) {
       throw sourceError(e, dir);
     }
@@ -83,9 +96,10 @@ export async function walkFiles(root: string, opts: WalkOptions = {}): Promise<W
       const abs = join(dir, name);
       const rel = relDir ? `${relDir}/${name}` : name;
       if (exc?.(rel)) continue;
+      await breathe();
       let st: Stats;
       try {
-        st = await lstat(abs);
+        st = lstatSync(abs);
       } catch (e) {
         if ((e as NodeJS.ErrnoException).code === "ENOENT") continue; // vanished while walking
         throw sourceError(e, abs);
@@ -112,8 +126,19 @@ function openBounded(f: FoundFile): Readable {
   return s;
 }
 
+/**
+ * Files up to this size are read with synchronous calls, in one piece: open, read and close as
+ * thread-pool round trips, awaited one after another, cost more than the read itself, and a
+ * memory layer is thousands of small notes.
+ */
+const SMALL_FILE = 64 * 1024;
+
 /** The same bytes as openBounded, into reused buffers (Artifact.open with `reuse`). */
 async function* reusedFileChunks(f: FoundFile): AsyncGenerator<Buffer> {
+  if (f.stats.size < SMALL_FILE) {
+    yield* smallFileChunk(f);
+    return;
+  }
   let fh: FileHandle | undefined;
   try {
     fh = await open(f.abs, "r");
@@ -126,6 +151,29 @@ async function* reusedFileChunks(f: FoundFile): AsyncGenerator<Buffer> {
   }
 }
 
+/** A small file's bytes (at most size + 1, like openBounded) as one chunk, read synchronously. */
+function* smallFileChunk(f: FoundFile): Generator<Buffer> {
+  let buf: Buffer;
+  let fd: number | undefined;
+  try {
+    fd = openSync(f.abs, "r");
+    buf = Buffer.allocUnsafe(f.stats.size + 1);
+    let n = 0;
+    for (;;) {
+      const got = readSync(fd, buf, n, buf.length - n, n);
+      n += got;
+      if (got === 0 || n === buf.length) break;
+    }
+    buf = buf.subarray(0, n);
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code === "ENOENT") throw changed(f.abs, "it was removed");
+    throw sourceError(e, f.abs);
+  } finally {
+    if (fd !== undefined) closeSync(fd);
+  }
+  if (buf.length > 0) yield buf;
+}
+
 /** An artifact backed by a file on disk, with change detection by size and mtime. */
 export function fileArtifact(f: FoundFile, kind: string, path = f.rel): Artifact {
   return {
@@ -136,6 +184,7 @@ export function fileArtifact(f: FoundFile, kind: string, path = f.rel): Artifact
     mtime: f.stats.mtime,
     open: (o?: OpenOptions) => {
       if (o?.reuse) return reusedFileChunks(f);
+      if (f.stats.size < SMALL_FILE) return (async function* () { yield* smallFileChunk(f); })(); // a fresh buffer per call
       const s = openBounded(f);
       return (async function* () {
         try {
@@ -149,7 +198,7 @@ export function fileArtifact(f: FoundFile, kind: string, path = f.rel): Artifact
     check: async () => {
       let now: Stats;
       try {
-        now = await stat(f.abs);
+        now = statSync(f.abs); // one syscall; awaited round trips per file added up (see SMALL_FILE)
       } catch {
         throw changed(f.abs, "it was removed");
       }
