@@ -17,7 +17,7 @@
  */
 import type { Finding } from "../errors.js";
 import type { IndexEntry } from "../format/manifest.js";
-import type { PayloadEntry } from "./read-payload.js";
+import type { EntryTable } from "./entry-table.js";
 
 const PREFIX = Buffer.from('{"artifacts":[', "utf8");
 const EMPTY = Buffer.from('{"artifacts":[]', "utf8");
@@ -122,9 +122,7 @@ class IndexSplitter {
  * distinct entry name and the findings, never the index.
  */
 export class IndexComparer {
-  readonly #entries: readonly PayloadEntry[];
-  /** Entry name → position of its first occurrence. */
-  readonly #positions = new Map<string, number>();
+  readonly #entries: EntryTable;
   /** Per entry: 1 when an index artifact lists it. */
   readonly #listed: Uint8Array;
   /** Per entry position, the mismatch with the (last) listing of it. */
@@ -135,9 +133,8 @@ export class IndexComparer {
   readonly #splitter: IndexSplitter;
   #parseError: string | null = null;
 
-  constructor(entries: readonly PayloadEntry[]) {
+  constructor(entries: EntryTable) {
     this.#entries = entries;
-    entries.forEach((e, i) => { if (!this.#positions.has(e.name)) this.#positions.set(e.name, i); });
     this.#listed = new Uint8Array(entries.length);
     this.#splitter = new IndexSplitter((json) => this.#artifact(json));
   }
@@ -159,7 +156,7 @@ export class IndexComparer {
       this.#parseError = "an artifact is not an object with a path";
       return;
     }
-    const j = this.#positions.get(a.path);
+    const j = this.#entries.position(a.path);
     const twice = (): void => { this.#twice.push({ code: "MEMSNAP_INDEX_MISMATCH", message: `the index lists ${a.path} twice`, path: a.path }); };
     if (j === undefined) {
       if (this.#absent.has(a.path)) twice();
@@ -168,8 +165,8 @@ export class IndexComparer {
     }
     if (this.#listed[j] === 1) twice();
     this.#listed[j] = 1;
-    const got = this.#entries[j]!;
-    if (a.size !== got.size || a.sha256 !== got.sha256) {
+    const got = { name: this.#entries.name(j), size: this.#entries.size(j) };
+    if (a.size !== got.size || a.sha256 !== this.#entries.sha256(j)) {
       this.#mismatch.set(j, {
         code: "MEMSNAP_ARTIFACT_HASH_MISMATCH",
         message: a.size !== got.size ? `${got.name}: ${got.size} bytes, index says ${a.size}` : `${got.name}: SHA-256 differs from the index`,
@@ -186,16 +183,17 @@ export class IndexComparer {
     if (typeof tail === "string") return { error: tail };
     if (this.#parseError !== null) return { error: this.#parseError };
     const findings: Finding[] = [...this.#twice];
-    this.#entries.forEach((e, j) => {
-      if (this.#positions.get(e.name) !== j) {
-        findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: `duplicate payload entry ${e.name}`, path: e.name });
+    for (let j = 0; j < this.#entries.length; j++) {
+      const name = this.#entries.name(j);
+      if (this.#entries.position(name) !== j) {
+        findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: `duplicate payload entry ${name}`, path: name });
       } else if (this.#listed[j] === 0) {
-        findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: `payload entry ${e.name} is not in the index`, path: e.name });
+        findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: `payload entry ${name} is not in the index`, path: name });
       } else {
         const m = this.#mismatch.get(j);
         if (m) findings.push(m);
       }
-    });
+    }
     for (const p of this.#absent) findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: `indexed artifact ${p} is missing from the payload`, path: p });
     return { tail, findings };
   }

@@ -20,6 +20,7 @@ import type { BundleLayout } from "../format/container.js";
 import { encodeIndex, indexHash, INDEX_PATH, type IndexDocument, type Manifest } from "../format/manifest.js";
 import { AGE_PREFIX_MAX, openAgePrefix } from "./age.js";
 import { PayloadDecoder } from "./decoder.js";
+import { EntryTable } from "./entry-table.js";
 import { IndexComparer } from "./index-stream.js";
 
 /** Identities and passphrases that may open an encrypted bundle. */
@@ -56,7 +57,7 @@ export interface PayloadReadResult {
   storedSha256: string;
   storedSize: number;
   /** Entries in payload order (the index excluded), with what their bytes hashed to. */
-  entries: PayloadEntry[];
+  entries: EntryTable;
   /** The parsed index, or null when it was missing, unparseable (a finding says which) or streamed. */
   index: IndexDocument | null;
   /** With `streamIndex`: the index's snapshot id and its comparison with the entries. */
@@ -131,6 +132,8 @@ export interface ReadPayloadOptions {
    * {@link compareWithIndex} reports. For verify and restore, which need nothing else of it.
    */
   streamIndex?: boolean;
+  /** The table to record the entries in (a caller that looks entries up while the payload streams passes its own). */
+  entries?: EntryTable;
 }
 
 /**
@@ -162,7 +165,7 @@ export async function readPayload(
     ...(signal ? [{ signal }] : []),
   );
   flow.catch(() => undefined);
-  const entries: PayloadReadResult["entries"] = [];
+  const entries = opts.entries ?? new EntryTable();
   const findings: Finding[] = [];
   let index: IndexDocument | null = null;
   let indexSha256: string | null = null;
@@ -225,7 +228,7 @@ export async function readPayload(
       }
       await handler(info, chunks);
       for await (const _ of chunks) { /* drain whatever the handler left */ }
-      const done: PayloadEntry = { name, size: n, sha256: h.digest("hex") };
+      const digest = h.digest();
       collectEntries();
       if (performance.now() - lastTurn > TURN_MS) {
         // Entries already decoded can follow one another as promise continuations for seconds;
@@ -233,8 +236,8 @@ export async function readPayload(
         await new Promise<void>((r) => setImmediate(r));
         lastTurn = performance.now();
       }
-      entries.push(done);
-      onEntry?.(done);
+      entries.add(name, n, digest);
+      onEntry?.({ name, size: n, sha256: digest.toString("hex") });
     }
     await flow;
   } catch (e) {
@@ -282,7 +285,8 @@ export function compareWithIndex(manifest: Manifest, r: PayloadReadResult): Find
     want.set(a.path, a);
   }
   const seen = new Set<string>();
-  for (const e of r.entries) {
+  for (let i = 0; i < r.entries.length; i++) {
+    const e = { name: r.entries.name(i), size: r.entries.size(i), sha256: r.entries.sha256(i) };
     if (seen.has(e.name)) {
       findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: `duplicate payload entry ${e.name}`, path: e.name });
       continue;

@@ -11,6 +11,7 @@ import { dirname, join } from "node:path";
 import { MemsnapError, destinationError } from "../errors.js";
 import type { BundleLayout } from "../format/container.js";
 import type { Manifest } from "../format/manifest.js";
+import type { EntryTable } from "../pipeline/entry-table.js";
 import { compareWithIndex, readPayload, type Keys, type PayloadEntry, type PayloadReadResult } from "../pipeline/read-payload.js";
 import { crashPoint } from "../util/crash-point.js";
 import { alignedBuffer, SequentialDirectWriter } from "../util/directio.js";
@@ -32,6 +33,8 @@ export interface ExtractOptions {
   onProgress?: (bytes: number, total: number) => void;
   /** Each entry once it is written and hashed (see readPayload). */
   onEntry?: (e: PayloadEntry) => void;
+  /** The table the entries are recorded in (see readPayload's `entries`). */
+  entries?: EntryTable;
   /**
    * A layer's entries are all written (the payload has moved on to the next layer, or ended).
    * Lets the caller materialize a layer while later ones are still being extracted; what it
@@ -205,7 +208,10 @@ export async function extractPayload(
         await fh.close();
       }
       crashPoint("restore:staged-entry");
-    }, { streamIndex: true, ...(opts.signal ? { signal: opts.signal } : {}), ...(opts.onEntry ? { onEntry: opts.onEntry } : {}) });
+    }, {
+      streamIndex: true, ...(opts.signal ? { signal: opts.signal } : {}), ...(opts.onEntry ? { onEntry: opts.onEntry } : {}),
+      ...(opts.entries ? { entries: opts.entries } : {}),
+    });
     if (current !== null) await closeLayer(current);
     const findings = compareWithIndex(manifest, r);
     if (findings.length) {

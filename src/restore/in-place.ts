@@ -189,10 +189,9 @@ export async function restoreInPlace(bundle: string, config: MemsnapConfig, opts
       let r;
       try {
         r = await extractPayload(layout, manifest, (layer) => roots.get(layer)?.staged ?? null, {
-          keys, onLayerDone: mat.layerDone,
+          keys, onLayerDone: mat.layerDone, entries: mat.verified,
           onEntry: (e) => {
             early.bytes(e.size);
-            mat.entry(e);
           },
           ...(opts.signal ? { signal: opts.signal } : {}), ...(opts.onProgress ? { onProgress: opts.onProgress } : {}),
         });
@@ -215,7 +214,7 @@ export async function restoreInPlace(bundle: string, config: MemsnapConfig, opts
       swapping = true;
       crashPoint("restore:journal-swapping");
       await rollForward(config.baseDir, journal);
-      const bytes = r.entries.filter((e) => roots.has(e.name.split("/")[0]!)).reduce((n, e) => n + e.size, 0);
+      const bytes = r.entries.bytes((name) => roots.has(name.split("/")[0]!));
       return {
         manifest, layers: selected.map((s) => s.layer.name), swaps: journal.swaps.length, bytes, safetySnapshot: safety,
         recovered: rec?.action ?? null, durationMs: performance.now() - t0,

@@ -12,25 +12,20 @@
  * into place until the whole payload has matched the index and every layer is done, and a
  * failure waits for the rebuild in flight before the caller removes staging.
  */
-import type { PayloadEntry } from "../pipeline/read-payload.js";
+import { EntryTable } from "../pipeline/entry-table.js";
 
 export class LayerMaterializer {
-  readonly #run: (layer: string, verified: ReadonlyMap<string, string>) => Promise<void>;
+  readonly #run: (layer: string, verified: EntryTable) => Promise<void>;
   readonly #started = new Set<string>();
-  /** Entry name → the SHA-256 its bytes hashed to on extraction, filled as entries complete. */
-  readonly verified = new Map<string, string>();
+  /** The entries and what their bytes hashed to on extraction: pass as extractPayload's `entries`, which fills it. */
+  readonly verified = new EntryTable();
   #chain: Promise<void> = Promise.resolve();
   #failed: { error: unknown } | null = null;
 
   /** `run` materializes one layer; it is never called twice for a layer nor for two at once. */
-  constructor(run: (layer: string, verified: ReadonlyMap<string, string>) => Promise<void>) {
+  constructor(run: (layer: string, verified: EntryTable) => Promise<void>) {
     this.#run = run;
   }
-
-  /** Record an extracted entry (pass as extractPayload's `onEntry`). */
-  readonly entry = (e: PayloadEntry): void => {
-    this.verified.set(e.name, e.sha256);
-  };
 
   /** Queue a layer whose entries are all extracted (pass as extractPayload's `onLayerDone`). */
   readonly layerDone = (layer: string): void => {

@@ -34,7 +34,7 @@ import {
   FrameHasher, TextScanner, canonicalDtype, decompressToBuffer, dtypeBytes, hashFrameChunks, isAllZero, parsePageManifest,
   sha256Hex, zstdCompressSync,
 } from "./pfimg-format.js";
-import { SPOOL_FILE, SPOOL_MAP, isSpoolName, type Artifact, type SourceKind } from "./types.js";
+import { SPOOL_FILE, SPOOL_MAP, isSpoolName, type Artifact, type SourceKind, type VerifiedLookup } from "./types.js";
 import { readSpoolMap } from "../restore/spool.js";
 import { sourceChanged, sourceError, walkFiles } from "./walk.js";
 import { FdCache } from "../util/fd-cache.js";
@@ -778,7 +778,7 @@ async function sha256File(path: string): Promise<string | null> {
  * Memory: the index is read as it streams; per distinct page a few numbers and its digest
  * are kept (the spool's names while the index is read), never the index's text or labels.
  */
-async function materializeKv(dir: string, layer: LayerEntry, verified?: ReadonlyMap<string, string>): Promise<void> {
+async function materializeKv(dir: string, layer: LayerEntry, verified?: VerifiedLookup): Promise<void> {
   const done = materialized.get(layer) ?? new Set<string>();
   if (done.has(dir)) return;
   const idxAbs = join(dir, KV_INDEX);

@@ -110,7 +110,7 @@ export interface SourceKind<C extends { name: string } = { name: string }> {
    * `verified`, when given, maps payload paths (`<layer>/<path>`) to the SHA-256 their bytes
    * were checked against on extraction, so a kind need not hash them again.
    */
-  materialize?(dir: string, layer: LayerEntry, verified?: ReadonlyMap<string, string>): Promise<void>;
+  materialize?(dir: string, layer: LayerEntry, verified?: VerifiedLookup): Promise<void>;
   /**
    * True when the layer holds process memory (CRIU pages), which cannot be redacted: a
    * plaintext bundle with such a layer is refused (MEMSNAP_PLAINTEXT_PROCESS_MEMORY) before
@@ -162,3 +162,8 @@ export interface SpoolPlace {
 
 /** A spool map value: `[offset, length]` in the spool, or `[offset, length, file]` in part `file`. */
 export type SpoolAt = [number, number] | [number, number, number];
+
+/** Payload path (`<layer>/<path>`) → the SHA-256 (hex) its bytes were checked against on extraction. */
+export interface VerifiedLookup {
+  get(path: string): string | undefined;
+}

@@ -7,7 +7,15 @@ import fc from "fast-check";
 import { describe, expect, it } from "vitest";
 import { encodeIndex, type IndexDocument, type IndexEntry, type Manifest } from "../../src/format/manifest.js";
 import { IndexComparer } from "../../src/pipeline/index-stream.js";
+import { EntryTable } from "../../src/pipeline/entry-table.js";
 import { compareWithIndex, type PayloadEntry, type PayloadReadResult } from "../../src/pipeline/read-payload.js";
+
+/** The entries as readPayload records them. */
+function tableOf(entries: PayloadEntry[]): EntryTable {
+  const t = new EntryTable();
+  for (const e of entries) t.add(e.name, e.size, Buffer.from(e.sha256, "hex"));
+  return t;
+}
 
 const sha = (s: string): string => createHash("sha256").update(s).digest("hex");
 const ID = "01JTESTINDEX0000000000000A";
@@ -26,9 +34,10 @@ function chunked(buf: Buffer, cuts: number[]): Buffer[] {
 /** Both ways: the parsed index through compareWithIndex, and the streamed one. */
 function both(entries: PayloadEntry[], doc: IndexDocument, bytes: Buffer, cuts: number[]): { parsed: unknown; streamed: unknown } {
   const manifest = { snapshot_id: ID, payload: { sha256: "s", stored_size: 1, index_sha256: sha("x") } } as unknown as Manifest;
-  const base = { storedSha256: "s", storedSize: 1, entries, indexSha256: sha("x"), findings: [] };
+  const table = tableOf(entries);
+  const base = { storedSha256: "s", storedSize: 1, entries: table, indexSha256: sha("x"), findings: [] };
   const parsed = compareWithIndex(manifest, { ...base, index: doc, indexCheck: null } as PayloadReadResult);
-  const cmp = new IndexComparer(entries);
+  const cmp = new IndexComparer(table);
   for (const c of chunked(bytes, cuts)) cmp.push(c);
   const r = cmp.end();
   if ("error" in r) return { parsed, streamed: r };
@@ -78,7 +87,7 @@ describe("streamed index comparison", () => {
     const doc: IndexDocument = { format: "memsnap-index", snapshot_id: ID, artifacts: [{ path: "a/b", layer: "a", kind: "file", size: 1, sha256: sha("b"), mode: 420, mtime: "t" }] };
     const good = encodeIndex(doc);
     const end = (b: Buffer): unknown => {
-      const c = new IndexComparer([]);
+      const c = new IndexComparer(new EntryTable());
       c.push(b);
       return c.end();
     };

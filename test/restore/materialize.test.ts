@@ -30,6 +30,7 @@ describe("extraction reports each layer as soon as it is complete", () => {
 
 describe("LayerMaterializer", () => {
   const tick = (ms: number): Promise<void> => new Promise((r) => setTimeout(r, ms));
+  const H1 = "a1".repeat(32);
 
   it("starts a layer when told, runs one at a time in order, and finishes the layers never started", async () => {
     const log: string[] = [];
@@ -42,14 +43,14 @@ describe("LayerMaterializer", () => {
       log.push(`end ${layer}`);
       running--;
     });
-    m.entry({ name: "one/a", size: 1, sha256: "h1" });
+    m.verified.add("one/a", 1, Buffer.alloc(32, 0xa1));
     m.layerDone("one");
     m.layerDone("two");
     m.layerDone("one"); // a second report starts nothing
     await tick(5);
-    expect(log).toEqual(["start one h1"]); // started while "extraction" goes on
+    expect(log).toEqual([`start one ${H1}`]); // started while "extraction" goes on
     await m.finish(["one", "two", "three"]);
-    expect(log).toEqual(["start one h1", "end one", "start two -", "end two", "start three -", "end three"]);
+    expect(log).toEqual([`start one ${H1}`, "end one", "start two -", "end two", "start three -", "end three"]);
   });
 
   it("a failure stops the layers after it; settle never throws; finish throws the first failure", async () => {
