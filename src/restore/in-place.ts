@@ -190,9 +190,7 @@ export async function restoreInPlace(bundle: string, config: MemsnapConfig, opts
       try {
         r = await extractPayload(layout, manifest, (layer) => roots.get(layer)?.staged ?? null, {
           keys, onLayerDone: mat.layerDone, entries: mat.verified,
-          onEntry: (e) => {
-            early.bytes(e.size);
-          },
+          onEntry: (e) => early.bytes(e.size),
           ...(opts.signal ? { signal: opts.signal } : {}), ...(opts.onProgress ? { onProgress: opts.onProgress } : {}),
         });
       } catch (e) {

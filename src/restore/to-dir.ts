@@ -98,9 +98,7 @@ export async function restoreToDir(bundle: string, to: string, opts: RestoreToDi
     try {
       r = await extractPayload(layout, manifest, (layer) => join(staging, layer), {
         ...opts, onLayerDone: mat.layerDone, entries: mat.verified,
-        onEntry: (e) => {
-          early.bytes(e.size);
-        },
+        onEntry: (e) => early.bytes(e.size),
       });
     } catch (e) {
       await mat.settle();
