@@ -23,6 +23,32 @@ afterAll(async () => {
   for (const d of dirs) await rm(d, { recursive: true, force: true });
 });
 
+/**
+ * The Content_Checksum_flag of every zstd frame in `buf` (RFC 8878 §3.1.1: frame header, then
+ * blocks up to the one marked last, then the 4-byte checksum when the flag is set).
+ */
+function frameChecksumFlags(buf: Buffer): boolean[] {
+  const flags: boolean[] = [];
+  let p = 0;
+  while (p < buf.length) {
+    if (buf.readUInt32LE(p) !== 0xfd2fb528) throw new Error(`no zstd frame at ${p}`);
+    const fhd = buf[p + 4]!;
+    const single = (fhd >> 5) & 1, checksum = (fhd >> 2) & 1, fcsFlag = fhd >> 6;
+    const dictBytes = [0, 1, 2, 4][fhd & 3]!;
+    const fcsBytes = fcsFlag === 0 ? single : [1, 2, 4, 8][fcsFlag]!;
+    p += 5 + (single ? 0 : 1) + dictBytes + fcsBytes;
+    for (;;) {
+      const h = buf[p]! | (buf[p + 1]! << 8) | (buf[p + 2]! << 16);
+      const last = h & 1, type = (h >> 1) & 3, size = h >>> 3;
+      p += 3 + (type === 1 ? 1 : size);
+      if (last) break;
+    }
+    if (checksum) p += 4;
+    flags.push(checksum === 1);
+  }
+  return flags;
+}
+
 /** A plain (no age) encoder writing into a new file in a temp directory. */
 async function tempEncoder(level: number): Promise<{ enc: PayloadEncoder; fd: number; path: string }> {
   const dir = await mkdtemp(join(tmpdir(), "memsnap-enc-"));
@@ -113,6 +139,10 @@ describe.skipIf(!zstdCli && !ci)("PayloadEncoder: direct I/O", () => {
         const d = spawnSync("zstd", ["-d", "-q", "-c"], { input: payload, maxBuffer: 64 * 1024 * 1024 });
         expect(d.status).toBe(0);
         expect(d.stdout.equals(input)).toBe(true);
+        // A plaintext payload: every frame carries its XXH64 checksum, for `zstd -d` alone.
+        const flags = frameChecksumFlags(payload);
+        expect(flags.length).toBeGreaterThan(1);
+        expect(flags.every((f) => f)).toBe(true);
       }
     }
   }, 120_000);
@@ -136,6 +166,12 @@ describe.skipIf(!zstdCli && !ci)("PayloadEncoder: direct I/O", () => {
     const d = spawnSync("sh", ["-c", `age -d -i ${JSON.stringify(key)} ${JSON.stringify(enc)} | zstd -d -q -c`], { maxBuffer: 64 * 1024 * 1024 });
     expect(d.status, d.stderr.toString()).toBe(0);
     expect(d.stdout.equals(input)).toBe(true);
+    // An encrypted payload's frames carry no XXH64: age's Poly1305 tags authenticate every chunk.
+    const z = spawnSync("age", ["-d", "-i", key, enc], { maxBuffer: 64 * 1024 * 1024 });
+    expect(z.status).toBe(0);
+    const flags = frameChecksumFlags(z.stdout);
+    expect(flags.length).toBeGreaterThan(1);
+    expect(flags.some((f) => f)).toBe(false);
   }, 120_000);
 
   it("O_DIRECT refused mid-stream (EINVAL): the rest goes through the page cache, and the file is the same", async () => {
