@@ -15,6 +15,24 @@ import { canonicalJson } from "../util/canonical-json.js";
 
 const BUF = 1024 * 1024;
 
+const ENTRY_KEYS = 7; // kind, layer, mode, mtime, path, sha256, size
+
+/**
+ * {@link canonicalJson} of an index entry, written out for its seven keys in sorted order (a
+ * KV dump adds one entry per page: the generic encoder's sort and joins were ~20 ms of the
+ * main thread per 6,400 pages). An entry with other keys, or with a key missing, goes through
+ * the generic encoder, so the bytes are canonical JSON either way.
+ */
+export function entryJson(e: IndexEntry): string {
+  if (Object.keys(e).length !== ENTRY_KEYS || !Number.isSafeInteger(e.mode) || !Number.isSafeInteger(e.size) ||
+    typeof e.kind !== "string" || typeof e.layer !== "string" || typeof e.mtime !== "string" ||
+    typeof e.path !== "string" || typeof e.sha256 !== "string") {
+    return canonicalJson(e);
+  }
+  return `{"kind":${JSON.stringify(e.kind)},"layer":${JSON.stringify(e.layer)},"mode":${e.mode},"mtime":${JSON.stringify(e.mtime)},` +
+    `"path":${JSON.stringify(e.path)},"sha256":${JSON.stringify(e.sha256)},"size":${e.size}}`;
+}
+
 export class IndexSpill {
   readonly #fd: number;
   readonly #buf = Buffer.allocUnsafe(BUF);
@@ -30,7 +48,7 @@ export class IndexSpill {
   }
 
   add(e: IndexEntry): void {
-    const s = (this.count > 0 ? "," : "") + canonicalJson(e);
+    const s = (this.count > 0 ? "," : "") + entryJson(e);
     const n = Buffer.byteLength(s, "utf8");
     if (this.#len + n > BUF) this.#flush();
     if (n > BUF) {

@@ -3,7 +3,9 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import { encodeIndex, type IndexEntry } from "../../src/format/manifest.js";
-import { IndexSpill } from "../../src/pipeline/index-spill.js";
+import fc from "fast-check";
+import { IndexSpill, entryJson } from "../../src/pipeline/index-spill.js";
+import { canonicalJson } from "../../src/util/canonical-json.js";
 
 function entry(i: number, name: string): IndexEntry {
   return {
@@ -33,4 +35,18 @@ describe("index spill", () => {
       }
     });
   }
+
+  it("entryJson is canonicalJson for any entry, and for entries with extra or missing keys", () => {
+    const str = fc.string({ unit: "binary", maxLength: 24 });
+    fc.assert(fc.property(str, str, str, fc.nat(), fc.nat(), str, str, (path, layer, kind, size, mode, mtime, sha256) => {
+      const e: IndexEntry = { path, layer, kind, size, sha256, mode, mtime };
+      expect(entryJson(e)).toBe(canonicalJson(e));
+    }), { numRuns: 500 });
+    const extra = { ...entry(3, "x"), ref: "01BASE" } as IndexEntry;
+    expect(entryJson(extra)).toBe(canonicalJson(extra));
+    expect(entryJson(extra)).toContain('"ref":"01BASE"');
+    const { mode: _m, ...missing } = entry(4, "x");
+    expect(entryJson(missing as IndexEntry)).toBe(canonicalJson(missing));
+    expect(entryJson(missing as IndexEntry)).not.toContain('"mode"');
+  });
 });
