@@ -14,6 +14,7 @@
  */
 import { gcPacer } from "../util/gc.js";
 import { reusedChunks } from "../util/reused-chunks.js";
+import { nativePrefilter } from "./native.js";
 import { randomBytes } from "node:crypto";
 import { createReadStream } from "node:fs";
 import { mkdir, open, rm, type FileHandle } from "node:fs/promises";
@@ -120,6 +121,12 @@ class MemsnapRedactor implements Redactor {
 
   candidate(text: string): boolean {
     return candidate(text);
+  }
+
+  /** The native pre-filter's negative test on the bytes themselves (./native.ts); false without it. */
+  clean(bytes: Uint8Array): boolean {
+    const native = nativePrefilter();
+    return native !== null && native.scan(bytes, 0, bytes.length) === -1;
   }
 
   /** A text that is one JSON document (a JSON column, a tool result) is redacted string by string, so it stays valid. */

@@ -31,6 +31,12 @@ export interface RedactionReport {
 export interface Redactor {
   /** Cheap, synchronous pre-filter: false means `text` certainly holds no secret any rule matches. */
   candidate(text: string): boolean;
+  /**
+   * Optional, cheaper still: true means no rule can match in the text `bytes` decode to as UTF-8
+   * (so they need not be decoded at all); false means "do not know", and the caller decodes them
+   * and asks {@link candidate}.
+   */
+  clean?(bytes: Uint8Array): boolean;
   /** Rewrite every match in `text` (idempotent) and record the hits against `artifact` (a payload path). */
   redactText(text: string, artifact: string): Promise<string>;
   /** Find matches without rewriting and record them against `artifact` as unredacted. */
