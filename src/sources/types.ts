@@ -48,6 +48,12 @@ export interface Artifact {
   sha256?: string;
   /** True for text the pipeline should redact (memory files, JSON, JSONL) when redaction is on. */
   text?: boolean;
+  /**
+   * `open()` may be called again and yields the same bytes, unless `check()` then reports the
+   * source changed (a file read from disk). The redactor uses it to skip spooling a big text it
+   * leaves unchanged: the pipeline reads the source a second time instead.
+   */
+  rereadable?: boolean;
 }
 
 /** What a source's capture returns. */
