@@ -12,7 +12,10 @@ import type { Readable } from "node:stream";
 import type { LayerEntry } from "../format/manifest.js";
 import type { Redactor } from "../redact/types.js";
 
-/** One artifact a source yields. `open()` is called once, right before its bytes are packed. */
+/**
+ * One artifact a source yields. `open()` is called once, right before its bytes are packed (a
+ * {@link Artifact.rereadable} one may be opened again: the redactor reads it, then the pipeline).
+ */
 /** How a consumer will use an artifact's chunks (see {@link Artifact.open}). */
 export interface OpenOptions {
   /** The consumer keeps no chunk after asking for the next, so the source may reuse buffers. */
