@@ -64,12 +64,30 @@ function load(): Promise<{ lintSource: LintSource; rules: Rules }> {
 }
 
 /**
- * A scanner with the given secretlint rules off; null when all of them are off. The preset's
- * rules are registered one by one rather than through the preset: v12 ignores `disabled` on
- * rules inside a preset, and the comment filter must not run at all.
+ * A scanner with the given secretlint rules off; null when all of them are off. secretlint is
+ * loaded by the first scan of a non-empty batch, not here: loading it is ~35 ms of the main
+ * thread (about 50 modules), which held back the start of every snapshot, and the native
+ * pre-filter keeps most snapshots from ever needing it (none of the bench mix's 125 MB of text
+ * reaches it). A failure to load is thrown by that scan (MEMSNAP_INTERNAL).
  */
 export async function createSecretlintScanner(disabled: ReadonlySet<string>): Promise<SecretlintScanner | null> {
   if (SECRETLINT_RULE_IDS.every((id) => disabled.has(id))) return null;
+  let real: Promise<SecretlintScanner> | undefined;
+  return {
+    async scan(texts) {
+      if (texts.length === 0) return [];
+      real ??= loadScanner(disabled);
+      return (await real).scan(texts);
+    },
+  };
+}
+
+/**
+ * The scanner itself, once secretlint is loaded. The preset's rules are registered one by one
+ * rather than through the preset: v12 ignores `disabled` on rules inside a preset, and the
+ * comment filter must not run at all.
+ */
+async function loadScanner(disabled: ReadonlySet<string>): Promise<SecretlintScanner> {
   let lib: { lintSource: LintSource; rules: Rules };
   try {
     lib = await load();

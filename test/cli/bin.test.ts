@@ -44,6 +44,41 @@ describe("bin/memsnap.js executed directly", () => {
     expect(r.seen.arena).toBe("4");
   });
 
+  it("starts node without NODE_EXTRA_CA_CERTS, and gives it back to memsnap's code and the processes it starts", () => {
+    // A file that cannot be read: node warns at startup when it is asked to load it.
+    const certs = join(dir, "no-such-certs.pem");
+    const plain = spawnSync(process.execPath, ["-e", "0"], { env: { ...process.env, NODE_EXTRA_CA_CERTS: certs }, encoding: "utf8" });
+    expect(plain.stderr).toContain("extra certs"); // the probe below can tell
+    // A copy of bin/memsnap.js next to a stand-in CLI that reports the variable as memsnap's
+    // code sees it, and as a child process (sh) sees it.
+    const fake = join(dir, "fake-ca");
+    const bin = join(fake, "bin", "memsnap.js");
+    mkdirSync(join(fake, "bin"), { recursive: true });
+    mkdirSync(join(fake, "dist", "cli"), { recursive: true });
+    copyFileSync(BIN, bin);
+    writeFileSync(join(fake, "dist", "cli", "main.js"), `import { execFileSync } from "node:child_process";
+export async function main() {
+  const child = execFileSync("sh", ["-c", 'printf %s "\${NODE_EXTRA_CA_CERTS-unset}"'], { encoding: "utf8" });
+  process.stdout.write(JSON.stringify({ own: process.env.NODE_EXTRA_CA_CERTS ?? "unset", child, saved: process.env.MEMSNAP_SAVED_EXTRA_CA_CERTS ?? null }));
+  return 0;
+}
+`);
+    const run = (env: Record<string, string | undefined>) => {
+      const e: Record<string, string | undefined> = { ...process.env, ...env };
+      for (const k of Object.keys(e)) if (e[k] === undefined) delete e[k];
+      return spawnSync(bin, [], { env: e as NodeJS.ProcessEnv, encoding: "utf8" });
+    };
+    const set = run({ NODE_EXTRA_CA_CERTS: certs });
+    expect(set.status).toBe(0);
+    expect(set.stderr).not.toContain("extra certs");
+    expect(JSON.parse(set.stdout)).toEqual({ own: certs, child: certs, saved: null });
+    const empty = run({ NODE_EXTRA_CA_CERTS: "" });
+    expect(JSON.parse(empty.stdout)).toEqual({ own: "", child: "", saved: null });
+    // Unset stays unset, whatever a stray saved value says.
+    const unset = run({ NODE_EXTRA_CA_CERTS: undefined, MEMSNAP_SAVED_EXTRA_CA_CERTS: certs });
+    expect(JSON.parse(unset.stdout)).toEqual({ own: "unset", child: "unset", saved: null });
+  });
+
   it("still runs as a plain node script (node bin/memsnap.js), with node's defaults", () => {
     const r = spawnSync(process.execPath, [BIN, "--version"], { encoding: "utf8" });
     expect(r.status).toBe(0);

@@ -128,3 +128,16 @@ describe("secretlint", () => {
     expect(await none.redactText("AKIAI44QH8DHBEXAMPLE password=hunter2-fake", "x")).toBe("AKIAI44QH8DHBEXAMPLE password=[REDACTED:memsnap/password-assignment]");
   });
 });
+
+describe("which units reach secretlint", () => {
+  it("a Databricks token does; an id that only holds `dapi` (a trace's `call_…dapi7`) does not", async () => {
+    expect(secretlintCandidate('{"tool_id":"call_0002qwdapi7"}')).toBe(false);
+    expect(secretlintCandidate("dapi0123456789abcdef0123456789abcde")).toBe(false); // 31 hex digits
+    const token = `dapi${"0123456789abcdef".repeat(2)}`;
+    expect(secretlintCandidate(`{"token":"${token}"}`)).toBe(true);
+    const r = await redactor();
+    const out = await r.redactText(`{"token":"${token}"}`, "databricks");
+    expect(out).not.toContain(token);
+    expect(out).toContain("[REDACTED:");
+  });
+});
