@@ -32,16 +32,16 @@ afterAll(() => {
 
 const sha = (b: Buffer | string): string => createHash("sha256").update(b).digest("hex");
 
-/** Every regular file under `root`: relative path → {sha256, mode}. */
-function tree(root: string): Record<string, { sha: string; mode: number; size: number }> {
-  const out: Record<string, { sha: string; mode: number; size: number }> = {};
+/** Every regular file under `root`: relative path → {sha256, mode, size, mtime (to the ms, as the index keeps it)}. */
+function tree(root: string): Record<string, { sha: string; mode: number; size: number; mtime: number }> {
+  const out: Record<string, { sha: string; mode: number; size: number; mtime: number }> = {};
   const walk = (d: string): void => {
     for (const e of readdirSync(d, { withFileTypes: true })) {
       const p = join(d, e.name);
       if (e.isDirectory()) walk(p);
       else if (e.isFile()) {
         const st = statSync(p);
-        out[relative(root, p).split("\\").join("/")] = { sha: sha(readFileSync(p)), mode: st.mode & 0o777, size: st.size };
+        out[relative(root, p).split("\\").join("/")] = { sha: sha(readFileSync(p)), mode: st.mode & 0o777, size: st.size, mtime: Math.round(st.mtimeMs) };
       }
     }
   };
