@@ -13,7 +13,7 @@ import { createReadStream } from "node:fs";
 import { open } from "node:fs/promises";
 import { Transform, Writable, type TransformCallback } from "node:stream";
 import { pipeline } from "node:stream/promises";
-import tar from "tar-stream";
+import { tarStream } from "../util/tar-stream.js";
 import { heapPacer } from "../util/gc.js";
 import { MemsnapError, type Finding } from "../errors.js";
 import type { BundleLayout } from "../format/container.js";
@@ -157,7 +157,7 @@ export async function readPayload(
     path: layout.path, offset: layout.payloadOffset, size: layout.payloadSize, age,
     maxOutputBytes: manifest.payload.tar_size + BOMB_MARGIN, ...(onStored ? { onStored } : {}),
   });
-  const extract = tar.extract();
+  const extract = (await tarStream()).extract();
   const flow = pipeline(
     decoder,
     new BoundCounter(manifest.payload.tar_size),

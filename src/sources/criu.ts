@@ -22,7 +22,7 @@ import { lstat, mkdir, mkdtemp, open, readdir, readFile, readlink, realpath, rm,
 import { basename, dirname, isAbsolute, join, posix, resolve, sep } from "node:path";
 import { Readable, type Writable } from "node:stream";
 import { pipeline } from "node:stream/promises";
-import tar from "tar-stream";
+import { tarStream } from "../util/tar-stream.js";
 import { MemsnapError } from "../errors.js";
 import { configInvalid, optInt, optString, rejectUnknownKeys, reqString } from "../util/config-check.js";
 import {
@@ -254,7 +254,7 @@ async function unpackBlob(file: string, dest: string, signal?: AbortSignal): Pro
   }
   const rootDir = join(dest, "tar");
   await mkdir(rootDir, { recursive: true });
-  const extract = tar.extract();
+  const extract = (await tarStream()).extract();
   // The iterator must exist before bytes flow: tar-stream drops entries emitted before it.
   const entries = extract[Symbol.asyncIterator]();
   const feed = pipeline(

@@ -24,7 +24,8 @@ import { spawn, type ChildProcess } from "node:child_process";
 import { readFile, stat } from "node:fs/promises";
 import { delimiter, join, resolve } from "node:path";
 import { Readable } from "node:stream";
-import tar from "tar-stream";
+import type tar from "tar-stream";
+import { tarStream } from "../util/tar-stream.js";
 import { MemsnapError } from "../errors.js";
 import type { LayerEntry } from "../format/manifest.js";
 import { configInvalid, isPlainObject, optInt, rejectUnknownKeys, reqString } from "../util/config-check.js";
@@ -308,7 +309,7 @@ export const execSource: SourceKind<ExecConfig> = {
     const argv = resolveCommand(cfg.command, ctx.baseDir);
     const timeoutMs = cfg.timeout_ms ?? DEFAULT_TIMEOUT_MS;
     const request: PluginCaptureRequest = { protocol: PLUGIN_PROTOCOL, op: "capture", layer: cfg.name, config: cfg.config ?? {} };
-    const extract = tar.extract();
+    const extract = (await tarStream()).extract();
     const entries = extract[Symbol.asyncIterator]();
     const proc = new PluginProcess(argv, "capture", request, {
       cwd: ctx.baseDir, env: pluginEnv(cfg.env), timeoutMs,
