@@ -54,6 +54,7 @@
  * 1 when a command failed, memsnap's CLI is missing, or a restore does not match the mix; 2 on
  * bad arguments.
  */
+import { spawnSync } from "node:child_process";
 import fs from "node:fs";
 import path from "node:path";
 import { fileURLToPath } from "node:url";
@@ -490,7 +491,7 @@ async function main() {
   } else {
     log(`warming the page cache with the mix (${fmtBytes(mixBytes)})`);
     await warmTree(mix.dir);
-    cacheMode = "warm (mix read into the page cache before every snapshot run; outputs cached as written)";
+    cacheMode = "warm (mix read into the page cache before every snapshot run; before every restore run, earlier trees dropped from it and the restores' inputs read in; outputs cached as written)";
   }
   // Each snapshot run, on either side, starts with the whole mix in the page cache again. Read
   // once at the start was not enough at scale 10: the runs' outputs (5-10 GiB each) evicted part
@@ -627,11 +628,51 @@ async function main() {
   // file creation slower, on both sides and run after run (perf: 2.4 CPU-s of one restore's
   // `git checkout` in recently_deleted; 3,000 files took 0.3-2 s to create, 0.05 s on a quiet
   // disk).
+  // And every restore run, on either side, starts from the same page cache (where it can be
+  // dropped, i.e. as root): the earlier runs' trees written back and dropped, then what the
+  // restores read put back (the pipeline's archive, node, memsnap's files, the tools and their
+  // libraries; memsnap reads its bundle with O_DIRECT). Without it the trees moved aside filled
+  // the page cache run after run and the restores flipped to a slow mode part-way through: in
+  // one scale-1 run the pipeline's took 1.8-2.0 s in the first three rounds and 3.8-4.3 s in the
+  // last two (3.3 CPU-s at the median), memsnap's 2.6-2.7 s then 3.5-4.0 s, which read 1.80x.
+  const restoreInputs = (() => {
+    const bins = [process.execPath];
+    for (const t of ["age", "zstd", "tar", "bash", "git", "sync"]) {
+      const w = spawnSync("sh", ["-c", `command -v ${t}`], { encoding: "utf8" }).stdout.trim();
+      if (w.startsWith("/")) bins.push(w);
+    }
+    if (fs.existsSync("/usr/lib/git-core/git")) bins.push("/usr/lib/git-core/git");
+    const libs = new Set();
+    for (const b of bins) {
+      const r = spawnSync("ldd", [b], { encoding: "utf8" });
+      for (const m of (r.stdout ?? "").matchAll(/=> (\/\S+)/g)) libs.add(m[1]);
+    }
+    return { files: [...bins, ...libs], dirs: ["bin", "dist", "native", "node_modules"].map((d) => path.join(ROOT, d)) };
+  })();
+  let restoreCacheLevelled = null;
+  const levelRestoreCache = () => {
+    if (opts.cold) return; // dropped before every command anyway
+    restoreCacheLevelled = dropCaches();
+    if (!restoreCacheLevelled) return;
+    const buf = Buffer.allocUnsafe(1 << 20);
+    for (const f of [...restoreInputs.files, baseArchive]) {
+      let fd;
+      try {
+        fd = fs.openSync(f, "r");
+        while (fs.readSync(fd, buf, 0, buf.length, null) > 0);
+      } catch {
+        // missing: nothing to warm
+      } finally {
+        if (fd !== undefined) fs.closeSync(fd);
+      }
+    }
+    for (const d of restoreInputs.dirs) if (fs.existsSync(d)) void warmTree(d); // synchronous reads
+  };
   let retired = 0;
   let deletedTrees = 0;
-  const retire = (p) => {
+  const retire = (p, room = 3 * mixBytes + 2 ** 31) => {
     if (!fs.existsSync(p)) return;
-    if (freeBytes(BENCH) > 3 * mixBytes + 2 ** 31) {
+    if (freeBytes(BENCH) > room) {
       fs.mkdirSync(retiredDir, { recursive: true });
       fs.renameSync(p, path.join(retiredDir, String(retired++)));
     } else {
@@ -645,9 +686,13 @@ async function main() {
     prep: () => {
       retire(restoreBase);
       fs.mkdirSync(restoreBase);
+      levelRestoreCache();
     },
-    // Only one restored tree on disk at a time (at scale 10 each is ~10 GiB): the baseline's
-    // last tree is checked and dropped before memsnap's last run, earlier ones at once.
+    // The baseline's last tree is checked, then moved aside too where the disk has room for
+    // the two trees still to come (memsnap's, the pipeline + sync's; at scale 10 each is ~10
+    // GiB), else deleted. Deleted, it made memsnap's next run create its files among freshly
+    // freed inodes (above): at scale 10, with one run each, memsnap's only restore always came
+    // right after 10 GiB of the baseline's tree were deleted (one such run: 1.52x).
     after: (last, run) => {
       if (last && run.ok) {
         log("checking the baseline restore");
@@ -655,13 +700,16 @@ async function main() {
         restoreCheck.baseline = summarizeCheck(c, rel(restoreBase));
         if (!c.ok) failures.push(`baseline restore does not match the mix: ${restoreCheck.baseline.text}`);
       }
-      if (last) drop(restoreBase);
-      else retire(restoreBase);
+      if (last && opts.keep) return;
+      retire(restoreBase, last ? 2 * mixBytes + 2 ** 31 : undefined);
     },
   }, haveBundle ? {
     argv: memsnap("restore", rel(bundle), "--to", rel(restoreMemsnap), "--identity", rel(keyFile), "--json"),
     display: `${cliCmd} restore ${rel(bundle)} --to ${rel(restoreMemsnap)} --identity ${rel(keyFile)} --json`,
-    prep: () => retire(restoreMemsnap),
+    prep: () => {
+      retire(restoreMemsnap);
+      levelRestoreCache();
+    },
     after: (last) => {
       if (!last) retire(restoreMemsnap);
     },
@@ -676,6 +724,7 @@ async function main() {
       prep: () => {
         retire(restoreBaseSync);
         fs.mkdirSync(restoreBaseSync);
+        levelRestoreCache();
       },
       after: (last) => {
         if (last) drop(restoreBaseSync);
@@ -685,6 +734,7 @@ async function main() {
   });
   drop(baseArchive);
   fs.rmSync(retiredDir, { recursive: true, force: true });
+  if (restoreCacheLevelled === false) ctx.notes.add("restore: the page cache could not be dropped between runs (not root?): later runs may find it full of earlier trees");
   if (deletedTrees) ctx.notes.add(`restore: ${deletedTrees} earlier restored tree(s) were deleted between runs for lack of disk space (on ext4 without a journal that slows the next runs' file creation)`);
   syncDisks();
   addRow({ op: "restore", baseline: baseRestore, memsnap: memRestore, bytes: mixBytes, bytesOf: "mix", maxRatio: 1.3, perfRatio: 1.0 });
