@@ -26,7 +26,9 @@
  *   --cold           drop the page cache (sync; echo 3 > /proc/sys/vm/drop_caches) before every
  *                    measured command; default is warm: the mix is read into the page cache at the
  *                    start and again before every snapshot run (both sides), so every command
- *                    runs with it cached
+ *                    runs with it cached; run as root, the page cache is also dropped before
+ *                    every restore run and the restores' inputs read back in (system-wide: other
+ *                    programs on the machine lose their cached files too)
  *   --runs N         measure every command N times and report the median time (default 1); the
  *                    baseline and memsnap runs of an operation alternate (b, m, b, m, …)
  *   --baseline-only  do not run memsnap (exit 0 if the baselines pass)
