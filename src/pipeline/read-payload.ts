@@ -1,6 +1,7 @@
 /**
  * Reading a bundle's payload: stored bytes ─hash─▶ [age -d] ─▶ zstd -d (bounded) ─▶ tar ─▶ entries.
- * Everything before the tar runs in one worker thread (./decoder.ts); the age header is
+ * Everything up to the tar's framing runs in one worker thread (./decoder.ts, ./tar-scan.ts:
+ * one tar parser, so the bytes hashed are the bytes handed to the handler); the age header is
  * opened here first, so a wrong key fails before the worker starts.
  *
  * Every stored byte is hashed (payload SHA-256), every entry's bytes are hashed and counted
@@ -11,17 +12,16 @@
 import { createHash } from "node:crypto";
 import { createReadStream } from "node:fs";
 import { open } from "node:fs/promises";
-import { Transform, Writable, type TransformCallback } from "node:stream";
-import { pipeline } from "node:stream/promises";
-import { tarStream } from "../util/tar-stream.js";
+import { Writable } from "node:stream";
 import { heapPacer } from "../util/gc.js";
 import { MemsnapError, type Finding } from "../errors.js";
 import type { BundleLayout } from "../format/container.js";
 import { encodeIndex, indexHash, INDEX_PATH, type IndexDocument, type Manifest } from "../format/manifest.js";
 import { AGE_PREFIX_MAX, openAgePrefix } from "./age.js";
-import { PayloadDecoder } from "./decoder.js";
+import { PayloadDecoder, type ScannedBatch } from "./decoder.js";
 import { EntryTable } from "./entry-table.js";
 import { IndexComparer } from "./index-stream.js";
+import { OP_DATA, OP_END, OP_START } from "./tar-scan.js";
 
 /** Identities and passphrases that may open an encrypted bundle. */
 
@@ -64,28 +64,12 @@ export interface PayloadReadResult {
   indexCheck: { snapshotId: unknown; findings: Finding[] } | null;
   indexSha256: string | null;
   findings: Finding[];
+  /** How many entries the decoder worker hashed (the main thread hashed the others; a diagnostic). */
+  hashedInWorker: number;
 }
 
 const INDEX_MAX_BYTES = 256 * 1024 * 1024;
 const BOMB_MARGIN = 4 * 1024 * 1024;
-
-/** Passes bytes through and fails once more than `limit` have passed (a plain Transform, so teardown propagates). */
-class BoundCounter extends Transform {
-  private n = 0;
-  constructor(private readonly limit: number) {
-    super();
-  }
-  override _transform(c: Buffer, _e: BufferEncoding, cb: TransformCallback): void {
-    this.n += c.length;
-    if (this.n > this.limit) {
-      cb(new MemsnapError("MEMSNAP_UNSAFE_BUNDLE", `the payload decompresses past its declared ${this.limit} bytes`, {
-        hint: "a zstd or tar bomb, or a tampered manifest: nothing was restored",
-      }));
-      return;
-    }
-    cb(null, c);
-  }
-}
 
 async function readRange(path: string, pos: number, len: number): Promise<Buffer> {
   const fh = await open(path, "r");
@@ -142,6 +126,79 @@ export interface ReadPayloadOptions {
  * reported here as findings (verify). Throws the first fatal stream error (decrypt, corrupt
  * zstd/tar, or the handler's own error) as a MemsnapError.
  */
+/**
+ * The decoder's batches, op by op (see TarScanner): an entry's head, its byte ranges as
+ * buffers, its digest. Sync where the current batch has the next op; the worker's framing
+ * guarantees the order (start, data*, end), which is checked here too.
+ */
+class OpReader {
+  readonly #it: AsyncIterator<ScannedBatch>;
+  #buf: Buffer = Buffer.alloc(0);
+  #ops: (number | string)[] = [];
+  #i = 0;
+  #digest: string | null = null;
+
+  constructor(decoder: PayloadDecoder) {
+    this.#it = (decoder as AsyncIterable<ScannedBatch>)[Symbol.asyncIterator]();
+  }
+
+  /** Refill from the next batch: false at the end of the payload. */
+  async #fill(): Promise<boolean> {
+    while (this.#i >= this.#ops.length) {
+      const r = await this.#it.next();
+      if (r.done) return false;
+      if ("err" in r.value) throw r.value.err;
+      this.#buf = r.value.buf;
+      this.#ops = r.value.ops;
+      this.#i = 0;
+    }
+    return true;
+  }
+
+  #broken(what: string): never {
+    throw new MemsnapError("MEMSNAP_INTERNAL", `payload framing out of order: ${what}`);
+  }
+
+  /** The next entry's head, or null at the end of the payload. */
+  async start(): Promise<{ name: string; size: number; type: string; hashed: boolean } | null> {
+    if (!(await this.#fill())) return null;
+    const o = this.#ops;
+    if (o[this.#i] !== OP_START) this.#broken(`op ${String(o[this.#i])} where an entry starts`);
+    const head = { name: o[this.#i + 1] as string, size: o[this.#i + 2] as number, type: o[this.#i + 3] as string, hashed: o[this.#i + 4] === 1 };
+    this.#i += 5;
+    this.#digest = null;
+    return head;
+  }
+
+  /** The entry's next bytes if the current batch has them; null at its end (see digest); undefined: call dataAsync. */
+  data(): Buffer | null | undefined {
+    const o = this.#ops;
+    const i = this.#i;
+    if (i >= o.length) return undefined;
+    if (o[i] === OP_DATA) {
+      this.#i = i + 3;
+      const off = o[i + 1] as number;
+      return this.#buf.subarray(off, off + (o[i + 2] as number));
+    }
+    if (o[i] === OP_END) {
+      this.#digest = o[i + 1] as string;
+      this.#i = i + 2;
+      return null;
+    }
+    return this.#broken(`op ${String(o[i])} inside an entry`);
+  }
+
+  async dataAsync(): Promise<Buffer | null> {
+    if (!(await this.#fill())) throw new MemsnapError("MEMSNAP_PAYLOAD_CORRUPT", "the payload ends inside an entry", { hint: "the bundle is damaged; use another copy" });
+    return this.data()!;
+  }
+
+  /** The SHA-256 (hex) of the entry that just ended. */
+  digest(): string {
+    return this.#digest ?? this.#broken("no digest");
+  }
+}
+
 export async function readPayload(
   layout: BundleLayout, manifest: Manifest, keys: Keys, handler: EntryHandler, opts: ReadPayloadOptions = {},
 ): Promise<PayloadReadResult> {
@@ -151,39 +208,59 @@ export async function readPayload(
     const prefix = await readRange(layout.path, layout.payloadOffset, Math.min(layout.payloadSize, AGE_PREFIX_MAX));
     age = await openAgePrefix(prefix, prefix.length === layout.payloadSize, keys);
   }
-  // The manifest declares the tar size: past it the payload is a bomb. The decoder's own
-  // hard stop sits a margin above, so the counting stage below reports it first, as unsafe.
+  // The manifest declares the tar size: past it the payload is a bomb (the scanner stops
+  // there, MEMSNAP_UNSAFE_BUNDLE). The decoder's own hard stop sits a margin above.
   const decoder = new PayloadDecoder({
     path: layout.path, offset: layout.payloadOffset, size: layout.payloadSize, age,
     maxOutputBytes: manifest.payload.tar_size + BOMB_MARGIN, ...(onStored ? { onStored } : {}),
+    scan: { tarSize: manifest.payload.tar_size },
   });
-  const extract = (await tarStream()).extract();
-  const flow = pipeline(
-    decoder,
-    new BoundCounter(manifest.payload.tar_size),
-    extract as unknown as Writable,
-    ...(signal ? [{ signal }] : []),
-  );
-  flow.catch(() => undefined);
+  const onAbort = (): void => {
+    decoder.destroy(new MemsnapError("MEMSNAP_INTERNAL", "reading the payload was interrupted", { hint: "nothing was restored" }));
+  };
+  if (signal?.aborted) onAbort();
+  signal?.addEventListener("abort", onAbort, { once: true });
+  const ops = new OpReader(decoder);
   const entries = opts.entries ?? new EntryTable();
   const findings: Finding[] = [];
   let index: IndexDocument | null = null;
   let indexSha256: string | null = null;
   let indexCheck: PayloadReadResult["indexCheck"] = null;
   let sawIndex = false;
+  let hashedInWorker = 0;
   let lastTurn = performance.now();
   try {
-    for await (const entry of extract) {
-      const { name, size, type } = entry.header;
-      const h = createHash("sha256");
+    for (;;) {
+      const head = await ops.start();
+      if (head === null) break;
+      const { name, size, type } = head;
       let n = 0;
-      const chunks = (async function* () {
-        for await (const c of entry as AsyncIterable<Buffer>) {
-          h.update(c);
+      let digest: string | null = null;
+      // The entry's bytes as the worker framed them; the worker hashed them too, or left that to
+      // this thread (head.hashed); the digest comes after the last.
+      const h = head.hashed ? null : createHash("sha256");
+      if (head.hashed) hashedInWorker++;
+      const next = async (): Promise<Buffer | null> => {
+        let c = ops.data();
+        if (c === undefined) c = await ops.dataAsync();
+        if (c === null) digest = h === null ? ops.digest() : (ops.digest(), h.digest("hex"));
+        else {
           n += c.length;
-          yield c;
+          h?.update(c);
+        }
+        return c;
+      };
+      const chunks = (async function* () {
+        while (digest === null) {
+          const c = await next();
+          if (c !== null) yield c;
         }
       })();
+      /** Whatever of the entry the handler left (it may have stopped early): hashed and counted, not kept. */
+      const drain = async (): Promise<string> => {
+        while (digest === null) await next();
+        return digest;
+      };
       if (sawIndex) {
         findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: `entry ${name} follows the index, which must be last`, path: name });
       }
@@ -194,7 +271,7 @@ export async function readPayload(
           if (n > INDEX_MAX_BYTES) throw new MemsnapError("MEMSNAP_BUNDLE_MALFORMED", "the payload index is over its size cap");
           cmp.push(c);
         }
-        indexSha256 = h.digest("hex");
+        indexSha256 = await drain();
         const r = cmp.end();
         if ("error" in r) findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: `the payload index does not parse: ${r.error}`, path: INDEX_PATH });
         else if (r.tail.format !== "memsnap-index") findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: "the payload index does not parse: not an index document", path: INDEX_PATH });
@@ -209,7 +286,7 @@ export async function readPayload(
           parts.push(c);
         }
         const bytes = Buffer.concat(parts);
-        indexSha256 = h.digest("hex");
+        indexSha256 = await drain();
         try {
           const doc = JSON.parse(bytes.toString("utf8")) as IndexDocument;
           if (doc.format !== "memsnap-index" || !Array.isArray(doc.artifacts)) throw new Error("not an index document");
@@ -219,16 +296,15 @@ export async function readPayload(
         }
         continue;
       }
-      const slash = (name ?? "").indexOf("/");
-      const info: EntryInfo = { name, size: size ?? 0, layer: slash > 0 ? name.slice(0, slash) : "", rel: slash > 0 ? name.slice(slash + 1) : name };
+      const slash = name.indexOf("/");
+      const info: EntryInfo = { name, size, layer: slash > 0 ? name.slice(0, slash) : "", rel: slash > 0 ? name.slice(slash + 1) : name };
       if (type !== "file") {
-        throw new MemsnapError("MEMSNAP_UNSAFE_PATH", `payload entry ${name} is a ${type ?? "unknown"} entry; only regular files are allowed`, {
+        throw new MemsnapError("MEMSNAP_UNSAFE_PATH", `payload entry ${name} is a ${type} entry; only regular files are allowed`, {
           path: name, hint: "this bundle was not written by memsnap or was tampered with; do not restore it",
         });
       }
       await handler(info, chunks);
-      for await (const _ of chunks) { /* drain whatever the handler left */ }
-      const digest = h.digest();
+      const hex = await drain();
       collectEntries();
       if (performance.now() - lastTurn > TURN_MS) {
         // Entries already decoded can follow one another as promise continuations for seconds;
@@ -236,21 +312,21 @@ export async function readPayload(
         await new Promise<void>((r) => setImmediate(r));
         lastTurn = performance.now();
       }
-      entries.add(name, n, digest);
-      onEntry?.({ name, size: n, sha256: digest.toString("hex") });
+      entries.add(name, n, Buffer.from(hex, "hex"));
+      onEntry?.({ name, size: n, sha256: hex });
     }
-    await flow;
   } catch (e) {
-    const flowErr = await flow.then(() => null, (fe: unknown) => fe);
-    const err = e instanceof MemsnapError ? e : flowErr ?? e;
-    if (err instanceof MemsnapError) throw err;
-    throw new MemsnapError("MEMSNAP_PAYLOAD_CORRUPT", `the payload is not a valid tar stream: ${(err as Error).message}`, {
-      cause: err, hint: "the bundle is damaged; use another copy",
+    decoder.destroy();
+    if (e instanceof MemsnapError) throw e;
+    throw new MemsnapError("MEMSNAP_PAYLOAD_CORRUPT", `the payload could not be read: ${(e as Error).message}`, {
+      cause: e, hint: "the bundle is damaged; use another copy",
     });
+  } finally {
+    signal?.removeEventListener("abort", onAbort);
   }
   if (!sawIndex) findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: "the payload has no index member", path: INDEX_PATH });
   const stored = await decoder.stored;
-  return { storedSha256: stored.sha256, storedSize: stored.size, entries, index, indexSha256, indexCheck, findings };
+  return { storedSha256: stored.sha256, storedSize: stored.size, entries, index, indexSha256, indexCheck, findings, hashedInWorker };
 }
 
 /**

@@ -9,7 +9,9 @@ import { spawnSync } from "node:child_process";
 import { existsSync, mkdirSync, readFileSync, rmSync, statSync, symlinkSync, writeFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { beforeAll, describe, expect, it } from "vitest";
-import { encodeIndex } from "../../src/format/manifest.js";
+import { readLayout } from "../../src/format/container.js";
+import { encodeIndex, parseManifest } from "../../src/format/manifest.js";
+import { compareWithIndex, readPayload } from "../../src/pipeline/read-payload.js";
 import {
   expectCliError, expectJsonError, expectOk, jsonOut, listLeftovers, listTree, makeAgent, readBundle,
   recipientOf, reseal, runCli, sha256, tempDir, treeHashes, writeBundle, writeTree, type Agent,
@@ -267,6 +269,30 @@ describe("restore: hostile bundles (built with tar + zstd, manifest matching, re
     const b = craft(ctx, [{ name: "memory/a.md", content: "altered!\n", indexContent: "original\n" }, { name: "memory/b.md", content: "b" }]);
     expectCliError(await runCli(["verify", b]), 3, "MEMSNAP_ARTIFACT_HASH_MISMATCH");
     await expectRefusal(b, 3, "MEMSNAP_ARTIFACT_HASH_MISMATCH");
+  });
+
+  it("every entry's SHA-256 is checked whichever thread hashed it: a slow writer leaves entries to the decoder worker, a fast one hashes them itself", async (ctx) => {
+    // Every 7th entry's bytes differ from what the index says: exactly those are reported, with
+    // entries hashed on both threads (the worker hashes an entry when the reader fell behind).
+    const entries = Array.from({ length: 150 }, (_, i) => ({
+      name: `memory/n${i}.md`, content: `${i} `.repeat(8000 + i * 97),
+      ...(i % 7 === 3 ? { indexContent: `${i} was different` } : {}),
+    }));
+    const b = craft(ctx, entries);
+    const layout = await readLayout(b);
+    const manifest = parseManifest(layout.manifestBytes);
+    const bad = entries.filter((e) => e.indexContent !== undefined).map((e) => e.name);
+    for (const slow of [true, false]) {
+      const r = await readPayload(layout, manifest, {}, async (_info, chunks) => {
+        for await (const _ of chunks) if (slow) await new Promise((res) => setTimeout(res, 2));
+      });
+      const findings = compareWithIndex(manifest, r);
+      expect(findings.map((f) => [f.code, f.path]), `slow ${slow}`).toEqual(bad.map((p) => ["MEMSNAP_ARTIFACT_HASH_MISMATCH", p]));
+      if (slow) {
+        expect(r.hashedInWorker).toBeGreaterThan(0);
+        expect(r.hashedInWorker).toBeLessThan(entries.length);
+      }
+    }
   });
 
   it("an extra entry the index does not list: MEMSNAP_INDEX_MISMATCH, exit 3", async (ctx) => {
