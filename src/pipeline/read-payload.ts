@@ -215,8 +215,9 @@ export async function readPayload(
     maxOutputBytes: manifest.payload.tar_size + BOMB_MARGIN, ...(onStored ? { onStored } : {}),
     scan: { tarSize: manifest.payload.tar_size },
   });
+  const interrupted = (): MemsnapError => new MemsnapError("MEMSNAP_INTERNAL", "reading the payload was interrupted", { hint: "nothing was restored" });
   const onAbort = (): void => {
-    decoder.destroy(new MemsnapError("MEMSNAP_INTERNAL", "reading the payload was interrupted", { hint: "nothing was restored" }));
+    decoder.destroy(interrupted());
   };
   if (signal?.aborted) onAbort();
   signal?.addEventListener("abort", onAbort, { once: true });
@@ -231,6 +232,7 @@ export async function readPayload(
   let lastTurn = performance.now();
   try {
     for (;;) {
+      if (signal?.aborted) throw interrupted(); // the batches already decoded are not worked through
       const head = await ops.start();
       if (head === null) break;
       const { name, size, type } = head;

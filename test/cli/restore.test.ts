@@ -6,7 +6,7 @@
  * properly resealed: restore refuses, writes nothing outside and removes its staging dir.
  */
 import { spawnSync } from "node:child_process";
-import { existsSync, mkdirSync, readFileSync, rmSync, statSync, symlinkSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, readdirSync, readFileSync, readlinkSync, rmSync, statSync, symlinkSync, writeFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { beforeAll, describe, expect, it } from "vitest";
 import { readLayout } from "../../src/format/container.js";
@@ -293,6 +293,29 @@ describe("restore: hostile bundles (built with tar + zstd, manifest matching, re
         expect(r.hashedInWorker).toBeLessThan(entries.length);
       }
     }
+  });
+
+  it("an abort while the payload streams stops it at once: MEMSNAP_INTERNAL 'interrupted', no entry after it, the bundle's descriptors closed", async (ctx) => {
+    const entries = Array.from({ length: 40 }, (_, i) => ({ name: `memory/n${i}.md`, content: `${i} `.repeat(20000) }));
+    const b = craft(ctx, entries);
+    const layout = await readLayout(b);
+    const manifest = parseManifest(layout.manifestBytes);
+    const fdsOn = (path: string): number => readdirSync("/proc/self/fd").filter((fd) => {
+      try {
+        return readlinkSync(`/proc/self/fd/${fd}`) === path;
+      } catch {
+        return false;
+      }
+    }).length;
+    const ac = new AbortController();
+    const seen: string[] = [];
+    await expect(readPayload(layout, manifest, {}, async (info) => {
+      seen.push(info.name);
+      if (seen.length === 3) ac.abort();
+    }, { signal: ac.signal })).rejects.toMatchObject({ code: "MEMSNAP_INTERNAL", message: expect.stringContaining("interrupted") });
+    expect(seen).toEqual(entries.slice(0, 3).map((e) => e.name));
+    for (let i = 0; i < 100 && fdsOn(b) > 0; i++) await new Promise((r) => setTimeout(r, 20)); // the workers exit, then their descriptors close
+    expect(fdsOn(b)).toBe(0);
   });
 
   it("an extra entry the index does not list: MEMSNAP_INDEX_MISMATCH, exit 3", async (ctx) => {
