@@ -8,8 +8,10 @@
  * and tar-stream wrote (pax `path`/`size`, pax global headers, GNU long names); it follows
  * tar-stream's extract on the points a hostile bundle could use to make two parsers disagree:
  * an all-zero block is skipped, a checksum must match, the magic must be ustar or GNU, a pax
- * `size` replaces the header's, a `name/` regular file is a directory. There is only one
- * parser on the read path, so the bytes hashed are the bytes written.
+ * `size` replaces the header's, a `name/` regular file is a directory, numeric fields are read
+ * with tar-stream's leniency (test/pipeline/tar-scan.test.ts compares the two on thousands of
+ * damaged archives). There is only one parser on the read path, so the bytes hashed are the
+ * bytes written.
  *
  * Output: `ops`, a flat list the caller takes after each scan: `OP_START, name, size, type,
  * hashed`, then `OP_DATA, offset, length` for the entry's bytes in the scanned buffer (offsets
@@ -216,29 +218,27 @@ export class TarScanner {
     return b.toString("utf8", o, e);
   }
 
-  /** A numeric field: octal (leading spaces, ended by NUL or space) or GNU base-256; NaN if neither. */
+  /**
+   * A numeric field as tar-stream reads it: GNU base-256 (NaN if negative or malformed, where
+   * tar-stream's value would be negative or null), else octal: leading spaces skipped, the
+   * field cut at its first space, leading NULs skipped, then `parseInt(…, 8)` (which stops at
+   * the first byte that is not an octal digit; NaN if there is none).
+   */
   private static oct(b: Buffer, o: number, len: number): number {
     if (b[o]! & 0x80) {
-      if (b[o] !== 0x80) return NaN; // negative or malformed
+      if (b[o] !== 0x80) return NaN;
       let v = 0;
       for (let i = o + 1; i < o + len; i++) v = v * 256 + b[i]!;
       return v;
     }
+    const end0 = o + len;
     let i = o;
-    const end = o + len;
-    while (i < end && b[i] === 0x20) i++;
+    while (i < end0 && b[i] === 0x20) i++;
+    let end = i;
+    while (end < end0 && b[end] !== 0x20) end++;
     while (i < end && b[i] === 0) i++;
     if (i === end) return 0;
-    let v = 0;
-    let digits = 0;
-    for (; i < end; i++) {
-      const c = b[i]!;
-      if (c === 0 || c === 0x20) break;
-      if (c < 0x30 || c > 0x37) return NaN;
-      v = v * 8 + (c - 0x30);
-      digits++;
-    }
-    return digits === 0 ? 0 : v;
+    return parseInt(b.toString("utf8", i, end), 8);
   }
 
   /** pax records `"<len> <key>=<value>\n"` (as tar-stream reads them: stops at the first malformed one). */
