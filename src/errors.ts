@@ -16,7 +16,8 @@ export type ErrorClass =
   | "source"
   | "locked"
   | "destination"
-  | "unsafe";
+  | "unsafe"
+  | "interrupted";
 
 /** Every stable error code with its class and a one-line meaning (used by docs/errors.md). */
 export const ERROR_CODES = {
@@ -65,6 +66,7 @@ export const ERROR_CODES = {
   MEMSNAP_DEST_EXISTS: { class: "destination", meaning: "the output file already exists" },
   MEMSNAP_UNSAFE_PATH: { class: "unsafe", meaning: "a bundle entry would write outside its target or is not a regular file" },
   MEMSNAP_UNSAFE_BUNDLE: { class: "unsafe", meaning: "a bundle exceeds its own declared sizes (zstd/tar bomb, entry longer than declared, oversized manifest)" },
+  MEMSNAP_INTERRUPTED: { class: "interrupted", meaning: "the command was stopped by SIGINT or SIGTERM before it finished; nothing half-done was left (no partial bundle, the live state untouched)" },
 } as const satisfies Record<string, { class: ErrorClass; meaning: string }>;
 
 /** A stable error code string. */

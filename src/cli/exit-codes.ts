@@ -12,6 +12,7 @@ export const EXIT_CODES: Record<"ok" | ErrorClass, number> = {
   locked: 7,
   destination: 8,
   unsafe: 9,
+  interrupted: 130,
 };
 
 /** One line per exit code, for docs and `memsnap --help`. */
@@ -26,4 +27,5 @@ export const EXIT_CODE_MEANINGS: Record<number, string> = {
   7: "locked by another memsnap process",
   8: "destination not writable, full, exists, or not empty",
   9: "unsafe bundle: an entry would escape its target",
+  130: "interrupted by SIGINT or SIGTERM; nothing half-done is left",
 };

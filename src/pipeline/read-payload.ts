@@ -215,7 +215,7 @@ export async function readPayload(
     maxOutputBytes: manifest.payload.tar_size + BOMB_MARGIN, ...(onStored ? { onStored } : {}),
     scan: { tarSize: manifest.payload.tar_size },
   });
-  const interrupted = (): MemsnapError => new MemsnapError("MEMSNAP_INTERNAL", "reading the payload was interrupted", { hint: "nothing was restored" });
+  const interrupted = (): MemsnapError => new MemsnapError("MEMSNAP_INTERRUPTED", "reading the payload was interrupted", { hint: "nothing was restored" });
   const onAbort = (): void => {
     decoder.destroy(interrupted());
   };
@@ -319,6 +319,8 @@ export async function readPayload(
     }
   } catch (e) {
     decoder.destroy();
+    // Interrupted: a write or decode that failed on the way out failed because of it.
+    if (signal?.aborted && !(e instanceof MemsnapError && e.code === "MEMSNAP_INTERRUPTED")) throw interrupted();
     if (e instanceof MemsnapError) throw e;
     throw new MemsnapError("MEMSNAP_PAYLOAD_CORRUPT", `the payload could not be read: ${(e as Error).message}`, {
       cause: e, hint: "the bundle is damaged; use another copy",

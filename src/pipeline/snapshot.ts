@@ -21,7 +21,7 @@ import { hostname } from "node:os";
 import { performance } from "node:perf_hooks";
 import { dirname, join } from "node:path";
 import type { MemsnapConfig } from "../config.js";
-import { MemsnapError, destinationError } from "../errors.js";
+import { MemsnapError, destinationError, isMemsnapError } from "../errors.js";
 import { BundleWriter } from "../format/container.js";
 import { BLOCK, encodeEntryHeader, padding } from "../format/tar-header.js";
 import {
@@ -415,8 +415,9 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
     await enc?.destroy();
     await syncing;
     await writer.abort();
-    if (opts.signal?.aborted && !(e instanceof MemsnapError)) {
-      throw new MemsnapError("MEMSNAP_INTERNAL", "snapshot aborted", { hint: "no bundle was written", cause: e });
+    // Interrupted: whatever failed on the way out (a plugin killed, a read cut short) failed because of it.
+    if (opts.signal?.aborted && !isMemsnapError(e, "MEMSNAP_INTERRUPTED")) {
+      throw new MemsnapError("MEMSNAP_INTERRUPTED", "snapshot interrupted", { hint: "no bundle was written", cause: e });
     }
     throw e;
   } finally {

@@ -295,7 +295,7 @@ describe("restore: hostile bundles (built with tar + zstd, manifest matching, re
     }
   });
 
-  it("an abort while the payload streams stops it at once: MEMSNAP_INTERNAL 'interrupted', no entry after it, the bundle's descriptors closed", async (ctx) => {
+  it("an abort while the payload streams stops it at once: MEMSNAP_INTERRUPTED, no entry after it, the bundle's descriptors closed", async (ctx) => {
     const entries = Array.from({ length: 40 }, (_, i) => ({ name: `memory/n${i}.md`, content: `${i} `.repeat(20000) }));
     const b = craft(ctx, entries);
     const layout = await readLayout(b);
@@ -312,7 +312,7 @@ describe("restore: hostile bundles (built with tar + zstd, manifest matching, re
     await expect(readPayload(layout, manifest, {}, async (info) => {
       seen.push(info.name);
       if (seen.length === 3) ac.abort();
-    }, { signal: ac.signal })).rejects.toMatchObject({ code: "MEMSNAP_INTERNAL", message: expect.stringContaining("interrupted") });
+    }, { signal: ac.signal })).rejects.toMatchObject({ code: "MEMSNAP_INTERRUPTED", message: expect.stringContaining("interrupted") });
     expect(seen).toEqual(entries.slice(0, 3).map((e) => e.name));
     for (let i = 0; i < 100 && fdsOn(b) > 0; i++) await new Promise((r) => setTimeout(r, 20)); // the workers exit, then their descriptors close
     expect(fdsOn(b)).toBe(0);

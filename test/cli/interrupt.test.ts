@@ -1,0 +1,38 @@
+/**
+ * SIGINT/SIGTERM in the middle of a command: exit 130 with MEMSNAP_INTERRUPTED, and nothing
+ * half-done left (no bundle, no staging, no restored directory).
+ */
+import { existsSync, mkdirSync, readdirSync, writeFileSync } from "node:fs";
+import { join } from "node:path";
+import { describe, expect, it } from "vitest";
+import { startCli, tempDir } from "../helpers/cli.js";
+
+async function until(cond: () => boolean, ms = 20_000): Promise<void> {
+  for (const t0 = Date.now(); !cond(); ) {
+    if (Date.now() - t0 > ms) throw new Error("timed out waiting");
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}
+
+describe("interrupted commands", () => {
+  for (const sig of ["SIGINT", "SIGTERM"] as const) {
+    it(`${sig} while a snapshot is capturing: exit 130, MEMSNAP_INTERRUPTED, no bundle left`, async () => {
+      const d = tempDir("memsnap-interrupt-");
+      const marker = join(d, "plugin-started");
+      // An exec source whose plugin says it started, then never writes its tar stream.
+      const code = `require("node:fs").writeFileSync(${JSON.stringify(marker)}, ""); setTimeout(() => {}, 60000);`;
+      writeFileSync(join(d, "memsnap.json"), JSON.stringify({
+        tenant: "t", agent: "a", sources: [{ kind: "exec", name: "slow", command: [process.execPath, "-e", code] }],
+      }));
+      mkdirSync(join(d, "out"));
+      const { child, done } = startCli(["snapshot", "-c", "memsnap.json", "--out", join(d, "out", "b.memsnap"), "--no-encrypt"], { cwd: d });
+      await until(() => existsSync(marker));
+      child.kill(sig);
+      const r = await done;
+      expect(r.code, r.stderr).toBe(130);
+      expect(r.stderr).toMatch(/\[MEMSNAP_INTERRUPTED\]$/m);
+      expect(r.stderr).toContain("no bundle was written");
+      expect(readdirSync(join(d, "out"))).toEqual([]);
+    });
+  }
+});
