@@ -161,7 +161,8 @@ export async function verifyBundle(path: string, opts: VerifyOptions = {}): Prom
       const kind = layerKinds.get(info.layer);
       const impl = kind ? sourceKind(kind) : undefined;
       if (!impl?.deepVerify) return;
-      const problem = await impl.deepVerify({ entry: { path: info.name, layer: info.layer }, bytes: chunks });
+      // Copies: a checker may keep chunks past the next one, when the reader reuses their memory.
+      const problem = await impl.deepVerify({ entry: { path: info.name, layer: info.layer }, bytes: copies(chunks) });
       if (problem) deepProblems.push({ code: "MEMSNAP_DEEP_VERIFY_FAILED", message: problem, path: info.name });
     }, { streamIndex: true, ...(opts.signal ? { signal: opts.signal } : {}), ...(opts.onProgress ? { onStored: opts.onProgress } : {}) });
     const cmp = compareWithIndex(manifest, r);
@@ -222,4 +223,9 @@ export function reportError(r: VerifyReport): MemsnapError {
       ? "the file is not a bundle this memsnap can read (damaged, not a bundle, or from a newer memsnap)"
       : "the bundle is damaged or was altered; do not restore it, use another copy";
   return new MemsnapError(code, msg, { findings: r.findings, path: r.path, hint });
+}
+
+/** Each chunk as a copy of its own. */
+async function* copies(chunks: AsyncIterable<Buffer>): AsyncGenerator<Buffer> {
+  for await (const c of chunks) yield Buffer.from(c);
 }

@@ -17,9 +17,11 @@
  * after the final chunk → MEMSNAP_DECRYPT_FAILED; damaged or truncated zstd, or output past
  * `maxOutputBytes` → MEMSNAP_PAYLOAD_CORRUPT; a short read → MEMSNAP_BUNDLE_TRUNCATED.
  *
- * Flow control: the worker may post at most {@link OUT_CREDIT} bytes the main thread has not
- * handed back; it stops reading the file while it has no credit, so memory stays bounded
- * whatever the compression ratio (a zstd bomb included).
+ * Flow control: the worker decompresses into the slots of one shared memory (util/slots.ts)
+ * and posts each slot as it fills; it stops reading the file while no slot is free, so memory
+ * stays bounded whatever the compression ratio (a zstd bomb included). With `scan`, the main
+ * thread reads a batch where the worker wrote it and gives the slot back once the reader and
+ * whoever pinned a view of it are done with it; without, it copies the bytes out first.
  */
 import { closeSync, constants, openSync } from "node:fs";
 import { Readable } from "node:stream";
@@ -28,13 +30,20 @@ import { createRequire } from "node:module";
 import { MemsnapError } from "../errors.js";
 import { AEAD_LOAD_SOURCE, aeadAddonPath } from "../util/aead.js";
 import { directIoAddon } from "../util/directio.js";
+import { SlotPool } from "../util/slots.js";
 import { WORKER_MINOR_GC_JS } from "../util/gc.js";
 import { AGE_DAMAGED_HINT, AGE_SEALED_CHUNK } from "./age.js";
 import { TarScanner } from "./tar-scan.js";
 
 const READ_BLOCK = 1024 * 1024;
 const OUT_CHUNK = 1024 * 1024;
+/** Bytes the main thread may hold unread without `scan` (then copied out of the slots). */
 const OUT_CREDIT = 4 * 1024 * 1024;
+/**
+ * Slots with `scan`: the reader's batch, the batches queued for it and those pinned by writes in
+ * flight (a restore's WriteBehind keeps up to 4 MiB of views), with room for the worker to go on.
+ */
+const SCAN_SLOTS = 10;
 
 export interface PayloadDecoderOptions {
   path: string;
@@ -55,8 +64,12 @@ export interface PayloadDecoderOptions {
   scan?: { tarSize: number };
 }
 
-/** Tar bytes and what the worker's scanner found in them (`ops`, see TarScanner), or the failure that ended the payload. */
-export type ScannedBatch = { buf: Buffer; ops: (number | string)[] } | { err: MemsnapError };
+/**
+ * Tar bytes and what the worker's scanner found in them (`ops`, see TarScanner), or the failure
+ * that ended the payload. `buf` is a view of a shared slot: call `release` once (when the reader
+ * moves on); a view kept past that must be pinned (util/slots.ts `pin`).
+ */
+export type ScannedBatch = { buf: Buffer; ops: (number | string)[]; release: () => void } | { err: MemsnapError };
 
 export interface StoredResult {
   sha256: string;
@@ -74,8 +87,9 @@ const b = require(wd.bindingPath);
 ${AEAD_LOAD_SOURCE}
 const SEALED = wd.sealedChunk, TAG = 16;
 let failed = false, finished = false;
-let credit = wd.outCredit;
-const freeOut = [];
+// Output slots of the shared memory (see util/slots.ts) that the main thread has given back.
+const freeSlots = [];
+for (let i = 0; i < wd.slots; i++) freeSlots.push(i);
 
 function fail(kind, msg) {
   failed = true;
@@ -88,9 +102,9 @@ function fail(kind, msg) {
 // -- tar framing and per-entry SHA-256 (wd.scan; see tar-scan.ts)
 // (an expression: a bundler may name the class itself differently, e.g. _TarScanner)
 const TarScanner = (${TarScanner.toString()});
-// An entry is hashed here when this thread ran out of credit since the previous entry began
+// An entry is hashed here when this thread found no free slot since the previous entry began
 // (the main thread is behind), by the main thread otherwise. Measured: deciding by how much
-// credit is left instead had this thread hashing while the main thread was mostly idle,
+// room is left instead had this thread hashing while the main thread was mostly idle,
 // waiting for its writes (batches queue up behind a write's latency, not its CPU).
 let starved = false;
 const scanner = wd.scan ? new TarScanner(() => crypto.createHash("sha256"), () => {
@@ -99,19 +113,16 @@ const scanner = wd.scan ? new TarScanner(() => crypto.createHash("sha256"), () =
   return here;
 }) : null;
 
-// -- output (tar bytes) with credit
-let out = Buffer.allocUnsafeSlow(wd.outChunk);
+// -- output (tar bytes), decompressed straight into a free slot; none free: wait for one
+let out = null, outSlot = -1;
 let outPos = 0;
 function post() {
   if (outPos === 0) return;
-  const ab = out.buffer;
   if (scanner !== null) {
-    parentPort.postMessage({ t: "out", ab, len: outPos, ops: scanner.ops }, [ab]);
+    parentPort.postMessage({ t: "out", slot: outSlot, len: outPos, ops: scanner.ops });
     scanner.ops = [];
-  } else parentPort.postMessage({ t: "out", ab, len: outPos }, [ab]);
-  credit -= outPos;
-  const next = freeOut.pop();
-  out = next === undefined ? Buffer.allocUnsafeSlow(wd.outChunk) : Buffer.from(next);
+  } else parentPort.postMessage({ t: "out", slot: outSlot, len: outPos });
+  out = null;
   outPos = 0;
 }
 
@@ -120,11 +131,15 @@ const dctx = new b.DCtx();
 let lastRet = 0, totalIn = 0, totalOut = 0;
 const plain = []; // plaintext (zstd input) waiting: { buf, pos }
 function decompressSome() {
-  // Returns false when out of credit; true when everything queued was consumed.
+  // Returns false when no slot is free; true when everything queued was consumed.
   while (plain.length > 0) {
     const item = plain[0];
     for (;;) {
-      if (credit <= 0) { starved = true; return false; }
+      if (out === null) {
+        if (freeSlots.length === 0) { starved = true; return false; }
+        outSlot = freeSlots.shift();
+        out = Buffer.from(wd.memory, outSlot * wd.outChunk, wd.outChunk);
+      }
       const end = Math.min(out.length, outPos + (wd.maxOut - totalOut) + 1);
       const dst = out.subarray(outPos, end);
       let r;
@@ -365,9 +380,8 @@ function pump() {
 
 parentPort.on("message", (m) => {
   if (failed) return;
-  if (m.t === "credit") {
-    credit += m.n;
-    if (m.ab !== undefined) freeOut.push(m.ab);
+  if (m.t === "free") {
+    freeSlots.push(m.slot);
     pump();
   }
 });
@@ -384,7 +398,7 @@ function bindingPath(): string {
 }
 
 type Msg =
-  | { t: "out"; ab: ArrayBuffer; len: number; ops?: (number | string)[] }
+  | { t: "out"; slot: number; len: number; ops?: (number | string)[] }
   | { t: "stored"; n: number }
   | { t: "done"; sha256: string; size: number; directBytes: number }
   | { t: "err"; kind: "decrypt" | "corrupt" | "truncated" | "too-big" | "bomb" | "tar" | "short" | "open" | "internal"; msg: string };
@@ -421,7 +435,9 @@ function toError(kind: Extract<Msg, { t: "err" }>["kind"], msg: string, o: Paylo
 export class PayloadDecoder extends Readable {
   readonly stored: Promise<StoredResult>;
   readonly #worker: Worker;
-  #owed = 0;
+  readonly #slots: SlotPool;
+  /** Without `scan`: slots copied out but not given back while the consumer is behind. */
+  readonly #owed: number[] = [];
   #gone = false;
   #done = false;
   #resolveStored!: (r: StoredResult) => void;
@@ -429,7 +445,12 @@ export class PayloadDecoder extends Readable {
 
   constructor(private readonly opts: PayloadDecoderOptions) {
     // Scanning, the objects are batches of at most OUT_CHUNK bytes: the same bound in bytes.
-    super(opts.scan ? { objectMode: true, highWaterMark: OUT_CREDIT / OUT_CHUNK } : { highWaterMark: OUT_CREDIT });
+    // (Scanning, the slots bound what is queued; the high-water mark only says when to stop asking.)
+    super(opts.scan ? { objectMode: true, highWaterMark: SCAN_SLOTS } : { highWaterMark: OUT_CREDIT });
+    const slots = opts.scan ? SCAN_SLOTS : OUT_CREDIT / OUT_CHUNK + 1;
+    this.#slots = new SlotPool(slots, OUT_CHUNK, (slot) => {
+      if (!this.#gone) this.#worker.postMessage({ t: "free", slot });
+    });
     this.stored = new Promise((res, rej) => {
       this.#resolveStored = res;
       this.#rejectStored = rej;
@@ -460,7 +481,7 @@ export class PayloadDecoder extends Readable {
       workerData: {
         bindingPath: bindingPath(), path: opts.path, offset: opts.offset, size: opts.size,
         ageKey: opts.age ? Uint8Array.from(opts.age.key) : null, ageOffset: opts.age?.offset ?? 0,
-        maxOut: opts.maxOutputBytes, sealedChunk: AGE_SEALED_CHUNK, readBlock: READ_BLOCK, outChunk: OUT_CHUNK, outCredit: OUT_CREDIT,
+        maxOut: opts.maxOutputBytes, sealedChunk: AGE_SEALED_CHUNK, readBlock: READ_BLOCK, outChunk: OUT_CHUNK, slots, memory: this.#slots.memory,
         aeadAddon: aeadAddonPath(), directAddon: direct, fd, dfd, openError, scan: opts.scan ?? null,
         progress: opts.onStored !== undefined,
       },
@@ -490,13 +511,20 @@ export class PayloadDecoder extends Readable {
     if (this.destroyed) return;
     switch (m.t) {
       case "out": {
-        const chunk = Buffer.allocUnsafe(m.len);
-        chunk.set(new Uint8Array(m.ab, 0, m.len));
-        if (this.push(m.ops ? { buf: chunk, ops: m.ops } : chunk)) this.#worker.postMessage({ t: "credit", n: m.len, ab: m.ab }, [m.ab]);
-        else {
-          this.#owed += m.len;
-          this.#worker.postMessage({ t: "credit", n: 0, ab: m.ab }, [m.ab]);
+        const view = this.#slots.take(m.slot, m.len);
+        if (m.ops) {
+          const slots = this.#slots;
+          let released = false;
+          this.push({
+            buf: view, ops: m.ops, release: () => {
+              if (!released) slots.release(m.slot);
+              released = true;
+            },
+          } satisfies ScannedBatch);
+          return;
         }
+        if (this.push(Buffer.from(view))) this.#slots.release(m.slot);
+        else this.#owed.push(m.slot);
         return;
       }
       case "stored":
@@ -526,11 +554,7 @@ export class PayloadDecoder extends Readable {
   }
 
   override _read(): void {
-    if (this.#owed > 0 && !this.#gone) {
-      const n = this.#owed;
-      this.#owed = 0;
-      this.#worker.postMessage({ t: "credit", n });
-    }
+    for (const slot of this.#owed.splice(0)) this.#slots.release(slot);
   }
 
   override _destroy(err: Error | null, cb: (e?: Error | null) => void): void {

@@ -57,7 +57,7 @@ class IndexSplitter {
     if (this.#state === "tail") {
       this.#tailLen += chunk.length;
       if (this.#tailLen > ELEMENT_MAX) return this.#fail("its end is too long");
-      this.#tail.push(chunk);
+      this.#tail.push(Buffer.from(chunk)); // a copy: the chunk's memory is reused
       return;
     }
     let buf = this.#carry.length ? Buffer.concat([this.#carry, chunk]) : chunk;

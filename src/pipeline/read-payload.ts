@@ -44,6 +44,12 @@ export interface EntryInfo {
   rel: string;
 }
 
+/**
+ * Called for each artifact entry with its bytes. A chunk is a view of the decoder's shared
+ * memory, valid until the handler asks for the next chunk or returns: a handler that keeps one
+ * longer (a write that completes later, chunks gathered for one write) pins it with
+ * `pin` (util/slots.ts) or copies it.
+ */
 export type EntryHandler = (info: EntryInfo, chunks: AsyncIterable<Buffer>) => Promise<void>;
 
 /** An entry as read: its name, the bytes it held and what they hashed to. */
@@ -69,6 +75,7 @@ export interface PayloadReadResult {
 }
 
 const INDEX_MAX_BYTES = 256 * 1024 * 1024;
+const EMPTY = Buffer.alloc(0);
 const BOMB_MARGIN = 4 * 1024 * 1024;
 
 async function readRange(path: string, pos: number, len: number): Promise<Buffer> {
@@ -134,6 +141,7 @@ export interface ReadPayloadOptions {
 class OpReader {
   readonly #it: AsyncIterator<ScannedBatch>;
   #buf: Buffer = Buffer.alloc(0);
+  #release: (() => void) | null = null;
   #ops: (number | string)[] = [];
   #i = 0;
   #digest: string | null = null;
@@ -145,14 +153,24 @@ class OpReader {
   /** Refill from the next batch: false at the end of the payload. */
   async #fill(): Promise<boolean> {
     while (this.#i >= this.#ops.length) {
+      // The batch's last chunk was handed out and its handler asks for more: the slot goes back.
+      this.close();
       const r = await this.#it.next();
       if (r.done) return false;
       if ("err" in r.value) throw r.value.err;
       this.#buf = r.value.buf;
+      this.#release = r.value.release;
       this.#ops = r.value.ops;
       this.#i = 0;
     }
     return true;
+  }
+
+  /** Give the current batch's slot back (at the end, or when reading stops). */
+  close(): void {
+    this.#release?.();
+    this.#release = null;
+    this.#buf = EMPTY;
   }
 
   #broken(what: string): never {
@@ -285,7 +303,7 @@ export async function readPayload(
         const parts: Buffer[] = [];
         for await (const c of chunks) {
           if (n > INDEX_MAX_BYTES) throw new MemsnapError("MEMSNAP_BUNDLE_MALFORMED", "the payload index is over its size cap");
-          parts.push(c);
+          parts.push(Buffer.from(c)); // a copy: the chunk's slot is reused once the next is read
         }
         const bytes = Buffer.concat(parts);
         indexSha256 = await drain();
@@ -318,6 +336,7 @@ export async function readPayload(
       onEntry?.({ name, size: n, sha256: hex });
     }
   } catch (e) {
+    ops.close();
     decoder.destroy();
     // Interrupted: a write or decode that failed on the way out failed because of it.
     if (signal?.aborted && !(e instanceof MemsnapError && e.code === "MEMSNAP_INTERRUPTED")) throw interrupted();
@@ -328,6 +347,7 @@ export async function readPayload(
   } finally {
     signal?.removeEventListener("abort", onAbort);
   }
+  ops.close();
   if (!sawIndex) findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: "the payload has no index member", path: INDEX_PATH });
   const stored = await decoder.stored;
   return { storedSha256: stored.sha256, storedSize: stored.size, entries, index, indexSha256, indexCheck, findings, hashedInWorker };

@@ -15,6 +15,7 @@ import type { EntryTable } from "../pipeline/entry-table.js";
 import { compareWithIndex, readPayload, type Keys, type PayloadEntry, type PayloadReadResult } from "../pipeline/read-payload.js";
 import { crashPoint } from "../util/crash-point.js";
 import { alignedBuffer, SequentialDirectWriter } from "../util/directio.js";
+import { pin } from "../util/slots.js";
 import { checkEntryName, conflictingEntry } from "./safe-path.js";
 import { sourceKind } from "../sources/registry.js";
 import { isSpoolName } from "../sources/types.js";
@@ -41,6 +42,27 @@ export interface ExtractOptions {
    * builds stays in the caller's staging until the whole payload has matched the index.
    */
   onLayerDone?: (layer: string) => void;
+}
+
+/** Write a small entry's bytes to a new file `dest` in one synchronous write (MEMSNAP_UNSAFE_PATH, MEMSNAP_DEST_*). */
+function writeSmall(dest: string, name: string, parts: Buffer[], n: number): void {
+  let fd: number;
+  try {
+    fd = openSync(dest, "wx", 0o600);
+  } catch (e) {
+    const code = (e as NodeJS.ErrnoException).code;
+    if (code === "EEXIST" || code === "EISDIR") throw conflictingEntry(name);
+    throw destinationError(e, dest);
+  }
+  try {
+    const body = parts.length === 1 ? parts[0]! : Buffer.concat(parts, n);
+    let off = 0;
+    while (off < body.length) off += writeSync(fd, body, off, body.length - off);
+  } catch (e) {
+    throw destinationError(e, dest);
+  } finally {
+    closeSync(fd);
+  }
 }
 
 /**
@@ -130,28 +152,19 @@ export async function extractPayload(
       // round trips per file cost more than the write itself.
       if (info.size <= SMALL_ENTRY) {
         const parts: Buffer[] = [];
+        const pins: (() => void)[] = []; // an entry that spans batches keeps its first ones' slots
         let n = 0;
-        for await (const c of chunks) {
-          n += c.length;
-          if (n > info.size) throw tooLong();
-          parts.push(c);
-        }
-        let fd: number;
         try {
-          fd = openSync(dest, "wx", 0o600);
-        } catch (e) {
-          const code = (e as NodeJS.ErrnoException).code;
-          if (code === "EEXIST" || code === "EISDIR") throw conflictingEntry(info.name);
-          throw destinationError(e, dest);
-        }
-        try {
-          const body = parts.length === 1 ? parts[0]! : Buffer.concat(parts, n);
-          let off = 0;
-          while (off < body.length) off += writeSync(fd, body, off, body.length - off);
-        } catch (e) {
-          throw destinationError(e, dest);
+          for await (const c of chunks) {
+            n += c.length;
+            if (n > info.size) throw tooLong();
+            parts.push(c);
+            const un = pin(c);
+            if (un) pins.push(un);
+          }
+          writeSmall(dest, info.name, parts, n);
         } finally {
-          closeSync(fd);
+          for (const un of pins) un();
         }
         written += n;
         opts.onProgress?.(written, total);
@@ -176,6 +189,7 @@ export async function extractPayload(
         direct = a && b ? [a, b] : a && [a];
       }
       const dw = direct && info.size >= DIRECT_MIN ? new SequentialDirectWriter(dest, fh.fd, direct) : null;
+      const pins: (() => void)[] = []; // the slots of the chunks gathered in `batch`
       try {
         let n = 0;
         // Coalesce the tar parser's small chunks into ~1 MiB writes.
@@ -185,14 +199,17 @@ export async function extractPayload(
           n += c.length;
           if (n > info.size) throw tooLong();
           if (dw) {
-            await dw.write(c);
+            await dw.write(c); // copied into the aligned buffers
           } else {
             batch.push(c);
+            const un = pin(c);
+            if (un) pins.push(un);
             batched += c.length;
             if (batched >= WRITE_BATCH) {
               await fh.writev(batch);
               batch = [];
               batched = 0;
+              for (const u of pins.splice(0)) u();
             }
           }
           written += c.length;
@@ -204,6 +221,7 @@ export async function extractPayload(
         if (e instanceof MemsnapError) throw e;
         throw destinationError(e, dest);
       } finally {
+        for (const u of pins.splice(0)) u();
         await dw?.settle(); // no write in flight when the descriptors close
         await fh.close();
       }

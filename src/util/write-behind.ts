@@ -12,14 +12,16 @@
  * KV pages into the same part file at once and queued on its inode lock: perf on a scale-1
  * restore showed 3.2 % of all samples spinning in `rwsem_spin_on_owner` under `pwrite64`.
  *
- * The caller must not change a buffer after handing it over (the payload reader's chunks are
- * fresh and never reused). Descriptors are closed through {@link close}, which waits for the
+ * The caller must not change a buffer after handing it over. A view of a slot pool's memory
+ * (the payload reader's chunks, util/slots.ts) is pinned until its write is done or dropped,
+ * so its slot is not refilled under the write. Descriptors are closed through {@link close}, which waits for the
  * writes still queued or in flight on them: closing one under a pending write would let the
  * write land in whatever file reuses the number. The first error (ENOSPC, EIO) is kept and
  * thrown by the next {@link write} or by {@link drain}, with the label of the write that
  * failed; the writes queued behind a failed one are dropped.
  */
 import { close as closeAsync, writev } from "node:fs";
+import { pin } from "./slots.js";
 
 /** Bytes one `pwritev` gathers from a descriptor's queue at most. */
 const BATCH_BYTES = 1024 * 1024;
@@ -36,6 +38,8 @@ interface Queued {
   buf: Uint8Array;
   pos: number;
   where: string;
+  /** Releases the buffer's slot (util/slots.ts), or null. */
+  un: (() => void) | null;
 }
 
 /** A descriptor's writes: those not yet started (at most `limit` bytes of them), and whether one is on the thread pool. */
@@ -68,7 +72,7 @@ export class WriteBehind {
     this.#bytes += buf.length;
     let lane = this.#lanes.get(fd);
     if (!lane) this.#lanes.set(fd, (lane = { queue: [], busy: false }));
-    lane.queue.push({ buf, pos, where });
+    lane.queue.push({ buf, pos, where, un: pin(buf) });
     if (!lane.busy) this.#pump(fd, lane);
     if (this.#bytes < this.#limit) return undefined;
     return new Promise<void>((res) => { this.#room.push(res); }).then(() => {
@@ -88,21 +92,25 @@ export class WriteBehind {
       len += q[i]!.buf.length;
       i++;
     }
-    q.splice(0, i); // the queue holds no buffer once it is on its way (short: `limit` bytes at most)
+    const items = q.splice(0, i); // the queue holds no buffer once it is on its way (short: `limit` bytes at most)
     lane.busy = true;
-    this.#gather(fd, lane, bufs, first.pos, len, 0, first.where);
+    this.#gather(fd, lane, items, bufs, first.pos, len, 0, first.where);
   }
 
-  /** Write `bufs` (`len` bytes at `pos`) from byte `off` on; a short write goes on where it stopped. */
-  #gather(fd: number, lane: Lane, bufs: Uint8Array[], pos: number, len: number, off: number, where: string): void {
+  /** Write `bufs` (`len` bytes at `pos`, those of `items`) from byte `off` on; a short write goes on where it stopped. */
+  #gather(fd: number, lane: Lane, items: Queued[], bufs: Uint8Array[], pos: number, len: number, off: number, where: string): void {
     writev(fd, off === 0 ? bufs : rest(bufs, off), pos + off, (err, n) => {
-      if (!err && n > 0 && off + n < len) return this.#gather(fd, lane, bufs, pos, len, off + n, where);
+      if (!err && n > 0 && off + n < len) return this.#gather(fd, lane, items, bufs, pos, len, off + n, where);
       if (err) this.#error ??= new WriteFailed(err, where);
       else if (n === 0) this.#error ??= new WriteFailed(Object.assign(new Error("a write made no progress"), { code: "EIO" }), where);
       this.#bytes -= len;
+      for (const it of items) it.un?.();
       if (this.#error) {
         // Drop what was queued behind: nothing more is written after the first error.
-        for (const q of lane.queue) this.#bytes -= q.buf.length;
+        for (const q of lane.queue) {
+          this.#bytes -= q.buf.length;
+          q.un?.();
+        }
         lane.queue.length = 0;
       }
       if (lane.queue.length > 0) {

@@ -12,6 +12,7 @@ import { beforeAll, describe, expect, it } from "vitest";
 import { readLayout } from "../../src/format/container.js";
 import { encodeIndex, parseManifest } from "../../src/format/manifest.js";
 import { compareWithIndex, readPayload } from "../../src/pipeline/read-payload.js";
+import { pin } from "../../src/util/slots.js";
 import {
   expectCliError, expectJsonError, expectOk, jsonOut, listLeftovers, listTree, makeAgent, readBundle,
   recipientOf, reseal, runCli, sha256, tempDir, treeHashes, writeBundle, writeTree, type Agent,
@@ -275,7 +276,7 @@ describe("restore: hostile bundles (built with tar + zstd, manifest matching, re
     // Every 7th entry's bytes differ from what the index says: exactly those are reported, with
     // entries hashed on both threads (the worker hashes an entry when the reader fell behind).
     const entries = Array.from({ length: 150 }, (_, i) => ({
-      name: `memory/n${i}.md`, content: `${i} `.repeat(8000 + i * 97),
+      name: `memory/n${i}.md`, content: `${i} `.repeat(80000 + i * 97), // ~40 MB: more than the decoder's slots hold
       ...(i % 7 === 3 ? { indexContent: `${i} was different` } : {}),
     }));
     const b = craft(ctx, entries);
@@ -292,6 +293,31 @@ describe("restore: hostile bundles (built with tar + zstd, manifest matching, re
         expect(r.hashedInWorker).toBeGreaterThan(0);
         expect(r.hashedInWorker).toBeLessThan(entries.length);
       }
+    }
+  });
+
+  it("a chunk is the reader's memory until the next is asked for: kept unpinned it is overwritten, pinned it holds", async (ctx) => {
+    // Entries of 700 KiB each: most span two of the decoder's 1 MiB batches.
+    const body = (i: number): string => `${i}:`.padEnd(700 * 1024, String.fromCharCode(97 + (i % 26)));
+    const entries = Array.from({ length: 20 }, (_, i) => ({ name: `memory/n${i}.md`, content: body(i) }));
+    const b = craft(ctx, entries);
+    const layout = await readLayout(b);
+    const manifest = parseManifest(layout.manifestBytes);
+    for (const pinned of [false, true]) {
+      const got = new Map<string, string>();
+      await readPayload(layout, manifest, {}, async (info, chunks) => {
+        const kept: Buffer[] = [];
+        const pins: (() => void)[] = [];
+        for await (const c of chunks) {
+          kept.push(c);
+          if (pinned) pins.push(pin(c)!);
+        }
+        got.set(info.name, Buffer.concat(kept).toString("latin1"));
+        for (const un of pins) un();
+      });
+      const same = entries.filter((e) => got.get(e.name) === e.content).length;
+      if (pinned) expect(same).toBe(entries.length);
+      else expect(same).toBeLessThan(entries.length); // poisoned (MEMSNAP_POISON_SLOTS=1) or refilled
     }
   });
 
