@@ -128,6 +128,15 @@ export function isMemsnapError(e: unknown, code?: ErrorCode): e is MemsnapError 
 }
 
 /**
+ * `e`, or MEMSNAP_INTERRUPTED (`message`, `hint`) when `signal` was aborted: whatever failed on
+ * the way out of an interrupted command (a plugin killed, a write aborted) failed because of it.
+ */
+export function interruptedOr(e: unknown, signal: AbortSignal | undefined, message: string, hint: string): unknown {
+  if (!signal?.aborted || isMemsnapError(e, "MEMSNAP_INTERRUPTED")) return e;
+  return new MemsnapError("MEMSNAP_INTERRUPTED", message, { hint, cause: e });
+}
+
+/**
  * Turn a Node file-system error on an output path into a destination error, keeping
  * MemsnapErrors as they are. ENOSPC and EDQUOT become MEMSNAP_DEST_FULL.
  */

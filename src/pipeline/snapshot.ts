@@ -21,7 +21,7 @@ import { hostname } from "node:os";
 import { performance } from "node:perf_hooks";
 import { dirname, join } from "node:path";
 import type { MemsnapConfig } from "../config.js";
-import { MemsnapError, destinationError, isMemsnapError } from "../errors.js";
+import { MemsnapError, destinationError, interruptedOr } from "../errors.js";
 import { BundleWriter } from "../format/container.js";
 import { BLOCK, encodeEntryHeader, padding } from "../format/tar-header.js";
 import {
@@ -415,11 +415,7 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
     await enc?.destroy();
     await syncing;
     await writer.abort();
-    // Interrupted: whatever failed on the way out (a plugin killed, a read cut short) failed because of it.
-    if (opts.signal?.aborted && !isMemsnapError(e, "MEMSNAP_INTERRUPTED")) {
-      throw new MemsnapError("MEMSNAP_INTERRUPTED", "snapshot interrupted", { hint: "no bundle was written", cause: e });
-    }
-    throw e;
+    throw interruptedOr(e, opts.signal, "snapshot interrupted", "no bundle was written");
   } finally {
     spill?.close();
     await Promise.allSettled(started);

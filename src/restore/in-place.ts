@@ -16,7 +16,7 @@ import { randomBytes } from "node:crypto";
 import { mkdir } from "node:fs/promises";
 import { join } from "node:path";
 import type { ConfiguredSource, MemsnapConfig } from "../config.js";
-import { MemsnapError } from "../errors.js";
+import { MemsnapError, interruptedOr } from "../errors.js";
 import { readLayout } from "../format/container.js";
 import { parseManifest, type LayerEntry, type Manifest } from "../format/manifest.js";
 import type { Keys } from "../pipeline/read-payload.js";
@@ -182,8 +182,9 @@ export async function restoreInPlace(bundle: string, config: MemsnapConfig, opts
         const s = bySelected.get(name);
         if (!s) return;
         const dir = roots.get(name)!.staged;
+        opts.signal?.throwIfAborted();
         await mkdir(dir, { recursive: true });
-        await s.source.impl.materialize?.(dir, s.layer, verified);
+        await s.source.impl.materialize?.(dir, s.layer, verified, opts.signal);
         early.kick();
       });
       let r;
@@ -219,7 +220,10 @@ export async function restoreInPlace(bundle: string, config: MemsnapConfig, opts
       };
     } catch (e) {
       // Before the swap phase the live state is untouched: remove staging and the journal.
-      if (!swapping) await cleanup(config.baseDir, journal).catch(() => undefined);
+      if (!swapping) {
+        await cleanup(config.baseDir, journal).catch(() => undefined);
+        throw interruptedOr(e, opts.signal, "restore interrupted", "nothing was restored; the live state is as it was");
+      }
       throw e;
     }
   } finally {

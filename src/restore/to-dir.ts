@@ -9,7 +9,7 @@
 import { randomBytes } from "node:crypto";
 import { mkdir, readdir, rename, rm, rmdir, writeFile } from "node:fs/promises";
 import { basename, dirname, join, resolve } from "node:path";
-import { MemsnapError, destinationError } from "../errors.js";
+import { MemsnapError, destinationError, interruptedOr } from "../errors.js";
 import { readLayout } from "../format/container.js";
 import { MANIFEST_MEMBER, parseManifest, type Manifest } from "../format/manifest.js";
 import type { Keys } from "../pipeline/read-payload.js";
@@ -88,8 +88,9 @@ export async function restoreToDir(bundle: string, to: string, opts: RestoreToDi
     if (!layer || !impl?.materialize) return;
     const dir = join(staging, name);
     debugStep(t0, `layer ${name} materializing`);
+    opts.signal?.throwIfAborted();
     await mkdir(dir, { recursive: true });
-    await impl.materialize(dir, layer, verified);
+    await impl.materialize(dir, layer, verified, opts.signal);
     debugStep(t0, `layer ${name} materialized`);
     early.kick();
   });
@@ -120,6 +121,6 @@ export async function restoreToDir(bundle: string, to: string, opts: RestoreToDi
     return { path: target, manifest, artifacts: r.entries.length, bytes: r.entries.bytes(), durationMs: performance.now() - t0 };
   } catch (e) {
     await rm(staging, { recursive: true, force: true });
-    throw e;
+    throw interruptedOr(e, opts.signal, "restore interrupted", "nothing was restored");
   }
 }

@@ -443,7 +443,7 @@ export const execSource: SourceKind<ExecConfig> = {
       return `${entry.path}: not valid JSON (${(e as Error).message})`;
     }
   },
-  async materialize(dir, layer) {
+  async materialize(dir, layer, _verified, signal) {
     const key = resolve(dir);
     if (materialized.has(key)) return;
     const meta = readMeta(layer);
@@ -468,7 +468,7 @@ export const execSource: SourceKind<ExecConfig> = {
     const request: PluginRestoreRequest = { protocol: PLUGIN_PROTOCOL, op: "restore", layer: layer.name, dir: key, config };
     let timedOut = false;
     const proc = new PluginProcess(meta.command, "restore", request, {
-      cwd, env: pluginEnv(undefined), timeoutMs: meta.timeout_ms, onTimeout: () => { timedOut = true; },
+      cwd, env: pluginEnv(undefined), timeoutMs: meta.timeout_ms, onTimeout: () => { timedOut = true; }, signal,
     });
     let out = Buffer.alloc(0);
     let tooLong = false;

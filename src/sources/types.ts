@@ -117,9 +117,10 @@ export interface SourceKind<C extends { name: string } = { name: string }> {
    * repository from its bundle and lays the uncommitted files on top. Called on staging,
    * before a restore publishes it. Throws a MemsnapError naming the artifact on failure.
    * `verified`, when given, maps payload paths (`<layer>/<path>`) to the SHA-256 their bytes
-   * were checked against on extraction, so a kind need not hash them again.
+   * were checked against on extraction, so a kind need not hash them again. `signal`, when
+   * given, aborts a step that may run long (a plugin's restore): it then throws.
    */
-  materialize?(dir: string, layer: LayerEntry, verified?: VerifiedLookup): Promise<void>;
+  materialize?(dir: string, layer: LayerEntry, verified?: VerifiedLookup, signal?: AbortSignal): Promise<void>;
   /**
    * True when the layer holds process memory (CRIU pages), which cannot be redacted: a
    * plaintext bundle with such a layer is refused (MEMSNAP_PLAINTEXT_PROCESS_MEMORY) before
