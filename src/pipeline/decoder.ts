@@ -511,7 +511,13 @@ export class PayloadDecoder extends Readable {
     if (this.destroyed) return;
     switch (m.t) {
       case "out": {
-        const view = this.#slots.take(m.slot, m.len);
+        let view: Buffer;
+        try {
+          view = this.#slots.take(m.slot, m.len);
+        } catch (e) {
+          this.#fail(new MemsnapError("MEMSNAP_INTERNAL", `payload worker: ${(e as Error).message}`, { cause: e }));
+          return;
+        }
         if (m.ops) {
           const slots = this.#slots;
           let released = false;
