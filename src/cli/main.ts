@@ -13,8 +13,28 @@ import type { GlobalOpts } from "./common.js";
 import { EXIT_CODE_MEANINGS, EXIT_CODES } from "./exit-codes.js";
 import { reportError } from "./output.js";
 
+let pipesGuarded = false;
+
+/**
+ * A reader that goes away (`memsnap list | head -1`, `memsnap --help | true`) closes our
+ * stdout or stderr: node then emits EPIPE as an 'error' event, which, unhandled, kills the
+ * process with a stack trace wherever it is, in the middle of a snapshot or a restore too,
+ * before their cleanup runs. What nobody reads is dropped instead and the command finishes
+ * (its exit code is unchanged). Any other error on those streams still throws.
+ */
+function guardClosedPipes(): void {
+  if (pipesGuarded) return;
+  pipesGuarded = true;
+  for (const stream of [process.stdout, process.stderr]) {
+    stream.on("error", (e: NodeJS.ErrnoException) => {
+      if (e.code !== "EPIPE") throw e;
+    });
+  }
+}
+
 /** Run the CLI with `argv` (without node and script); resolves with the exit code. */
 export async function main(argv: string[]): Promise<number> {
+  guardClosedPipes();
   const program = new Command();
   const global = (): GlobalOpts => ({ json: !!program.opts().json });
   program
