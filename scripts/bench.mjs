@@ -64,6 +64,7 @@ import { generateMix, formatSummary, GEN_VERSION } from "./gen-mix.mjs";
 import { MIX_LAYERS, mixSources } from "./lib/mix-sources.mjs";
 import { checkRestoredLayers, factsCache } from "./lib/restore-check.mjs";
 import { README_END, README_START, renderSvg, updateReadme } from "./lib/bench-report.mjs";
+import { measureStages, stageTable } from "./lib/stages.mjs";
 import {
   MB,
   bashPipeline,
@@ -859,6 +860,21 @@ async function main() {
   const redactionMBs = memsnapSkip ? null : await measureRedaction(mix.dir).catch((e) => { ctx.notes.add(`redaction measure failed: ${e.message}`); return null; });
   lines.push("");
   if (redactionMBs != null) lines.push(`memsnap redaction (stage alone, one thread, over the mix's markdown + JSON/JSONL): ${redactionMBs} MB/s`);
+  // Throughput per stage, each alone on one thread, next to the pipeline's tool for it.
+  let stages = null;
+  if (!memsnapSkip) {
+    log("measuring each stage alone (one thread, warm page cache)");
+    stages = await measureStages({
+      root: ROOT, tmpDir: BENCH, level: config.compression?.level ?? 3, redaction: redactionMBs,
+      age: { recipient, keyFile }, classes: stageClasses(mix.dir),
+    }).catch((e) => { ctx.notes.add(`stage measure failed: ${e.message}`); return null; });
+  }
+  const stageRows = stages ? stageTable(stages) : null;
+  if (stageRows) {
+    lines.push("");
+    lines.push("throughput per stage (each alone, one thread, same bytes for memsnap's engine and the pipeline's tool):");
+    lines.push(textTable(stageRows.header, stageRows.body, stageRows.right));
+  }
   for (const [k, v] of Object.entries(through)) lines.push(`memsnap ${k}: ${JSON.stringify(v)}`);
   for (const n of ctx.notes) lines.push(`note: ${n}`);
   if (mix.genSeconds != null) lines.push(`mix generated in ${mix.genSeconds.toFixed(2)} s`);
@@ -889,6 +905,12 @@ async function main() {
     md.push("");
     md.push("![throughput, time ratio and RSS](report.svg)");
     md.push("");
+    if (stageRows) {
+      md.push(STAGES_INTRO);
+      md.push("");
+      md.push(markdownTable(stageRows.header, stageRows.body, stageRows.right));
+      md.push("");
+    }
     if (layerRows.length) {
       md.push("Restore check of memsnap, per layer (`restore --to OUT` puts each layer in its own directory):");
       md.push("");
@@ -931,6 +953,7 @@ async function main() {
       perfTargets: { snapshotMaxRatio: 1.0, restoreMaxRatio: 1.0, verifyNoKeyMaxRatio: 1 / 1.5, verifyKeyMaxRatio: 1.0, bundleMaxRatio: PERF_BUNDLE_MAX, maxRssMiB: RSS_TARGET_MIB },
       rows: rowData,
       table: { header, rows: tableRows, markdown: tableMd },
+      stages: stages ? { rows: stages, intro: STAGES_INTRO, markdown: markdownTable(stageRows.header, stageRows.body, stageRows.right) } : null,
       reproduce,
       rss,
       sizes,
@@ -965,6 +988,19 @@ function summarizeCheck(c, where) {
     mismatched: c.mismatched.slice(0, 50),
   };
 }
+
+/** The mix's files in three classes of data: text (JSONL traces, notes), SQLite databases, KV-cache pages. */
+function stageClasses(dir) {
+  const files = listFiles(dir).sort();
+  const abs = (f) => path.join(dir, f);
+  return {
+    text: files.filter((f) => /^(traces|memory)\/.*\.(jsonl|md)$/.test(f)).map(abs),
+    sqlite: files.filter((f) => /^db\/.*\.db$/.test(f)).map(abs),
+    kv: files.filter((f) => /^kv\/.*\.bin$/.test(f)).map(abs),
+  };
+}
+
+const STAGES_INTRO = "Throughput per stage: each stage alone on one thread over up to 128 MiB of each class of the mix (text, SQLite, KV pages), memsnap's engine (zstd-napi in 2 MiB frames, each at the level memsnap's policy picks for it, node:crypto SHA-256, age STREAM chunks through native/aead, the redactor) next to the tool that does the same stage in the pipeline, on the same bytes. memsnap runs these stages on two cores at once (payload worker, bundle sink, main thread); the operation rows above are what that adds up to.";
 
 function classLine(summary) {
   if (!summary?.classes) return "";

@@ -5,7 +5,8 @@
  *
  *   renderSvg(report)                         → SVG text: throughput per operation (memsnap vs
  *                                               the shell pipeline, MB/s), time ratio memsnap /
- *                                               pipeline with each target, memsnap RSS over time
+ *                                               pipeline with each target, memsnap RSS over time,
+ *                                               and throughput per stage (when the report has it)
  *   readmeBlock(report, { svg, reproduce })   → the markdown between the markers
  *   replaceBlock(text, block)                 → README text with the block replaced (throws when
  *                                               the markers are missing)
@@ -90,8 +91,8 @@ function opLabel(cx, y, op) {
   return op.split(/ (?=\()/).map((line, i) => text(cx, y + 13 * i, line, { size: 11, anchor: "middle" }));
 }
 
-function throughputPanel(rows, x, y, w, h) {
-  const parts = panelTitle(x, y, "Throughput (MB/s, higher is better)", "MB/s of the mix; verify (no key): of the bundle");
+function throughputPanel(rows, x, y, w, h, { title = "Throughput (MB/s, higher is better)", sub = "MB/s of the mix; verify (no key): of the bundle", baseline = "shell pipeline" } = {}) {
+  const parts = panelTitle(x, y, title, sub);
   const px = x + 56;
   const py = y + 40;
   const pw = w - 66;
@@ -115,8 +116,28 @@ function throughputPanel(rows, x, y, w, h) {
     });
     parts.push(...opLabel(cx, py + ph + 16, r.op));
   });
-  parts.push(...legend(px, y + h - 8, [{ label: "memsnap", color: COLORS.memsnap }, { label: "shell pipeline", color: COLORS.baseline }]));
+  parts.push(...legend(px, y + h - 8, [{ label: "memsnap", color: COLORS.memsnap }, { label: baseline, color: COLORS.baseline }]));
   return parts;
+}
+
+/**
+ * The stage rows (report.stages.rows, one per stage and class of data) folded into one bar pair
+ * per stage: bytes over the summed time of all classes, for memsnap's engine and for the tool.
+ */
+export function stageBars(stageRows) {
+  const by = new Map();
+  for (const r of stageRows ?? []) {
+    if (!r.bytes) continue;
+    const b = by.get(r.stage) ?? { op: r.stage, tool: r.tool, m: [0, 0], t: [0, 0] };
+    if (r.memsnap) { b.m[0] += r.bytes; b.m[1] += r.bytes / r.memsnap; }
+    if (r.toolMBs) { b.t[0] += r.bytes; b.t[1] += r.bytes / r.toolMBs; }
+    by.set(r.stage, b);
+  }
+  return [...by.values()].map((b) => ({
+    op: `${b.op} (${b.tool})`,
+    memsnap: { mbPerS: b.m[1] > 0 ? Math.round(b.m[0] / b.m[1]) : null },
+    baseline: { mbPerS: b.t[1] > 0 ? Math.round(b.t[0] / b.t[1]) : null },
+  }));
 }
 
 /** Ratio bars: memsnap time / pipeline time per operation, each with its target. */
@@ -195,7 +216,8 @@ function rssPanel(report, x, y, w, h) {
 /** The whole chart as SVG text. */
 export function renderSvg(report) {
   const W = 980;
-  const H = 780;
+  const stages = stageBars(report.stages?.rows);
+  const H = stages.length ? 1130 : 780;
   const rows = report.rows ?? [];
   const mix = report.mix ?? {};
   const m = report.machine ?? {};
@@ -209,6 +231,13 @@ export function renderSvg(report) {
   parts.push(...throughputPanel(rows, 20, 80, 470, 330));
   parts.push(...ratioPanel(rows, 500, 80, 470, 330));
   parts.push(...rssPanel(report, 20, 440, 950, 330));
+  if (stages.length) {
+    parts.push(...throughputPanel(stages, 20, 800, 950, 320, {
+      title: "Throughput per stage (MB/s, one thread, higher is better)",
+      sub: "each stage alone over samples of the mix's text, SQLite and KV bytes; grey: the tool that does the stage in the pipeline",
+      baseline: "pipeline tool",
+    }));
+  }
   parts.push("</svg>");
   return parts.join("\n") + "\n";
 }
@@ -233,6 +262,12 @@ export function readmeBlock(report, { svg, reproduce, table }) {
   }
   lines.push(`![memsnap benchmark: throughput, time ratio and RSS](${svg})`);
   lines.push("");
+  if (report.stages?.markdown) {
+    lines.push(report.stages.intro);
+    lines.push("");
+    lines.push(report.stages.markdown);
+    lines.push("");
+  }
   lines.push("Reproduce:");
   lines.push("");
   lines.push("```sh");
