@@ -174,8 +174,12 @@ async function packArtifact(
   const pad = padding(a.size);
   if (pad) await enc.write(ZEROS.subarray(0, pad));
   await a.check?.();
+  const sha256 = hash ? hash.digest("hex") : known!;
+  if (a.expectSha256 !== undefined && a.expectSha256 !== sha256) {
+    throw sourceChanged(name, "its bytes changed between the redaction scan and packing (same size and mtime)");
+  }
   return {
-    path: name, layer, kind: a.kind, size: a.size, sha256: hash ? hash.digest("hex") : known!,
+    path: name, layer, kind: a.kind, size: a.size, sha256,
     mode: a.mode, mtime: a.mtime.toISOString(),
   };
 }

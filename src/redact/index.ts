@@ -15,7 +15,7 @@
 import { gcPacer } from "../util/gc.js";
 import { reusedChunks } from "../util/reused-chunks.js";
 import { nativePrefilter } from "./native.js";
-import { randomBytes } from "node:crypto";
+import { createHash, randomBytes } from "node:crypto";
 import { createReadStream } from "node:fs";
 import { mkdir, open, rm, type FileHandle } from "node:fs/promises";
 import { extname, join } from "node:path";
@@ -158,24 +158,37 @@ class MemsnapRedactor implements Redactor {
     // which saves writing, reading back and removing a spool file (the bench's 125 MB of JSONL
     // traces: ~70 ms of CPU per snapshot). At the first rewritten finding, the unchanged bytes
     // so far are read again from the source into the spool, and the rest follows as before.
+    //
+    // Reading the source again is safe only if it yields the bytes scanned: the source's check()
+    // compares size and mtime, and a same-size rewrite within one tick of the kernel's clock
+    // keeps both. So the bytes passed on unkept are hashed as they are scanned; the reread
+    // prefix must hash the same here, and the pipeline compares the whole text's hash with the
+    // bytes it packs (Artifact.expectSha256). Unscanned bytes never reach a bundle.
     const lazy = a.rereadable === true && a.size > MEM_MAX;
+    const scanned = lazy ? createHash("sha256") : null;
     let rewritten = 0;
     let unkept = 0;
     const keepPrefix = async (n: number): Promise<void> => {
       let need = n;
+      const again = createHash("sha256");
       for await (const c of a.open() as AsyncIterable<Buffer>) {
         const part = c.length <= need ? c : c.subarray(0, need);
         need -= part.length;
+        again.update(part);
         await keep([part]);
         if (need === 0) break;
       }
       if (need > 0) throw sourceChanged(payloadPath, `shrank below ${n} bytes while it was redacted`);
+      if (again.digest("hex") !== scanned!.digest("hex")) {
+        throw sourceChanged(payloadPath, "its first bytes changed while it was redacted (same size and mtime)");
+      }
     };
     const write = async (chunks: Buffer[]): Promise<void> => {
       let n = 0;
       for (const c of chunks) n += c.length;
       size += n;
       if (lazy && rewritten === 0 && memLen === 0 && !fh) {
+        for (const c of chunks) scanned!.update(c);
         unkept += n;
         return;
       }
@@ -234,6 +247,7 @@ class MemsnapRedactor implements Redactor {
     if (unkept > 0) {
       // Nothing rewritten and nothing kept: the bytes to pack are the source's own.
       if (rewritten > 0 || size !== a.size) throw new Error(`redaction of ${payloadPath} kept no bytes of a text it rewrote or resized`);
+      a.expectSha256 = scanned!.digest("hex");
       return a;
     }
     const out: Artifact = {

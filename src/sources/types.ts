@@ -49,6 +49,14 @@ export interface Artifact {
    * for bytes that are read again from disk, and never for text that may be redacted.
    */
   sha256?: string;
+  /**
+   * SHA-256 (lowercase hex) the packed bytes must have: set by the redactor on a source it scanned
+   * on an earlier read and passes on unchanged, to be read again by the pipeline. The pipeline
+   * compares it with the hash of what it packed and fails with MEMSNAP_SOURCE_CHANGED on a
+   * difference, so bytes the redactor never saw (a same-size rewrite that kept the mtime) are
+   * never packed. Unlike {@link sha256} it does not spare the pipeline its own hashing.
+   */
+  expectSha256?: string;
   /** True for text the pipeline should redact (memory files, JSON, JSONL) when redaction is on. */
   text?: boolean;
   /**
