@@ -30,4 +30,5 @@ export { decide as decideRetention, hasRules, type RetentionPolicy, type PruneDe
 export { pruneStore, diffSnapshots, indexOf, type PruneResult, type LayerDiff } from "./store/ops.js";
 export { removeOrphans } from "./store/orphans.js";
 export { runSchedule, parseCron, nextCron, printUnits, type ScheduleOptions, type Cron } from "./schedule.js";
+export { summarizeRedaction, listSome, type RedactedSummary } from "./redact/report.js";
 export { runHook, parseHooks, type HooksConfig, type HookEvent, type HookResult } from "./hooks.js";

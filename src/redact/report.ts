@@ -52,3 +52,51 @@ export class ReportBuilder {
     };
   }
 }
+
+/** What a bundle's redaction report says was rewritten, for the layers a reader cares about. */
+export interface RedactedSummary {
+  /** Values replaced by `[REDACTED:<rule>]` placeholders. */
+  total: number;
+  /** Payload paths (`<layer>/<path>`) of the artifacts that hold them, sorted. */
+  artifacts: string[];
+  /** Rule ids that rewrote them, sorted. */
+  rules: string[];
+  /** Secrets found but kept as they are (git history, content-addressed blobs). */
+  unredacted: number;
+}
+
+/**
+ * Sum a manifest's redaction report (`redaction`, untrusted JSON: anything malformed counts as
+ * nothing) over the layers in `layers` (every layer when absent).
+ */
+export function summarizeRedaction(report: unknown, layers?: ReadonlySet<string>): RedactedSummary {
+  const artifacts: string[] = [];
+  const rules = new Set<string>();
+  let total = 0;
+  let unredacted = 0;
+  const table = (v: unknown): [string, Record<string, unknown>][] =>
+    v !== null && typeof v === "object" && !Array.isArray(v)
+      ? Object.entries(v as Record<string, unknown>).filter((e): e is [string, Record<string, unknown>] =>
+        (!layers || layers.has(e[0].split("/")[0]!)) && e[1] !== null && typeof e[1] === "object" && !Array.isArray(e[1]))
+      : [];
+  const counts = (c: Record<string, unknown>, each: (rule: string, n: number) => void): void => {
+    for (const [rule, n] of Object.entries(c)) if (Number.isSafeInteger(n) && (n as number) > 0) each(rule, n as number);
+  };
+  const r = report !== null && typeof report === "object" ? report as Record<string, unknown> : {};
+  for (const [path, c] of table(r.redacted)) {
+    let here = 0;
+    counts(c, (rule, n) => { here += n; rules.add(rule); });
+    if (here > 0) {
+      artifacts.push(path);
+      total += here;
+    }
+  }
+  for (const [, c] of table(r.unredacted)) counts(c, (_, n) => { unredacted += n; });
+  return { total, artifacts: artifacts.sort(), rules: [...rules].sort(), unredacted };
+}
+
+/** `a/b, c/d and 3 more` */
+export function listSome(items: readonly string[], max = 3): string {
+  if (items.length <= max) return items.join(", ");
+  return `${items.slice(0, max).join(", ")} and ${items.length - max} more`;
+}

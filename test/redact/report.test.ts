@@ -3,6 +3,7 @@ import { createHash } from "node:crypto";
 import { readFileSync } from "node:fs";
 import { afterAll, describe, expect, it } from "vitest";
 import { redactBytes, redactor, removeTempDirs } from "./helpers/redactor.js";
+import { summarizeRedaction } from "../../src/redact/report.js";
 
 afterAll(removeTempDirs);
 const FIX = "fixtures/redaction";
@@ -61,5 +62,25 @@ describe("report", () => {
     const bytes = Buffer.from("x".repeat(3_000_000) + "\npassword=hunter2-fake\n" + "y\n".repeat(1000));
     await redactBytes(r, "big.md", bytes, { chunk: 65_536 });
     expect(r.report().bytes_scanned).toBe(bytes.length);
+  });
+});
+
+describe("summarizeRedaction (a manifest's report, untrusted)", () => {
+  it("sums rewritten values per artifact and rule, over the layers asked for", () => {
+    const report = {
+      policy: "default",
+      redacted: { "memory/a.md": { "r/one": 2, "r/two": 1 }, "state/s.json": { "r/one": 1 }, "db/x.db": { "r/three": 0 } },
+      unredacted: { "memory/repo.bundle": { "r/one": 4 } },
+    };
+    expect(summarizeRedaction(report)).toEqual({ total: 4, artifacts: ["memory/a.md", "state/s.json"], rules: ["r/one", "r/two"], unredacted: 4 });
+    expect(summarizeRedaction(report, new Set(["state"]))).toEqual({ total: 1, artifacts: ["state/s.json"], rules: ["r/one"], unredacted: 0 });
+  });
+
+  it("counts anything malformed as nothing", () => {
+    const none = { total: 0, artifacts: [], rules: [], unredacted: 0 };
+    for (const bad of [null, "x", [], { redacted: [] }, { redacted: { "m/a": [3] } }, { redacted: { "m/a": { r: -1 } } },
+      { redacted: { "m/a": { r: "2" } } }, { redacted: { "m/a": { r: 1.5 } } }, { redacted: { "m/a": null }, unredacted: "x" }]) {
+      expect(summarizeRedaction(bad)).toEqual(none);
+    }
   });
 });

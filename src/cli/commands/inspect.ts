@@ -1,5 +1,5 @@
 import type { Command } from "commander";
-import { checkSeal, parseManifest, readLayout } from "../../index.js";
+import { checkSeal, listSome, parseManifest, readLayout, summarizeRedaction } from "../../index.js";
 import { fmtBytes, printJson } from "../output.js";
 import type { GlobalOpts } from "../common.js";
 
@@ -35,9 +35,19 @@ Examples:
         `signature  ${m.signature ? `${String((m.signature as { key_id?: unknown }).key_id)} (verify --trust to check it)` : "unsigned"}`,
         `layers`,
         ...m.layers.map((l) => `  ${l.name.padEnd(16)} ${l.kind.padEnd(8)} v${l.schema_version}  ${String(l.artifacts).padStart(7)} artifacts  ${fmtBytes(l.bytes)}`),
-        `redaction  ${String((m.redaction as { policy?: unknown }).policy ?? "-")}`,
+        `redaction  ${redactionLine(m.redaction)}`,
       ];
       if (m.index === undefined) lines.push("index      encrypted (in the payload; the manifest keeps only its hash)");
       process.stdout.write(lines.join("\n") + "\n");
     });
+}
+
+/** `default: 2 values redacted in a/x, b/y (rule, rule); 1 found and kept` */
+function redactionLine(report: Record<string, unknown>): string {
+  const policy = typeof report.policy === "string" ? report.policy : "-";
+  if (policy === "off") return "off (not scanned)";
+  const s = summarizeRedaction(report);
+  const kept = s.unredacted ? `; ${s.unredacted} found and kept as is (not rewritable: git history, content-addressed data)` : "";
+  if (!s.total) return `${policy}: nothing redacted${kept}`;
+  return `${policy}: ${s.total} value${s.total === 1 ? "" : "s"} replaced by [REDACTED:<rule>] in ${listSome(s.artifacts)} (${s.rules.join(", ")})${kept}`;
 }

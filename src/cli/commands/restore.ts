@@ -1,7 +1,7 @@
 import type { Command } from "commander";
 import {
-  loadConfig, loadIdentities, loadPassphrase, loadTrusted, parseDuration, recoverAgent, resolveStore, restoreInPlace, restoreToDir,
-  type RestorePlan,
+  listSome, loadConfig, loadIdentities, loadPassphrase, loadTrusted, parseDuration, recoverAgent, resolveStore, restoreInPlace, restoreToDir,
+  summarizeRedaction, type Manifest, type RedactedSummary, type RestorePlan,
 } from "../../index.js";
 import { fmtBytes, fmtRate, printJson, Progress } from "../output.js";
 import { collect, errorJson, hook, type GlobalOpts, withAbort } from "../common.js";
@@ -21,7 +21,24 @@ interface RestoreOpts {
   trust: string[];
 }
 
-function printPlan(plan: RestorePlan): void {
+/**
+ * A redacted bundle restores placeholders, not the secrets it held: say so (an agent whose API
+ * key in memory comes back as `[REDACTED:…]` fails in ways far from the restore).
+ */
+function redactedNote(r: RedactedSummary, safety: { id: string } | null): string {
+  const what = `${r.total} value${r.total === 1 ? "" : "s"} in ${listSome(r.artifacts)}`;
+  return `${what} ${r.total === 1 ? "was" : "were"} redacted when this snapshot was taken: the restored files hold [REDACTED:<rule>] placeholders, not the secrets` +
+    (safety ? ` (the safety snapshot ${safety.id} keeps the live values)` : "");
+}
+
+/** The redactions in the layers a restore writes. */
+function redactedIn(m: Manifest, layers: readonly string[]): RedactedSummary {
+  return summarizeRedaction(m.redaction, new Set(layers));
+}
+
+const redactedJson = (r: RedactedSummary): { total: number; artifacts: string[]; rules: string[] } => ({ total: r.total, artifacts: r.artifacts, rules: r.rules });
+
+function printPlan(plan: RestorePlan, redacted: RedactedSummary): void {
   const out: string[] = [`plan for restoring ${plan.snapshot_id} in place (nothing was changed):`];
   for (const l of plan.layers) {
     out.push(`  ${l.layer} (${l.kind}) → ${l.target}  ${fmtBytes(l.bytes)}`);
@@ -34,6 +51,7 @@ function printPlan(plan: RestorePlan): void {
     for (const n of l.notes) out.push(`    ${n}`);
   }
   if (!plan.file_level) out.push("  (file-level changes need the key: pass --identity)");
+  if (redacted.total) out.push(`  note: ${redactedNote(redacted, null)}`);
   process.stdout.write(out.join("\n") + "\n");
 }
 
@@ -68,10 +86,15 @@ Examples:
       if (o.to) {
         const r = await withAbort((signal) => restoreToDir(bundle, o.to!, { ...sigPolicy, keys, signal, onProgress: (b, t) => progress.update(b, t) }));
         progress.done();
+        const redacted = redactedIn(r.manifest, r.manifest.layers.map((l) => l.name));
         if (g.json) {
-          printJson({ ok: true, path: r.path, snapshot_id: r.manifest.snapshot_id, artifacts: r.artifacts, bytes: r.bytes, duration_ms: Math.round(r.durationMs) });
+          printJson({
+            ok: true, path: r.path, snapshot_id: r.manifest.snapshot_id, artifacts: r.artifacts, bytes: r.bytes, duration_ms: Math.round(r.durationMs),
+            redacted: redactedJson(redacted),
+          });
         } else {
           process.stdout.write(`restored ${r.manifest.snapshot_id} into ${r.path}\n  ${r.artifacts} artifacts, ${fmtBytes(r.bytes)}, every hash checked, in ${(r.durationMs / 1000).toFixed(2)} s (${fmtRate(r.bytes, r.durationMs)})\n`);
+          if (redacted.total) process.stderr.write(`memsnap: note: ${redactedNote(redacted, null)}\n`);
         }
         return;
       }
@@ -95,21 +118,23 @@ Examples:
           safety_snapshot_id: r.safetySnapshot?.id ?? null,
         }, config.baseDir);
       }
+      const redacted = redactedIn(r.manifest, r.plan ? r.plan.layers.map((l) => l.layer) : r.layers);
       if (g.json) {
         printJson({
           ok: true, snapshot_id: r.manifest.snapshot_id, dry_run: !!o.dryRun, layers: r.layers, swaps: r.swaps, bytes: r.bytes,
           safety_snapshot: r.safetySnapshot ? { id: r.safetySnapshot.id, path: r.safetySnapshot.path } : null,
-          recovered: r.recovered, plan: r.plan ?? null, duration_ms: Math.round(r.durationMs),
+          recovered: r.recovered, plan: r.plan ?? null, duration_ms: Math.round(r.durationMs), redacted: redactedJson(redacted),
         });
         return;
       }
       if (r.plan) {
-        printPlan(r.plan);
+        printPlan(r.plan, redacted);
         return;
       }
       if (r.recovered) process.stdout.write(`finished an interrupted restore first (${r.recovered})\n`);
       if (r.safetySnapshot) process.stdout.write(`safety snapshot ${r.safetySnapshot.id} → ${r.safetySnapshot.path}\n`);
       process.stdout.write(`restored ${r.manifest.snapshot_id} in place: ${r.layers.join(", ")} (${r.swaps} swaps, ${fmtBytes(r.bytes)}, every hash checked) in ${(r.durationMs / 1000).toFixed(2)} s\n`);
+      if (redacted.total) process.stderr.write(`memsnap: warning: ${redactedNote(redacted, r.safetySnapshot ?? null)}\n`);
     });
 
   program
