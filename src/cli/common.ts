@@ -1,4 +1,5 @@
-import { isMemsnapError, runHook, type HookEvent, type HooksConfig } from "../index.js";
+import { existsSync } from "node:fs";
+import { findSnapshot, isMemsnapError, loadConfig, MemsnapError, resolveStore, runHook, type HookEvent, type HooksConfig } from "../index.js";
 
 /** Helpers shared by the CLI commands. */
 export interface GlobalOpts {
@@ -36,4 +37,33 @@ export async function hook(hooks: HooksConfig, event: HookEvent, metadata: Recor
 /** An error as JSON for hook metadata. */
 export function errorJson(e: unknown): Record<string, unknown> {
   return isMemsnapError(e) ? e.toJSON() : { code: "MEMSNAP_INTERNAL", message: String(e) };
+}
+
+/** A snapshot id or a prefix of one (ULID: Crockford base32, no I, L, O or U), at least 6 characters. */
+const ID_REF = /^[0-9a-hjkmnp-tv-z]{6,26}$/i;
+
+/**
+ * A bundle argument: a path, or (when no such file exists) a snapshot id or unique id prefix
+ * in `store`, as `memsnap list` shows them; `filter` limits the lookup to one tenant/agent.
+ * Throws MEMSNAP_SOURCE_MISSING when it is neither, MEMSNAP_USAGE for an ambiguous prefix.
+ */
+export async function bundleArg(ref: string, storeOf: () => Promise<string>, filter: { tenant?: string; agent?: string } = {}): Promise<string> {
+  if (existsSync(ref) || !ID_REF.test(ref)) return ref;
+  const store = await storeOf();
+  try {
+    return (await findSnapshot(store, ref, filter)).path;
+  } catch (e) {
+    if (isMemsnapError(e) && /^no snapshot/.test(e.message)) {
+      throw new MemsnapError("MEMSNAP_SOURCE_MISSING", `no bundle file ${ref}, and no snapshot with that id in ${store}`, {
+        hint: "pass a bundle path, or an id from `memsnap list` (--store DIR for another store)",
+      });
+    }
+    throw e;
+  }
+}
+
+/** The store a command without a config of its own looks in: --store, else ./memsnap.json's, else the default. */
+export async function defaultStore(store: string | undefined): Promise<string> {
+  if (store) return resolveStore(store, undefined);
+  return resolveStore(undefined, existsSync("memsnap.json") ? (await loadConfig("memsnap.json")).store : undefined);
 }

@@ -1,17 +1,22 @@
 import type { Command } from "commander";
 import { checkSeal, listSome, parseManifest, readLayout, summarizeRedaction } from "../../index.js";
 import { fmtBytes, printJson } from "../output.js";
-import type { GlobalOpts } from "../common.js";
+import { bundleArg, defaultStore, type GlobalOpts } from "../common.js";
 
 export function registerInspect(program: Command, global: () => GlobalOpts): void {
   program
     .command("inspect <bundle>")
     .description("show a bundle's manifest without the key and without reading the payload")
+    .option("--store <dir>", "where to look up a snapshot id (default: $MEMSNAP_STORE, ./memsnap.json's store, ~/.local/share/memsnap/store)")
     .addHelpText("after", `
+BUNDLE is a path, or a snapshot id (or unique prefix of one) from \`memsnap list\`.
+
 Examples:
   $ memsnap inspect 01JD0….memsnap
+  $ memsnap inspect 01JD0K7Q          # an id prefix, looked up in the store
   $ memsnap inspect 01JD0….memsnap --json | jq .layers`)
-    .action(async (bundle: string) => {
+    .action(async (ref: string, o: { store?: string }) => {
+      const bundle = await bundleArg(ref, () => defaultStore(o.store));
       const layout = await readLayout(bundle);
       const m = parseManifest(layout.manifestBytes);
       const sealOk = checkSeal(m);

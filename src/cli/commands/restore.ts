@@ -4,7 +4,7 @@ import {
   summarizeRedaction, type Manifest, type RedactedSummary, type RestorePlan,
 } from "../../index.js";
 import { fmtBytes, fmtRate, printJson, Progress } from "../output.js";
-import { collect, errorJson, hook, type GlobalOpts, withAbort } from "../common.js";
+import { bundleArg, collect, defaultStore, errorJson, hook, type GlobalOpts, withAbort } from "../common.js";
 
 interface RestoreOpts {
   to?: string;
@@ -72,11 +72,15 @@ export function registerRestore(program: Command, global: () => GlobalOpts): voi
     .option("--require-signature", "refuse unsigned bundles and bundles not signed by a --trust key")
     .option("--trust <pubkey|file>", "trusted signing public key (memsnap-ed25519:… or a file of them; repeatable)", collect, [])
     .addHelpText("after", `
+BUNDLE is a path, or a snapshot id (or unique prefix of one) from \`memsnap list\`, looked up in
+the store (--store, else the config's; in place, only the config's agent's snapshots unless --as-agent).
+
 Examples:
   $ memsnap restore 01J….memsnap -c agent/memsnap.json -i key.txt --dry-run
+  $ memsnap restore 01JD0K7Q -c agent/memsnap.json -i key.txt
   $ memsnap restore 01J….memsnap -c agent/memsnap.json -i key.txt --only memory
   $ memsnap restore 01J….memsnap --to ./restored -i key.txt`)
-    .action(async (bundle: string, o: RestoreOpts) => {
+    .action(async (ref: string, o: RestoreOpts) => {
       const g = global();
       const identities = await loadIdentities(o.identity);
       const passphrase = await loadPassphrase(o.passphraseFile);
@@ -84,6 +88,7 @@ Examples:
       const sigPolicy = { requireSignature: !!o.requireSignature, trusted: await loadTrusted(o.trust) };
       const progress = new Progress("restore", !g.json && process.stderr.isTTY === true);
       if (o.to) {
+        const bundle = await bundleArg(ref, () => defaultStore(o.store));
         const r = await withAbort((signal) => restoreToDir(bundle, o.to!, { ...sigPolicy, keys, signal, onProgress: (b, t) => progress.update(b, t) }));
         progress.done();
         const redacted = redactedIn(r.manifest, r.manifest.layers.map((l) => l.name));
@@ -99,6 +104,8 @@ Examples:
         return;
       }
       const config = await loadConfig(o.config);
+      const bundle = await bundleArg(ref, async () => resolveStore(o.store, config.store),
+        o.asAgent ? {} : { tenant: config.tenant, agent: config.agent });
       let r;
       try {
         r = await withAbort((signal) => restoreInPlace(bundle, config, {

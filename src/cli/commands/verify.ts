@@ -1,7 +1,7 @@
 import type { Command } from "commander";
 import { loadIdentities, loadPassphrase, loadTrusted, verifyBundle, verifyError } from "../../index.js";
 import { printJson, Progress } from "../output.js";
-import { collect, type GlobalOpts, withAbort } from "../common.js";
+import { bundleArg, collect, defaultStore, type GlobalOpts, withAbort } from "../common.js";
 
 export function registerVerify(program: Command, global: () => GlobalOpts): void {
   program
@@ -11,12 +11,16 @@ export function registerVerify(program: Command, global: () => GlobalOpts): void
     .option("--passphrase-file <file>", "passphrase on the first line of this file (or set MEMSNAP_PASSPHRASE)")
     .option("--trust <pubkey|file>", "require a valid signature by this public key (memsnap-ed25519:… or a file of them; repeatable)", collect, [])
     .option("--deep", "also run each layer's own checks (e.g. JSON parse of state files)")
+    .option("--store <dir>", "where to look up a snapshot id (default: $MEMSNAP_STORE, ./memsnap.json's store, ~/.local/share/memsnap/store)")
     .addHelpText("after", `
+BUNDLE is a path, or a snapshot id (or unique prefix of one) from \`memsnap list\`.
+
 Examples:
   $ memsnap verify snap.memsnap                      # keyless: structure, seal, payload SHA-256
   $ memsnap verify snap.memsnap -i key.txt --deep    # every artifact, plus layer checks
   $ memsnap verify snap.memsnap --trust signing.key.pub   # who made it, offline, no decryption key`)
-    .action(async (bundle: string, o: { identity: string[]; passphraseFile?: string; deep?: boolean; trust: string[] }) => {
+    .action(async (ref: string, o: { identity: string[]; passphraseFile?: string; deep?: boolean; trust: string[]; store?: string }) => {
+      const bundle = await bundleArg(ref, () => defaultStore(o.store));
       const trusted = await loadTrusted(o.trust);
       const identities = await loadIdentities(o.identity);
       const passphrase = await loadPassphrase(o.passphraseFile);
