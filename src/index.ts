@@ -25,7 +25,7 @@ export type { RestorePlan, LayerPlan } from "./restore/plan.js";
 export { acquireLock, parseDuration, controlDir, type AgentLock, type LockInfo } from "./restore/lock.js";
 export { readJournal, recoverJournal, journalPath, type Journal, type Swap } from "./restore/journal.js";
 export { generateSigningKey, loadSigningKey, loadTrusted, checkSignature, parsePublicKey, publicKeyString, keyId, type ManifestSignature, type SignatureStatus } from "./sign.js";
-export { listSnapshots, findSnapshot, exportSnapshot, deleteSnapshots, agentDir, type StoredSnapshot } from "./store/store.js";
+export { listSnapshots, bundlePaths, findSnapshot, exportSnapshot, deleteSnapshots, agentDir, type StoredSnapshot } from "./store/store.js";
 export { decide as decideRetention, hasRules, type RetentionPolicy, type PruneDecision } from "./store/prune.js";
 export { pruneStore, diffSnapshots, indexOf, type PruneResult, type LayerDiff } from "./store/ops.js";
 export { removeOrphans } from "./store/orphans.js";

@@ -45,26 +45,35 @@ async function dirs(p: string): Promise<string[]> {
  */
 export async function listSnapshots(store: string, filter: { tenant?: string; agent?: string } = {}, onBad?: (path: string, e: unknown) => void): Promise<StoredSnapshot[]> {
   const out: StoredSnapshot[] = [];
+  for (const path of await bundlePaths(store, filter)) {
+    try {
+      const layout = await readLayout(path);
+      const m = parseManifest(layout.manifestBytes);
+      out.push({
+        id: m.snapshot_id, path, tenant: m.tenant, agent: m.agent, created_at: m.created_at, created_by: m.created_by,
+        label: m.label, size: layout.fileSize, encrypted: m.payload.encryption !== null, signed: m.signature !== undefined, manifest: m,
+      });
+    } catch (e) {
+      onBad?.(path, e);
+    }
+  }
+  return out.sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
+}
+
+/**
+ * The bundle files in a store (`<tenant>/<agent>/<ULID>.memsnap`), optionally for one
+ * tenant/agent, by tenant, agent and id; nothing is opened, so damaged bundles are listed too.
+ */
+export async function bundlePaths(store: string, filter: { tenant?: string; agent?: string } = {}): Promise<string[]> {
+  const out: string[] = [];
   for (const tenant of filter.tenant ? [filter.tenant] : await dirs(store)) {
     for (const agent of filter.agent ? [filter.agent] : await dirs(join(store, tenant))) {
       const dir = agentDir(store, tenant, agent);
       const names = (await readdir(dir).catch(() => [] as string[])).filter((n) => n.endsWith(".memsnap") && isUlid(n.slice(0, -8))).sort();
-      for (const n of names) {
-        const path = join(dir, n);
-        try {
-          const layout = await readLayout(path);
-          const m = parseManifest(layout.manifestBytes);
-          out.push({
-            id: m.snapshot_id, path, tenant: m.tenant, agent: m.agent, created_at: m.created_at, created_by: m.created_by,
-            label: m.label, size: layout.fileSize, encrypted: m.payload.encryption !== null, signed: m.signature !== undefined, manifest: m,
-          });
-        } catch (e) {
-          onBad?.(path, e);
-        }
-      }
+      for (const n of names) out.push(join(dir, n));
     }
   }
-  return out.sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
+  return out;
 }
 
 /** Find one snapshot by id (or unique id prefix, or a path to a bundle). Throws MEMSNAP_USAGE. */
