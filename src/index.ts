@@ -5,7 +5,7 @@
 export { MemsnapError, ERROR_CODES, isMemsnapError, type ErrorCode, type ErrorClass, type Finding } from "./errors.js";
 export { loadConfig, parseConfig, stripJsonComments, type MemsnapConfig, type ConfiguredSource } from "./config.js";
 export {
-  MANIFEST_VERSION, parseManifest, computeSeal, checkSeal, INDEX_PATH,
+  MANIFEST_VERSION, parseManifest, computeSeal, checkSeal, INDEX_PATH, basesOf, referencedIn,
   type Manifest, type IndexEntry, type LayerEntry, type PayloadInfo, type CreatedBy,
 } from "./format/manifest.js";
 export { readLayout, type BundleLayout } from "./format/container.js";

@@ -79,6 +79,8 @@ export interface ScheduleOptions {
   recipients?: string[];
   /** Stop after this many ticks (tests, one-shot runs). */
   maxRuns?: number;
+  /** Take incremental snapshots (unchanged artifacts referenced in earlier bundles; see pipeline/incremental.ts). */
+  incremental?: boolean;
   signal: AbortSignal;
   log: (event: Record<string, unknown>) => void;
 }
@@ -122,10 +124,13 @@ export async function runSchedule(o: ScheduleOptions): Promise<{ runs: number }>
       try {
         const r = await snapshot({
           config, store: o.store, createdBy: "schedule", label: "scheduled", recipients: o.recipients ?? config.recipients,
-          signal: o.signal,
+          signal: o.signal, ...(o.incremental ? { incremental: true } : {}),
         });
         const meta = { snapshot_id: r.id, path: r.path, tenant: config.tenant, agent: config.agent, bytes: r.inputBytes, bundle_bytes: r.bundleBytes, created_by: "schedule" };
-        o.log({ event: "snapshot", ...meta, duration_ms: Math.round(r.durationMs) });
+        o.log({
+          event: "snapshot", ...meta, duration_ms: Math.round(r.durationMs),
+          ...(r.incremental ? { referenced: r.incremental.referenced, bases: r.incremental.bases } : {}),
+        });
         const h = await runHook(config.hooks, "on_created", meta, config.baseDir);
         if (h) o.log({ ...h, hook: h.event, event: "hook" });
         if (o.retention && hasRules(o.retention)) {
@@ -152,13 +157,14 @@ export async function runSchedule(o: ScheduleOptions): Promise<{ runs: number }>
 }
 
 /** Unit files for the host's scheduler. */
-export function printUnits(kind: "systemd" | "cron", o: { bin: string; configPath: string; every?: string; cron?: string; pruneArgs: string[]; agent: string }): string {
+export function printUnits(kind: "systemd" | "cron", o: { bin: string; configPath: string; every?: string; cron?: string; pruneArgs: string[]; agent: string; incremental?: boolean }): string {
+  const inc = o.incremental ? " --incremental" : "";
   const prune = o.pruneArgs.length ? ` && ${o.bin} prune -c ${o.configPath} ${o.pruneArgs.join(" ")}` : "";
   if (kind === "cron") {
     const when = o.cron ?? (o.every === "1h" ? "0 * * * *" : o.every === "1d" || o.every === "24h" ? "0 3 * * *" : "*/15 * * * *");
-    return `# memsnap auto-snapshots for ${o.agent} (crontab -e; times are the host's cron time zone)\n${when} ${o.bin} snapshot -c ${o.configPath} --label scheduled --wait 5m${prune} >> ~/.local/state/memsnap-${o.agent}.log 2>&1\n`;
+    return `# memsnap auto-snapshots for ${o.agent} (crontab -e; times are the host's cron time zone)\n${when} ${o.bin} snapshot -c ${o.configPath} --label scheduled --wait 5m${inc}${prune} >> ~/.local/state/memsnap-${o.agent}.log 2>&1\n`;
   }
-  const args = [o.every ? `--every ${o.every}` : `--cron "${o.cron}"`, ...o.pruneArgs].join(" ");
+  const args = [o.every ? `--every ${o.every}` : `--cron "${o.cron}"`, ...(o.incremental ? ["--incremental"] : []), ...o.pruneArgs].join(" ");
   return `# ~/.config/systemd/user/memsnap-${o.agent}.service — then: systemctl --user daemon-reload && systemctl --user enable --now memsnap-${o.agent}
 [Unit]
 Description=memsnap scheduled snapshots of ${o.agent}

@@ -12,7 +12,7 @@ import type { Finding } from "./errors.js";
 import { MemsnapError, isMemsnapError, ERROR_CODES } from "./errors.js";
 import { readLayout, type BundleLayout } from "./format/container.js";
 import {
-  checkSeal, encodeIndex, parseManifest, PAYLOAD_MEMBER_ENCRYPTED, PAYLOAD_MEMBER_PLAIN, type Manifest,
+  basesOf, checkSeal, encodeIndex, parseManifest, PAYLOAD_MEMBER_ENCRYPTED, PAYLOAD_MEMBER_PLAIN, type Manifest,
 } from "./format/manifest.js";
 import { createHash } from "node:crypto";
 import { AGE_MAGIC } from "./pipeline/age.js";
@@ -20,6 +20,7 @@ import { compareWithIndex, hashStoredPayload, readPayload, type Keys } from "./p
 import { ZSTD_MAGIC } from "./pipeline/zstd.js";
 import { checkSignature, type SignatureStatus } from "./sign.js";
 import { checkEntryName } from "./restore/safe-path.js";
+import { checkReferencedLayers, extractReferenced, openBases, References, type OpenBase } from "./restore/bases.js";
 import { sourceKind } from "./sources/registry.js";
 import type { KeyObject } from "node:crypto";
 
@@ -125,6 +126,18 @@ export async function verifyBundle(path: string, opts: VerifyOptions = {}): Prom
   } else if (!encrypted) {
     add("index-binding", [{ code: "MEMSNAP_MANIFEST_CORRUPT", message: "an unencrypted bundle's manifest has no index" }]);
   }
+  // An incremental bundle (manifest_version 2): its bases must be beside it, sealed as recorded.
+  let bases: OpenBase[] | null = null;
+  const incremental = basesOf(manifest).length > 0;
+  if (incremental) {
+    try {
+      bases = await openBases(path, manifest);
+      add("bases", [], `${bases.length} base(s) beside it, sealed as recorded`);
+    } catch (e) {
+      if (!isMemsnapError(e)) throw e;
+      add("bases", [{ code: e.code, message: e.message }]);
+    }
+  }
   const keys = opts.keys ?? {};
   const haveKey = (keys.identities?.length ?? 0) + (keys.passphrases?.length ?? 0) > 0;
   const labelBad = labelF.length > 0 || magic !== null;
@@ -139,6 +152,7 @@ export async function verifyBundle(path: string, opts: VerifyOptions = {}): Prom
       skip("index-binding", why);
     }
     skip("artifacts", why);
+    if (incremental) skip("references", why);
     if (opts.deep) skip("deep", why);
     finishSignature();
     return report();
@@ -147,6 +161,7 @@ export async function verifyBundle(path: string, opts: VerifyOptions = {}): Prom
   const deepProblems: Finding[] = [];
   const unsafe: Finding[] = [];
   const layerKinds = new Map(manifest.layers.map((l) => [l.name, l.kind]));
+  const refs = new References();
   try {
     const layerNames = new Set(manifest.layers.map((l) => l.name));
     const r = await readPayload(layout, manifest, keys, async (info, chunks) => {
@@ -164,7 +179,7 @@ export async function verifyBundle(path: string, opts: VerifyOptions = {}): Prom
       // Copies: a checker may keep chunks past the next one, when the reader reuses their memory.
       const problem = await impl.deepVerify({ entry: { path: info.name, layer: info.layer }, bytes: copies(chunks) });
       if (problem) deepProblems.push({ code: "MEMSNAP_DEEP_VERIFY_FAILED", message: problem, path: info.name });
-    }, { streamIndex: true, ...(opts.signal ? { signal: opts.signal } : {}), ...(opts.onProgress ? { onStored: opts.onProgress } : {}) });
+    }, { streamIndex: true, onRef: refs.add, ...(opts.signal ? { signal: opts.signal } : {}), ...(opts.onProgress ? { onStored: opts.onProgress } : {}) });
     const cmp = compareWithIndex(manifest, r);
     const payloadF = cmp.filter((x) => x.code === "MEMSNAP_PAYLOAD_HASH_MISMATCH");
     add("payload-sha256", [...sizeFindings, ...payloadF]);
@@ -173,6 +188,7 @@ export async function verifyBundle(path: string, opts: VerifyOptions = {}): Prom
     if (encrypted) add("index-binding", indexF.filter((x) => x.path === ".memsnap/index.json"));
     add("artifacts", [...unsafe, ...cmp.filter((x) => x.code === "MEMSNAP_ARTIFACT_HASH_MISMATCH" || (x.code === "MEMSNAP_INDEX_MISMATCH" && (!encrypted || x.path !== ".memsnap/index.json")))],
       `${r.entries.length} artifacts`);
+    if (incremental || refs.count) await checkReferences(manifest, bases, refs, keys, opts.signal, add, skip);
     if (opts.deep) add("deep", deepProblems);
   } catch (e) {
     if (!isMemsnapError(e)) throw e;
@@ -194,6 +210,29 @@ export async function verifyBundle(path: string, opts: VerifyOptions = {}): Prom
     }
     if (sig.state === "unsigned" && !sigFindings.length) skip("signature", "the bundle is unsigned");
     else add("signature", sigFindings, sig.state === "valid" ? `signed by ${sig.key_id}${sig.trusted ? " (trusted)" : " (not checked against a trusted key: pass --trust)"}` : undefined);
+  }
+}
+
+/**
+ * The references of an incremental bundle: they match what its layers declare, and each base
+ * holds every artifact referenced from it with the recorded size and SHA-256, its own payload
+ * checked whole against its index (nothing is written).
+ */
+async function checkReferences(
+  manifest: Manifest, bases: OpenBase[] | null, refs: References, keys: Keys, signal: AbortSignal | undefined,
+  add: (name: string, fs: Finding[], detail?: string) => void, skip: (name: string, detail: string) => void,
+): Promise<void> {
+  if (!bases) {
+    skip("references", "not run: a base is missing or is not the one recorded");
+    return;
+  }
+  try {
+    checkReferencedLayers(manifest, refs);
+    await extractReferenced(bases, refs, () => null, { keys, ...(signal ? { signal } : {}) });
+    add("references", [], `${refs.count} artifacts in ${bases.length} base(s)`);
+  } catch (e) {
+    if (!isMemsnapError(e)) throw e;
+    add("references", [{ code: e.code, message: e.message, ...(e.path ? { path: e.path } : {}) }]);
   }
 }
 

@@ -38,4 +38,14 @@ describe("throughput per stage in the bench report", () => {
     expect(block).toContain("| zstd |");
     expect(readmeBlock(base, { svg: "docs/bench.svg", reproduce: "x", table: "| op |" })).not.toContain("Throughput per stage");
   });
+
+  it("rows measured against memsnap's own full snapshot (incremental) stay out of the panels against the pipeline", () => {
+    const row = (op: string, extra: Record<string, unknown> = {}) => ({
+      op, ratio: 0.5, status: "ok", target: { maxTimeRatio: null }, throughputBytes: MB, memsnap: { ok: true, seconds: 1, mbPerS: 1 }, baseline: { ok: true, seconds: 2, mbPerS: 0.5 }, ...extra,
+    });
+    const report = { params: { scale: 1, seed: 1, runs: 1 }, mix: { bytes: 2 ** 30, files: 3 }, machine: {}, rows: [row("snapshot"), row("incremental snapshot", { vsSelf: true })] };
+    const svg = renderSvg(report);
+    expect(svg).toContain(">snapshot<");
+    expect(svg).not.toContain("incremental");
+  });
 });

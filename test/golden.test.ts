@@ -59,3 +59,18 @@ describe("golden v1 bundle with a kv layer of schema 1", () => {
     expect(readdirSync(join(to, "kv")).sort()).toEqual(["data", "kv-manifest.json"]);
   });
 });
+
+// Version 2 is the incremental bundle: each golden v2 bundle references artifacts of a base that
+// sits beside it in fixtures/golden/ under its id.
+describe("golden v2 bundles are incremental", () => {
+  for (const kind of ["plain", "age"] as const) {
+    it(`${kind}: references artifacts of a base beside it`, async () => {
+      const { parseManifest, readLayout } = await import("../src/index.js");
+      const m = parseManifest((await readLayout(join(dir, `v2-${kind}.memsnap`))).manifestBytes);
+      expect(m.manifest_version).toBe(2);
+      expect(m.bases).toHaveLength(1);
+      expect(readdirSync(dir)).toContain(`${m.bases![0]!.snapshot_id}.memsnap`);
+      expect(m.layers.reduce((n, l) => n + (l.referenced ?? 0), 0)).toBeGreaterThan(0);
+    });
+  }
+});

@@ -228,8 +228,10 @@ export function renderSvg(report) {
   parts.push(`<rect x="0" y="0" width="${W}" height="${H}" fill="#ffffff"/>`);
   parts.push(text(20, 28, `memsnap vs tar | zstd -3 -T2 | age — scale ${report.params?.scale} (${gib}, ${mix.files ?? "?"} files), seed ${report.params?.seed}`, { size: 16, weight: "600" }));
   parts.push(text(20, 46, `${m.nproc ?? "?"} CPUs (${m.cpu ?? "?"}), ${m.memGiB ?? "?"} GiB RAM, node ${m.node ?? "?"}; ${report.params?.runs ?? 1} run(s) per command (median); ${report.date ?? ""}`, { size: 11, color: COLORS.muted }));
-  parts.push(...throughputPanel(rows, 20, 80, 470, 330));
-  parts.push(...ratioPanel(rows, 500, 80, 470, 330));
+  // Rows measured against memsnap's own full snapshot (the incremental ones) are in the table, not in the panels against the pipeline.
+  const vsPipeline = rows.filter((r) => !r.vsSelf);
+  parts.push(...throughputPanel(vsPipeline, 20, 80, 470, 330));
+  parts.push(...ratioPanel(vsPipeline, 500, 80, 470, 330));
   parts.push(...rssPanel(report, 20, 440, 950, 330));
   if (stages.length) {
     parts.push(...throughputPanel(stages, 20, 800, 950, 320, {

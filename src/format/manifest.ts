@@ -12,8 +12,10 @@ import { MemsnapError } from "../errors.js";
 import { canonicalJson } from "../util/canonical-json.js";
 
 export const FORMAT_NAME = "memsnap";
-/** The newest manifest_version this build writes and reads. */
-export const MANIFEST_VERSION = 1;
+/** The newest manifest_version this build reads (and writes for a bundle that references a base). */
+export const MANIFEST_VERSION = 2;
+/** What a bundle without references is written as, so that every memsnap 0.1 reader still reads it. */
+export const MANIFEST_VERSION_FULL = 1;
 export const MANIFEST_MEMBER = "manifest.json";
 export const PAYLOAD_MEMBER_PLAIN = "payload.tar.zst";
 export const PAYLOAD_MEMBER_ENCRYPTED = "payload.tar.zst.age";
@@ -37,6 +39,12 @@ export interface IndexEntry {
   sha256: string;
   mode: number;
   mtime: string;
+  /**
+   * manifest_version 2: the artifact's bytes are not in this payload but in that of the base
+   * bundle with this snapshot id (one of the manifest's `bases`), at the same path, with the
+   * same size and SHA-256.
+   */
+  ref?: string;
 }
 
 /** The document stored at INDEX_PATH; `payload.index_sha256` is over its canonical JSON. */
@@ -52,8 +60,15 @@ export interface LayerEntry {
   schema_version: number;
   artifacts: number;
   bytes: number;
+  /** manifest_version 2: how many of `artifacts` are references to a base (present when > 0). */
+  referenced?: number;
   /** Layer-specific facts (git HEAD, SQLite pragmas, skipped files, …). */
   meta?: Record<string, unknown>;
+}
+
+export interface BaseRef {
+  snapshot_id: string;
+  seal: string;
 }
 
 export interface RecipientInfo {
@@ -89,6 +104,13 @@ export interface Manifest {
   host: string;
   tool: { name: string; version: string };
   parent: string | null;
+  /**
+   * manifest_version 2: the bundles whose payloads hold the artifacts this one references
+   * (index entries with `ref`), each named by id and bound by its seal; they sit beside this
+   * bundle (`<snapshot_id>.memsnap` in the same directory) and hold every byte they are
+   * referenced for themselves (a reference never points at another reference).
+   */
+  bases?: BaseRef[];
   layers: LayerEntry[];
   payload: PayloadInfo;
   /** Present only in unencrypted bundles. */
@@ -187,14 +209,46 @@ export function parseManifest(bytes: Buffer): Manifest {
   }
   if (!isCount(p.stored_size) || !isCount(p.tar_size) || !isCount(p.artifacts) || !isCount(p.bytes)) throw corrupt("payload sizes are malformed");
   if (!isHex64(p.sha256) || !isHex64(p.index_sha256)) throw corrupt("payload hashes are malformed");
+  const version = v as number;
+  if (version >= 2 && m.bases !== undefined) {
+    if (!Array.isArray(m.bases)) throw corrupt("bases is not an array");
+    const ids = new Set<string>();
+    for (const b of m.bases) {
+      if (!isObj(b) || typeof b.snapshot_id !== "string" || !/^[0-9A-HJKMNP-TV-Z]{26}$/.test(b.snapshot_id)
+        || typeof b.seal !== "string" || !/^sha256:[0-9a-f]{64}$/.test(b.seal)) throw corrupt("a base entry is malformed");
+      if (ids.has(b.snapshot_id) || b.snapshot_id === m.snapshot_id) throw corrupt(`base ${b.snapshot_id} is listed twice or is the bundle itself`);
+      ids.add(b.snapshot_id);
+    }
+  }
+  // (In a version-1 manifest `bases`, `referenced` and `ref` are unknown keys: ignored, never
+  // acted on; see basesOf and referencedIn. They stay in the object, which the seal covers.)
+  for (const l of m.layers) {
+    if (version >= 2 && l.referenced !== undefined && (!isCount(l.referenced) || l.referenced > l.artifacts)) throw corrupt(`layer ${l.name}: referenced is malformed`);
+  }
   if (m.index !== undefined) {
     if (!Array.isArray(m.index)) throw corrupt("index is not an array");
     for (const e of m.index) {
       if (!isObj(e) || typeof e.path !== "string" || typeof e.layer !== "string" || typeof e.kind !== "string"
         || !isCount(e.size) || !isHex64(e.sha256)) throw corrupt("an index entry is malformed");
+      if (version >= 2 && e.ref !== undefined && !m.bases?.some((b) => b.snapshot_id === e.ref)) throw corrupt(`index entry ${e.path} references a bundle that is not a base`);
     }
   }
   return m;
+}
+
+/** The bases a bundle references (none before manifest_version 2). */
+export function basesOf(m: Manifest): BaseRef[] {
+  return m.manifest_version >= 2 && Array.isArray(m.bases) ? m.bases : [];
+}
+
+/** How many of a layer's artifacts are references to a base (0 before manifest_version 2). */
+export function referencedIn(m: Manifest, l: LayerEntry): number {
+  return m.manifest_version >= 2 && typeof l.referenced === "number" ? l.referenced : 0;
+}
+
+/** The base an index entry references, if any (never before manifest_version 2). */
+export function refOf(m: Manifest, e: { ref?: unknown }): string | undefined {
+  return m.manifest_version >= 2 && typeof e.ref === "string" ? e.ref : undefined;
 }
 
 /** True when the manifest's seal matches its content. */

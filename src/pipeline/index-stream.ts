@@ -133,8 +133,17 @@ export class IndexComparer {
   readonly #splitter: IndexSplitter;
   #parseError: string | null = null;
 
-  constructor(entries: EntryTable) {
+  readonly #onRef: ((a: IndexEntry) => void) | undefined;
+  /** Paths listed as references to a base (manifest_version 2), to refuse one listed twice. */
+  readonly #refs = new Set<string>();
+
+  /**
+   * With `onRef` (a manifest_version 2 bundle), an artifact with a `ref` is a reference to a base:
+   * not expected among the entries, handed to `onRef` instead.
+   */
+  constructor(entries: EntryTable, onRef?: (a: IndexEntry) => void) {
     this.#entries = entries;
+    this.#onRef = onRef;
     this.#listed = new Uint8Array(entries.length);
     this.#splitter = new IndexSplitter((json) => this.#artifact(json));
   }
@@ -158,6 +167,17 @@ export class IndexComparer {
     }
     const j = this.#entries.position(a.path);
     const twice = (): void => { this.#twice.push({ code: "MEMSNAP_INDEX_MISMATCH", message: `the index lists ${a.path} twice`, path: a.path }); };
+    if (this.#onRef && a.ref !== undefined) {
+      if (this.#refs.has(a.path) || this.#absent.has(a.path) || (j !== undefined && this.#listed[j] === 1)) twice();
+      this.#refs.add(a.path);
+      if (j !== undefined) {
+        this.#twice.push({ code: "MEMSNAP_INDEX_MISMATCH", message: `${a.path} is both in the payload and a reference to a base`, path: a.path });
+        this.#listed[j] = 1;
+      }
+      this.#onRef(a);
+      return;
+    }
+    if (this.#refs.has(a.path)) twice();
     if (j === undefined) {
       if (this.#absent.has(a.path)) twice();
       this.#absent.add(a.path);

@@ -16,7 +16,7 @@ import { Writable } from "node:stream";
 import { heapPacer } from "../util/gc.js";
 import { MemsnapError, type Finding } from "../errors.js";
 import type { BundleLayout } from "../format/container.js";
-import { encodeIndex, indexHash, INDEX_PATH, type IndexDocument, type Manifest } from "../format/manifest.js";
+import { encodeIndex, indexHash, INDEX_PATH, refOf, type IndexDocument, type IndexEntry, type Manifest } from "../format/manifest.js";
 import { AGE_PREFIX_MAX, openAgePrefix } from "./age.js";
 import { PayloadDecoder, type ScannedBatch } from "./decoder.js";
 import { EntryTable } from "./entry-table.js";
@@ -125,6 +125,11 @@ export interface ReadPayloadOptions {
   streamIndex?: boolean;
   /** The table to record the entries in (a caller that looks entries up while the payload streams passes its own). */
   entries?: EntryTable;
+  /**
+   * With `streamIndex`, for a manifest_version 2 bundle: each index artifact that references a
+   * base (`ref`), whose bytes are not in this payload (see restore/bases.ts).
+   */
+  onRef?: (a: IndexEntry) => void;
 }
 
 /**
@@ -286,7 +291,7 @@ export async function readPayload(
       }
       if (name === INDEX_PATH && opts.streamIndex) {
         sawIndex = true;
-        const cmp = new IndexComparer(entries);
+        const cmp = new IndexComparer(entries, manifest.manifest_version >= 2 ? opts.onRef ?? (() => undefined) : undefined);
         for await (const c of chunks) {
           if (n > INDEX_MAX_BYTES) throw new MemsnapError("MEMSNAP_BUNDLE_MALFORMED", "the payload index is over its size cap");
           cmp.push(c);
@@ -380,9 +385,11 @@ export function compareWithIndex(manifest: Manifest, r: PayloadReadResult): Find
   }
   if (!index) return [...findings, ...r.indexCheck!.findings];
   const want = new Map<string, { size: number; sha256: string }>();
+  const refs = new Set<string>();
   for (const a of index.artifacts) {
-    if (want.has(a.path)) findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: `the index lists ${a.path} twice`, path: a.path });
-    want.set(a.path, a);
+    if (want.has(a.path) || refs.has(a.path)) findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: `the index lists ${a.path} twice`, path: a.path });
+    if (refOf(manifest, a) !== undefined) refs.add(a.path); // its bytes are in a base's payload
+    else want.set(a.path, a);
   }
   const seen = new Set<string>();
   for (let i = 0; i < r.entries.length; i++) {
@@ -393,7 +400,9 @@ export function compareWithIndex(manifest: Manifest, r: PayloadReadResult): Find
     }
     seen.add(e.name);
     const w = want.get(e.name);
-    if (!w) {
+    if (!w && refs.has(e.name)) {
+      findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: `${e.name} is both in the payload and a reference to a base`, path: e.name });
+    } else if (!w) {
       findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: `payload entry ${e.name} is not in the index`, path: e.name });
     } else if (w.size !== e.size || w.sha256 !== e.sha256) {
       findings.push({

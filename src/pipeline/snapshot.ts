@@ -25,7 +25,7 @@ import { MemsnapError, destinationError, interruptedOr } from "../errors.js";
 import { BundleWriter } from "../format/container.js";
 import { BLOCK, encodeEntryHeader, padding } from "../format/tar-header.js";
 import {
-  computeSeal, encodeManifest, INDEX_PATH, MANIFEST_VERSION, PAYLOAD_MEMBER_ENCRYPTED, PAYLOAD_MEMBER_PLAIN,
+  computeSeal, encodeManifest, INDEX_PATH, MANIFEST_VERSION, MANIFEST_VERSION_FULL, PAYLOAD_MEMBER_ENCRYPTED, PAYLOAD_MEMBER_PLAIN,
   type CreatedBy, type IndexEntry, type LayerEntry, type Manifest, type RecipientInfo,
 } from "../format/manifest.js";
 import { createRedactor } from "../redact/index.js";
@@ -42,6 +42,7 @@ import { ulid } from "../util/ulid.js";
 import { TOOL_NAME, TOOL_VERSION } from "../version.js";
 import { prepareAgeEncryption, recipientFingerprint } from "./age.js";
 import { PayloadEncoder } from "./encoder.js";
+import { cachePath, CacheWriter, incrementalKey, ReferenceSet, type Reference } from "./incremental.js";
 import { IndexSpill } from "./index-spill.js";
 import { LevelPolicy } from "./levels.js";
 
@@ -80,6 +81,25 @@ export interface SnapshotOptions {
   lock?: { waitMs: number } | "held" | false;
   /** Sign the manifest with this Ed25519 private key. */
   signKey?: KeyObject;
+  /**
+   * Reference the artifacts unchanged since the last incremental snapshot of this agent
+   * instead of storing them again (./incremental.ts); needs `store` (bases live beside the
+   * bundle). Without a usable earlier one the snapshot is full, and becomes the base.
+   */
+  incremental?: boolean;
+}
+
+/** What an incremental snapshot referenced. */
+export interface IncrementalResult {
+  /** Artifacts referenced, and their bytes. */
+  referenced: number;
+  referencedBytes: number;
+  /** The bundles referenced. */
+  bases: string[];
+  /** Why nothing was referenced, when that is so. */
+  reason: string | null;
+  /** The cache for the next incremental snapshot could not be written (the bundle is fine). */
+  cacheError?: string;
 }
 
 export interface SnapshotResult {
@@ -93,6 +113,8 @@ export interface SnapshotResult {
   durationMs: number;
   /** Wall time spent redacting text artifacts in the pipeline (sources' own redaction excluded). */
   redactionMs: number;
+  /** Present for an incremental snapshot. */
+  incremental?: IncrementalResult;
 }
 
 /**
@@ -195,14 +217,26 @@ async function packArtifact(
  */
 async function packLayer(
   enc: PayloadEncoder, levels: LevelPolicy, layer: LayerEntry, cap: LayerCapture, independent: boolean, distinctPaths: boolean,
-  redactor: Redactor | undefined, signal: AbortSignal | undefined, onBytes: (n: number) => void, onPacked: (e: IndexEntry) => void,
+  redactor: Redactor | undefined, signal: AbortSignal | undefined, onBytes: (n: number) => void,
+  onPacked: (e: IndexEntry, fingerprint: string | undefined) => void, refs: ReferenceSet | null,
 ): Promise<number> {
   let redactMs = 0;
   const seen = distinctPaths ? null : new Set<string>();
+  /** Artifacts an incremental snapshot references: not read, not redacted again. */
+  const referenced = new WeakMap<Artifact, Reference>();
   const prepare = (raw: Artifact): Promise<Artifact> => {
+    const ref = refs?.match(`${layer.name}/${raw.path}`, raw);
+    if (ref) {
+      referenced.set(raw, ref);
+      return Promise.resolve(raw);
+    }
     if (!redactor || !raw.text) return Promise.resolve(raw);
     const r0 = performance.now();
-    const p = redactor.redactArtifact(raw, `${layer.name}/${raw.path}`).finally(() => { redactMs += performance.now() - r0; });
+    const p = redactor.redactArtifact(raw, `${layer.name}/${raw.path}`).then((out) => {
+      // The redacted bytes are a function of the source's: the next incremental snapshot may reference them.
+      if (raw.fingerprint !== undefined) out.fingerprint = raw.fingerprint;
+      return out;
+    }).finally(() => { redactMs += performance.now() - r0; });
     p.catch(() => undefined); // awaited in order below
     return p;
   };
@@ -210,8 +244,21 @@ async function packLayer(
     signal?.throwIfAborted();
     if (seen?.has(a.path)) throw new MemsnapError("MEMSNAP_INTERNAL", `source ${layer.name} yielded ${a.path} twice`);
     seen?.add(a.path);
+    const ref = referenced.get(a);
+    if (ref) {
+      const name = `${layer.name}/${a.path}`;
+      if (ref.redacted) redactor?.recordReused?.(name, ref.redacted);
+      onPacked({
+        path: name, layer: layer.name, kind: a.kind, size: ref.size, sha256: ref.sha256, mode: a.mode, mtime: a.mtime.toISOString(), ref: ref.base,
+      }, a.fingerprint);
+      layer.artifacts++;
+      layer.bytes += ref.size;
+      layer.referenced = (layer.referenced ?? 0) + 1;
+      collectArtifacts(); // a referenced KV page leaves as much garbage as a packed one, and comes faster
+      continue;
+    }
     const e = await packArtifact(enc, levels, layer.name, a, onBytes);
-    onPacked(e);
+    onPacked(e, a.fingerprint);
     collectArtifacts();
     crashPoint("snapshot:artifact");
     layer.artifacts++;
@@ -240,6 +287,11 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
   if (memory.length && !encrypted && !opts.allowPlaintextMemory) {
     throw new MemsnapError("MEMSNAP_PLAINTEXT_PROCESS_MEMORY", `layer(s) ${memory.join(", ")} hold process memory, which cannot be redacted; refusing a plaintext bundle`,
       { hint: "encrypt the bundle (-r age1… or --passphrase-file), or pass --allow-plaintext-memory" });
+  }
+  if (opts.incremental && (opts.out || !opts.store)) {
+    throw new MemsnapError("MEMSNAP_USAGE", "an incremental snapshot goes into the store (its bases are the bundles beside it)", {
+      hint: "drop --out (use --store DIR), or drop --incremental",
+    });
   }
   let dest = opts.out;
   if (!dest) {
@@ -275,6 +327,7 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
   const finishing: Promise<void>[] = [];
   let spill: IndexSpill | undefined;
   let enc: PayloadEncoder | undefined;
+  let cache: CacheWriter | null = null;
   // Writeback of the bundle starts while later layers pack: an fdatasync after each layer (one
   // in flight, on the thread pool), so the commit's fsync has only the tail left to flush. It
   // is awaited before the file is committed or aborted (never a sync of a closed descriptor).
@@ -298,6 +351,22 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
     });
     const levels = new LevelPolicy(level);
 
+    const incKey = !opts.incremental ? null
+      : incrementalKey(cfg.tenant, cfg.agent, opts.passphrase ? null : recipients.map(recipientFingerprint), redactor ? cfg.redaction : null);
+    const refs = !opts.incremental ? null
+      : incKey ? await ReferenceSet.load(cachePath(cfg.baseDir, cfg.tenant, cfg.agent), incKey, dirname(dest))
+      : ReferenceSet.empty("a passphrase-encrypted snapshot references nothing (passphrases cannot be compared)");
+    if (incKey) {
+      cache = new CacheWriter(cachePath(cfg.baseDir, cfg.tenant, cfg.agent));
+      await cache.start().catch((e: unknown) => { throw destinationError(e, cache!.file); });
+    }
+    let referencedCount = 0;
+    let referencedBytes = 0;
+    if (process.env.MEMSNAP_DEBUG_ENCODER && refs) {
+      const mu = process.memoryUsage();
+      process.stderr.write(`incremental: ${refs.size} artifact(s) may be referenced (rss ${Math.round(mu.rss / 1048576)} heap used ${Math.round(mu.heapUsed / 1048576)} of ${Math.round(mu.heapTotal / 1048576)} MiB)\n`);
+    }
+
     // The index goes to a spill file as artifacts pack (bounded memory whatever their number);
     // a plaintext bundle also lists it in its manifest, so there it is kept in memory too.
     spill = new IndexSpill(join(workDir, "index.spill"));
@@ -315,6 +384,7 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
       baseDir: cfg.baseDir, tmpDir: workDir,
       ...(opts.signal ? { signal: opts.signal } : {}),
       ...(redactor ? { redactor } : {}),
+      ...(refs?.size ? { unchanged: (path: string, fp: string, kind: string) => refs.unchanged(path, fp, kind) } : {}),
     };
     const startCapture = (i: number): void => {
       const src = cfg.sources[i];
@@ -334,10 +404,15 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
         opts.signal?.throwIfAborted();
         bytes += n;
         opts.onProgress?.({ bytes, totalBytes: estimate, artifacts: spill!.count, layer: scfg.name });
-      }, (e) => {
+      }, (e, fingerprint) => {
         spill!.add(e);
         index?.push(e);
-      });
+        cache?.add(e, fingerprint, e.ref ?? id);
+        if (e.ref !== undefined) {
+          referencedCount++;
+          referencedBytes += e.size;
+        }
+      }, refs);
       if (process.env.MEMSNAP_DEBUG_ENCODER) {
         const elu = performance.eventLoopUtilization(elu0);
         elu0 = performance.eventLoopUtilization();
@@ -382,9 +457,12 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
     const recipientInfo: RecipientInfo[] = opts.passphrase
       ? [{ type: "scrypt" }]
       : recipients.map((r) => ({ type: "x25519", fingerprint: recipientFingerprint(r) }));
+    // Only a bundle that references a base needs (and is written as) manifest_version 2, so
+    // every other bundle stays readable by memsnap 0.1.
+    const bases = refs?.bases() ?? [];
     const body: Omit<Manifest, "seal"> = {
       format: "memsnap",
-      manifest_version: MANIFEST_VERSION,
+      manifest_version: bases.length ? MANIFEST_VERSION : MANIFEST_VERSION_FULL,
       snapshot_id: id,
       created_at: createdAt.toISOString(),
       created_by: opts.createdBy ?? "api",
@@ -394,6 +472,7 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
       host: hostname(),
       tool: { name: TOOL_NAME, version: TOOL_VERSION },
       parent: opts.parent ?? null,
+      ...(bases.length ? { bases } : {}),
       layers,
       payload: {
         member: encrypted ? PAYLOAD_MEMBER_ENCRYPTED : PAYLOAD_MEMBER_PLAIN,
@@ -404,7 +483,7 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
         tar_size: tarSize,
         index_sha256: indexHash.digest("hex"),
         artifacts: spill.count,
-        bytes,
+        bytes: bytes + referencedBytes,
       },
       ...(index ? { index } : {}),
       redaction: redaction ? { ...redaction } : { policy: "off" },
@@ -414,13 +493,32 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
     await syncing;
     await writer.commit(encodeManifest(manifest), payload.storedSize);
     const bundleBytes = (await stat(dest)).size;
-    return { id, path: dest, manifest, inputBytes: bytes, bundleBytes, durationMs: performance.now() - t0, redactionMs: redactMs };
+    let incremental: IncrementalResult | undefined;
+    if (refs) {
+      incremental = { referenced: referencedCount, referencedBytes, bases: bases.map((b) => b.snapshot_id), reason: referencedCount ? null : refs.reason ?? "nothing was unchanged" };
+      if (cache && incKey) {
+        // The next incremental snapshot's references: this bundle, and the bases it referenced.
+        const holders = Object.fromEntries([[id, manifest.seal], ...bases.map((b) => [b.snapshot_id, b.seal])]);
+        try {
+          await cache.commit(id, incKey, holders, (redaction?.redacted ?? {}) as Record<string, Record<string, number>>);
+        } catch (e) {
+          incremental.cacheError = (e as Error).message;
+          await cache.abort();
+        }
+        cache = null;
+      }
+    }
+    return {
+      id, path: dest, manifest, inputBytes: bytes, bundleBytes, durationMs: performance.now() - t0, redactionMs: redactMs,
+      ...(incremental ? { incremental } : {}),
+    };
   } catch (e) {
     await enc?.destroy();
     await syncing;
     await writer.abort();
     throw interruptedOr(e, opts.signal, "snapshot interrupted", "no bundle was written");
   } finally {
+    await cache?.abort();
     spill?.close();
     await Promise.allSettled(started);
     await Promise.allSettled(finishing);

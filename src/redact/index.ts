@@ -31,7 +31,7 @@ import { ReportBuilder } from "./report.js";
 import { ALL_RULE_IDS, MEMSNAP_RULES, SECRETLINT_RULE_IDS } from "./rules.js";
 import { createSecretlintScanner } from "./secretlint.js";
 import { processText, StreamRedactor } from "./stream.js";
-import type { RedactionReport, Redactor } from "./types.js";
+import type { RedactionReport, Redactor, RuleCounts } from "./types.js";
 
 export type { RedactionReport, Redactor, RuleCounts } from "./types.js";
 export { candidate } from "./prefilter.js";
@@ -261,6 +261,10 @@ class MemsnapRedactor implements Redactor {
 
   report(): RedactionReport {
     return this.report_.report();
+  }
+
+  recordReused(artifact: string, redacted: RuleCounts): void {
+    for (const [rule, n] of Object.entries(redacted)) if (Number.isSafeInteger(n) && n > 0) this.report_.add(artifact, rule, true, n);
   }
 
   async cleanup(): Promise<void> {

@@ -50,6 +50,8 @@ export interface Redactor {
   redactArtifact(artifact: Artifact, payloadPath: string): Promise<Artifact>;
   /** The report for the manifest. */
   report(): RedactionReport;
+  /** Count the findings of an artifact an incremental snapshot references instead of redacting again. */
+  recordReused?(artifact: string, redacted: RuleCounts): void;
   /** Remove spool files. */
   cleanup(): Promise<void>;
 }

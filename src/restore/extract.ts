@@ -10,7 +10,7 @@ import { mkdir, open } from "node:fs/promises";
 import { dirname, join } from "node:path";
 import { MemsnapError, destinationError } from "../errors.js";
 import type { BundleLayout } from "../format/container.js";
-import type { Manifest } from "../format/manifest.js";
+import type { IndexEntry, Manifest } from "../format/manifest.js";
 import type { EntryTable } from "../pipeline/entry-table.js";
 import { compareWithIndex, readPayload, type Keys, type PayloadEntry, type PayloadReadResult } from "../pipeline/read-payload.js";
 import { crashPoint } from "../util/crash-point.js";
@@ -42,6 +42,12 @@ export interface ExtractOptions {
    * builds stays in the caller's staging until the whole payload has matched the index.
    */
   onLayerDone?: (layer: string) => void;
+  /** Write only the entries for which this is true; the others are hashed and dropped (a base's unreferenced entries). */
+  want?: (name: string) => boolean;
+  /** The layers' spools may exist already: add to them (see RestoreSpool's `resume`). */
+  resumeSpools?: boolean;
+  /** Index artifacts that reference a base (manifest_version 2; see readPayload's `onRef`). */
+  onRef?: (a: IndexEntry) => void;
 }
 
 /** Write a small entry's bytes to a new file `dest` in one synchronous write (MEMSNAP_UNSAFE_PATH, MEMSNAP_DEST_*). */
@@ -110,7 +116,7 @@ export async function extractPayload(
         });
       }
       const root = rootFor(info.layer);
-      if (root === null) return;
+      if (root === null || (opts.want && !opts.want(info.name))) return;
       const spooled = spoolFor.get(info.layer);
       if (spooled && isSpoolName(info.rel)) throw conflictingEntry(info.name);
       const tooLong = (): MemsnapError => new MemsnapError("MEMSNAP_ARTIFACT_HASH_MISMATCH", `${info.name} is longer than its header declares`, { path: info.name });
@@ -125,7 +131,7 @@ export async function extractPayload(
             await mkdir(root, { recursive: true }).catch((e: unknown) => { throw destinationError(e, root); });
             made.add(root);
           }
-          sp = new RestoreSpool(root, info.layer);
+          sp = new RestoreSpool(root, info.layer, !!opts.resumeSpools);
           spools.set(info.layer, sp);
         }
         await sp.put(info.name, info.rel, info.size, chunks, spool === true ? null : spool, (n) => {
@@ -228,7 +234,7 @@ export async function extractPayload(
       crashPoint("restore:staged-entry");
     }, {
       streamIndex: true, ...(opts.signal ? { signal: opts.signal } : {}), ...(opts.onEntry ? { onEntry: opts.onEntry } : {}),
-      ...(opts.entries ? { entries: opts.entries } : {}),
+      ...(opts.entries ? { entries: opts.entries } : {}), ...(opts.onRef ? { onRef: opts.onRef } : {}),
     });
     if (current !== null) await closeLayer(current);
     const findings = compareWithIndex(manifest, r);

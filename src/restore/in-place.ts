@@ -18,13 +18,14 @@ import { join } from "node:path";
 import type { ConfiguredSource, MemsnapConfig } from "../config.js";
 import { MemsnapError, interruptedOr } from "../errors.js";
 import { readLayout } from "../format/container.js";
-import { parseManifest, type LayerEntry, type Manifest } from "../format/manifest.js";
+import { parseManifest, referencedIn, type LayerEntry, type Manifest } from "../format/manifest.js";
 import type { Keys } from "../pipeline/read-payload.js";
 import { snapshot, type SnapshotResult } from "../pipeline/snapshot.js";
 import type { LiveTarget } from "../sources/types.js";
 import { crashPoint } from "../util/crash-point.js";
 import { EarlySync, syncFilesystem } from "../util/fs-atomic.js";
 import { extractPayload } from "./extract.js";
+import { checkReferencedLayers, extractReferenced, openBases, References } from "./bases.js";
 import { LayerMaterializer } from "./materialize.js";
 import { listFiles } from "./live-files.js";
 import { newJournal, recoverJournal, rollForward, writeJournal, cleanup, type Swap } from "./journal.js";
@@ -140,6 +141,7 @@ export async function restoreInPlace(bundle: string, config: MemsnapConfig, opts
     });
   }
   const selected = await selectLayers(manifest, config, opts.only);
+  const bases = await openBases(bundle, manifest); // an incremental bundle's: checked before anything is touched
   if (opts.dryRun) {
     const plan = await planRestore(layout, manifest, config, selected, keys, opts.signal);
     return { manifest, layers: selected.map((s) => s.layer.name), swaps: 0, bytes: 0, safetySnapshot: null, recovered: null, plan, durationMs: performance.now() - t0 };
@@ -187,13 +189,24 @@ export async function restoreInPlace(bundle: string, config: MemsnapConfig, opts
         await s.source.impl.materialize?.(dir, s.layer, verified, opts.signal);
         early.kick();
       });
+      // A layer with references to a base is complete only once the base has been read.
+      const deferred = new Set(manifest.layers.filter((l) => referencedIn(manifest, l) > 0).map((l) => l.name));
+      const refs = new References();
       let r;
       try {
         r = await extractPayload(layout, manifest, (layer) => roots.get(layer)?.staged ?? null, {
-          keys, onLayerDone: mat.layerDone, entries: mat.verified,
-          onEntry: (e) => early.bytes(e.size),
+          keys, onLayerDone: (l) => { if (!deferred.has(l)) mat.layerDone(l); }, entries: mat.verified,
+          onEntry: (e) => early.bytes(e.size), onRef: refs.add,
           ...(opts.signal ? { signal: opts.signal } : {}), ...(opts.onProgress ? { onProgress: opts.onProgress } : {}),
         });
+        checkReferencedLayers(manifest, refs);
+        if (refs.count) {
+          let done = r.entries.bytes();
+          await extractReferenced(bases, refs, (layer) => roots.get(layer)?.staged ?? null, {
+            keys, ...(opts.signal ? { signal: opts.signal } : {}), verified: mat.verified,
+            onProgress: (n) => { done += n; early.bytes(n); opts.onProgress?.(done, manifest.payload.bytes); },
+          });
+        }
       } catch (e) {
         await mat.settle();
         throw e;

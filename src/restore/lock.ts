@@ -3,6 +3,7 @@
  * host and start time. A lock whose pid is dead on this host is stale and is taken over.
  * Snapshot, restore and recover hold it, so they never overlap on the same agent.
  */
+import { pidAlive } from "../store/orphans.js";
 import { hostname } from "node:os";
 import { mkdir, open, readFile, rename, unlink } from "node:fs/promises";
 import { join } from "node:path";
@@ -25,14 +26,6 @@ export function controlDir(agentBase: string): string {
   return join(agentBase, ".memsnap");
 }
 
-function alive(pid: number): boolean {
-  try {
-    process.kill(pid, 0);
-    return true;
-  } catch (e) {
-    return (e as NodeJS.ErrnoException).code === "EPERM";
-  }
-}
 
 async function readInfo(path: string): Promise<LockInfo | null> {
   try {
@@ -45,7 +38,7 @@ async function readInfo(path: string): Promise<LockInfo | null> {
 /** True when a lock held by `info` can be taken over: its process is gone from this host. */
 export function isStale(info: LockInfo | null): boolean {
   if (!info || !Number.isInteger(info.pid)) return true; // unreadable or half-written by a killed process
-  return info.host === hostname() && !alive(info.pid);
+  return info.host === hostname() && !pidAlive(info.pid);
 }
 
 /**

@@ -7,7 +7,7 @@
  * the rebuilt file needs it. A place must end below PLACE_MAX_END, and a part file is only
  * ever created once (EEXIST is a conflicting entry, as for every staged name).
  */
-import { closeSync, createReadStream, openSync } from "node:fs";
+import { closeSync, createReadStream, fstatSync, openSync } from "node:fs";
 import { BatchedWriter } from "../util/batched-writer.js";
 import { join } from "node:path";
 import { MemsnapError, destinationError } from "../errors.js";
@@ -40,13 +40,30 @@ export class RestoreSpool {
   readonly #parts = new FdCache<number>(OPEN_PARTS, (fd) => this.#writes.close(fd, closeSync));
   readonly #made = new Set<number>();
 
-  constructor(root: string, layer: string) {
+  readonly #resume: boolean;
+
+  /**
+   * With `resume`, the layer's spool, map and parts may exist already (an incremental restore:
+   * the bundle's own entries first, then those it references from a base): they are added to,
+   * never recreated. The names are distinct by construction (the index lists each path once).
+   */
+  constructor(root: string, layer: string, resume = false) {
     this.#root = root;
     this.#layer = layer;
-    this.#map = new BatchedWriter(() => this.#open(SPOOL_MAP, "wx"), join(root, SPOOL_MAP), MAP_BATCH);
+    this.#resume = resume;
+    this.#map = new BatchedWriter(() => this.#open(SPOOL_MAP, resume ? "a" : "wx"), join(root, SPOOL_MAP), MAP_BATCH);
   }
 
   #open(name: string, flags: string): number {
+    if (this.#resume && flags === "wx") {
+      try {
+        const fd = openSync(join(this.#root, name), "r+");
+        if (name === SPOOL_FILE) this.#pos = fstatSync(fd).size;
+        return fd;
+      } catch (e) {
+        if ((e as NodeJS.ErrnoException).code !== "ENOENT") throw destinationError(e, join(this.#root, name));
+      }
+    }
     try {
       return openSync(join(this.#root, name), flags, 0o600);
     } catch (e) {
@@ -75,6 +92,7 @@ export class RestoreSpool {
         path: name, hint: "this bundle was not written by memsnap or was tampered with; nothing was restored",
       });
     }
+    if (!place) this.#fd ??= this.#open(SPOOL_FILE, "wx"); // (resumed: sets #pos to the spool's end)
     const start = place ? place.offset : this.#pos;
     let n = 0;
     try {

@@ -11,13 +11,14 @@ import { mkdir, readdir, rename, rm, rmdir, writeFile } from "node:fs/promises";
 import { basename, dirname, join, resolve } from "node:path";
 import { MemsnapError, destinationError, interruptedOr } from "../errors.js";
 import { readLayout } from "../format/container.js";
-import { MANIFEST_MEMBER, parseManifest, type Manifest } from "../format/manifest.js";
+import { MANIFEST_MEMBER, parseManifest, referencedIn, type Manifest } from "../format/manifest.js";
 import type { Keys } from "../pipeline/read-payload.js";
 import { EarlySync, fsyncDir, syncFilesystem } from "../util/fs-atomic.js";
 import { checkManifest, checkManifestFindings, enforceSignature, type SignaturePolicy } from "./preflight.js";
 import { sourceKind } from "../sources/registry.js";
 import { extractPayload } from "./extract.js";
 import { LayerMaterializer } from "./materialize.js";
+import { checkReferencedLayers, extractReferenced, openBases, References } from "./bases.js";
 
 export interface RestoreToDirOptions extends SignaturePolicy {
   keys?: Keys;
@@ -66,6 +67,7 @@ export async function restoreToDir(bundle: string, to: string, opts: RestoreToDi
       hint: "pass --identity FILE (an age identity file) or --passphrase-file FILE",
     });
   }
+  const bases = await openBases(bundle, manifest); // an incremental bundle's: checked before anything is written
   if (!(await isEmptyOrAbsent(target))) {
     throw new MemsnapError("MEMSNAP_DEST_NOT_EMPTY", `${target} exists and is not empty`, {
       path: target, hint: "restore into a new or empty directory",
@@ -94,13 +96,25 @@ export async function restoreToDir(bundle: string, to: string, opts: RestoreToDi
     debugStep(t0, `layer ${name} materialized`);
     early.kick();
   });
+  // A layer with references to a base is complete only once the base has been read.
+  const deferred = new Set(manifest.layers.filter((l) => referencedIn(manifest, l) > 0).map((l) => l.name));
+  const refs = new References();
   try {
     let r;
     try {
       r = await extractPayload(layout, manifest, (layer) => join(staging, layer), {
-        ...opts, onLayerDone: mat.layerDone, entries: mat.verified,
-        onEntry: (e) => early.bytes(e.size),
+        ...opts, onLayerDone: (l) => { if (!deferred.has(l)) mat.layerDone(l); }, entries: mat.verified,
+        onEntry: (e) => early.bytes(e.size), onRef: refs.add,
       });
+      checkReferencedLayers(manifest, refs);
+      if (refs.count) {
+        let done = r.entries.bytes();
+        await extractReferenced(bases, refs, (layer) => join(staging, layer), {
+          ...(opts.keys ? { keys: opts.keys } : {}), ...(opts.signal ? { signal: opts.signal } : {}), verified: mat.verified,
+          onProgress: (n) => { done += n; early.bytes(n); opts.onProgress?.(done, manifest.payload.bytes); },
+        });
+        debugStep(t0, "referenced artifacts extracted from the bases");
+      }
     } catch (e) {
       await mat.settle();
       throw e;
@@ -118,6 +132,7 @@ export async function restoreToDir(bundle: string, to: string, opts: RestoreToDi
     });
     await rename(staging, target).catch((e: unknown) => { throw destinationError(e, target); });
     await fsyncDir(dirname(target));
+    // (the referenced artifacts were recorded in the same table as the bundle's own)
     return { path: target, manifest, artifacts: r.entries.length, bytes: r.entries.bytes(), durationMs: performance.now() - t0 };
   } catch (e) {
     await rm(staging, { recursive: true, force: true });

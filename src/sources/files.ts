@@ -2,7 +2,7 @@
 import { resolve } from "node:path";
 import { optStringArray, rejectUnknownKeys, reqString } from "../util/config-check.js";
 import type { SourceKind } from "./types.js";
-import { fileArtifact, walkFiles } from "./walk.js";
+import { fileArtifact, fingerprintOf, walkFiles } from "./walk.js";
 import { pathTarget } from "./live-target.js";
 
 /** Files whose content the pipeline redacts (memory notes, JSON, JSONL, config-like text). */
@@ -42,7 +42,7 @@ export const filesSource: SourceKind<FilesConfig> = {
       artifacts: (async function* () {
         for (const f of files) {
           const kind = /\.(jsonl|ndjson)$/i.test(f.rel) ? "jsonl" : /\.json$/i.test(f.rel) ? "json" : "file";
-          yield { ...fileArtifact(f, kind), text: TEXT_EXT.test(f.rel) };
+          yield { ...fileArtifact(f, kind), text: TEXT_EXT.test(f.rel), fingerprint: fingerprintOf(f.stats) };
         }
       })(),
       finish: async () => ({ root, root_is_file: files.length === 1 && files[0]!.abs === root, skipped }),

@@ -41,7 +41,7 @@ import {
   type BundleHeader, type HeadFacts, type HeadSpec, type HistoryScan, type StatusEntry, type WorktreeDoc,
 } from "./git-iso.js";
 import type { Artifact, SourceKind } from "./types.js";
-import { fileArtifact, sourceError, walkFiles, type FoundFile } from "./walk.js";
+import { fileArtifact, fingerprintOf, sourceError, walkFiles, type FoundFile } from "./walk.js";
 
 export interface GitConfig {
   kind: "git";
@@ -862,7 +862,7 @@ export const gitSource: SourceKind<GitConfig> = {
         if (docBytes) {
           yield { path: WORKTREE_DOC_ARTIFACT, kind: "json", size: docBytes.length, mode: 0o600, mtime: now, open: () => Readable.from([docBytes]) };
         }
-        for (const f of listing?.files ?? []) yield { ...fileArtifact(f, "file", `${WORKTREE_DIR}/${f.rel}`), text: true };
+        for (const f of listing?.files ?? []) yield { ...fileArtifact(f, "file", `${WORKTREE_DIR}/${f.rel}`), text: true, fingerprint: fingerprintOf(f.stats) };
       })(),
       finish: async () => {
         const scan = cap.scan ? await cap.scan : null;

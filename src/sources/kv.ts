@@ -39,6 +39,7 @@ import { readSpoolMap } from "../restore/spool.js";
 import { sourceChanged, sourceError, walkFiles } from "./walk.js";
 import { FdCache } from "../util/fd-cache.js";
 import { KvIndexWriter } from "./kv-index-writer.js";
+import { kvPageFingerprint } from "../pipeline/incremental.js";
 import { collectNow } from "../util/gc.js";
 
 export interface KvShape {
@@ -653,6 +654,8 @@ async function* dataArtifacts(f: DataFile, fileNo: number, plan: KvPlan, shuffle
               open: () => [body],
               // An unshuffled page is yielded from the very bytes just hashed: no second hash.
               ...(elem === 1 ? { sha256: sha } : {}),
+              // Its bytes are a function of the page's digest and the shuffle alone.
+              fingerprint: elem === 1 ? kvPageFingerprint(sha, t.len) : `kv-page:${sha}:${elem}:${t.len}`,
             };
           }
         }

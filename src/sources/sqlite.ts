@@ -140,7 +140,7 @@ import {
   type LiveBeginResult, type LiveScanStats, type LiveVerifyResult,
 } from "./sqlite-worker.js";
 import type { Artifact, OpenOptions, SourceKind } from "./types.js";
-import { fileArtifact, sourceChanged, sourceError, walkFiles, type FoundFile } from "./walk.js";
+import { fileArtifact, fingerprintOf, sourceChanged, sourceError, walkFiles, type FoundFile } from "./walk.js";
 import { pathTarget } from "./live-target.js";
 
 export interface SqliteConfig {
@@ -177,6 +177,8 @@ export interface SqliteDbMeta {
   copy_bytes: number;
   /** Time of the copy; 0 with `live_read`. */
   copy_ms: number;
+  /** An incremental snapshot referenced the database unchanged: this meta is that snapshot's (nothing was read now). */
+  reused?: boolean;
   /** `live_read`: time to start the read transaction and decide (journal mode, `-wal`, the redaction scan). */
   prepare_ms?: number;
   quick_check: "ok";
@@ -585,6 +587,9 @@ function liveArtifact(
     size,
     mode: f.stats.mode & 0o7777,
     mtime: f.stats.mtime,
+    // The file itself is read: an incremental snapshot may reference it while the file stays as
+    // it was found (its stat, taken before the read transaction, is the conservative identity).
+    ...(size === f.stats.size ? { fingerprint: fingerprintOf(f.stats) } : {}),
     open: (o?: OpenOptions) => {
       const s = o?.reuse ? null : live.fh.createReadStream({ start: 0, end: size, autoClose: false, highWaterMark: 1 << 20 });
       return (async function* () {
@@ -741,11 +746,26 @@ export const sqliteSource: SourceKind<SqliteConfig> = {
       return fh;
     };
 
+    // An incremental snapshot references a database read live last time whose file has not
+    // changed since (same device, inode, size, mtime, ctime) and has no WAL frames or hot journal
+    // now: its bytes are those stored then, so it is neither opened nor scanned nor checked
+    // again; its meta is carried over from that snapshot (with `reused_from`).
+    const reused = new Map<FoundFile, SqliteDbMeta>();
+    if (ctx.unchanged && liveOn) {
+      for (const f of dbs) {
+        const meta = ctx.unchanged(`${cfg.name}/${f.rel}`, fingerprintOf(f.stats), "sqlite");
+        const prev = (meta?.databases as Record<string, SqliteDbMeta> | undefined)?.[f.rel];
+        if (!prev || prev.method !== "live_read") continue;
+        if ((await sizeOr0(`${f.abs}-wal`)) > 0 || (await sizeOr0(`${f.abs}-journal`)) > 0) continue;
+        reused.set(f, prev);
+      }
+    }
+
     /** A look-ahead: the next database's redaction scan, in its own short read transaction, in the other worker. */
     interface Ahead { f: FoundFile; live: LiveRead; done: Promise<unknown> }
     let ahead: Ahead | null = null;
     const startAhead = async (f: FoundFile | undefined, cur: FoundFile | null, w: SqliteWorker): Promise<void> => {
-      if (!f || !liveOn || !redact || ctx.signal?.aborted) return;
+      if (!f || !liveOn || !redact || ctx.signal?.aborted || reused.has(f)) return;
       // A hard link of the database being read: closing that one's descriptor would drop this one's locks.
       if (cur && f.stats.dev === cur.stats.dev && f.stats.ino === cur.stats.ino) return;
       let fh: FileHandle;
@@ -765,7 +785,8 @@ export const sqliteSource: SourceKind<SqliteConfig> = {
     // The first database's scan starts now: the snapshot starts every capture up front, so it
     // runs while the layers before this one pack (its result is reused only if the database
     // has not changed by its turn, as for any look-ahead).
-    await startAhead(dbs[0], null, workerFor(0));
+    const firstRead = dbs.findIndex((f) => !reused.has(f));
+    if (firstRead >= 0) await startAhead(dbs[firstRead], null, workerFor(firstRead));
 
     return {
       estimatedBytes: dbs.reduce((n, f) => n + f.stats.size, 0),
@@ -773,6 +794,17 @@ export const sqliteSource: SourceKind<SqliteConfig> = {
         for (let i = 0; i < dbs.length; i++) {
           const f = dbs[i]!;
           ctx.signal?.throwIfAborted();
+          const prev = reused.get(f);
+          if (prev) {
+            databases[f.rel] = { ...prev, reused: true };
+            yield {
+              path: f.rel, kind: "sqlite", size: f.stats.size, mode: f.stats.mode & 0o7777, mtime: f.stats.mtime, fingerprint: fingerprintOf(f.stats),
+              open: () => {
+                throw new MemsnapError("MEMSNAP_INTERNAL", `${f.abs} was to be referenced by the incremental snapshot, not read`);
+              },
+            };
+            continue;
+          }
           const w = workerFor(i);
           const job = <T>(p: Promise<T>): Promise<T> => p.catch((e: unknown) => {
             throw ctx.signal?.aborted ? e : sqliteSourceError(e, f.abs, ctx.tmpDir);

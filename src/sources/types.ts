@@ -57,6 +57,13 @@ export interface Artifact {
    * never packed. Unlike {@link sha256} it does not spare the pipeline its own hashing.
    */
   expectSha256?: string;
+  /**
+   * A cheap identity of the source the bytes are read from (device, inode, size, mtime, ctime of
+   * a file the source reads as is), for incremental snapshots: an artifact whose fingerprint,
+   * size and kind match the last incremental snapshot's is referenced, not read. Only for bytes
+   * that are a function of that file alone (never a temp copy, which is new every time).
+   */
+  fingerprint?: string;
   /** True for text the pipeline should redact (memory files, JSON, JSONL) when redaction is on. */
   text?: boolean;
   /**
@@ -87,6 +94,14 @@ export interface CaptureContext {
   redactor?: Redactor;
   /** A private temp directory for this capture (removed after the snapshot). */
   tmpDir: string;
+  /**
+   * An incremental snapshot's test for an artifact whose preparation is costly (a SQLite
+   * database's scan and checks): when the artifact at `payloadPath` with this fingerprint and
+   * kind will be referenced, not packed, the layer meta of the bundle that holds its bytes
+   * (for the source to carry over what it would have measured); null otherwise. A source that
+   * gets a meta yields the artifact with that fingerprint and never opens it.
+   */
+  unchanged?(payloadPath: string, fingerprint: string, kind: string): Record<string, unknown> | null;
 }
 
 /** Context given to a deep verify of one artifact. */

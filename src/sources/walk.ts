@@ -174,6 +174,14 @@ function* smallFileChunk(f: FoundFile): Generator<Buffer> {
   if (buf.length > 0) yield buf;
 }
 
+/**
+ * A file's identity for incremental snapshots (see Artifact.fingerprint): any write, rename
+ * over it, chmod or touch changes its ctime, which nothing but the clock can set.
+ */
+export function fingerprintOf(st: Stats): string {
+  return `${st.dev}:${st.ino}:${st.size}:${st.mtimeMs}:${st.ctimeMs}`;
+}
+
 /** An artifact backed by a file on disk, with change detection by size and mtime. */
 export function fileArtifact(f: FoundFile, kind: string, path = f.rel): Artifact {
   return {

@@ -9,7 +9,8 @@ import { join } from "node:path";
 
 const ORPHAN = /^\.(?:.+\.tmp|memsnap-work|.+\.memsnap-staging)-(\d+)-[0-9a-f]+$/;
 
-function pidAlive(pid: number): boolean {
+/** True when a process with this pid exists (ours or another user's). */
+export function pidAlive(pid: number): boolean {
   try {
     process.kill(pid, 0);
     return true;

@@ -7,6 +7,7 @@
  * The newest snapshot is always kept (the delete floor), so prune never empties an agent.
  */
 import { MemsnapError } from "../errors.js";
+import { basesOf } from "../format/manifest.js";
 import { compileGlobs } from "../util/glob.js";
 import type { StoredSnapshot } from "./store.js";
 
@@ -87,6 +88,12 @@ export function decide(snapshots: StoredSnapshot[], policy: RetentionPolicy): Pr
   if (policy.labels?.length) {
     const m = compileGlobs(policy.labels);
     for (const s of newestFirst) if (s.label !== null && m(s.label)) why(s, `label ${s.label}`);
+  }
+  // An incremental snapshot's bases hold bytes it references: kept as long as it is.
+  const byId = new Map(newestFirst.map((s) => [s.id, s]));
+  for (const s of newestFirst) {
+    if (!reasons.get(s.id)!.length) continue;
+    for (const b of basesOf(s.manifest)) if (byId.has(b.snapshot_id)) why(byId.get(b.snapshot_id)!, `base of ${s.id}`);
   }
   return newestFirst.map((s) => ({ snapshot: s, keep: reasons.get(s.id)!.length > 0, reasons: reasons.get(s.id)! }));
 }

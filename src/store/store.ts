@@ -10,7 +10,7 @@ import { copyFile, open, readdir, stat, unlink } from "node:fs/promises";
 import { join } from "node:path";
 import { MemsnapError, destinationError } from "../errors.js";
 import { readLayout, tempPathFor } from "../format/container.js";
-import { checkSeal, ID_PATTERN, parseManifest, type Manifest } from "../format/manifest.js";
+import { basesOf, checkSeal, ID_PATTERN, parseManifest, type Manifest } from "../format/manifest.js";
 import { acquireLock } from "../restore/lock.js";
 import { commitRename, unlinkQuiet } from "../util/fs-atomic.js";
 import { isUlid } from "../util/ulid.js";
@@ -134,6 +134,15 @@ export async function deleteSnapshots(store: string, targets: StoredSnapshot[], 
         throw new MemsnapError("MEMSNAP_USAGE", `refusing to delete the last snapshot of ${tenant}/${agent}`, {
           hint: "pass --force to delete it anyway",
         });
+      }
+      // A base of a snapshot that stays holds bytes that snapshot cannot be restored without.
+      for (const s of survivors) {
+        const needed = basesOf(s.manifest).find((b) => doomed.has(b.snapshot_id));
+        if (needed && !opts.force) {
+          throw new MemsnapError("MEMSNAP_USAGE", `refusing to delete ${needed.snapshot_id}: the incremental snapshot ${s.id} references artifacts in it`, {
+            hint: `delete ${s.id} too, or pass --force (${s.id} can then no longer be restored)`,
+          });
+        }
       }
       for (const t of ts) {
         await unlink(t.path).catch((e: NodeJS.ErrnoException) => { if (e.code !== "ENOENT") throw e; });

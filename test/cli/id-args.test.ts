@@ -5,22 +5,16 @@
  * the store, an ambiguous prefix MEMSNAP_USAGE (exit 2); an in-place restore looks only among
  * its own agent's snapshots unless --as-agent.
  */
-import { spawnSync } from "node:child_process";
 import { copyFileSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { runCliSync } from "../helpers/cli.js";
 
-const BIN = new URL("../../bin/memsnap.js", import.meta.url).pathname;
 const work = mkdtempSync(join(tmpdir(), "memsnap-ids-"));
 afterAll(() => rmSync(work, { recursive: true, force: true }));
 
-function cli(args: string[], opts: { cwd?: string; env?: Record<string, string> } = {}) {
-  const env: NodeJS.ProcessEnv = { ...process.env, XDG_DATA_HOME: join(work, "xdg"), ...opts.env };
-  if (!opts.env?.MEMSNAP_STORE) delete env.MEMSNAP_STORE;
-  const r = spawnSync(process.execPath, [BIN, ...args], { encoding: "utf8", env, cwd: opts.cwd ?? work });
-  return { code: r.status, stdout: r.stdout, stderr: r.stderr };
-}
+const cli = (args: string[], opts: { cwd?: string; env?: Record<string, string> } = {}) => runCliSync(args, { cwd: opts.cwd ?? work, ...(opts.env ? { env: opts.env } : {}) });
 
 const store = join(work, "store");
 

@@ -5,22 +5,16 @@
  * live values; a note with --to and in the --dry-run plan; `redacted` in --json). Restores that
  * write no redacted artifact (an unredacted bundle, `--only` another layer) say nothing.
  */
-import { spawnSync } from "node:child_process";
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeEach, describe, expect, it } from "vitest";
+import { runCliSync } from "../helpers/cli.js";
 
-const BIN = new URL("../../bin/memsnap.js", import.meta.url).pathname;
 const work = mkdtempSync(join(tmpdir(), "memsnap-redacted-"));
 afterAll(() => rmSync(work, { recursive: true, force: true }));
 
-function cli(args: string[]) {
-  const env = { ...process.env };
-  delete env.MEMSNAP_STORE;
-  const r = spawnSync(process.execPath, [BIN, ...args], { encoding: "utf8", env });
-  return { code: r.status, stdout: r.stdout, stderr: r.stderr };
-}
+const cli = (args: string[]) => runCliSync(args, { cwd: work });
 
 const TOKEN = "ghp_" + "Zq7Rk2Lm9Xv4Tb8Nc3Wd6Hy1Pf5Gs0Ja2Ke4"; // GitHub token shape, not a real one
 

@@ -5,22 +5,16 @@
  * failing exit when any bundle fails: that failure's code when all failures share a class,
  * MEMSNAP_VERIFY_FAILED (exit 3) otherwise.
  */
-import { spawnSync } from "node:child_process";
 import { closeSync, cpSync, mkdirSync, mkdtempSync, openSync, readSync, rmSync, statSync, truncateSync, writeFileSync, writeSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { runCliSync } from "../helpers/cli.js";
 
-const BIN = new URL("../../bin/memsnap.js", import.meta.url).pathname;
 const work = mkdtempSync(join(tmpdir(), "memsnap-verify-many-"));
 afterAll(() => rmSync(work, { recursive: true, force: true }));
 
-function cli(args: string[]) {
-  const env: NodeJS.ProcessEnv = { ...process.env, XDG_DATA_HOME: join(work, "xdg") };
-  delete env.MEMSNAP_STORE;
-  const r = spawnSync(process.execPath, [BIN, ...args], { encoding: "utf8", env, cwd: work });
-  return { code: r.status, stdout: r.stdout, stderr: r.stderr };
-}
+const cli = (args: string[]) => runCliSync(args, { cwd: work });
 
 const store = join(work, "store");
 const key = join(work, "key.txt");
@@ -58,7 +52,7 @@ function flipPayloadByte(path: string): void {
   const at = 512 + 100;
   const b = Buffer.alloc(1);
   readSync(fd, b, 0, 1, at);
-  b[0] ^= 0xff;
+  b.writeUInt8(b.readUInt8(0) ^ 0xff, 0);
   writeSync(fd, b, 0, 1, at);
   closeSync(fd);
 }

@@ -6,7 +6,7 @@
 import { createHash } from "node:crypto";
 import { describe, expect, it } from "vitest";
 import {
-  checkSeal, computeSeal, encodeIndex, encodeManifest, indexHash, MANIFEST_VERSION, parseManifest, type Manifest,
+  basesOf, checkSeal, computeSeal, encodeIndex, encodeManifest, indexHash, MANIFEST_VERSION, parseManifest, referencedIn, refOf, type Manifest,
 } from "../../src/format/manifest.js";
 import { canonicalJson } from "../../src/util/canonical-json.js";
 import { isMemsnapError, type ErrorCode } from "../../src/errors.js";
@@ -198,5 +198,48 @@ describe("parseManifest", () => {
       edit(m);
       expectParse(m, "MEMSNAP_MANIFEST_CORRUPT");
     }
+  });
+});
+
+describe("manifest_version 2: bases and references", () => {
+  const BASE = { snapshot_id: "01HYYYYYYYYYYYYYYYYYYYYYYY", seal: `sha256:${H("base")}` };
+  function v2(edit: (m: Record<string, any>) => void = () => undefined): Record<string, any> {
+    const m = structuredClone(sample()) as unknown as Record<string, any>;
+    m.manifest_version = 2;
+    m.bases = [BASE];
+    m.layers[0].referenced = 1;
+    m.index[0].ref = BASE.snapshot_id;
+    edit(m);
+    return m;
+  }
+
+  it("a well-formed incremental manifest parses; basesOf, referencedIn and refOf read it", () => {
+    expectParse(v2(), null);
+    const m = parseManifest(Buffer.from(JSON.stringify(v2())));
+    expect(basesOf(m)).toEqual([BASE]);
+    expect(referencedIn(m, m.layers[0]!)).toBe(1);
+    expect(refOf(m, m.index![0]!)).toBe(BASE.snapshot_id);
+    expect(refOf(m, m.index![1]!)).toBeUndefined();
+  });
+
+  it("malformed bases, references and counts → MEMSNAP_MANIFEST_CORRUPT", () => {
+    expectParse(v2((m) => { m.bases = {}; }), "MEMSNAP_MANIFEST_CORRUPT", /bases/);
+    expectParse(v2((m) => { m.bases = [{ snapshot_id: "../../etc/passwd", seal: BASE.seal }]; }), "MEMSNAP_MANIFEST_CORRUPT", /base/);
+    expectParse(v2((m) => { m.bases = [{ snapshot_id: BASE.snapshot_id, seal: "sha256:nothex" }]; }), "MEMSNAP_MANIFEST_CORRUPT", /base/);
+    expectParse(v2((m) => { m.bases = [BASE, BASE]; }), "MEMSNAP_MANIFEST_CORRUPT", /twice/);
+    expectParse(v2((m) => { m.bases = [{ ...BASE, snapshot_id: m.snapshot_id }]; }), "MEMSNAP_MANIFEST_CORRUPT", /itself/);
+    expectParse(v2((m) => { m.index[1].ref = "01HXXXXXXXXXXXXXXXXXXXXXXX"; }), "MEMSNAP_MANIFEST_CORRUPT", /not a base/);
+    expectParse(v2((m) => { m.layers[0].referenced = 2; }), "MEMSNAP_MANIFEST_CORRUPT", /referenced/);
+    expectParse(v2((m) => { m.layers[0].referenced = -1; }), "MEMSNAP_MANIFEST_CORRUPT", /referenced/);
+  });
+
+  it("in a version-1 manifest the same keys are unknown keys: kept (the seal covers them), never acted on", () => {
+    const m = v2((x) => { x.manifest_version = 1; x.index[0].ref = "not even an id"; });
+    expectParse(m, null);
+    const p = parseManifest(Buffer.from(JSON.stringify(m)));
+    expect(basesOf(p)).toEqual([]);
+    expect(referencedIn(p, p.layers[0]!)).toBe(0);
+    expect(refOf(p, p.index![0]!)).toBeUndefined();
+    expect((p as unknown as Record<string, unknown>).bases).toEqual([BASE]);
   });
 });

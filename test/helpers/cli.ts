@@ -5,7 +5,7 @@
  * left behind; hash trees; and take bundles apart and put them back together (for the
  * bad-bundle tests) without going through memsnap's own writer.
  */
-import { spawn, type ChildProcess } from "node:child_process";
+import { spawn, spawnSync, type ChildProcess } from "node:child_process";
 import { createHash } from "node:crypto";
 import {
   existsSync, lstatSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync,
@@ -93,6 +93,13 @@ export function startCli(args: string[], opts: CliOptions = {}): { child: ChildP
 /** Run `memsnap …args` and wait for it. */
 export function runCli(args: string[], opts: CliOptions = {}): Promise<CliResult> {
   return startCli(args, opts).done;
+}
+
+/** Run `memsnap …args` synchronously (same environment as {@link runCli}). */
+export function runCliSync(args: string[], opts: CliOptions = {}): CliResult {
+  const cwd = opts.cwd ?? tempDir();
+  const r = spawnSync(process.execPath, [BIN, ...args], { cwd, env: cliEnv(cwd, opts.env), encoding: "utf8", input: opts.input ?? "", timeout: opts.timeoutMs ?? 60_000 });
+  return { code: r.status, signal: r.signal, stdout: r.stdout, stderr: r.stderr };
 }
 
 /** Parse the one JSON object a `--json` command printed on stdout. */

@@ -133,6 +133,27 @@ describe("schedule", () => {
     const c = cli(["schedule", ...cfg, "--cron", "*/15 * * * *", "--keep-last", "3", "--print", "cron"]);
     expect(c.code, c.stderr).toBe(0);
     expect(c.stdout).toMatch(/^\*\/15 \* \* \* \* .* snapshot -c .* && .* prune -c .* --keep-last 3/m);
+    const i = cli(["schedule", ...cfg, "--every", "1h", "--incremental", "--keep-last", "3", "--print", "systemd"]);
+    expect(i.stdout).toMatch(/ExecStart=.* schedule -c .*memsnap\.json --every 1h --incremental --keep-last 3/);
+    const ic = cli(["schedule", ...cfg, "--every", "1h", "--incremental", "--print", "cron"]);
+    expect(ic.stdout).toMatch(/ snapshot -c .* --incremental /);
+  });
+
+  it("--incremental: the ticks after the first reference the unchanged files, and pruning keeps their bases", async () => {
+    const store = join(work, "inc-schedule-store");
+    const child = spawnSync(process.execPath, [BIN, "schedule", ...cfg, "--store", store, "--every", "100ms", "--max-runs", "3", "--incremental", "--keep-last", "1"], { cwd: work, encoding: "utf8" });
+    expect(child.status, child.stderr).toBe(0);
+    const events = child.stdout.trim().split("\n").map((l) => JSON.parse(l) as Record<string, unknown>);
+    const snaps = events.filter((e) => e.event === "snapshot");
+    expect(snaps).toHaveLength(3);
+    expect(snaps[0]!.referenced).toBe(0);
+    expect(snaps[1]!.referenced).toBeGreaterThan(0);
+    expect(snaps[2]!.bases).toEqual([snaps[0]!.snapshot_id]); // nothing changed: still the first one's bytes
+    // keep-last 1 keeps the newest and, as its base, the first
+    const left = readdirSync(join(store, "default", "ops")).filter((n) => /^[0-9A-Z]{26}\.memsnap$/.test(n)).sort();
+    expect(left).toEqual([`${String(snaps[0]!.snapshot_id)}.memsnap`, `${String(snaps[2]!.snapshot_id)}.memsnap`]);
+    const v = cli(["verify", join(store, "default", "ops", left[1]!)]);
+    expect(v.code, v.stderr).toBe(0);
   });
 
   it("runs as a service at a fast interval, never overlaps itself, prunes, logs JSON lines, and stops cleanly on SIGTERM", async () => {

@@ -1,5 +1,5 @@
 import type { Command } from "commander";
-import { checkSeal, listSome, parseManifest, readLayout, summarizeRedaction } from "../../index.js";
+import { basesOf, checkSeal, listSome, parseManifest, readLayout, referencedIn, summarizeRedaction } from "../../index.js";
 import { fmtBytes, printJson } from "../output.js";
 import { bundleArg, defaultStore, type GlobalOpts } from "../common.js";
 
@@ -34,12 +34,14 @@ Examples:
         `agent      ${m.tenant}/${m.agent}`,
         `label      ${m.label ?? "-"}`,
         `parent     ${m.parent ?? "-"}`,
+        ...(basesOf(m).length ? [`bases      ${basesOf(m).map((b) => b.snapshot_id).join(", ")} (incremental: needs them beside it to restore)`] : []),
         `format     ${m.format} manifest v${m.manifest_version}, seal ${sealOk ? "ok" : "MISMATCH"}`,
         `payload    ${m.payload.member}: ${fmtBytes(m.payload.stored_size)} stored, ${fmtBytes(m.payload.bytes)} in ${m.payload.artifacts} artifacts, zstd ${m.payload.compression.level}`,
         `encryption ${enc}`,
         `signature  ${m.signature ? `${String((m.signature as { key_id?: unknown }).key_id)} (verify --trust to check it)` : "unsigned"}`,
         `layers`,
-        ...m.layers.map((l) => `  ${l.name.padEnd(16)} ${l.kind.padEnd(8)} v${l.schema_version}  ${String(l.artifacts).padStart(7)} artifacts  ${fmtBytes(l.bytes)}`),
+        ...m.layers.map((l) => `  ${l.name.padEnd(16)} ${l.kind.padEnd(8)} v${l.schema_version}  ${String(l.artifacts).padStart(7)} artifacts  ${fmtBytes(l.bytes)}` +
+          (referencedIn(m, l) ? `  (${referencedIn(m, l)} referenced in bases)` : "")),
         `redaction  ${redactionLine(m.redaction)}`,
       ];
       if (m.index === undefined) lines.push("index      encrypted (in the payload; the manifest keeps only its hash)");

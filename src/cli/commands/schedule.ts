@@ -14,12 +14,14 @@ export function registerSchedule(program: Command, _global: () => GlobalOpts): v
     .option("--missed <policy>", "after sleeping past runs: run-once (one snapshot at wake-up) or skip", "run-once")
     .option("--store <dir>", "store directory")
     .option("--max-runs <n>", "stop after n runs")
+    .option("--incremental", "take incremental snapshots: unchanged artifacts become references to earlier bundles (pruning keeps those)")
     .option("--print <kind>", "print unit files for the host's scheduler instead: systemd or cron"))
     .addHelpText("after", `
 Examples:
   $ memsnap schedule -c agent/memsnap.json --every 1h --jitter 5m --keep-last 24 --keep-daily 7
   $ memsnap schedule -c agent/memsnap.json --cron "*/15 * * * *" --keep-within 48h
-  $ memsnap schedule -c agent/memsnap.json --every 1h --keep-daily 7 --print systemd`)
+  $ memsnap schedule -c agent/memsnap.json --every 1h --keep-daily 7 --print systemd
+  $ memsnap schedule -c agent/memsnap.json --every 15m --incremental --keep-last 96`)
     .action(async (o: Record<string, string | string[] | undefined> & { config: string; every?: string; cron?: string; jitter: string; missed: string; store?: string; maxRuns?: string; print?: string }) => {
       if (!!o.every === !!o.cron) throw new MemsnapError("MEMSNAP_USAGE", "give exactly one of --every and --cron", { hint: "e.g. --every 1h" });
       if (o.missed !== "run-once" && o.missed !== "skip") throw new MemsnapError("MEMSNAP_USAGE", "--missed must be run-once or skip");
@@ -33,7 +35,7 @@ Examples:
         const pruneArgs = process.argv.slice(2).filter((a, i, all) => /^--keep-/.test(a) || /^--keep-/.test(all[i - 1] ?? ""));
         process.stdout.write(printUnits(o.print, {
           bin: `${process.execPath} ${resolve(process.argv[1] ?? "memsnap")}`, configPath: config.file ?? resolve(o.config),
-          ...(o.every ? { every: o.every } : {}), ...(o.cron ? { cron: o.cron } : {}), pruneArgs, agent: config.agent,
+          ...(o.every ? { every: o.every } : {}), ...(o.cron ? { cron: o.cron } : {}), pruneArgs, agent: config.agent, ...(o.incremental ? { incremental: true } : {}),
         }));
         return;
       }
@@ -47,7 +49,7 @@ Examples:
         await runSchedule({
           config, store: resolveStore(o.store, config.store), ...(everyMs !== undefined ? { everyMs } : {}), ...(cron ? { cron } : {}),
           jitterMs: parseDuration(o.jitter), missed: o.missed, retention,
-          ...(o.maxRuns ? { maxRuns: Number(o.maxRuns) } : {}), signal: ac.signal,
+          ...(o.maxRuns ? { maxRuns: Number(o.maxRuns) } : {}), ...(o.incremental ? { incremental: true } : {}), signal: ac.signal,
           log: (e) => process.stdout.write(JSON.stringify({ ts: new Date().toISOString(), ...e }) + "\n"),
         });
       } finally {

@@ -4,6 +4,7 @@ import { fmtBytes, fmtRate, printJson, Progress } from "../output.js";
 import { collect, errorJson, hook, type GlobalOpts, withAbort } from "../common.js";
 
 interface SnapshotOpts {
+  incremental?: boolean;
   config: string;
   out?: string;
   store?: string;
@@ -38,11 +39,13 @@ export function registerSnapshot(program: Command, global: () => GlobalOpts): vo
     .option("--wait <duration>", "wait this long for the agent's lock (e.g. 30s) instead of failing at once")
     .option("--allow-unredacted", "write a plaintext bundle even if secrets were found in content that cannot be redacted")
     .option("--allow-plaintext-memory", "write a plaintext bundle even with a criu layer (process memory cannot be redacted)")
+    .option("--incremental", "reference the artifacts unchanged since the last --incremental snapshot (in the store) instead of storing them again")
     .addHelpText("after", `
 Examples:
   $ memsnap snapshot --config agent/memsnap.json
   $ memsnap snapshot -c memsnap.json -r age1... --label nightly
-  $ memsnap snapshot -c memsnap.json --out /backups/agent.memsnap --json`)
+  $ memsnap snapshot -c memsnap.json --out /backups/agent.memsnap --json
+  $ memsnap snapshot -c memsnap.json --incremental     # unchanged files and KV pages: references to earlier bundles`)
     .action(async (o: SnapshotOpts) => {
       const g = global();
       const config = await loadConfig(o.config);
@@ -79,6 +82,7 @@ Examples:
         ...(o.allowPlaintextMemory ? { allowPlaintextMemory: true } : {}),
         ...(o.wait ? { lock: { waitMs: parseDuration(o.wait) } } : {}),
         ...(signKey ? { signKey } : {}),
+        ...(o.incremental ? { incremental: true } : {}),
         signal,
         onProgress: (p) => progress.update(p.bytes, p.totalBytes),
         }));
@@ -100,6 +104,12 @@ Examples:
           encrypted: m.payload.encryption !== null, signed: m.signature !== undefined, duration_ms: Math.round(r.durationMs),
           mb_per_s: Number((r.inputBytes / 1e6 / (r.durationMs / 1000)).toFixed(1)),
           redaction: redactionStats(m.redaction, r.redactionMs),
+          ...(r.incremental ? {
+            incremental: {
+              referenced: r.incremental.referenced, referenced_bytes: r.incremental.referencedBytes, bases: r.incremental.bases,
+              reason: r.incremental.reason, ...(r.incremental.cacheError ? { cache_error: r.incremental.cacheError } : {}),
+            },
+          } : {}),
         });
         return;
       }
@@ -109,8 +119,14 @@ Examples:
         `  path     ${r.path}\n` +
         `  input    ${fmtBytes(r.inputBytes)} in ${m.payload.artifacts} artifacts, ${m.layers.length} layer(s)\n` +
         `  bundle   ${fmtBytes(r.bundleBytes)} (zstd ${m.payload.compression.level}, ${enc})\n` +
-        `  time     ${(r.durationMs / 1000).toFixed(2)} s (${fmtRate(r.inputBytes, r.durationMs)})\n`,
+        `  time     ${(r.durationMs / 1000).toFixed(2)} s (${fmtRate(r.inputBytes, r.durationMs)})\n` +
+        (r.incremental
+          ? `  refs     ${r.incremental.referenced
+            ? `${r.incremental.referenced} unchanged artifact(s), ${fmtBytes(r.incremental.referencedBytes)}, referenced in ${r.incremental.bases.join(", ")}`
+            : `none: ${r.incremental.reason ?? "nothing was unchanged"} (a full snapshot; the next --incremental one builds on it)`}\n`
+          : ""),
       );
+      if (r.incremental?.cacheError) process.stderr.write(`memsnap: warning: the incremental cache was not written (${r.incremental.cacheError}); the next --incremental snapshot builds on an earlier one\n`);
     });
 }
 

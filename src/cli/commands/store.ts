@@ -1,7 +1,8 @@
 import type { Command } from "commander";
 import { existsSync } from "node:fs";
+import { dirname, join } from "node:path";
 import {
-  deleteSnapshots, diffSnapshots, exportSnapshot, findSnapshot, listSnapshots, loadConfig, loadIdentities,
+  basesOf, deleteSnapshots, diffSnapshots, exportSnapshot, findSnapshot, listSnapshots, loadConfig, loadIdentities, MemsnapError,
   loadPassphrase, parseDuration, pruneStore, resolveStore, type MemsnapConfig, type RetentionPolicy,
 } from "../../index.js";
 import { fmtBytes, printJson } from "../output.js";
@@ -117,14 +118,35 @@ Examples:
       process.stdout.write(out.join("\n") + "\n");
     });
 
-  storeOptions(program.command("export <id>").description("copy a snapshot out of the store"))
+  storeOptions(program.command("export <id>").description("copy a snapshot out of the store (an incremental one with its bases)"))
     .requiredOption("--to <path>", "destination file (must not exist)")
     .action(async (id: string, o: StoreOpts & { to: string }) => {
       const { store, filter } = await context(o);
       const s = await findSnapshot(store, id, filter);
+      // An incremental snapshot is restorable only with its bases beside it: they are copied
+      // next to the destination under their own names (one already there must be the same bundle).
+      const bases: { id: string; path: string; copied: boolean }[] = [];
+      for (const b of basesOf(s.manifest)) {
+        const to = join(dirname(o.to), `${b.snapshot_id}.memsnap`);
+        if (existsSync(to)) {
+          const there = await findSnapshot(store, to);
+          if (there.manifest.seal !== b.seal) {
+            throw new MemsnapError("MEMSNAP_DEST_EXISTS", `${to} exists and is not the base ${b.snapshot_id} that ${s.id} references`, {
+              path: to, hint: "export into another directory",
+            });
+          }
+          bases.push({ id: b.snapshot_id, path: to, copied: false });
+          continue;
+        }
+        bases.push({ id: b.snapshot_id, path: to, copied: true });
+      }
       await exportSnapshot(s, o.to);
-      if (global().json) printJson({ ok: true, id: s.id, path: o.to, size: s.size });
-      else process.stdout.write(`exported ${s.id} to ${o.to} (${fmtBytes(s.size)})\n`);
+      for (const b of bases) if (b.copied) await exportSnapshot(await findSnapshot(store, b.id, filter), b.path);
+      if (global().json) printJson({ ok: true, id: s.id, path: o.to, size: s.size, bases: bases.map((b) => ({ id: b.id, path: b.path })) });
+      else {
+        process.stdout.write(`exported ${s.id} to ${o.to} (${fmtBytes(s.size)})\n`);
+        for (const b of bases) process.stdout.write(`  base ${b.id} ${b.copied ? "copied to" : "already at"} ${b.path}\n`);
+      }
     });
 
   storeOptions(program.command("delete <id...>").description("delete snapshots (never an agent's last one without --force)"))

@@ -1,0 +1,353 @@
+/**
+ * Incremental snapshots: artifacts unchanged since the last incremental snapshot are referenced,
+ * not read, compressed or stored again.
+ *
+ * After an incremental snapshot commits, a cache of its artifacts is written beside the agent
+ * (`<agent dir>/.memsnap/incremental-<tenant>-<agent>.jsonl`, mode 0600: it holds artifact
+ * paths and hashes, as sensitive as the agent's own files, so it never goes into the store):
+ * one JSON header line, then per artifact that has a fingerprint one tab-separated line: its
+ * payload path (a JSON string), kind, stored size, SHA-256, the bundle that holds its bytes
+ * (this one, or the base this one referenced it from: references never chain) and the
+ * source's fingerprint (Artifact.fingerprint: device, inode, size, mtime and ctime of the file
+ * read; empty for an unshuffled KV page, whose fingerprint follows from its digest and size).
+ *
+ * The next incremental snapshot loads it and references an artifact when its path, kind, size
+ * and fingerprint match, as long as the bundle holding the bytes is still in the store with the
+ * seal the cache recorded, the encryption is the same (same age recipients, or both plaintext;
+ * never with a passphrase, which cannot be compared), and so are the redaction settings and the
+ * memsnap version (redacted bytes are a function of both). Anything else is packed as usual.
+ */
+import { createHash } from "node:crypto";
+import { closeSync, openSync, readSync } from "node:fs";
+import { mkdir, open, readdir, rename, rm } from "node:fs/promises";
+import { basename, dirname, join } from "node:path";
+import { readLayout } from "../format/container.js";
+import { parseManifest, checkSeal, type BaseRef, type IndexEntry, type Manifest } from "../format/manifest.js";
+import type { RuleCounts } from "../redact/types.js";
+import type { Artifact } from "../sources/types.js";
+import { pidAlive } from "../store/orphans.js";
+import { canonicalJson } from "../util/canonical-json.js";
+import { collectNow } from "../util/gc.js";
+import { TOOL_VERSION } from "../version.js";
+
+const FORMAT = "memsnap-incremental-cache";
+const VERSION = 2;
+
+/** The fingerprint the KV source gives an unshuffled page (sources/kv.ts): left out of the cache's memory image. */
+export function kvPageFingerprint(sha256: string, size: number): string {
+  return `kv-page:${sha256}:1:${size}`;
+}
+
+/** What must be equal for the last snapshot's bytes to stand for this one's. */
+export interface IncrementalKey {
+  tenant: string;
+  agent: string;
+  /** `none`, or the sorted age recipient fingerprints. */
+  encryption: string;
+  /** The redaction settings in force (or `off`), and the memsnap version. */
+  redaction: string;
+}
+
+/** The key for a snapshot's settings (null when references are not allowed: a passphrase). */
+export function incrementalKey(tenant: string, agent: string, recipientFingerprints: string[] | null, redaction: unknown): IncrementalKey | null {
+  if (recipientFingerprints === null) return null;
+  const encryption = recipientFingerprints.length ? [...recipientFingerprints].sort().join(",") : "none";
+  const r = createHash("sha256").update(canonicalJson({ redaction: redaction ?? "off", tool: TOOL_VERSION })).digest("hex");
+  return { tenant, agent, encryption, redaction: r };
+}
+
+/** The cache file of an agent (in its base directory's `.memsnap`, beside the lock and the journal). */
+export function cachePath(baseDir: string, tenant: string, agent: string): string {
+  return join(baseDir, ".memsnap", `incremental-${tenant}-${agent}.jsonl`);
+}
+
+/**
+ * A copy of `s` that holds on to nothing else: a piece split from a chunk of the file is a
+ * slice of the whole chunk's string in V8, and kept, it would keep the chunk.
+ */
+const own = (s: string): string => Buffer.from(s, "utf8").toString("utf8");
+
+/** Bytes per artifact in the reference set's record buffer: SHA-256, size, base, kind. */
+const REC = 32 + 8 + 2 + 1;
+/** Cache file bytes read at a time: the text of a chunk stays a young-generation string (V8 puts strings over 128 KiB in large-object space, freed only by a full collection). */
+const READ_CHUNK = 64 * 1024;
+
+/** A reference decided for one artifact. */
+export interface Reference {
+  base: string;
+  size: number;
+  sha256: string;
+  redacted?: RuleCounts;
+}
+
+/**
+ * The last incremental snapshot's artifacts, restricted to those whose bytes are in a bundle
+ * still present in `storeDir` with the recorded seal. Empty when there is no cache or it does
+ * not match `key` (then the snapshot is a full one and writes the first cache).
+ *
+ * Held compactly (tens of thousands of KV pages at scale 10): per path one string,
+ * `<kind index>,<size>,<base index>,<sha256 as 32 latin1 characters><fingerprint>`, where the fingerprint is left out
+ * when it is the one an unshuffled KV page of that digest and size has. Each entry is dropped
+ * once matched (a path is packed once per snapshot), so the set shrinks as the snapshot runs.
+ */
+export class ReferenceSet {
+  /** Payload path → entry number. */
+  readonly #byPath = new Map<string, number>();
+  /** Per entry REC bytes: SHA-256, size (float64), base index (u16), kind index (u8). */
+  #rec = Buffer.alloc(0);
+  /** Per entry the fingerprint, or undefined where it is an unshuffled KV page's (derived). */
+  readonly #fps: (string | undefined)[] = [];
+  readonly #kinds: string[] = [];
+  readonly #ids: string[] = [];
+  readonly #bases = new Map<string, string>(); // id → seal, of bundles present
+  readonly #manifests = new Map<string, Manifest>();
+  readonly #used = new Set<string>();
+  readonly #redacted = new Map<string, RuleCounts>();
+  /** Why nothing could be referenced, when that is so (for the snapshot's report). */
+  reason: string | null = null;
+  /** The snapshot the cache was written by. */
+  from: string | null = null;
+
+  static empty(reason: string): ReferenceSet {
+    const r = new ReferenceSet();
+    r.reason = reason;
+    return r;
+  }
+
+  /**
+   * Read the cache a chunk at a time into the compact form above: no object per artifact, so
+   * loading tens of thousands of them leaves little garbage behind (a JSON object per line grew
+   * the heap by ~35 MiB at scale 10).
+   */
+  static async load(file: string, key: IncrementalKey, storeDir: string): Promise<ReferenceSet> {
+    const out = new ReferenceSet();
+    let header: Record<string, unknown> | null = null;
+    const seals = new Map<string, string>();
+    let redacted: Record<string, unknown> = {};
+    const kindIdx = new Map<string, number>();
+    const idIdx = new Map<string, number>();
+    let n = 0;
+    const entry = (line: string): void => {
+      const t = line.split("\t");
+      if (t.length !== 6) return;
+      const [pj, kind, size, sha, base, fp] = t as [string, string, string, string, string, string];
+      if (!seals.has(base) || !/^[0-9a-f]{64}$/.test(sha) || !/^\d+$/.test(size)) return;
+      let path: unknown;
+      try {
+        path = JSON.parse(pj);
+      } catch {
+        return;
+      }
+      if (typeof path !== "string") return;
+      let k = kindIdx.get(kind);
+      if (k === undefined) kindIdx.set(kind, (k = out.#kinds.push(own(kind)) - 1));
+      let b = idIdx.get(base);
+      if (b === undefined) idIdx.set(base, (b = out.#ids.push(own(base)) - 1));
+      if ((n + 1) * REC > out.#rec.length) {
+        const grown = Buffer.alloc(Math.max(64 * REC, out.#rec.length * 2));
+        out.#rec.copy(grown);
+        out.#rec = grown;
+      }
+      const at = n * REC;
+      out.#rec.write(sha, at, "hex");
+      out.#rec.writeDoubleLE(Number(size), at + 32);
+      out.#rec.writeUInt16LE(b, at + 40);
+      out.#rec.writeUInt8(k, at + 42);
+      out.#fps[n] = fp === "" ? undefined : own(fp);
+      out.#byPath.set(path, n);
+      const r = redacted[path];
+      if (r !== null && typeof r === "object") out.#redacted.set(path, r as RuleCounts);
+      n++;
+    };
+    let fd: number;
+    try {
+      fd = openSync(file, "r");
+    } catch (e) {
+      if ((e as NodeJS.ErrnoException).code === "ENOENT") return ReferenceSet.empty("no earlier incremental snapshot of this agent");
+      return ReferenceSet.empty(`the incremental cache is unreadable (${(e as Error).message})`);
+    }
+    try {
+      const buf = Buffer.allocUnsafe(READ_CHUNK);
+      let carry = "";
+      for (;;) {
+        const got = readSync(fd, buf, 0, buf.length, null);
+        const text = carry + buf.toString("utf8", 0, got);
+        const lines = text.split("\n");
+        carry = got === 0 ? "" : lines.pop()!;
+        for (const line of lines) {
+          if (!line) continue;
+          if (header) {
+            entry(line);
+            continue;
+          }
+          const v = JSON.parse(line) as Record<string, unknown>;
+          header = v;
+          if (v.format !== FORMAT || v.version !== VERSION) return ReferenceSet.empty("the incremental cache is of another format");
+          if (v.tenant !== key.tenant || v.agent !== key.agent) return ReferenceSet.empty("the incremental cache is another agent's");
+          if (v.encryption !== key.encryption) return ReferenceSet.empty("the last incremental snapshot was encrypted differently");
+          if (v.redaction !== key.redaction) return ReferenceSet.empty("the redaction settings or the memsnap version changed");
+          for (const [id, seal] of Object.entries((v.bundles ?? {}) as Record<string, unknown>)) if (typeof seal === "string") seals.set(id, seal);
+          out.from = typeof v.snapshot_id === "string" ? v.snapshot_id : null;
+          if (v.redacted !== null && typeof v.redacted === "object") redacted = v.redacted as Record<string, unknown>;
+        }
+        if (got === 0) break;
+      }
+    } catch (e) {
+      return ReferenceSet.empty(`the incremental cache is unreadable (${(e as Error).message})`);
+    } finally {
+      closeSync(fd);
+    }
+    if (!header) return ReferenceSet.empty("the incremental cache is empty");
+    // A base must still be in the store, whole and sealed as recorded (the manifest alone:
+    // restore and verify check its payload).
+    for (const [id, seal] of seals) {
+      try {
+        const m = parseManifest((await readLayout(join(storeDir, `${id}.memsnap`))).manifestBytes);
+        if (m.snapshot_id === id && m.seal === seal && checkSeal(m) && m.tenant === key.tenant && m.agent === key.agent) {
+          out.#bases.set(id, seal);
+          out.#manifests.set(id, { ...m, index: [] }); // the layers' meta is what is kept (a plaintext one's index can be large)
+        }
+      } catch {
+        // pruned or damaged: its artifacts are packed again
+      }
+    }
+    const gone = new Set(out.#ids.map((id, i) => (out.#bases.has(id) ? -1 : i)).filter((i) => i >= 0));
+    if (gone.size) for (const [p, i] of out.#byPath) if (gone.has(out.#rec.readUInt16LE(i * REC + 40))) out.#byPath.delete(p);
+    if (!out.#byPath.size) out.reason = "the bundles of the last incremental snapshot are no longer in the store";
+    collectNow("major"); // what the parse left goes now, before the captures' own peaks
+    return out;
+  }
+
+  #decode(i: number): { kind: string; size: number; base: number; sha256: string; fingerprint: string } {
+    const at = i * REC;
+    const sha256 = this.#rec.toString("hex", at, at + 32);
+    const size = this.#rec.readDoubleLE(at + 32);
+    return {
+      kind: this.#kinds[this.#rec.readUInt8(at + 42)]!, size, base: this.#rec.readUInt16LE(at + 40), sha256,
+      fingerprint: this.#fps[i] ?? kvPageFingerprint(sha256, size),
+    };
+  }
+
+  get size(): number {
+    return this.#byPath.size;
+  }
+
+  /** The reference for `a` (at payload path `path`), or null when it must be packed. */
+  match(path: string, a: Artifact): Reference | null {
+    if (a.fingerprint === undefined) return null;
+    const i = this.#byPath.get(path);
+    if (i === undefined) return null;
+    const e = this.#decode(i);
+    if (e.fingerprint !== a.fingerprint || e.kind !== a.kind) return null;
+    // A stored size differs from the source's only where redaction rewrote the text.
+    if (!a.text && e.size !== a.size) return null;
+    this.#byPath.delete(path);
+    const base = this.#ids[e.base]!;
+    this.#used.add(base);
+    const r = this.#redacted.get(path);
+    return { base, size: e.size, sha256: e.sha256, ...(r ? { redacted: r } : {}) };
+  }
+
+  /**
+   * For a source (CaptureContext.unchanged): the layer meta of the bundle holding the artifact
+   * at `path`, when one with this fingerprint and kind will be referenced; null otherwise.
+   */
+  unchanged(path: string, fingerprint: string, kind: string): Record<string, unknown> | null {
+    const i = this.#byPath.get(path);
+    if (i === undefined) return null;
+    const e = this.#decode(i);
+    if (e.fingerprint !== fingerprint || e.kind !== kind) return null;
+    const layer = path.slice(0, path.indexOf("/"));
+    return this.#manifests.get(this.#ids[e.base]!)?.layers.find((l) => l.name === layer)?.meta ?? null;
+  }
+
+  /** The bases referenced so far, for the manifest. */
+  bases(): BaseRef[] {
+    return [...this.#used].sort().map((id) => ({ snapshot_id: id, seal: this.#bases.get(id)! }));
+  }
+}
+
+/**
+ * Writes the cache of a snapshot as its artifacts pack (to a temp file beside the cache), then
+ * puts it in place once the bundle is committed; dropped otherwise.
+ */
+export class CacheWriter {
+  readonly #tmp: string;
+  #fh: Awaited<ReturnType<typeof open>> | null = null;
+  #lines: string[] = [];
+  #pending = 0;
+  #flushing: Promise<void> = Promise.resolve();
+
+  constructor(readonly file: string) {
+    this.#tmp = `${file}.tmp-${process.pid}`;
+  }
+
+  async start(): Promise<void> {
+    const dir = dirname(this.file);
+    await mkdir(dir, { recursive: true, mode: 0o700 });
+    // A snapshot killed before its commit left its temp files: remove those of dead processes.
+    const stem = basename(this.file);
+    for (const n of await readdir(dir).catch(() => [] as string[])) {
+      const m = n.startsWith(stem) ? /\.(?:tmp|new)-(\d+)$/.exec(n) : null;
+      if (m && !pidAlive(Number(m[1]))) await rm(join(dir, n), { force: true });
+    }
+    this.#fh = await open(this.#tmp, "w", 0o600);
+  }
+
+  /** Record one artifact: packed here (`base` = this snapshot) or referenced. */
+  add(e: IndexEntry, fingerprint: string | undefined, holder: string): void {
+    if (fingerprint === undefined || /[\t\n]/.test(fingerprint) || /[\t\n]/.test(e.kind)) return; // never referenced
+    const fp = fingerprint === kvPageFingerprint(e.sha256, e.size) ? "" : fingerprint;
+    this.#lines.push(`${JSON.stringify(e.path)}\t${e.kind}\t${e.size}\t${e.sha256}\t${holder}\t${fp}`);
+    this.#pending += this.#lines[this.#lines.length - 1]!.length;
+    if (this.#pending >= 1 << 18) this.#flush();
+  }
+
+  #flush(): void {
+    const text = this.#lines.join("\n") + "\n";
+    this.#lines = [];
+    this.#pending = 0;
+    const fh = this.#fh!;
+    this.#flushing = this.#flushing.then(async () => { await fh.write(text); });
+  }
+
+  /**
+   * Write the header (known only at the end: the bundles that hold the bytes, with their seals,
+   * and the redaction report's counts per artifact) and put the cache in place.
+   */
+  async commit(snapshotId: string, key: IncrementalKey, bundles: Record<string, string>, redacted: Record<string, RuleCounts>): Promise<void> {
+    if (this.#lines.length) this.#flush();
+    await this.#flushing;
+    const body = this.#fh!;
+    await body.close();
+    this.#fh = null;
+    const header = JSON.stringify({ format: FORMAT, version: VERSION, snapshot_id: snapshotId, ...key, bundles, redacted }) + "\n";
+    const out = await open(`${this.file}.new-${process.pid}`, "w", 0o600);
+    try {
+      await out.write(header);
+      const src = await open(this.#tmp, "r");
+      try {
+        const buf = Buffer.allocUnsafe(1 << 20);
+        for (;;) {
+          const { bytesRead } = await src.read(buf, 0, buf.length, null);
+          if (!bytesRead) break;
+          await out.write(buf.subarray(0, bytesRead));
+        }
+      } finally {
+        await src.close();
+      }
+      await out.sync();
+    } finally {
+      await out.close();
+    }
+    await rename(`${this.file}.new-${process.pid}`, this.file);
+    await rm(this.#tmp, { force: true });
+  }
+
+  async abort(): Promise<void> {
+    await this.#flushing.catch(() => undefined);
+    await this.#fh?.close().catch(() => undefined);
+    await rm(this.#tmp, { force: true });
+    await rm(`${this.file}.new-${process.pid}`, { force: true });
+  }
+}

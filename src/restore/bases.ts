@@ -1,0 +1,179 @@
+/**
+ * Restoring and verifying an incremental bundle (manifest_version 2): the artifacts it references
+ * are read from its bases, the bundles beside it that hold their bytes.
+ *
+ * A base is found by id in the bundle's own directory and must be the bundle the reference was
+ * made against: its seal equal to the one recorded in `bases`, the same tenant and agent. Its
+ * payload is read whole and checked against its own index as any payload is (every entry's
+ * size and SHA-256, the payload hash, the index binding), and each referenced artifact must be
+ * one of its entries with the size and SHA-256 the referencing index records. Only the
+ * referenced entries are written; the others are hashed and dropped.
+ */
+import { dirname, join } from "node:path";
+import { MemsnapError } from "../errors.js";
+import { readLayout, type BundleLayout } from "../format/container.js";
+import { basesOf, checkSeal, parseManifest, referencedIn, type IndexEntry, type Manifest } from "../format/manifest.js";
+import type { EntryTable } from "../pipeline/entry-table.js";
+import type { Keys } from "../pipeline/read-payload.js";
+import { extractPayload } from "./extract.js";
+import { checkManifest, checkManifestFindings } from "./preflight.js";
+
+export interface OpenBase {
+  id: string;
+  layout: BundleLayout;
+  manifest: Manifest;
+}
+
+/** Where a bundle's base `id` must be: beside it. */
+export function basePath(bundle: string, id: string): string {
+  return join(dirname(bundle), `${id}.memsnap`);
+}
+
+/**
+ * Open and check every base of `manifest` (the bundle at `bundle`): present, readable, sealed
+ * as recorded, the same agent. Throws MEMSNAP_BASE_MISSING or MEMSNAP_BASE_MISMATCH.
+ */
+export async function openBases(bundle: string, manifest: Manifest): Promise<OpenBase[]> {
+  const out: OpenBase[] = [];
+  for (const b of basesOf(manifest)) {
+    const path = basePath(bundle, b.snapshot_id);
+    let layout: BundleLayout;
+    try {
+      layout = await readLayout(path);
+    } catch (e) {
+      if ((e as { code?: string }).code === "MEMSNAP_SOURCE_MISSING") {
+        throw new MemsnapError("MEMSNAP_BASE_MISSING", `snapshot ${manifest.snapshot_id} is incremental and its base ${b.snapshot_id} is not beside it (${path})`, {
+          path, hint: "copy the base bundle next to it (memsnap export copies a snapshot with its bases), or restore another snapshot",
+        });
+      }
+      throw e;
+    }
+    const m = parseManifest(layout.manifestBytes);
+    if (m.snapshot_id !== b.snapshot_id || m.seal !== b.seal || !checkSeal(m) || m.tenant !== manifest.tenant || m.agent !== manifest.agent) {
+      throw new MemsnapError("MEMSNAP_BASE_MISMATCH", `${path} is not the base snapshot ${manifest.snapshot_id} was taken against (its seal or agent differs)`, {
+        path, hint: "the base was replaced or damaged; restore another snapshot",
+      });
+    }
+    checkManifestFindings(checkManifest(m, layout));
+    out.push({ id: b.snapshot_id, layout, manifest: m });
+  }
+  return out;
+}
+
+/** The references an incremental bundle's index lists, by base (collected as its payload is read). */
+export class References {
+  readonly #byBase = new Map<string, Map<string, { size: number; sha256: string }>>();
+  count = 0;
+  bytes = 0;
+
+  /** Pass as extractPayload's / readPayload's `onRef`. */
+  readonly add = (a: IndexEntry): void => {
+    let m = this.#byBase.get(a.ref!);
+    if (!m) this.#byBase.set(a.ref!, (m = new Map()));
+    m.set(a.path, { size: a.size, sha256: a.sha256 });
+    this.count++;
+    this.bytes += a.size;
+  };
+
+  of(base: string): Map<string, { size: number; sha256: string }> | undefined {
+    return this.#byBase.get(base);
+  }
+
+  /** How many references each layer has. */
+  perLayer(): Map<string, number> {
+    const out = new Map<string, number>();
+    for (const m of this.#byBase.values()) {
+      for (const p of m.keys()) {
+        const l = p.slice(0, p.indexOf("/"));
+        out.set(l, (out.get(l) ?? 0) + 1);
+      }
+    }
+    return out;
+  }
+
+  /** Base ids that are referenced, and are not among `open`. */
+  unknown(open: OpenBase[]): string[] {
+    return [...this.#byBase.keys()].filter((id) => !open.some((b) => b.id === id));
+  }
+}
+
+export interface ReferencedOptions {
+  keys?: Keys;
+  signal?: AbortSignal;
+  onProgress?: (bytes: number) => void;
+  /** Record each referenced entry written (path → SHA-256) for materialize, as the bundle's own are. */
+  verified?: EntryTable;
+  /** Only these layers (a partial restore); others are not written. */
+  layers?: Set<string>;
+}
+
+/**
+ * Write every referenced artifact from its base into `rootFor(layer)`, each base read once and
+ * checked whole against its own index. Throws MEMSNAP_INDEX_MISMATCH (a reference its base does
+ * not hold), MEMSNAP_ARTIFACT_HASH_MISMATCH (held with other bytes), and the base's own errors.
+ */
+export async function extractReferenced(
+  bases: OpenBase[], refs: References, rootFor: (layer: string) => string | null, opts: ReferencedOptions = {},
+): Promise<void> {
+  const unknown = refs.unknown(bases);
+  if (unknown.length) {
+    throw new MemsnapError("MEMSNAP_INDEX_MISMATCH", `the index references ${unknown[0]}, which is not one of the bundle's bases`, {
+      hint: "the bundle is damaged or was altered; nothing was restored",
+    });
+  }
+  for (const base of bases) {
+    const wanted = refs.of(base.id);
+    if (!wanted) continue;
+    const layerOk = (layer: string): boolean => !opts.layers || opts.layers.has(layer);
+    const found = new Set<string>();
+    await extractPayload(base.layout, base.manifest, (layer) => (layerOk(layer) ? rootFor(layer) : null), {
+      ...(opts.keys ? { keys: opts.keys } : {}), ...(opts.signal ? { signal: opts.signal } : {}),
+      want: (name) => wanted.has(name), resumeSpools: true,
+      onEntry: (e) => {
+        const w = wanted.get(e.name);
+        if (!w) return;
+        if (w.size !== e.size || w.sha256 !== e.sha256) {
+          throw new MemsnapError("MEMSNAP_ARTIFACT_HASH_MISMATCH", `${e.name}: base ${base.id} holds other bytes than the reference records`, {
+            path: e.name, hint: "the bundle or its base is damaged or was altered; nothing was restored",
+          });
+        }
+        found.add(e.name);
+        if (layerOk(e.name.slice(0, e.name.indexOf("/")))) {
+          opts.verified?.add(e.name, e.size, Buffer.from(e.sha256, "hex"));
+          opts.onProgress?.(e.size);
+        }
+      },
+    });
+    for (const p of wanted.keys()) {
+      if (!found.has(p)) {
+        throw new MemsnapError("MEMSNAP_INDEX_MISMATCH", `${p} is referenced from base ${base.id}, which does not hold it`, {
+          path: p, hint: "the bundle or its base is damaged or was altered; nothing was restored",
+        });
+      }
+    }
+  }
+}
+
+/**
+ * The index's references must be exactly what the manifest's layers declare (`referenced`):
+ * a restore holds back the materialization of those layers only, so a reference in another
+ * layer would be written after that layer was rebuilt. Throws MEMSNAP_INDEX_MISMATCH.
+ */
+export function checkReferencedLayers(manifest: Manifest, refs: References): void {
+  const got = refs.perLayer();
+  for (const l of manifest.layers) {
+    const want = referencedIn(manifest, l);
+    if ((got.get(l.name) ?? 0) !== want) {
+      throw new MemsnapError("MEMSNAP_INDEX_MISMATCH", `layer ${l.name}: the index references ${got.get(l.name) ?? 0} artifact(s) in bases, the manifest says ${want}`, {
+        hint: "the bundle is damaged or was altered; nothing was restored",
+      });
+    }
+    got.delete(l.name);
+  }
+  const stray = [...got.keys()][0];
+  if (stray !== undefined) {
+    throw new MemsnapError("MEMSNAP_INDEX_MISMATCH", `the index references artifacts of ${stray}, which is not a layer of this bundle`, {
+      hint: "the bundle is damaged or was altered; nothing was restored",
+    });
+  }
+}
