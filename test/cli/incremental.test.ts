@@ -50,6 +50,12 @@ describe("snapshot --incremental (CLI)", () => {
     expect(ins.stdout).toContain(`bases      ${first.id} (incremental: needs them beside it to restore)`);
     expect(ins.stdout).toMatch(/memory +files +v1 +20 artifacts .* \(19 referenced in bases\)/);
     expect(ins.stdout).toContain("manifest v2");
+    const list = cli(["list", "-c", config]).stdout.split("\n");
+    expect(list[0]).toMatch(/SIGNED +BASES +LABEL/);
+    expect(list.find((l) => l.startsWith(first.id))).toMatch(/ no +- *$/);
+    expect(list.find((l) => l.startsWith(second.id))).toMatch(/ no +1 *$/);
+    const lj = JSON.parse(cli(["--json", "list", "-c", config]).stdout) as { snapshots: { id: string; bases: string[] }[] };
+    expect(lj.snapshots.find((x) => x.id === second.id)!.bases).toEqual([first.id]);
   });
 
   it("--incremental with --out is a usage error", () => {

@@ -49,7 +49,7 @@ describe("store operations", () => {
     const l = json<{ snapshots: { id: string; label: string; created_by: string; encrypted: boolean; signed: boolean; size: number }[] }>(["list", ...cfg]);
     expect(l.snapshots.map((s) => [s.id, s.label, s.created_by, s.encrypted, s.signed])).toEqual([[first, "one", "cli", false, false], [second, "two", "cli", false, false]]);
     const table = cli(["list", ...cfg]).stdout;
-    expect(table.split("\n")[0]).toMatch(/^ID\s+AGENT\s+CREATED\s+BY\s+SIZE\s+ENC\s+SIGNED\s+LABEL/);
+    expect(table.split("\n")[0]).toMatch(/^ID\s+AGENT\s+CREATED\s+BY\s+SIZE\s+ENC\s+SIGNED\s+BASES\s+LABEL/);
   });
 
   it("the on_created hook received the snapshot's metadata on stdin", () => {

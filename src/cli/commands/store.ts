@@ -76,15 +76,16 @@ Examples:
         printJson({
           ok: true, store, snapshots: snaps.map((s) => ({
             id: s.id, tenant: s.tenant, agent: s.agent, created_at: s.created_at, label: s.label, created_by: s.created_by,
-            size: s.size, encrypted: s.encrypted, signed: s.signed, path: s.path,
+            size: s.size, encrypted: s.encrypted, signed: s.signed, path: s.path, bases: basesOf(s.manifest).map((b) => b.snapshot_id),
           })), unreadable: bad,
         });
         return;
       }
       if (!snaps.length) process.stdout.write(`no snapshots in ${store}\n`);
       else {
-        const rows = snaps.map((s) => [s.id, `${s.tenant}/${s.agent}`, s.created_at.replace(/\.\d+Z$/, "Z"), s.created_by, fmtBytes(s.size), s.encrypted ? "yes" : "no", s.signed ? "yes" : "no", s.label ?? ""]);
-        const head = ["ID", "AGENT", "CREATED", "BY", "SIZE", "ENC", "SIGNED", "LABEL"];
+        // BASES: how many earlier bundles an incremental snapshot needs beside it ("-" for a full one).
+        const rows = snaps.map((s) => [s.id, `${s.tenant}/${s.agent}`, s.created_at.replace(/\.\d+Z$/, "Z"), s.created_by, fmtBytes(s.size), s.encrypted ? "yes" : "no", s.signed ? "yes" : "no", basesOf(s.manifest).length ? String(basesOf(s.manifest).length) : "-", s.label ?? ""]);
+        const head = ["ID", "AGENT", "CREATED", "BY", "SIZE", "ENC", "SIGNED", "BASES", "LABEL"];
         const w = head.map((h, i) => Math.max(h.length, ...rows.map((r) => r[i]!.length)));
         for (const r of [head, ...rows]) process.stdout.write(r.map((c, i) => c.padEnd(w[i]!)).join("  ").trimEnd() + "\n");
       }
