@@ -31,7 +31,7 @@ import { collectNow } from "../util/gc.js";
 import { TOOL_VERSION } from "../version.js";
 
 const FORMAT = "memsnap-incremental-cache";
-const VERSION = 2;
+const VERSION = 3;
 
 /** The fingerprint the KV source gives an unshuffled page (sources/kv.ts): left out of the cache's memory image. */
 export function kvPageFingerprint(sha256: string, size: number): string {
@@ -78,6 +78,8 @@ export interface Reference {
   size: number;
   sha256: string;
   redacted?: RuleCounts;
+  /** Secrets the last snapshot found in these bytes and could not redact (a git bundle's history). */
+  unredacted?: RuleCounts;
 }
 
 /**
@@ -103,6 +105,7 @@ export class ReferenceSet {
   readonly #manifests = new Map<string, Manifest>();
   readonly #used = new Set<string>();
   readonly #redacted = new Map<string, RuleCounts>();
+  readonly #unredacted = new Map<string, RuleCounts>();
   /** Why nothing could be referenced, when that is so (for the snapshot's report). */
   reason: string | null = null;
   /** The snapshot the cache was written by. */
@@ -124,6 +127,7 @@ export class ReferenceSet {
     let header: Record<string, unknown> | null = null;
     const seals = new Map<string, string>();
     let redacted: Record<string, unknown> = {};
+    let unredacted: Record<string, unknown> = {};
     const kindIdx = new Map<string, number>();
     const idIdx = new Map<string, number>();
     let n = 0;
@@ -157,6 +161,8 @@ export class ReferenceSet {
       out.#byPath.set(path, n);
       const r = redacted[path];
       if (r !== null && typeof r === "object") out.#redacted.set(path, r as RuleCounts);
+      const u = unredacted[path];
+      if (u !== null && typeof u === "object") out.#unredacted.set(path, u as RuleCounts);
       n++;
     };
     let fd: number;
@@ -189,6 +195,7 @@ export class ReferenceSet {
           for (const [id, seal] of Object.entries((v.bundles ?? {}) as Record<string, unknown>)) if (typeof seal === "string") seals.set(id, seal);
           out.from = typeof v.snapshot_id === "string" ? v.snapshot_id : null;
           if (v.redacted !== null && typeof v.redacted === "object") redacted = v.redacted as Record<string, unknown>;
+          if (v.unredacted !== null && typeof v.unredacted === "object") unredacted = v.unredacted as Record<string, unknown>;
         }
         if (got === 0) break;
       }
@@ -245,7 +252,8 @@ export class ReferenceSet {
     const base = this.#ids[e.base]!;
     this.#used.add(base);
     const r = this.#redacted.get(path);
-    return { base, size: e.size, sha256: e.sha256, ...(r ? { redacted: r } : {}) };
+    const u = this.#unredacted.get(path);
+    return { base, size: e.size, sha256: e.sha256, ...(r ? { redacted: r } : {}), ...(u ? { unredacted: u } : {}) };
   }
 
   /**
@@ -313,15 +321,17 @@ export class CacheWriter {
 
   /**
    * Write the header (known only at the end: the bundles that hold the bytes, with their seals,
-   * and the redaction report's counts per artifact) and put the cache in place.
+   * and the redaction report's counts per artifact, values replaced and secrets left as they
+   * were) and put the cache in place.
    */
-  async commit(snapshotId: string, key: IncrementalKey, bundles: Record<string, string>, redacted: Record<string, RuleCounts>): Promise<void> {
+  async commit(snapshotId: string, key: IncrementalKey, bundles: Record<string, string>, redacted: Record<string, RuleCounts>,
+    unredacted: Record<string, RuleCounts>): Promise<void> {
     if (this.#lines.length) this.#flush();
     await this.#flushing;
     const body = this.#fh!;
     await body.close();
     this.#fh = null;
-    const header = JSON.stringify({ format: FORMAT, version: VERSION, snapshot_id: snapshotId, ...key, bundles, redacted }) + "\n";
+    const header = JSON.stringify({ format: FORMAT, version: VERSION, snapshot_id: snapshotId, ...key, bundles, redacted, unredacted }) + "\n";
     const out = await open(`${this.file}.new-${process.pid}`, "w", 0o600);
     try {
       await out.write(header);

@@ -248,6 +248,9 @@ async function packLayer(
     if (ref) {
       const name = `${layer.name}/${a.path}`;
       if (ref.redacted) redactor?.recordReused?.(name, ref.redacted);
+      // Secrets found in the referenced bytes and left there (a git bundle's history) count as
+      // this snapshot's too: a plaintext bundle is still refused for them.
+      if (ref.unredacted) redactor?.recordReused?.(name, ref.unredacted, false);
       onPacked({
         path: name, layer: layer.name, kind: a.kind, size: ref.size, sha256: ref.sha256, mode: a.mode, mtime: a.mtime.toISOString(), ref: ref.base,
       }, a.fingerprint);
@@ -500,7 +503,8 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
         // The next incremental snapshot's references: this bundle, and the bases it referenced.
         const holders = Object.fromEntries([[id, manifest.seal], ...bases.map((b) => [b.snapshot_id, b.seal])]);
         try {
-          await cache.commit(id, incKey, holders, (redaction?.redacted ?? {}) as Record<string, Record<string, number>>);
+          await cache.commit(id, incKey, holders, (redaction?.redacted ?? {}) as Record<string, Record<string, number>>,
+            (redaction?.unredacted ?? {}) as Record<string, Record<string, number>>);
         } catch (e) {
           incremental.cacheError = (e as Error).message;
           await cache.abort();

@@ -263,8 +263,8 @@ class MemsnapRedactor implements Redactor {
     return this.report_.report();
   }
 
-  recordReused(artifact: string, redacted: RuleCounts): void {
-    for (const [rule, n] of Object.entries(redacted)) if (Number.isSafeInteger(n) && n > 0) this.report_.add(artifact, rule, true, n);
+  recordReused(artifact: string, counts: RuleCounts, redacted = true): void {
+    for (const [rule, n] of Object.entries(counts)) if (Number.isSafeInteger(n) && n > 0) this.report_.add(artifact, rule, redacted, n);
   }
 
   async cleanup(): Promise<void> {

@@ -50,8 +50,11 @@ export interface Redactor {
   redactArtifact(artifact: Artifact, payloadPath: string): Promise<Artifact>;
   /** The report for the manifest. */
   report(): RedactionReport;
-  /** Count the findings of an artifact an incremental snapshot references instead of redacting again. */
-  recordReused?(artifact: string, redacted: RuleCounts): void;
+  /**
+   * Count the findings of an artifact an incremental snapshot references instead of redacting
+   * (or scanning) again: values replaced, or with `redacted` false, secrets left in it.
+   */
+  recordReused?(artifact: string, counts: RuleCounts, redacted?: boolean): void;
   /** Remove spool files. */
   cleanup(): Promise<void>;
 }

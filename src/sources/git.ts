@@ -25,6 +25,7 @@
  * over 16 MiB skipped) and findings are recorded as unredacted against `<layer>/repo.bundle`.
  */
 import { execFile, spawn, type ChildProcessWithoutNullStreams } from "node:child_process";
+import { createHash } from "node:crypto";
 import { accessSync, constants, createReadStream, createWriteStream, statSync, type Stats } from "node:fs";
 import { chmod, lstat, mkdir, mkdtemp, readdir, readFile, rename, rm, rmdir, stat, unlink } from "node:fs/promises";
 import { tmpdir } from "node:os";
@@ -40,7 +41,7 @@ import {
   parseWorktreeDoc, readBundleHeader, scanObject, SCAN_MAX_BYTES, worktreePathProblem,
   type BundleHeader, type HeadFacts, type HeadSpec, type HistoryScan, type StatusEntry, type WorktreeDoc,
 } from "./git-iso.js";
-import type { Artifact, SourceKind } from "./types.js";
+import type { Artifact, CaptureContext, SourceKind } from "./types.js";
 import { fileArtifact, fingerprintOf, sourceError, walkFiles, type FoundFile } from "./walk.js";
 
 export interface GitConfig {
@@ -510,9 +511,41 @@ async function scanHistoryGit(
 interface CaptureState {
   bundle: string | null;
   bundleSize: number;
+  /** The bundle's incremental fingerprint (its refs), when there is a bundle. */
+  bundleFingerprint?: string;
+  /** An incremental snapshot references the last one's bundle: none was written now (`bundle` is null). */
+  reused?: { bytes: number; scan: HistoryScan | null };
   listing: WorktreeListing | null;
   meta: Record<string, unknown>;
   scan: Promise<HistoryScan> | null;
+}
+
+/**
+ * The incremental fingerprint of a repository's bundle: its refs (names and object ids), HEAD
+ * and object format. A bundle holds exactly the objects reachable from its refs, and objects are
+ * named by their content, so the last snapshot's bundle of the same refs is a bundle of this
+ * repository as it is now: an incremental snapshot references it instead of writing and
+ * scanning the history again (a commit, a new branch or a moved tag changes the fingerprint).
+ */
+export function refsFingerprint(impl: string, objectFormat: string, headRef: string | null, headOid: string | null, refs: readonly string[]): string {
+  const h = createHash("sha256").update(`${impl}\n${objectFormat}\nHEAD ${headRef ?? "-"} ${headOid ?? "-"}\n`);
+  for (const r of [...refs].sort()) h.update(`${r}\n`);
+  return `git-refs:${h.digest("hex")}`;
+}
+
+/**
+ * The last incremental snapshot's bundle, when one with this fingerprint will be referenced:
+ * its size and history scan, from the layer meta of the bundle holding it. A meta without them
+ * (written before memsnap recorded `bundle_bytes`), or without a scan where this snapshot
+ * redacts, is not reused.
+ */
+function reusableBundle(ctx: CaptureContext | undefined, artifact: string, fingerprint: string, redacting: boolean): CaptureState["reused"] {
+  const meta = ctx?.unchanged?.(artifact, fingerprint, "git-bundle");
+  const bytes = meta?.bundle_bytes;
+  if (typeof bytes !== "number" || !Number.isSafeInteger(bytes) || bytes <= 0) return undefined;
+  const scan = meta?.history_scan;
+  if (redacting && (scan === null || typeof scan !== "object")) return undefined;
+  return { bytes, scan: redacting ? scan as HistoryScan : null };
 }
 
 function worktreeDoc(listing: WorktreeListing): WorktreeDoc {
@@ -530,7 +563,7 @@ function worktreeMeta(cfg: GitConfig, listing: WorktreeListing | null): Record<s
 }
 
 async function captureGit(cfg: GitConfig, root: string, repo: RepoPaths, work: string, signal: AbortSignal | undefined,
-  redactor: Redactor | undefined, children: Set<ChildProcessWithoutNullStreams>): Promise<CaptureState> {
+  redactor: Redactor | undefined, children: Set<ChildProcessWithoutNullStreams>, ctx?: CaptureContext): Promise<CaptureState> {
   const base: GitCtx = { cwd: root, env: gitEnv({ GIT_DIR: repo.dotgit, GIT_WORK_TREE: root }), ...(signal ? { signal } : {}) };
   // First a plain call that fails cleanly on something that is not a usable repository.
   const fmt = (await gitIn(root, base, ["rev-parse", "--show-object-format"])).stdout.toString("utf8").trim() || "sha1";
@@ -538,7 +571,7 @@ async function captureGit(cfg: GitConfig, root: string, repo: RepoPaths, work: s
     gitIn(root, base, ["config", "--get", "extensions.partialclone"], [0, 1]),
     gitIn(root, base, ["symbolic-ref", "-q", "HEAD"], [0, 1]),
     gitIn(root, base, ["rev-parse", "-q", "--verify", "HEAD"], [0, 1]),
-    gitIn(root, base, ["for-each-ref", "--format=%(objectname)"]),
+    gitIn(root, base, ["for-each-ref", "--format=%(objectname) %(refname)"]),
     neutralizeFilters(root, base),
   ]);
   if (partial.code === 0) {
@@ -546,12 +579,15 @@ async function captureGit(cfg: GitConfig, root: string, repo: RepoPaths, work: s
   }
   const headRef = sym.code === 0 ? sym.stdout.toString("utf8").trim() : null;
   const headOid = hv.code === 0 ? hv.stdout.toString("utf8").trim() : null;
-  const refOids = refList.stdout.toString("utf8").split("\n").filter(Boolean);
+  const refLines = refList.stdout.toString("utf8").split("\n").filter(Boolean);
+  const refOids = refLines.map((l) => l.slice(0, l.indexOf(" ")));
   const g: GitCtx = { ...base, env: gitEnv({ GIT_DIR: repo.dotgit, GIT_WORK_TREE: root }, filters) };
-  const bundle = refOids.length > 0 || headOid ? join(work, BUNDLE_ARTIFACT) : null;
+  const artifact = `${cfg.name}/${BUNDLE_ARTIFACT}`;
+  const bundleFingerprint = refOids.length > 0 || headOid ? refsFingerprint("git", fmt, headRef, headOid, refLines) : undefined;
+  const reused = bundleFingerprint ? reusableBundle(ctx, artifact, bundleFingerprint, !!redactor) : undefined;
+  const bundle = bundleFingerprint && !reused ? join(work, BUNDLE_ARTIFACT) : null;
   // The history scan starts now, from the refs as just read, alongside the bundle; should a
   // ref move before `git bundle create` reads it, the difference is scanned afterwards.
-  const artifact = `${cfg.name}/${BUNDLE_ARTIFACT}`;
   const tips = [...new Set([...refOids, ...(headOid ? [headOid] : [])])];
   const scan0 = redactor && bundle ? scanHistoryGit(root, g, tips, redactor, artifact, children) : null;
   scan0?.catch(() => undefined);
@@ -576,10 +612,10 @@ async function captureGit(cfg: GitConfig, root: string, repo: RepoPaths, work: s
     })();
   }
   return {
-    bundle, bundleSize, listing, scan,
+    bundle, bundleSize, listing, scan, ...(bundleFingerprint ? { bundleFingerprint } : {}), ...(reused ? { reused } : {}),
     meta: {
       impl: "git", object_format: fmt,
-      ...headMeta(head, headRef, headOid, header ? header.refs.filter((r) => r.name !== "HEAD").length : 0),
+      ...headMeta(head, headRef, headOid, header ? header.refs.filter((r) => r.name !== "HEAD").length : reused ? refLines.length : 0),
     },
   };
 }
@@ -596,7 +632,7 @@ function headMeta(head: HeadFacts | null, headRef: string | null, headOid: strin
 }
 
 async function captureIso(cfg: GitConfig, root: string, repo: RepoPaths, work: string, signal: AbortSignal | undefined,
-  redactor: Redactor | undefined): Promise<CaptureState> {
+  redactor: Redactor | undefined, ctx?: CaptureContext): Promise<CaptureState> {
   const wrap = async <T>(what: string, p: () => Promise<T>): Promise<T> => {
     try {
       return await p();
@@ -613,17 +649,22 @@ async function captureIso(cfg: GitConfig, root: string, repo: RepoPaths, work: s
   let bundle: string | null = null;
   let bundleSize = 0;
   let scan: Promise<HistoryScan> | null = null;
-  if (facts.refs.length > 0 || facts.headOid) {
+  const artifact = `${cfg.name}/${BUNDLE_ARTIFACT}`;
+  const bundleFingerprint = facts.refs.length > 0 || facts.headOid
+    ? refsFingerprint("isomorphic-git", "sha1", facts.headRef, facts.headOid, facts.refs.map((r) => `${r.oid} ${r.name}`))
+    : undefined;
+  const reused = bundleFingerprint ? reusableBundle(ctx, artifact, bundleFingerprint, !!redactor) : undefined;
+  if (bundleFingerprint && !reused) {
     bundle = join(work, BUNDLE_ARTIFACT);
     const out = bundle;
     const objects = await wrap("bundle", () => isoWriteBundle(repo.gitdir, facts, out));
     bundleSize = (await stat(bundle)).size;
     if (redactor) {
-      scan = wrap("scan the history of", () => isoScanObjects(repo.gitdir, objects, redactor, `${cfg.name}/${BUNDLE_ARTIFACT}`, signal));
+      scan = wrap("scan the history of", () => isoScanObjects(repo.gitdir, objects, redactor, artifact, signal));
     }
   }
   return {
-    bundle, bundleSize, listing, scan,
+    bundle, bundleSize, listing, scan, ...(bundleFingerprint ? { bundleFingerprint } : {}), ...(reused ? { reused } : {}),
     meta: { impl: "isomorphic-git", object_format: "sha1", ...headMeta(facts.head, facts.headRef, facts.headOid, facts.refs.length) },
   };
 }
@@ -833,8 +874,8 @@ export const gitSource: SourceKind<GitConfig> = {
     let cap: CaptureState;
     try {
       cap = impl === "git"
-        ? await captureGit(cfg, root, repo, work, ctx.signal, redactor, children)
-        : await captureIso(cfg, root, repo, work, ctx.signal, redactor);
+        ? await captureGit(cfg, root, repo, work, ctx.signal, redactor, children, ctx)
+        : await captureIso(cfg, root, repo, work, ctx.signal, redactor, ctx);
       cap.scan?.catch(() => undefined); // awaited in finish(); don't let an early failure go unhandled
       const head = cap.meta.head as HeadFacts | null;
       if (head && redactor?.candidate(head.subject)) {
@@ -852,11 +893,19 @@ export const gitSource: SourceKind<GitConfig> = {
     return {
       estimatedBytes: cap.bundleSize + (docBytes?.length ?? 0) + (listing?.files.reduce((n, f) => n + f.stats.size, 0) ?? 0),
       artifacts: (async function* (): AsyncGenerator<Artifact> {
+        const fingerprint = cap.bundleFingerprint;
         if (cap.bundle) {
           const path = cap.bundle;
           yield {
-            path: BUNDLE_ARTIFACT, kind: "git-bundle", size: cap.bundleSize, mode: 0o600, mtime: now,
+            path: BUNDLE_ARTIFACT, kind: "git-bundle", size: cap.bundleSize, mode: 0o600, mtime: now, ...(fingerprint ? { fingerprint } : {}),
             open: () => createReadStream(path, { highWaterMark: 1 << 20 }),
+          };
+        } else if (cap.reused && fingerprint) {
+          yield {
+            path: BUNDLE_ARTIFACT, kind: "git-bundle", size: cap.reused.bytes, mode: 0o600, mtime: now, fingerprint,
+            open: () => {
+              throw new MemsnapError("MEMSNAP_INTERNAL", `${cfg.name}/${BUNDLE_ARTIFACT} was to be referenced by the incremental snapshot, not read`);
+            },
           };
         }
         if (docBytes) {
@@ -865,8 +914,12 @@ export const gitSource: SourceKind<GitConfig> = {
         for (const f of listing?.files ?? []) yield { ...fileArtifact(f, "file", `${WORKTREE_DIR}/${f.rel}`), text: true, fingerprint: fingerprintOf(f.stats) };
       })(),
       finish: async () => {
-        const scan = cap.scan ? await cap.scan : null;
-        return { root, ...cap.meta, state, worktree: worktreeMeta(cfg, listing), history_scan: scan };
+        const scan = cap.reused ? cap.reused.scan : cap.scan ? await cap.scan : null;
+        const bundleBytes = cap.reused?.bytes ?? (cap.bundle ? cap.bundleSize : undefined);
+        return {
+          root, ...cap.meta, state, worktree: worktreeMeta(cfg, listing), history_scan: scan,
+          ...(bundleBytes !== undefined ? { bundle_bytes: bundleBytes } : {}), ...(cap.reused ? { bundle_reused: true } : {}),
+        };
       },
       cleanup: async () => {
         for (const c of children) c.kill("SIGKILL");

@@ -24,6 +24,7 @@ import { treeHashes } from "../helpers/cli.js";
 interface Db { pragma(s: string): unknown; exec(s: string): void; prepare(s: string): { run(...a: unknown[]): unknown; get(): unknown }; close(): void }
 const openDatabase = createRequire(import.meta.url)("better-sqlite3") as new (p: string, o?: { readonly?: boolean }) => Db;
 import { generateKvDump } from "../helpers/kv-dump.js";
+import { commitAll, git, initRepo, repoRefs, statusSummary, writeFiles } from "../helpers/git.js";
 
 const work = mkdtempSync(join(tmpdir(), "memsnap-incremental-"));
 afterAll(() => rmSync(work, { recursive: true, force: true }));
@@ -304,5 +305,88 @@ describe("SQLite databases in incremental snapshots", () => {
     facts.close();
     const v = await verifyBundle(third.path, { keys, deep: true });
     expect(v.ok, JSON.stringify(v.findings)).toBe(true);
+  });
+});
+
+describe("git repositories in incremental snapshots", () => {
+  type GitMeta = { bundle_reused?: boolean; bundle_bytes?: number; history_scan: unknown; ref_count: number; head: { oid: string } };
+  const layerOf = (m: { layers: { name: string; referenced?: number; meta?: unknown }[] }) => m.layers.find((l) => l.name === "mem")!;
+  const unredacted = (m: { redaction?: unknown }) => (m.redaction as { unredacted: Record<string, Record<string, number>> }).unredacted["mem/repo.bundle"];
+
+  function repo(): void {
+    const root = initRepo(join(dir, "mem"));
+    writeFiles(root, { "facts.md": "# facts\nthe sky is blue\n", "deploy.md": `push with ${TOKEN}\n` });
+    commitAll(root, "first memories");
+    writeFiles(root, { "deploy.md": "push with the key from the vault\n" }); // the token stays in history only
+    commitAll(root, "drop the token");
+    config = parseConfig({ agent: "inc", sources: [{ kind: "git", name: "mem", path: "mem" }] }, null, dir);
+  }
+
+  for (const impl of ["git", "isomorphic"]) {
+    it(`unchanged refs: the last bundle is referenced with its history scan (${impl}); a commit writes a new one`, async () => {
+      const before = process.env.MEMSNAP_GIT_IMPL;
+      process.env.MEMSNAP_GIT_IMPL = impl;
+      try {
+        repo();
+        const root = join(dir, "mem");
+        const first = await snap();
+        const m1 = layerOf(first.manifest).meta as GitMeta;
+        expect(m1.bundle_bytes).toBeGreaterThan(0);
+        expect(m1.bundle_reused).toBeUndefined();
+        expect(unredacted(first.manifest)).toBeTruthy(); // the token in the first commit
+
+        // Memory edited, nothing committed: the refs are the same.
+        writeFiles(root, { "facts.md": "# facts\nthe sky is blue\nwater is wet\n", "scratch.md": "a thought\n" });
+        const second = await snap();
+        const l2 = layerOf(second.manifest);
+        const m2 = l2.meta as GitMeta;
+        expect(m2.bundle_reused).toBe(true);
+        expect(m2.bundle_bytes).toBe(m1.bundle_bytes);
+        expect(m2.history_scan).toEqual(m1.history_scan);
+        expect(m2.head.oid).toBe(m1.head.oid);
+        expect(m2.ref_count).toBe(m1.ref_count);
+        // (the source never wrote this bundle: packing it instead of referencing it would fail)
+        expect(l2.referenced).toBe(1);
+        expect(second.manifest.bases).toEqual([{ snapshot_id: first.id, seal: first.manifest.seal }]);
+        // the findings in the referenced history are still this snapshot's
+        expect(unredacted(second.manifest)).toEqual(unredacted(first.manifest));
+        const out = join(dir, "r2");
+        await restoreToDir(second.path, out, { keys });
+        expect(repoRefs(join(out, "mem"))).toEqual(repoRefs(root));
+        expect(statusSummary(join(out, "mem"))).toEqual(statusSummary(root));
+        expect(readFileSync(join(out, "mem", "facts.md"), "utf8")).toContain("water is wet");
+
+        // A commit moves a ref: a new bundle, scanned again.
+        commitAll(root, "remember water");
+        const third = await snap();
+        const m3 = layerOf(third.manifest).meta as GitMeta;
+        expect(m3.bundle_reused).toBeUndefined();
+        expect(layerOf(third.manifest).referenced ?? 0).toBe(0); // everything was committed
+        expect(m3.head.oid).not.toBe(m1.head.oid);
+        const out3 = join(dir, "r3");
+        await restoreToDir(third.path, out3, { keys });
+        expect(repoRefs(join(out3, "mem"))).toEqual(repoRefs(root));
+        // A new branch at the same commit changes the refs too.
+        git(root, ["branch", "side"]);
+        const fourth = await snap();
+        expect((layerOf(fourth.manifest).meta as GitMeta).bundle_reused).toBeUndefined();
+        const v = await verifyBundle(second.path, { keys, deep: true });
+        expect(v.ok, JSON.stringify(v.findings)).toBe(true);
+      } finally {
+        if (before === undefined) delete process.env.MEMSNAP_GIT_IMPL;
+        else process.env.MEMSNAP_GIT_IMPL = before;
+      }
+    });
+  }
+
+  it("a plaintext incremental snapshot is still refused for secrets in a referenced history", async () => {
+    repo();
+    const first = await snapshot({ config, store, recipients: [], incremental: true, allowUnredacted: true });
+    expect(unredacted(first.manifest)).toBeTruthy();
+    writeFiles(join(dir, "mem"), { "scratch.md": "a thought\n" });
+    await expect(snapshot({ config, store, recipients: [], incremental: true })).rejects.toMatchObject({ code: "MEMSNAP_UNREDACTED_SECRETS" });
+    const again = await snapshot({ config, store, recipients: [], incremental: true, allowUnredacted: true });
+    expect((layerOf(again.manifest).meta as GitMeta).bundle_reused).toBe(true);
+    expect(unredacted(again.manifest)).toEqual(unredacted(first.manifest));
   });
 });
