@@ -16,13 +16,28 @@
  *
  * key: 32 bytes. counter: 0 to 2^48 - 1 (age's counter is 11 bytes; no payload gets near 2^48
  * chunks). length <= 65536. src and dst may not overlap.
+ *
+ * And, for the KV source, the SHA-256 of Node's OpenSSL off the main thread:
+ *
+ *   readHash(fd, position, buf, lens, count, digests, zero, callback)
+ *     on a libuv pool thread, reads sum(lens[0..count)) bytes of fd at position into buf
+ *     (pread until done or end of file), then for each tile i of lens[i] bytes sets zero[i] to 1
+ *     when it is all zero bytes, else to 0 and writes its SHA-256 at digests[32 * i].
+ *     callback(errno, bytesRead): errno 0, or the read's errno (nothing hashed); bytesRead short
+ *     of the sum means the file ended (nothing hashed either).
+ *
+ * The caller must not touch buf, digests or zero until the callback: they are written from
+ * another thread meanwhile (the addon holds references so they stay alive).
  */
 #define NAPI_VERSION 8
 #include <node_api.h>
 #include <openssl/evp.h>
+#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define CHUNK 65536
 #define TAG 16
@@ -155,12 +170,146 @@ static napi_value Open(napi_env env, napi_callback_info info) {
   return number(env, (double)plain);
 }
 
+/* ------------------------------------------------------------------ readHash */
+
+typedef struct {
+  napi_async_work work;
+  napi_ref refs[5]; /* buf, lens, digests, zero, callback */
+  int fd;
+  int64_t pos;
+  uint8_t *buf;
+  const uint32_t *lens;
+  size_t count;
+  size_t total;
+  uint8_t *digests;
+  uint8_t *zero;
+  size_t got;
+  int err;
+} read_hash_t;
+
+static int all_zero(const uint8_t *p, size_t n) {
+  if (n == 0) return 1;
+  return p[0] == 0 && memcmp(p, p + 1, n - 1) == 0;
+}
+
+static void read_hash_execute(napi_env env, void *data) {
+  (void)env;
+  read_hash_t *w = (read_hash_t *)data;
+  while (w->got < w->total) {
+    ssize_t r = pread(w->fd, w->buf + w->got, w->total - w->got, (off_t)(w->pos + (int64_t)w->got));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      w->err = errno;
+      return;
+    }
+    if (r == 0) return; /* the file ended early */
+    w->got += (size_t)r;
+  }
+  EVP_MD_CTX *md = EVP_MD_CTX_new();
+  if (!md) {
+    w->err = ENOMEM;
+    return;
+  }
+  const EVP_MD *sha = EVP_sha256();
+  size_t off = 0;
+  for (size_t i = 0; i < w->count; i++) {
+    const uint8_t *p = w->buf + off;
+    size_t n = w->lens[i];
+    off += n;
+    if (all_zero(p, n)) {
+      w->zero[i] = 1;
+      continue;
+    }
+    w->zero[i] = 0;
+    unsigned int outlen = 0;
+    if (EVP_DigestInit_ex(md, sha, NULL) != 1 || EVP_DigestUpdate(md, p, n) != 1 || EVP_DigestFinal_ex(md, w->digests + 32 * i, &outlen) != 1 || outlen != 32) {
+      w->err = EIO;
+      break;
+    }
+  }
+  EVP_MD_CTX_free(md);
+}
+
+static void read_hash_complete(napi_env env, napi_status status, void *data) {
+  read_hash_t *w = (read_hash_t *)data;
+  napi_value cb, undef, argv[2];
+  int have_cb = napi_get_reference_value(env, w->refs[4], &cb) == napi_ok;
+  for (int i = 0; i < 5; i++) napi_delete_reference(env, w->refs[i]);
+  napi_delete_async_work(env, w->work);
+  int err = status == napi_ok ? w->err : ECANCELED;
+  size_t got = w->got;
+  free(w);
+  if (!have_cb) return;
+  napi_create_int32(env, err, &argv[0]);
+  napi_create_double(env, (double)got, &argv[1]);
+  napi_get_undefined(env, &undef);
+  napi_call_function(env, undef, cb, 2, argv, NULL);
+}
+
+static napi_value ReadHash(napi_env env, napi_callback_info info) {
+  size_t argc = 8;
+  napi_value argv[8];
+  if (napi_get_cb_info(env, info, &argc, argv, NULL, NULL) != napi_ok || argc < 8)
+    return fail(env, "readHash(fd, position, buf, lens, count, digests, zero, callback): eight arguments expected");
+  int32_t fd;
+  double pos, count;
+  if (napi_get_value_int32(env, argv[0], &fd) != napi_ok || fd < 0) return fail(env, "fd: a file descriptor expected");
+  if (napi_get_value_double(env, argv[1], &pos) != napi_ok || !(pos >= 0 && pos < 9007199254740992.0) || pos != (double)(int64_t)pos)
+    return fail(env, "position: a non-negative integer expected");
+  if (napi_get_value_double(env, argv[4], &count) != napi_ok || !(count >= 0) || count != (double)(size_t)count) return fail(env, "count: a non-negative integer expected");
+  uint8_t *buf, *digests, *zero;
+  size_t blen, dlen, zlen;
+  if (!bytes_of(env, argv[2], &buf, &blen) || !bytes_of(env, argv[5], &digests, &dlen) || !bytes_of(env, argv[6], &zero, &zlen))
+    return fail(env, "buf, digests and zero: Uint8Arrays expected");
+  bool is = false;
+  napi_typedarray_type type;
+  void *lp = NULL;
+  size_t llen = 0;
+  if (napi_is_typedarray(env, argv[3], &is) != napi_ok || !is || napi_get_typedarray_info(env, argv[3], &type, &llen, &lp, NULL, NULL) != napi_ok ||
+      type != napi_uint32_array)
+    return fail(env, "lens: a Uint32Array expected");
+  napi_valuetype t;
+  if (napi_typeof(env, argv[7], &t) != napi_ok || t != napi_function) return fail(env, "callback: a function expected");
+  size_t n = (size_t)count;
+  if (n > llen || n > zlen || n > dlen / 32) return fail(env, "count: more tiles than lens, digests or zero hold");
+  const uint32_t *lens = (const uint32_t *)lp;
+  size_t total = 0;
+  for (size_t i = 0; i < n; i++) total += lens[i];
+  if (total > blen) return fail(env, "buf: smaller than the tiles");
+  read_hash_t *w = (read_hash_t *)calloc(1, sizeof *w);
+  if (!w) {
+    napi_throw_error(env, "ENOMEM", "readHash: out of memory");
+    return NULL;
+  }
+  w->fd = fd;
+  w->pos = (int64_t)pos;
+  w->buf = buf;
+  w->lens = lens;
+  w->count = n;
+  w->total = total;
+  w->digests = digests;
+  w->zero = zero;
+  const int keep[5] = {2, 3, 5, 6, 7};
+  for (int i = 0; i < 5; i++) napi_create_reference(env, argv[keep[i]], 1, &w->refs[i]);
+  napi_value name;
+  napi_create_string_utf8(env, "memsnap.readHash", NAPI_AUTO_LENGTH, &name);
+  if (napi_create_async_work(env, NULL, name, read_hash_execute, read_hash_complete, w, &w->work) != napi_ok ||
+      napi_queue_async_work(env, w->work) != napi_ok) {
+    for (int i = 0; i < 5; i++) napi_delete_reference(env, w->refs[i]);
+    free(w);
+    napi_throw_error(env, NULL, "readHash: cannot queue the work");
+    return NULL;
+  }
+  return NULL;
+}
+
 static napi_value Init(napi_env env, napi_value exports) {
   napi_property_descriptor props[] = {
       {"seal", NULL, Seal, NULL, NULL, NULL, napi_enumerable, NULL},
       {"open", NULL, Open, NULL, NULL, NULL, napi_enumerable, NULL},
+      {"readHash", NULL, ReadHash, NULL, NULL, NULL, napi_enumerable, NULL},
   };
-  napi_define_properties(env, exports, 2, props);
+  napi_define_properties(env, exports, 3, props);
   return exports;
 }
 

@@ -40,6 +40,7 @@ import { sourceChanged, sourceError, walkFiles } from "./walk.js";
 import { FdCache } from "../util/fd-cache.js";
 import { KvIndexWriter } from "./kv-index-writer.js";
 import { kvPageFingerprint } from "../pipeline/incremental.js";
+import { READ_BLOCK, readBlocks, type ReadBlock } from "./kv-blocks.js";
 import { collectNow } from "../util/gc.js";
 
 export interface KvShape {
@@ -63,7 +64,6 @@ export interface KvConfig {
 type Format = NonNullable<KvConfig["format"]>;
 
 /** Bytes read from a data file at a time (whole pages). */
-const READ_BLOCK = 4 * 1024 * 1024;
 /** Auto shuffle: at most this many pages, this many bytes, compressed both ways at zstd -3. */
 const SAMPLE_PAGES = 32;
 const SAMPLE_MAX_BYTES = 4 * 1024 * 1024;
@@ -574,97 +574,67 @@ function verbatimArtifact(v: VerbatimFile, layer: string, redactor: Redactor | u
 
 interface Counters {
   bytesStored: number;
-  /** The two read buffers used in turn (see dataArtifacts), shared by every data file. */
-  readBufs: Buffer[];
-  flip: number;
 }
 
-/** Stream one data file's tiles; yields an artifact per new distinct non-zero page. */
-async function* dataArtifacts(f: DataFile, fileNo: number, plan: KvPlan, shuffle: ShuffleDecision, contents: KvIndexWriter, tiles: number[], counters: Counters, signal?: AbortSignal): AsyncGenerator<Artifact> {
-  let fh: FileHandle;
-  try {
-    fh = await open(f.abs, "r");
-  } catch (e) {
-    if ((e as NodeJS.ErrnoException).code === "ENOENT") throw sourceChanged(f.abs, "it was removed");
-    throw sourceError(e, f.abs);
-  }
-  const bufs = counters.readBufs;
-  try {
-    let i = 0;
-    while (i < f.tiles.length) {
-      signal?.throwIfAborted();
-      // Whole tiles, up to READ_BLOCK bytes (at least one tile), into one of two read buffers
-      // used in turn: a consumer pulls the next artifact only after it has packed (copied) the
-      // current one, so a page is never read over while in use, and one block back stays
-      // intact for a consumer that lags by one. Fresh 4 MiB buffers per block fragmented the
-      // heap (measured: +25 MiB peak RSS on the bench's KV layer). The pair is shared by all
-      // data files of the capture: a pair per file left dead 4 MiB buffers in the old
-      // generation until a full GC (+60 MiB of external memory at peak).
-      let j = i;
-      let len = 0;
-      while (j < f.tiles.length && (j === i || len + f.tiles.len(j) <= READ_BLOCK)) len += f.tiles.len(j++);
-      const start = f.tiles.offset(i);
-      counters.flip ^= 1;
-      const k = counters.flip;
-      if (bufs[k]!.length < len) bufs[k] = Buffer.allocUnsafe(Math.max(len, READ_BLOCK));
-      const buf = bufs[k]!.subarray(0, len);
-      let got = 0;
-      while (got < len) {
-        const r = await fh.read(buf, got, len - got, start + got).catch((e: unknown) => { throw sourceError(e, f.abs); });
-        if (r.bytesRead === 0) throw sourceChanged(f.abs, `it ends at ${start + got} bytes, shorter than its ${f.stats.size}`);
-        got += r.bytesRead;
+/**
+ * The artifacts of one data file's tiles, from its blocks as `blocks` reads them (ahead, and
+ * with the native addon hashed off the main thread): an artifact per new distinct non-zero page.
+ */
+async function* dataArtifacts(f: DataFile, fileNo: number, plan: KvPlan, shuffle: ShuffleDecision, contents: KvIndexWriter, tiles: number[], counters: Counters,
+  blocks: AsyncIterator<ReadBlock>, at: number): AsyncGenerator<Artifact> {
+  let i = 0;
+  while (i < f.tiles.length) {
+    const next = await blocks.next();
+    if (next.done || next.value.file !== at || next.value.first !== i) throw new MemsnapError("MEMSNAP_INTERNAL", `kv: the block reader lost its place in ${f.abs}`);
+    const b = next.value;
+    let off = 0;
+    for (let k = 0; i < b.end; i++, k++) {
+      const t = { offset: f.tiles.offset(i), len: f.tiles.len(i), label: f.tiles.label(i), sha: f.tiles.sha(i), zero: f.tiles.zero(i) };
+      const page = b.bytes.subarray(off, off + t.len);
+      off += t.len;
+      // The dedup key is the binary digest (a 32-character latin1 string); hex only where needed.
+      let hex: string | null = null;
+      let key: string;
+      const zero = b.zero ? b.zero[k] === 1 : isAllZero(page);
+      if (zero) {
+        hex = zeroPageSha(t.len);
+        key = KvIndexWriter.key(hex);
+      } else {
+        key = b.digests ? b.digests.toString("latin1", 32 * k, 32 * k + 32) : createHash("sha256").update(page).digest("binary");
       }
-      let off = 0;
-      for (; i < j; i++) {
-        const t = { offset: f.tiles.offset(i), len: f.tiles.len(i), label: f.tiles.label(i), sha: f.tiles.sha(i), zero: f.tiles.zero(i) };
-        const page = buf.subarray(off, off + t.len);
-        off += t.len;
-        const zero = isAllZero(page);
-        // The dedup key is the binary digest (a 32-character latin1 string); hex only where needed.
-        let hex: string | null = null;
-        let key: string;
+      const hexOf = (): string => (hex ??= Buffer.from(key, "latin1").toString("hex"));
+      if (t.sha !== null && t.sha !== hexOf()) {
+        throw digestMismatch(`kv: page ${t.label} (${f.rel} at offset ${t.offset}) hashes to sha256:${hexOf()}, but the dump's manifest says sha256:${t.sha}`, f.abs);
+      }
+      if (t.zero && !zero) throw digestMismatch(`kv: page ${t.label} (${f.rel} at offset ${t.offset}) is marked zero but holds non-zero bytes`, f.abs);
+      let idx = contents.raw(key);
+      if (idx === undefined) {
+        const sha = hexOf();
         if (zero) {
-          hex = zeroPageSha(t.len);
-          key = KvIndexWriter.key(hex);
+          idx = contents.addRaw(key, { sha256: sha, bytes: t.len, zero: true, artifact: null });
         } else {
-          key = createHash("sha256").update(page).digest("binary");
+          const elem = shuffle.applied && t.len % plan.elem === 0 ? plan.elem : 1;
+          const body = elem > 1 ? shufflePlanes(page, elem) : page;
+          // An unshuffled page carries the place of this first occurrence: restore writes
+          // it straight there instead of spooling it and copying it into place afterwards.
+          const path = pageArtifact(sha, elem, elem === 1 ? { file: fileNo, offset: t.offset } : undefined);
+          idx = contents.addRaw(key, { sha256: sha, bytes: t.len, zero: false, artifact: path });
+          counters.bytesStored += body.length;
+          yield {
+            path, kind: "kv-page", size: body.length, mode: 0o644, mtime: f.stats.mtime,
+            // A plain array, not a Readable: one stream object per page was most of the
+            // capture's garbage (53k pages of 8 KiB: peak RSS 286 → 246 MiB).
+            open: () => [body],
+            // An unshuffled page is yielded from the very bytes just hashed: no second hash.
+            ...(elem === 1 ? { sha256: sha } : {}),
+            // Its bytes are a function of the page's digest and the shuffle alone.
+            fingerprint: elem === 1 ? kvPageFingerprint(sha, t.len) : `kv-page:${sha}:${elem}:${t.len}`,
+          };
         }
-        const hexOf = (): string => (hex ??= Buffer.from(key, "latin1").toString("hex"));
-        if (t.sha !== null && t.sha !== hexOf()) {
-          throw digestMismatch(`kv: page ${t.label} (${f.rel} at offset ${t.offset}) hashes to sha256:${hexOf()}, but the dump's manifest says sha256:${t.sha}`, f.abs);
-        }
-        if (t.zero && !zero) throw digestMismatch(`kv: page ${t.label} (${f.rel} at offset ${t.offset}) is marked zero but holds non-zero bytes`, f.abs);
-        let idx = contents.raw(key);
-        if (idx === undefined) {
-          const sha = hexOf();
-          if (zero) {
-            idx = contents.addRaw(key, { sha256: sha, bytes: t.len, zero: true, artifact: null });
-          } else {
-            const elem = shuffle.applied && t.len % plan.elem === 0 ? plan.elem : 1;
-            const body = elem > 1 ? shufflePlanes(page, elem) : page;
-            // An unshuffled page carries the place of this first occurrence: restore writes
-            // it straight there instead of spooling it and copying it into place afterwards.
-            const path = pageArtifact(sha, elem, elem === 1 ? { file: fileNo, offset: t.offset } : undefined);
-            idx = contents.addRaw(key, { sha256: sha, bytes: t.len, zero: false, artifact: path });
-            counters.bytesStored += body.length;
-            yield {
-              path, kind: "kv-page", size: body.length, mode: 0o644, mtime: f.stats.mtime,
-              // A plain array, not a Readable: one stream object per page was most of the
-              // capture's garbage (53k pages of 8 KiB: peak RSS 286 → 246 MiB).
-              open: () => [body],
-              // An unshuffled page is yielded from the very bytes just hashed: no second hash.
-              ...(elem === 1 ? { sha256: sha } : {}),
-              // Its bytes are a function of the page's digest and the shuffle alone.
-              fingerprint: elem === 1 ? kvPageFingerprint(sha, t.len) : `kv-page:${sha}:${elem}:${t.len}`,
-            };
-          }
-        }
-        tiles.push(idx);
-        contents.addLabel(t.label, idx);
       }
+      tiles.push(idx);
+      contents.addLabel(t.label, idx);
     }
-  } finally {
-    await fh.close().catch(() => undefined);
   }
   await unchanged(f.abs, f.stats)();
 }
@@ -1105,7 +1075,7 @@ export const kvSource: SourceKind<KvConfig> = {
     const shuffle = await decideShuffle(plan, cfg.shuffle ?? "auto");
     const contents = new KvIndexWriter(ctx.tmpDir, randomBytes(6).toString("hex"));
     const files: KvIndexFile[] = [];
-    const counters: Counters = { bytesStored: 0, readBufs: [Buffer.alloc(0), Buffer.alloc(0)], flip: 0 };
+    const counters: Counters = { bytesStored: 0 };
     let indexHex = "";
     const layer = cfg.name;
     const fileEntry = (rel: string, st: Stats): Omit<KvIndexFile, "artifact" | "tiles"> => ({
@@ -1119,10 +1089,15 @@ export const kvSource: SourceKind<KvConfig> = {
           if (v.zst) counters.bytesStored += v.stats.size;
           yield verbatimArtifact(v, layer, ctx.redactor, contents);
         }
-        for (const f of plan.data) {
-          const tiles: number[] = [];
-          yield* dataArtifacts(f, files.length, plan, shuffle, contents, tiles, counters, ctx.signal);
-          files.push({ ...fileEntry(f.rel, f.stats), tiles });
+        const blocks = readBlocks(plan.data, ctx.signal);
+        try {
+          for (const [at, f] of plan.data.entries()) {
+            const tiles: number[] = [];
+            yield* dataArtifacts(f, files.length, plan, shuffle, contents, tiles, counters, blocks, at);
+            files.push({ ...fileEntry(f.rel, f.stats), tiles });
+          }
+        } finally {
+          await blocks.return(undefined);
         }
         for (const [label, hex] of plan.framePages) contents.addLabel(label, contents.frame(hex)!);
         for (const [label, hex] of (plan.meta.extra_labels as [string, string][] | undefined) ?? []) contents.addLabel(label, contents.raw(KvIndexWriter.key(hex))!);
