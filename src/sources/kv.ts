@@ -40,7 +40,7 @@ import { sourceChanged, sourceError, walkFiles } from "./walk.js";
 import { FdCache } from "../util/fd-cache.js";
 import { KvIndexWriter } from "./kv-index-writer.js";
 import { kvPageFingerprint } from "../pipeline/incremental.js";
-import { READ_BLOCK, readBlocks, type ReadBlock } from "./kv-blocks.js";
+import { readBlocks, type ReadBlock } from "./kv-blocks.js";
 import { collectNow } from "../util/gc.js";
 
 export interface KvShape {
@@ -639,6 +639,9 @@ async function* dataArtifacts(f: DataFile, fileNo: number, plan: KvPlan, shuffle
   await unchanged(f.abs, f.stats)();
 }
 
+/** Restore: tiles are gathered into one buffer of this size and written with one call. */
+const WRITE_BATCH = 4 * 1024 * 1024;
+
 const zeroShas = new Map<number, string>();
 /** SHA-256 of `len` zero bytes (cached per length). */
 function zeroPageSha(len: number): string {
@@ -904,7 +907,7 @@ async function materializeKv(dir: string, layer: LayerEntry, verified?: Verified
     readFully(spool!.fd(slot), dst, spool!.off.a[slot]!, where);
     check(ci, dst, where);
   };
-  const batch = Buffer.allocUnsafe(READ_BLOCK);
+  const batch = Buffer.allocUnsafe(WRITE_BATCH);
   try {
     for (const [fileNo, f] of files.entries()) {
       if (f.path.split("/")[0]!.startsWith(".memsnap-work-kv-")) throw new MemsnapError("MEMSNAP_UNSAFE_PATH", `${layer.name}: kv-index names a reserved path ${f.path}`, { path: f.path });

@@ -71,7 +71,7 @@ describe("readBlocks", () => {
     const dir = tempDir();
     const page = 64 * 1024;
     const files = [
-      dataFile(dir, "a.bin", Array.from({ length: 150 }, () => page)), // 9.4 MiB: three blocks, the last short
+      dataFile(dir, "a.bin", Array.from({ length: 150 }, () => page)), // 9.4 MiB: several blocks, the last short
       dataFile(dir, "empty.bin", []),
       dataFile(dir, "b.bin", [READ_BLOCK + 4096, 100, 8192, 1]), // a tile bigger than a block is read alone
       dataFile(dir, "c.bin", Array.from({ length: 700 }, (_, i) => 1000 + (i % 7))), // odd sizes
@@ -90,7 +90,11 @@ describe("readBlocks", () => {
       expect(b.bytes.equals(f.bytes.subarray(start, start + b.bytes.length))).toBe(true);
       expect(b.bytes.length <= READ_BLOCK || b.end - b.first === 1).toBe(true);
     }
-    expect(native.blocks.filter((b) => b.file === 0).map((b) => [b.first, b.end])).toEqual([[0, 64], [64, 128], [128, 150]]);
+    const per = READ_BLOCK / 65536;
+    const want: number[][] = [];
+    for (let i = 0; i < 150; i += per) want.push([i, Math.min(150, i + per)]);
+    expect(want.length).toBeGreaterThan(2);
+    expect(native.blocks.filter((b) => b.file === 0).map((b) => [b.first, b.end])).toEqual(want);
     expect(native.blocks.filter((b) => b.file === 2).map((b) => [b.first, b.end])).toEqual([[0, 1], [1, 4]]);
   });
 
