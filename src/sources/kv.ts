@@ -26,9 +26,9 @@ import { MemsnapError, isMemsnapError } from "../errors.js";
 import type { Redactor } from "../redact/types.js";
 import { configInvalid, isPlainObject, optString, rejectUnknownKeys, reqString } from "../util/config-check.js";
 import {
-  KV_INDEX, KV_INDEX_FORMAT, KV_MANIFEST, KV_MANIFEST_MAX_BYTES, KV_MAX_PAGE_BYTES, PAGE_ARTIFACT_RE, kvInvalid,
+  KV_INDEX, KV_MANIFEST, KV_MANIFEST_MAX_BYTES, KV_MAX_PAGE_BYTES, PAGE_ARTIFACT_RE, kvInvalid,
   Grow, pageArtifact, pagePlace, readKvIndex, readKvManifest, shuffle as shufflePlanes, unshuffle,
-  type KvContent, type KvIndex, type KvIndexFile,
+  type KvIndexFile,
 } from "./kv-format.js";
 import {
   FrameHasher, TextScanner, canonicalDtype, decompressToBuffer, dtypeBytes, hashFrameChunks, isAllZero, parsePageManifest,
