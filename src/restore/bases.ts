@@ -30,12 +30,14 @@ export function basePath(bundle: string, id: string): string {
 }
 
 /**
- * Open and check every base of `manifest` (the bundle at `bundle`): present, readable, sealed
- * as recorded, the same agent. Throws MEMSNAP_BASE_MISSING or MEMSNAP_BASE_MISMATCH.
+ * Open and check the bases of `manifest` (the bundle at `bundle`), every one or those in `ids`:
+ * present, readable, sealed as recorded, the same agent. Throws MEMSNAP_BASE_MISSING or
+ * MEMSNAP_BASE_MISMATCH.
  */
-export async function openBases(bundle: string, manifest: Manifest): Promise<OpenBase[]> {
+export async function openBases(bundle: string, manifest: Manifest, ids?: ReadonlySet<string>): Promise<OpenBase[]> {
   const out: OpenBase[] = [];
   for (const b of basesOf(manifest)) {
+    if (ids && !ids.has(b.snapshot_id)) continue;
     const path = basePath(bundle, b.snapshot_id);
     let layout: BundleLayout;
     try {
@@ -91,10 +93,25 @@ export class References {
     return out;
   }
 
-  /** Base ids that are referenced, and are not among `open`. */
-  unknown(open: OpenBase[]): string[] {
-    return [...this.#byBase.keys()].filter((id) => !open.some((b) => b.id === id));
+  /** The bases referenced from these layers (every layer's without `layers`). */
+  basesIn(layers?: ReadonlySet<string>): Set<string> {
+    const out = new Set<string>();
+    for (const [id, m] of this.#byBase) if (!layers || [...m.keys()].some((p) => layers.has(layerOf(p)))) out.add(id);
+    return out;
   }
+}
+
+const layerOf = (path: string): string => path.slice(0, path.indexOf("/"));
+
+/**
+ * The bases a restore of `layers` needs, when the manifest says (a plaintext bundle's index is
+ * in it); null when only the encrypted index can tell.
+ */
+export function basesNeeded(manifest: Manifest, layers: ReadonlySet<string>): Set<string> | null {
+  if (!manifest.index) return null;
+  const out = new Set<string>();
+  for (const e of manifest.index) if (e.ref !== undefined && layers.has(e.layer)) out.add(e.ref);
+  return out;
 }
 
 export interface ReferencedOptions {
@@ -115,16 +132,13 @@ export interface ReferencedOptions {
 export async function extractReferenced(
   bases: OpenBase[], refs: References, rootFor: (layer: string) => string | null, opts: ReferencedOptions = {},
 ): Promise<void> {
-  const unknown = refs.unknown(bases);
-  if (unknown.length) {
-    throw new MemsnapError("MEMSNAP_INDEX_MISMATCH", `the index references ${unknown[0]}, which is not one of the bundle's bases`, {
-      hint: "the bundle is damaged or was altered; nothing was restored",
-    });
-  }
+  const unopened = [...refs.basesIn(opts.layers)].filter((id) => !bases.some((b) => b.id === id));
+  if (unopened.length) throw new MemsnapError("MEMSNAP_INTERNAL", `base ${unopened[0]} is referenced but was not opened`);
+  const layerOk = (layer: string): boolean => !opts.layers || opts.layers.has(layer);
   for (const base of bases) {
     const wanted = refs.of(base.id);
-    if (!wanted) continue;
-    const layerOk = (layer: string): boolean => !opts.layers || opts.layers.has(layer);
+    // (a partial restore reads only the bases that hold artifacts of its layers)
+    if (!wanted || (opts.layers && ![...wanted.keys()].some((p) => layerOk(layerOf(p))))) continue;
     const found = new Set<string>();
     await extractPayload(base.layout, base.manifest, (layer) => (layerOk(layer) ? rootFor(layer) : null), {
       ...(opts.keys ? { keys: opts.keys } : {}), ...(opts.signal ? { signal: opts.signal } : {}),
@@ -138,7 +152,7 @@ export async function extractReferenced(
           });
         }
         found.add(e.name);
-        if (layerOk(e.name.slice(0, e.name.indexOf("/")))) {
+        if (layerOk(layerOf(e.name))) {
           opts.verified?.add(e.name, e.size, Buffer.from(e.sha256, "hex"));
           opts.onProgress?.(e.size);
         }
@@ -160,6 +174,13 @@ export async function extractReferenced(
  * layer would be written after that layer was rebuilt. Throws MEMSNAP_INDEX_MISMATCH.
  */
 export function checkReferencedLayers(manifest: Manifest, refs: References): void {
+  const declared = new Set(basesOf(manifest).map((b) => b.snapshot_id));
+  const unknown = [...refs.basesIn()].find((id) => !declared.has(id));
+  if (unknown !== undefined) {
+    throw new MemsnapError("MEMSNAP_INDEX_MISMATCH", `the index references ${unknown}, which is not one of the bundle's bases`, {
+      hint: "the bundle is damaged or was altered; nothing was restored",
+    });
+  }
   const got = refs.perLayer();
   for (const l of manifest.layers) {
     const want = referencedIn(manifest, l);

@@ -25,7 +25,7 @@ import type { LiveTarget } from "../sources/types.js";
 import { crashPoint } from "../util/crash-point.js";
 import { EarlySync, syncFilesystem } from "../util/fs-atomic.js";
 import { extractPayload } from "./extract.js";
-import { checkReferencedLayers, extractReferenced, openBases, References } from "./bases.js";
+import { basesNeeded, checkReferencedLayers, extractReferenced, openBases, References } from "./bases.js";
 import { LayerMaterializer } from "./materialize.js";
 import { listFiles } from "./live-files.js";
 import { newJournal, recoverJournal, rollForward, writeJournal, cleanup, type Swap } from "./journal.js";
@@ -141,7 +141,12 @@ export async function restoreInPlace(bundle: string, config: MemsnapConfig, opts
     });
   }
   const selected = await selectLayers(manifest, config, opts.only);
-  const bases = await openBases(bundle, manifest); // an incremental bundle's: checked before anything is touched
+  // An incremental bundle's bases are checked before anything is touched. A partial restore
+  // (--only) needs only those its layers reference: known here from a plaintext index, else
+  // once the bundle's own payload is read (into staging: still before anything live is touched).
+  const partial = opts.only?.length ? new Set(selected.map((s) => s.layer.name)) : null;
+  const needed = partial ? basesNeeded(manifest, partial) : undefined;
+  let bases = needed === null ? null : await openBases(bundle, manifest, needed);
   if (opts.dryRun) {
     const plan = await planRestore(layout, manifest, config, selected, keys, opts.signal);
     return { manifest, layers: selected.map((s) => s.layer.name), swaps: 0, bytes: 0, safetySnapshot: null, recovered: null, plan, durationMs: performance.now() - t0 };
@@ -202,8 +207,9 @@ export async function restoreInPlace(bundle: string, config: MemsnapConfig, opts
         checkReferencedLayers(manifest, refs);
         if (refs.count) {
           let done = r.entries.bytes();
+          bases ??= await openBases(bundle, manifest, refs.basesIn(partial ?? undefined));
           await extractReferenced(bases, refs, (layer) => roots.get(layer)?.staged ?? null, {
-            keys, ...(opts.signal ? { signal: opts.signal } : {}), verified: mat.verified,
+            keys, ...(opts.signal ? { signal: opts.signal } : {}), verified: mat.verified, ...(partial ? { layers: partial } : {}),
             onProgress: (n) => { done += n; early.bytes(n); opts.onProgress?.(done, manifest.payload.bytes); },
           });
         }

@@ -15,7 +15,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeEach, describe, expect, it } from "vitest";
 import {
-  deleteSnapshots, findSnapshot, generateIdentity, listSnapshots, parseConfig, parseManifest, readLayout, restoreToDir, snapshot, verifyBundle,
+  deleteSnapshots, findSnapshot, generateIdentity, listSnapshots, parseConfig, parseManifest, readLayout, restoreInPlace, restoreToDir, snapshot, verifyBundle,
   type MemsnapConfig,
 } from "../../src/index.js";
 import { decide } from "../../src/store/prune.js";
@@ -224,6 +224,45 @@ describe("bases: missing, replaced, altered", () => {
     expect(v.ok).toBe(false);
     expect(v.checks.find((c) => c.name === "references")).toMatchObject({ status: "failed" });
   });
+});
+
+describe("a partial restore (--only) needs only the bases its layers reference", () => {
+  for (const encrypted of [true, false]) {
+    it(`a layer with no references restores with the base gone; one with references says MEMSNAP_BASE_MISSING and touches nothing (${encrypted ? "encrypted" : "plaintext"})`, async () => {
+      mkdirSync(join(dir, "notes"));
+      writeFileSync(join(dir, "notes", "a.md"), "first a\n");
+      config = parseConfig({
+        agent: "inc",
+        sources: [{ kind: "files", name: "memory", path: "memory" }, { kind: "files", name: "notes", path: "notes" }],
+      }, null, dir);
+      const recipients = encrypted ? [recipient] : [];
+      const first = await snap({ recipients, redact: false });
+      writeFileSync(join(dir, "notes", "a.md"), "second a, rewritten\n"); // every file of notes changes
+      const second = await snap({ recipients, redact: false });
+      expect(second.manifest.layers.find((l) => l.name === "notes")!.referenced ?? 0).toBe(0);
+      expect(second.manifest.layers.find((l) => l.name === "memory")!.referenced).toBe(41);
+      renameSync(first.path, `${first.path}.away`);
+
+      writeFileSync(join(dir, "notes", "a.md"), "live, later\n");
+      appendFileSync(join(dir, "memory", "note-0.md"), "live, later\n");
+      const memoryBefore = tree(join(dir, "memory"));
+      const r = await restoreInPlace(second.path, config, { keys, only: ["notes"], safetySnapshot: false });
+      expect(r.layers).toEqual(["notes"]);
+      expect(readFileSync(join(dir, "notes", "a.md"), "utf8")).toBe("second a, rewritten\n");
+      expect(tree(join(dir, "memory"))).toEqual(memoryBefore);
+
+      await expect(restoreInPlace(second.path, config, { keys, only: ["memory"], safetySnapshot: false }))
+        .rejects.toMatchObject({ code: "MEMSNAP_BASE_MISSING" });
+      expect(tree(join(dir, "memory"))).toEqual(memoryBefore);
+      // the whole bundle still needs it, up front
+      await expect(restoreInPlace(second.path, config, { keys, safetySnapshot: false })).rejects.toMatchObject({ code: "MEMSNAP_BASE_MISSING" });
+
+      renameSync(`${first.path}.away`, first.path);
+      await restoreInPlace(second.path, config, { keys, only: ["memory"], safetySnapshot: false });
+      expect(readFileSync(join(dir, "memory", "note-0.md"), "utf8")).not.toContain("live, later");
+      expect(readFileSync(join(dir, "notes", "a.md"), "utf8")).toBe("second a, rewritten\n");
+    });
+  }
 });
 
 describe("the store keeps what incremental snapshots need", () => {
