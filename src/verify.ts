@@ -16,7 +16,7 @@ import {
 } from "./format/manifest.js";
 import { createHash } from "node:crypto";
 import { AGE_MAGIC } from "./pipeline/age.js";
-import { compareWithIndex, hashStoredPayload, readPayload, type Keys } from "./pipeline/read-payload.js";
+import { compareWithIndex, hashStoredPayload, readPayload, type EntryHandler, type EntryInfo, type Keys } from "./pipeline/read-payload.js";
 import { ZSTD_MAGIC } from "./pipeline/zstd.js";
 import { checkSignature, type SignatureStatus } from "./sign.js";
 import { checkEntryName } from "./restore/safe-path.js";
@@ -159,11 +159,23 @@ export async function verifyBundle(path: string, opts: VerifyOptions = {}): Prom
   }
   // Full pass: decrypt (if needed), decompress, hash every entry, optionally deep-check.
   const deepProblems: Finding[] = [];
+  let deepChecked = 0;
+  let deepOwn = 0;
   const unsafe: Finding[] = [];
   const layerKinds = new Map(manifest.layers.map((l) => [l.name, l.kind]));
   const refs = new References();
   try {
     const layerNames = new Set(manifest.layers.map((l) => l.name));
+    /** `--deep`: the source's own check of an artifact, this bundle's or a referenced one in its base. */
+    const deepCheck = async (info: EntryInfo, chunks: AsyncIterable<Buffer>): Promise<void> => {
+      const kind = layerKinds.get(info.layer);
+      const impl = kind ? sourceKind(kind) : undefined;
+      if (!impl?.deepVerify) return;
+      deepChecked++;
+      // Copies: a checker may keep chunks past the next one, when the reader reuses their memory.
+      const problem = await impl.deepVerify({ entry: { path: info.name, layer: info.layer }, bytes: copies(chunks) });
+      if (problem) deepProblems.push({ code: "MEMSNAP_DEEP_VERIFY_FAILED", message: problem, path: info.name });
+    };
     const r = await readPayload(layout, manifest, keys, async (info, chunks) => {
       try {
         checkEntryName(info.name, layerNames);
@@ -172,13 +184,7 @@ export async function verifyBundle(path: string, opts: VerifyOptions = {}): Prom
         unsafe.push({ code: e.code, message: e.message, path: info.name });
         return;
       }
-      if (!opts.deep) return;
-      const kind = layerKinds.get(info.layer);
-      const impl = kind ? sourceKind(kind) : undefined;
-      if (!impl?.deepVerify) return;
-      // Copies: a checker may keep chunks past the next one, when the reader reuses their memory.
-      const problem = await impl.deepVerify({ entry: { path: info.name, layer: info.layer }, bytes: copies(chunks) });
-      if (problem) deepProblems.push({ code: "MEMSNAP_DEEP_VERIFY_FAILED", message: problem, path: info.name });
+      if (opts.deep) await deepCheck(info, chunks);
     }, { streamIndex: true, onRef: refs.add, ...(opts.signal ? { signal: opts.signal } : {}), ...(opts.onProgress ? { onStored: opts.onProgress } : {}) });
     const cmp = compareWithIndex(manifest, r);
     const payloadF = cmp.filter((x) => x.code === "MEMSNAP_PAYLOAD_HASH_MISMATCH");
@@ -188,8 +194,9 @@ export async function verifyBundle(path: string, opts: VerifyOptions = {}): Prom
     if (encrypted) add("index-binding", indexF.filter((x) => x.path === ".memsnap/index.json"));
     add("artifacts", [...unsafe, ...cmp.filter((x) => x.code === "MEMSNAP_ARTIFACT_HASH_MISMATCH" || (x.code === "MEMSNAP_INDEX_MISMATCH" && (!encrypted || x.path !== ".memsnap/index.json")))],
       `${r.entries.length} artifacts`);
-    if (incremental || refs.count) await checkReferences(manifest, bases, refs, keys, opts.signal, add, skip);
-    if (opts.deep) add("deep", deepProblems);
+    deepOwn = deepChecked;
+    if (incremental || refs.count) await checkReferences(manifest, bases, refs, keys, opts.signal, add, skip, opts.deep ? deepCheck : undefined);
+    if (opts.deep) add("deep", deepProblems, `${deepChecked} artifact(s) checked${deepChecked > deepOwn ? `, ${deepChecked - deepOwn} of them referenced, in bases` : ""}`);
   } catch (e) {
     if (!isMemsnapError(e)) throw e;
     const stored = await hashStoredPayload(layout);
@@ -216,11 +223,12 @@ export async function verifyBundle(path: string, opts: VerifyOptions = {}): Prom
 /**
  * The references of an incremental bundle: they match what its layers declare, and each base
  * holds every artifact referenced from it with the recorded size and SHA-256, its own payload
- * checked whole against its index (nothing is written).
+ * checked whole against its index (nothing is written). With `deep`, each referenced artifact
+ * gets its source's deep check as it is read from the base.
  */
 async function checkReferences(
   manifest: Manifest, bases: OpenBase[] | null, refs: References, keys: Keys, signal: AbortSignal | undefined,
-  add: (name: string, fs: Finding[], detail?: string) => void, skip: (name: string, detail: string) => void,
+  add: (name: string, fs: Finding[], detail?: string) => void, skip: (name: string, detail: string) => void, deep?: EntryHandler,
 ): Promise<void> {
   if (!bases) {
     skip("references", "not run: a base is missing or is not the one recorded");
@@ -228,7 +236,7 @@ async function checkReferences(
   }
   try {
     checkReferencedLayers(manifest, refs);
-    await extractReferenced(bases, refs, () => null, { keys, ...(signal ? { signal } : {}) });
+    await extractReferenced(bases, refs, () => null, { keys, ...(signal ? { signal } : {}), ...(deep ? { peek: deep } : {}) });
     add("references", [], `${refs.count} artifacts in ${bases.length} base(s)`);
   } catch (e) {
     if (!isMemsnapError(e)) throw e;

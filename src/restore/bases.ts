@@ -14,7 +14,7 @@ import { MemsnapError } from "../errors.js";
 import { readLayout, type BundleLayout } from "../format/container.js";
 import { basesOf, checkSeal, parseManifest, referencedIn, type IndexEntry, type Manifest } from "../format/manifest.js";
 import type { EntryTable } from "../pipeline/entry-table.js";
-import type { Keys } from "../pipeline/read-payload.js";
+import type { EntryHandler, Keys } from "../pipeline/read-payload.js";
 import { extractPayload } from "./extract.js";
 import { checkManifest, checkManifestFindings } from "./preflight.js";
 
@@ -122,6 +122,8 @@ export interface ReferencedOptions {
   verified?: EntryTable;
   /** Only these layers (a partial restore); others are not written. */
   layers?: Set<string>;
+  /** The bytes of each referenced artifact not written (its layer has no root): see ExtractOptions.peek. */
+  peek?: EntryHandler;
 }
 
 /**
@@ -142,7 +144,7 @@ export async function extractReferenced(
     const found = new Set<string>();
     await extractPayload(base.layout, base.manifest, (layer) => (layerOk(layer) ? rootFor(layer) : null), {
       ...(opts.keys ? { keys: opts.keys } : {}), ...(opts.signal ? { signal: opts.signal } : {}),
-      want: (name) => wanted.has(name), resumeSpools: true,
+      want: (name) => wanted.has(name), resumeSpools: true, ...(opts.peek ? { peek: opts.peek } : {}),
       onEntry: (e) => {
         const w = wanted.get(e.name);
         if (!w) return;

@@ -12,7 +12,7 @@ import { MemsnapError, destinationError } from "../errors.js";
 import type { BundleLayout } from "../format/container.js";
 import type { IndexEntry, Manifest } from "../format/manifest.js";
 import type { EntryTable } from "../pipeline/entry-table.js";
-import { compareWithIndex, readPayload, type Keys, type PayloadEntry, type PayloadReadResult } from "../pipeline/read-payload.js";
+import { compareWithIndex, readPayload, type EntryHandler, type Keys, type PayloadEntry, type PayloadReadResult } from "../pipeline/read-payload.js";
 import { crashPoint } from "../util/crash-point.js";
 import { alignedBuffer, SequentialDirectWriter } from "../util/directio.js";
 import { pin } from "../util/slots.js";
@@ -48,6 +48,12 @@ export interface ExtractOptions {
   resumeSpools?: boolean;
   /** Index artifacts that reference a base (manifest_version 2; see readPayload's `onRef`). */
   onRef?: (a: IndexEntry) => void;
+  /**
+   * Handed the bytes of each entry that is wanted (see `want`) but not written, its layer's
+   * root being null: `verify --deep` checks a base's referenced artifacts so. The chunks are
+   * hashed against the index whether or not it reads them.
+   */
+  peek?: EntryHandler;
 }
 
 /** Write a small entry's bytes to a new file `dest` in one synchronous write (MEMSNAP_UNSAFE_PATH, MEMSNAP_DEST_*). */
@@ -116,7 +122,11 @@ export async function extractPayload(
         });
       }
       const root = rootFor(info.layer);
-      if (root === null || (opts.want && !opts.want(info.name))) return;
+      if (opts.want && !opts.want(info.name)) return;
+      if (root === null) {
+        await opts.peek?.(info, chunks);
+        return;
+      }
       const spooled = spoolFor.get(info.layer);
       if (spooled && isSpoolName(info.rel)) throw conflictingEntry(info.name);
       const tooLong = (): MemsnapError => new MemsnapError("MEMSNAP_ARTIFACT_HASH_MISMATCH", `${info.name} is longer than its header declares`, { path: info.name });

@@ -411,6 +411,8 @@ describe("git repositories in incremental snapshots", () => {
         expect((layerOf(fourth.manifest).meta as GitMeta).bundle_reused).toBeUndefined();
         const v = await verifyBundle(second.path, { keys, deep: true });
         expect(v.ok, JSON.stringify(v.findings)).toBe(true);
+        // the referenced bundle got git's own check too, read from the first snapshot
+        expect(v.checks.find((c) => c.name === "deep")?.detail).toMatch(/, 1 of them referenced, in bases$/);
       } finally {
         if (before === undefined) delete process.env.MEMSNAP_GIT_IMPL;
         else process.env.MEMSNAP_GIT_IMPL = before;
