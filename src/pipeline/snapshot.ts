@@ -16,7 +16,7 @@
  */
 import { createHash, randomBytes, type KeyObject } from "node:crypto";
 import { fdatasync } from "node:fs";
-import { mkdir, rm, stat } from "node:fs/promises";
+import { mkdir, readdir, rm, stat } from "node:fs/promises";
 import { hostname } from "node:os";
 import { performance } from "node:perf_hooks";
 import { dirname, join } from "node:path";
@@ -147,6 +147,16 @@ async function* lookahead<T, U>(items: AsyncIterable<T>, prepare: (x: T) => Prom
   } finally {
     if (!done) await it.return?.();
   }
+}
+
+/** The newest snapshot id in an agent's store directory older than `before`, or null. */
+async function newestIn(dir: string, before: string): Promise<string | null> {
+  let newest: string | null = null;
+  for (const n of await readdir(dir).catch(() => [] as string[])) {
+    const m = /^([0-9A-HJKMNP-TV-Z]{26})\.memsnap$/.exec(n);
+    if (m && m[1]! < before && (newest === null || m[1]! > newest)) newest = m[1]!;
+  }
+  return newest;
 }
 
 /** Where a snapshot with this id goes in a store. */
@@ -297,6 +307,7 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
     });
   }
   let dest = opts.out;
+  let parent = opts.parent ?? null;
   if (!dest) {
     if (!opts.store) throw new MemsnapError("MEMSNAP_USAGE", "no store and no --out given", { hint: "pass --out FILE or --store DIR" });
     dest = storePath(opts.store, cfg.tenant, cfg.agent, id);
@@ -305,6 +316,8 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
     } catch (e) {
       throw destinationError(e, dirname(dest));
     }
+    // In a store, the snapshot this one follows is the agent's newest there (ids sort by time).
+    if (opts.parent === undefined) parent = await newestIn(dirname(dest), id);
   }
   if (await stat(dest).then(() => true, () => false)) {
     throw new MemsnapError("MEMSNAP_DEST_EXISTS", `${dest} already exists`, { path: dest, hint: "choose another --out path or remove the file" });
@@ -474,7 +487,7 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
       agent: cfg.agent,
       host: hostname(),
       tool: { name: TOOL_NAME, version: TOOL_VERSION },
-      parent: opts.parent ?? null,
+      parent,
       ...(bases.length ? { bases } : {}),
       layers,
       payload: {

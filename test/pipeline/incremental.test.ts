@@ -82,6 +82,7 @@ describe("incremental snapshots", () => {
   it("references what did not change, stores what did, and restores to the same tree as a full snapshot", async () => {
     const first = await snap();
     expect(first.incremental).toMatchObject({ referenced: 0, bases: [] });
+    expect(first.manifest.parent).toBeNull(); // the agent's first snapshot in the store
     expect(first.manifest.manifest_version).toBe(1); // nothing referenced: readable by every memsnap
     appendFileSync(join(dir, "memory", "note-3.md"), "one more line\n");
     writeFileSync(join(dir, "memory", "new.md"), "a new memory\n");
@@ -91,6 +92,7 @@ describe("incremental snapshots", () => {
     scribble(data[0]!, 100, 64); // one page of the first data file
     const second = await snap();
     const m = second.manifest;
+    expect(m.parent).toBe(first.id); // the snapshot it follows: the agent's newest in the store
     expect(m.manifest_version).toBe(2);
     expect(m.bases).toEqual([{ snapshot_id: first.id, seal: first.manifest.seal }]);
     const memory = m.layers.find((l) => l.name === "memory")!;
