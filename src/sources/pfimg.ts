@@ -14,7 +14,7 @@
  * the redactor; content-addressed bytes are never rewritten, so findings are recorded as
  * unredacted.
  */
-import { createReadStream, readFileSync, statSync } from "node:fs";
+import { closeSync, createReadStream, openSync, readFileSync, readSync, statSync } from "node:fs";
 import { readdir, readFile, stat } from "node:fs/promises";
 import type { Stats } from "node:fs";
 import { homedir } from "node:os";
@@ -25,10 +25,10 @@ import { MemsnapError, isMemsnapError } from "../errors.js";
 import { configInvalid, optBool, optString, optStringArray, rejectUnknownKeys, reqString } from "../util/config-check.js";
 import {
   BLOB_REL_RE, FrameHasher, IMAGE_REL_RE, TextScanner, blobRel, decompressToBuffer, digestHex, hashFrameChunks, imageRel,
-  parseFsTree, parseImageManifest, parsePageManifest, sha256Hex, type BlobCategory, type ImageManifest,
+  parseFsTree, parseImageManifest, parsePageManifest, sha256Hex, zstdBinding, type BlobCategory, type ImageManifest,
 } from "./pfimg-format.js";
-import type { Artifact, SourceKind } from "./types.js";
-import { sourceChanged, sourceError, walkFiles } from "./walk.js";
+import type { Artifact, CaptureContext, SourceKind } from "./types.js";
+import { fingerprintOf, sourceChanged, sourceError, walkFiles } from "./walk.js";
 
 export interface PfimgConfig {
   kind: "pfimg";
@@ -278,6 +278,41 @@ function unchanged(abs: string, before: Stats): () => Promise<void> {
   };
 }
 
+/**
+ * The content size a zstd frame's header declares, or null (not declared, or not readable): an
+ * incremental snapshot that references an unchanged blob learns its raw size so, without
+ * decompressing it. Its file is the one an earlier snapshot decompressed and checked (same
+ * device, inode, size, mtime and ctime), and zstd checks a declared size when it decompresses.
+ */
+function declaredRawSize(abs: string): number | null {
+  let fd: number | undefined;
+  try {
+    fd = openSync(abs, "r");
+    const head = Buffer.alloc(18); // the longest frame header
+    const n = readSync(fd, head, 0, head.length, 0);
+    return zstdBinding().getFrameContentSize(head.subarray(0, n));
+  } catch {
+    return null;
+  } finally {
+    if (fd !== undefined) closeSync(fd);
+  }
+}
+
+/**
+ * Yield a blob's artifact. In an incremental snapshot a blob whose file is unchanged is
+ * referenced (its fingerprint matches), so its raw size must be known without reading it: from
+ * planning (structural blobs), else from its frame header; a blob whose header does not declare
+ * it is packed again (no fingerprint), which measures it.
+ */
+function blobFor(b: PlannedBlob, layer: string, ctx: CaptureContext): Artifact {
+  const fingerprint = fingerprintOf(b.stats);
+  if (ctx.unchanged?.(`${layer}/${b.rel}`, fingerprint, "pfimg-blob")) {
+    b.rawSize ??= declaredRawSize(b.abs);
+    if (b.rawSize === null) return blobArtifact(b, layer, ctx);
+  }
+  return { ...blobArtifact(b, layer, ctx), fingerprint };
+}
+
 /** An artifact over a blob's stored frame that decompresses and checks its digest as it streams. */
 function blobArtifact(b: PlannedBlob, layer: string, ctx: { redactor?: import("../redact/types.js").Redactor }): Artifact {
   return {
@@ -469,7 +504,7 @@ export const pfimgSource: SourceKind<PfimgConfig> = {
           }
           yield imageArtifact(img);
         }
-        for (const b of plan.blobs) yield blobArtifact(b, layer, ctx);
+        for (const b of plan.blobs) yield blobFor(b, layer, ctx);
       })(),
       finish: async () => planMeta(plan, cfg),
     };

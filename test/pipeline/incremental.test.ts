@@ -25,6 +25,7 @@ interface Db { pragma(s: string): unknown; exec(s: string): void; prepare(s: str
 const openDatabase = createRequire(import.meta.url)("better-sqlite3") as new (p: string, o?: { readonly?: boolean }) => Db;
 import { generateKvDump } from "../helpers/kv-dump.js";
 import { commitAll, git, initRepo, repoRefs, statusSummary, writeFiles } from "../helpers/git.js";
+import { generatePfimgStore } from "../helpers/pfimg-store.js";
 
 const work = mkdtempSync(join(tmpdir(), "memsnap-incremental-"));
 afterAll(() => rmSync(work, { recursive: true, force: true }));
@@ -225,6 +226,46 @@ describe("bases: missing, replaced, altered", () => {
     const v = await verifyBundle(second.path, { keys });
     expect(v.ok).toBe(false);
     expect(v.checks.find((c) => c.name === "references")).toMatchObject({ status: "failed" });
+  });
+});
+
+describe("ProcessFork stores in incremental snapshots", () => {
+  it("unchanged blobs are referenced, their raw sizes read from the frame headers; the layer meta and the findings stay the same", async () => {
+    const g = generatePfimgStore({ root: join(dir, "pf"), forks: 2, pages: 3, zeroPages: 1, secret: true });
+    config = parseConfig({ agent: "inc", sources: [{ kind: "pfimg", name: "pf", store: "pf" }] }, null, dir);
+    const first = await snap();
+    const m1 = first.manifest.layers[0]!.meta as Record<string, unknown>;
+    const found1 = (first.manifest.redaction as { unredacted: Record<string, unknown> }).unredacted;
+    expect(Object.keys(found1).length).toBeGreaterThan(0); // the store's planted secret, in a text blob
+
+    const second = await snap();
+    const l2 = second.manifest.layers[0]!;
+    expect(l2.referenced).toBe(g.blobs); // every blob; the image manifests are small and stored again
+    expect(l2.meta).toEqual(m1);
+    const atSecond = tree(join(dir, "pf"));
+
+    // A frame that does not declare its size (zstd --no-content-size) is packed again, which measures it.
+    const blobs = readdirSync(join(dir, "pf", "blobs", "sha256"), { recursive: true, encoding: "utf8" })
+      .filter((n) => n.endsWith(".zst")).map((n) => join(dir, "pf", "blobs", "sha256", n));
+    const biggest = blobs.sort((a, b) => statSync(b).size - statSync(a).size)[0]!;
+    const content = execFileSync("zstd", ["-d", "-c", "-q", biggest]);
+    writeFileSync(biggest, execFileSync("zstd", ["-3", "-c", "-q", "--no-content-size"], { input: content }));
+    const reencoded = await snap();
+    expect(reencoded.manifest.layers[0]!.referenced).toBe(g.blobs - 1); // that file changed
+    const fourth = await snap(); // unchanged now, but its size is not declared: packed again
+    expect(fourth.manifest.layers[0]!.referenced).toBe(g.blobs - 1);
+    const raw = (m: unknown): unknown => {
+      const x = m as { raw_bytes: number; bytes_by_layer: Record<string, { raw_bytes: number }> };
+      return [x.raw_bytes, Object.fromEntries(Object.entries(x.bytes_by_layer).map(([k, v]) => [k, v.raw_bytes]))];
+    };
+    expect(raw(fourth.manifest.layers[0]!.meta)).toEqual(raw(m1)); // (its stored size is the new frame's)
+    expect((second.manifest.redaction as { unredacted: Record<string, unknown> }).unredacted).toEqual(found1);
+
+    const out = join(dir, "r");
+    await restoreToDir(second.path, out, { keys });
+    expect(tree(join(out, "pf"))).toEqual(atSecond);
+    const v = await verifyBundle(second.path, { keys, deep: true });
+    expect(v.ok, JSON.stringify(v.findings)).toBe(true);
   });
 });
 
