@@ -433,6 +433,22 @@ export async function decompressToBuffer(frame: Buffer, maxOutput: number): Prom
  * content is content-addressed and is never rewritten). Binary-looking content (a NUL byte
  * in its first 8 KiB) is skipped when `sniff` is set.
  */
+/**
+ * Where to cut a long text that has no newline (a JSON document on one line): just after its
+ * last comma, else its last space or tab, in the final 64 KiB, so that a token or a `"key":
+ * "value"` pair is not split between two scans; the whole text when there is none.
+ */
+function softCut(text: string): number {
+  const stop = Math.max(0, text.length - 64 * 1024);
+  let space = -1;
+  for (let i = text.length - 1; i >= stop; i--) {
+    const c = text.charCodeAt(i);
+    if (c === 44) return i + 1; // ,
+    if (space < 0 && (c === 32 || c === 9)) space = i + 1;
+  }
+  return space > 0 ? space : text.length;
+}
+
 export class TextScanner {
   readonly #redactor: Redactor;
   readonly #artifact: string;
@@ -477,7 +493,7 @@ export class TextScanner {
     let cut = this.#cut;
     if (cut < 0) {
       if (this.#pending.length < 8 << 20) return;
-      cut = this.#pending.length;
+      cut = softCut(this.#pending);
     }
     const text = this.#pending.slice(0, cut);
     this.#pending = this.#pending.slice(cut);

@@ -41,11 +41,25 @@ describe("TextScanner", () => {
     }
   });
 
-  it("text without newlines goes in pieces of 8 MiB (and the rest at the end)", async () => {
+  it("text without newlines or commas goes in pieces of 8 MiB (and the rest at the end)", async () => {
     const text = "ab".repeat(9 * 1024 * 1024); // 18 MiB on one line
     const pieces = await feed(text, 1 << 20);
     expect(pieces.join("")).toBe(text);
     expect(pieces.map((p) => p.length)).toEqual([8 << 20, 8 << 20, 2 << 20]);
+  });
+
+  it("a one-line JSON document is cut after a comma, so a value that straddles 8 MiB is scanned whole", async () => {
+    const secret = `"token":"ghp_${"Q".repeat(36)}"`;
+    let text = "[";
+    while (text.length < (8 << 20) - 20) text += '"filler",';
+    text += `${secret},"tail"]`; // the secret starts a few bytes before the 8 MiB mark
+    expect(text.indexOf(secret)).toBeLessThan(8 << 20);
+    expect(text.indexOf(secret) + secret.length).toBeGreaterThan(8 << 20);
+    text += ` ${"c".repeat(1 << 20)}`;
+    const pieces = await feed(text, 1 << 20);
+    expect(pieces.join("")).toBe(text);
+    expect(pieces.some((p) => p.includes(secret))).toBe(true);
+    expect(pieces[0]!.endsWith(",")).toBe(true);
   });
 
   it("a newline late in a long line cuts there", async () => {
