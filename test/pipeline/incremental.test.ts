@@ -229,6 +229,34 @@ describe("bases: missing, replaced, altered", () => {
   });
 });
 
+describe("the incremental cache", () => {
+  it("a line that is not well formed is skipped, the rest still count", async () => {
+    const first = await snap();
+    const { ReferenceSet, cachePath } = await import("../../src/pipeline/incremental.js");
+    const file = cachePath(dir, "default", "inc");
+    const [header, ...lines] = readFileSync(file, "utf8").split("\n").filter(Boolean);
+    const h = JSON.parse(header!) as { tenant: string; agent: string; encryption: string; redaction: string };
+    const key = { tenant: h.tenant, agent: h.agent, encryption: h.encryption, redaction: h.redaction };
+    const good = lines.find((l) => l.startsWith('"memory/note-1.md"'))!;
+    const t = good.split("\t");
+    const variant = (i: number, v: string): string => t.map((x, j) => (j === i ? v : x)).join("\t");
+    const bad = [
+      t.slice(0, 5).join("\t"), // a field short
+      `${good}\textra`, // a field over
+      variant(0, '"memory/unterminated'), // not JSON
+      variant(0, "42"), // JSON, not a string
+      variant(2, "1e3"), variant(2, "-1"), variant(2, ""), variant(2, "007"), // sizes that are not plain decimals
+      variant(3, "zz".repeat(32)), variant(3, "ab".repeat(31)), // digests that are not 64 hex digits
+      variant(4, "01NOTABUNDLEINTHESTORE0000"), // a bundle the header does not list
+    ];
+    writeFileSync(file, [header, good, ...bad.map((l, i) => l.replace('"memory/note-1.md"', `"memory/bad-${i}.md"`)), ""].join("\n"));
+    const r = await ReferenceSet.load(file, key, join(store, "default", "inc"));
+    expect(r.reason).toBeNull();
+    expect(r.size).toBe(1);
+    expect(r.from).toBe(first.id);
+  });
+});
+
 describe("ProcessFork stores in incremental snapshots", () => {
   it("unchanged blobs are referenced, their raw sizes read from the frame headers; the layer meta and the findings stay the same", async () => {
     const g = generatePfimgStore({ root: join(dir, "pf"), forks: 2, pages: 3, zeroPages: 1, secret: true });
