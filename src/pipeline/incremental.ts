@@ -44,7 +44,7 @@ export interface IncrementalKey {
   agent: string;
   /** `none`, or the sorted age recipient fingerprints. */
   encryption: string;
-  /** The redaction settings in force (or `off`), and the memsnap version. */
+  /** The redaction settings in force (or `off`) with the secretlint versions, and the memsnap version. */
   redaction: string;
 }
 
@@ -198,7 +198,7 @@ export class ReferenceSet {
           if (v.format !== FORMAT || v.version !== VERSION) return ReferenceSet.empty("the incremental cache is of another format");
           if (v.tenant !== key.tenant || v.agent !== key.agent) return ReferenceSet.empty("the incremental cache is another agent's");
           if (v.encryption !== key.encryption) return ReferenceSet.empty("the last incremental snapshot was encrypted differently");
-          if (v.redaction !== key.redaction) return ReferenceSet.empty("the redaction settings or the memsnap version changed");
+          if (v.redaction !== key.redaction) return ReferenceSet.empty("the redaction settings, the secretlint rules' version or the memsnap version changed");
           for (const [id, seal] of Object.entries((v.bundles ?? {}) as Record<string, unknown>)) if (typeof seal === "string") seals.set(id, seal);
           out.from = typeof v.snapshot_id === "string" ? v.snapshot_id : null;
           if (v.redacted !== null && typeof v.redacted === "object") redacted = v.redacted as Record<string, unknown>;

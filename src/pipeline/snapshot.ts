@@ -29,6 +29,7 @@ import {
   type CreatedBy, type IndexEntry, type LayerEntry, type Manifest, type RecipientInfo,
 } from "../format/manifest.js";
 import { createRedactor } from "../redact/index.js";
+import { secretlintVersions } from "../redact/secretlint.js";
 import { recoverJournal } from "../restore/journal.js";
 import { acquireLock, type AgentLock } from "../restore/lock.js";
 import { signManifest } from "../sign.js";
@@ -368,7 +369,8 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
     const levels = new LevelPolicy(level);
 
     const incKey = !opts.incremental ? null
-      : incrementalKey(cfg.tenant, cfg.agent, opts.passphrase ? null : recipients.map(recipientFingerprint), redactor ? cfg.redaction : null);
+      : incrementalKey(cfg.tenant, cfg.agent, opts.passphrase ? null : recipients.map(recipientFingerprint),
+        redactor ? { settings: cfg.redaction, rules: secretlintVersions() } : null);
     const refs = !opts.incremental ? null
       : incKey ? await ReferenceSet.load(cachePath(cfg.baseDir, cfg.tenant, cfg.agent), incKey, dirname(dest))
       : ReferenceSet.empty("a passphrase-encrypted snapshot references nothing (passphrases cannot be compared)");

@@ -13,6 +13,7 @@
  *    searches them linearly, so lint time grows without bound (≈1 ms per call after a few
  *    thousand calls, and unbounded memory). Its `mark` is replaced by a no-op.
  */
+import { createRequire } from "node:module";
 import { MemsnapError } from "../errors.js";
 import type { Candidate } from "./rules.js";
 import { SECRETLINT_FILTER_COMMENTS, SECRETLINT_PRIORITY, SECRETLINT_RULE_IDS } from "./rules.js";
@@ -45,6 +46,24 @@ type LintConfig = Parameters<LintSource>[0]["options"]["config"];
 type Rules = (typeof import("@secretlint/secretlint-rule-preset-recommend"))["rules"];
 
 let loaded: Promise<{ lintSource: LintSource; rules: Rules }> | undefined;
+
+/**
+ * The versions of the secretlint engine and rule preset installed (`unknown` where one cannot be
+ * read): what they find and redact can change with them under the same memsnap version, so an
+ * incremental snapshot does not reference text redacted by other ones.
+ */
+export function secretlintVersions(): string {
+  const req = createRequire(import.meta.url);
+  const version = (pkg: string): string => {
+    try {
+      const v = (req(`${pkg}/package.json`) as { version?: unknown }).version;
+      return typeof v === "string" ? v : "unknown";
+    } catch {
+      return "unknown";
+    }
+  };
+  return `core ${version("@secretlint/core")}, preset ${version("@secretlint/secretlint-rule-preset-recommend")}`;
+}
 
 function load(): Promise<{ lintSource: LintSource; rules: Rules }> {
   loaded ??= (async () => {

@@ -230,6 +230,19 @@ describe("bases: missing, replaced, altered", () => {
 });
 
 describe("the incremental cache", () => {
+  it("its key holds the secretlint versions installed: other rules redact other text, so nothing is referenced across them", async () => {
+    const { incrementalKey } = await import("../../src/pipeline/incremental.js");
+    const { secretlintVersions } = await import("../../src/redact/secretlint.js");
+    const v = secretlintVersions();
+    const req = createRequire(import.meta.url);
+    const core = (req("@secretlint/core/package.json") as { version: string }).version;
+    expect(v).toContain(`core ${core}`);
+    expect(v).not.toContain("unknown");
+    const a = incrementalKey("t", "a", [], { settings: null, rules: v });
+    const b = incrementalKey("t", "a", [], { settings: null, rules: `${v}.1` });
+    expect(a!.redaction).not.toBe(b!.redaction);
+  });
+
   it("a line that is not well formed is skipped, the rest still count", async () => {
     const first = await snap();
     const { ReferenceSet, cachePath } = await import("../../src/pipeline/incremental.js");
