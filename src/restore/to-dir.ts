@@ -18,12 +18,14 @@ import { checkManifest, checkManifestFindings, enforceSignature, type SignatureP
 import { sourceKind } from "../sources/registry.js";
 import { extractPayload } from "./extract.js";
 import { LayerMaterializer } from "./materialize.js";
-import { checkReferencedLayers, extractReferenced, openBases, References } from "./bases.js";
+import { basesNeeded, checkReferencedLayers, extractReferenced, openBases, References } from "./bases.js";
 
 export interface RestoreToDirOptions extends SignaturePolicy {
   keys?: Keys;
   signal?: AbortSignal;
   onProgress?: (bytes: number, total: number) => void;
+  /** Restore only these layers (by name); the others are read and checked, not written. */
+  only?: string[];
 }
 
 export interface RestoreToDirResult {
@@ -67,7 +69,18 @@ export async function restoreToDir(bundle: string, to: string, opts: RestoreToDi
       hint: "pass --identity FILE (an age identity file) or --passphrase-file FILE",
     });
   }
-  const bases = await openBases(bundle, manifest); // an incremental bundle's: checked before anything is written
+  const partial = opts.only?.length ? new Set(opts.only) : null;
+  for (const name of partial ?? []) {
+    if (!manifest.layers.some((l) => l.name === name)) {
+      throw new MemsnapError("MEMSNAP_USAGE", `--only ${name}: the bundle has no such layer`, { hint: `its layers: ${manifest.layers.map((l) => l.name).join(", ")}` });
+    }
+  }
+  const selected = (layer: string): boolean => !partial || partial.has(layer);
+  // An incremental bundle's bases: checked before anything is written. A partial restore needs
+  // only those its layers reference: known here from a plaintext index, else once the bundle's
+  // own payload is read (into staging).
+  const needed = partial ? basesNeeded(manifest, partial) : undefined;
+  let bases = needed === null ? null : await openBases(bundle, manifest, needed);
   if (!(await isEmptyOrAbsent(target))) {
     throw new MemsnapError("MEMSNAP_DEST_NOT_EMPTY", `${target} exists and is not empty`, {
       path: target, hint: "restore into a new or empty directory",
@@ -85,6 +98,7 @@ export async function restoreToDir(bundle: string, to: string, opts: RestoreToDi
   // soon as extraction has moved past it; see ./materialize.ts.
   const layers = new Map(manifest.layers.map((l) => [l.name, l]));
   const mat = new LayerMaterializer(async (name, verified) => {
+    if (!selected(name)) return;
     const layer = layers.get(name);
     const impl = layer ? sourceKind(layer.kind) : undefined;
     if (!layer || !impl?.materialize) return;
@@ -102,15 +116,16 @@ export async function restoreToDir(bundle: string, to: string, opts: RestoreToDi
   try {
     let r;
     try {
-      r = await extractPayload(layout, manifest, (layer) => join(staging, layer), {
+      r = await extractPayload(layout, manifest, (layer) => (selected(layer) ? join(staging, layer) : null), {
         ...opts, onLayerDone: (l) => { if (!deferred.has(l)) mat.layerDone(l); }, entries: mat.verified,
         onEntry: (e) => early.bytes(e.size), onRef: refs.add,
       });
       checkReferencedLayers(manifest, refs);
       if (refs.count) {
         let done = r.entries.bytes();
-        await extractReferenced(bases, refs, (layer) => join(staging, layer), {
-          ...(opts.keys ? { keys: opts.keys } : {}), ...(opts.signal ? { signal: opts.signal } : {}), verified: mat.verified,
+        bases ??= await openBases(bundle, manifest, refs.basesIn(partial ?? undefined));
+        await extractReferenced(bases, refs, (layer) => (selected(layer) ? join(staging, layer) : null), {
+          ...(opts.keys ? { keys: opts.keys } : {}), ...(opts.signal ? { signal: opts.signal } : {}), verified: mat.verified, ...(partial ? { layers: partial } : {}),
           onProgress: (n) => { done += n; early.bytes(n); opts.onProgress?.(done, manifest.payload.bytes); },
         });
         debugStep(t0, "referenced artifacts extracted from the bases");
@@ -120,7 +135,7 @@ export async function restoreToDir(bundle: string, to: string, opts: RestoreToDi
       throw e;
     }
     debugStep(t0, "payload extracted");
-    await mat.finish(layers.keys());
+    await mat.finish([...layers.keys()].filter(selected));
     await mkdir(join(staging, ".memsnap"), { recursive: true });
     await writeFile(join(staging, ".memsnap", MANIFEST_MEMBER), layout.manifestBytes, { mode: 0o600 });
     // One syncfs for the whole tree instead of an fsync per file.
@@ -133,7 +148,13 @@ export async function restoreToDir(bundle: string, to: string, opts: RestoreToDi
     await rename(staging, target).catch((e: unknown) => { throw destinationError(e, target); });
     await fsyncDir(dirname(target));
     // (the referenced artifacts were recorded in the same table as the bundle's own)
-    return { path: target, manifest, artifacts: r.entries.length, bytes: r.entries.bytes(), durationMs: performance.now() - t0 };
+    const mine = (name: string): boolean => selected(name.slice(0, name.indexOf("/")));
+    let artifacts = r.entries.length;
+    if (partial) {
+      artifacts = 0;
+      for (let i = 0; i < r.entries.length; i++) if (mine(r.entries.name(i))) artifacts++;
+    }
+    return { path: target, manifest, artifacts, bytes: r.entries.bytes(partial ? mine : undefined), durationMs: performance.now() - t0 };
   } catch (e) {
     await rm(staging, { recursive: true, force: true });
     throw interruptedOr(e, opts.signal, "restore interrupted", "nothing was restored");

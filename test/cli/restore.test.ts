@@ -63,6 +63,27 @@ function expectSameTree(restored: string, bundle: string): void {
   expect(listTree(join(restored, ".memsnap"))).toEqual(["manifest.json"]);
 }
 
+describe("restore --to --only", () => {
+  it("writes only the named layers (encrypted and plaintext), checks every hash still, and refuses a layer the bundle lacks", async () => {
+    for (const [bundle, extra] of [[enc, ["-i", key]], [plain, []]] as const) {
+      const d = tempDir();
+      const r = await runCli(["restore", bundle, "--to", "out", ...extra, "--only", "state", "--json"], { cwd: d });
+      expectOk(r);
+      const out = jsonOut(r);
+      const stateFiles = Object.keys(treeHashes(a.stateDir));
+      expect(out.artifacts).toBe(stateFiles.length);
+      const want = Object.fromEntries(Object.entries(treeHashes(a.stateDir)).map(([rel, h]) => [`state/${rel}`, h]));
+      expect(treeHashes(join(d, "out"), (rel) => rel.startsWith(".memsnap/"))).toEqual(want);
+      expect(existsSync(join(d, "out", "memory"))).toBe(false);
+      expect(listLeftovers(d)).toEqual([]);
+    }
+    const d = tempDir();
+    expectCliError(await runCli(["restore", plain, "--to", "out", "--only", "nope"], { cwd: d }), 2, "MEMSNAP_USAGE");
+    expect(existsSync(join(d, "out"))).toBe(false);
+    expect(listLeftovers(d)).toEqual([]);
+  });
+});
+
 describe("restore: round trip", () => {
   it("plaintext: the restored tree equals the source byte for byte", async () => {
     const d = tempDir();

@@ -8,7 +8,7 @@ import { execFileSync, spawnSync } from "node:child_process";
 import { createRequire } from "node:module";
 import { randomBytes } from "node:crypto";
 import {
-  appendFileSync, closeSync, copyFileSync, mkdirSync, mkdtempSync, openSync, readdirSync, readFileSync, readSync, renameSync, rmSync, statSync,
+  appendFileSync, closeSync, copyFileSync, existsSync, mkdirSync, mkdtempSync, openSync, readdirSync, readFileSync, readSync, renameSync, rmSync, statSync,
   writeFileSync, writeSync,
 } from "node:fs";
 import { tmpdir } from "node:os";
@@ -340,6 +340,15 @@ describe("a partial restore (--only) needs only the bases its layers reference",
       expect(tree(join(dir, "memory"))).toEqual(memoryBefore);
       // the whole bundle still needs it, up front
       await expect(restoreInPlace(second.path, config, { keys, safetySnapshot: false })).rejects.toMatchObject({ code: "MEMSNAP_BASE_MISSING" });
+      // and into a directory alike
+      const notesOnly = join(dir, `notes-only-${encrypted}`);
+      await restoreToDir(second.path, notesOnly, { keys, only: ["notes"] });
+      expect(readFileSync(join(notesOnly, "notes", "a.md"), "utf8")).toBe("second a, rewritten\n");
+      expect(existsSync(join(notesOnly, "memory"))).toBe(false);
+      const memoryOnly = join(dir, `memory-only-${encrypted}`);
+      await expect(restoreToDir(second.path, memoryOnly, { keys, only: ["memory"] })).rejects.toMatchObject({ code: "MEMSNAP_BASE_MISSING" });
+      expect(existsSync(memoryOnly)).toBe(false);
+      expect(readdirSync(dir).filter((n) => n.includes("memsnap-staging"))).toEqual([]);
 
       renameSync(`${first.path}.away`, first.path);
       await restoreInPlace(second.path, config, { keys, only: ["memory"], safetySnapshot: false });

@@ -79,7 +79,8 @@ Examples:
   $ memsnap restore 01J….memsnap -c agent/memsnap.json -i key.txt --dry-run
   $ memsnap restore 01JD0K7Q -c agent/memsnap.json -i key.txt
   $ memsnap restore 01J….memsnap -c agent/memsnap.json -i key.txt --only memory
-  $ memsnap restore 01J….memsnap --to ./restored -i key.txt`)
+  $ memsnap restore 01J….memsnap --to ./restored -i key.txt
+  $ memsnap restore 01J….memsnap --to ./restored -i key.txt --only kv`)
     .action(async (ref: string, o: RestoreOpts) => {
       const g = global();
       const identities = await loadIdentities(o.identity);
@@ -89,9 +90,11 @@ Examples:
       const progress = new Progress("restore", !g.json && process.stderr.isTTY === true);
       if (o.to) {
         const bundle = await bundleArg(ref, () => defaultStore(o.store));
-        const r = await withAbort((signal) => restoreToDir(bundle, o.to!, { ...sigPolicy, keys, signal, onProgress: (b, t) => progress.update(b, t) }));
+        const r = await withAbort((signal) => restoreToDir(bundle, o.to!, {
+          ...sigPolicy, keys, signal, only: o.only, onProgress: (b, t) => progress.update(b, t),
+        }));
         progress.done();
-        const redacted = redactedIn(r.manifest, r.manifest.layers.map((l) => l.name));
+        const redacted = redactedIn(r.manifest, o.only.length ? o.only : r.manifest.layers.map((l) => l.name));
         if (g.json) {
           printJson({
             ok: true, path: r.path, snapshot_id: r.manifest.snapshot_id, artifacts: r.artifacts, bytes: r.bytes, duration_ms: Math.round(r.durationMs),
