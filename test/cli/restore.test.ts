@@ -79,6 +79,8 @@ describe("restore --to --only", () => {
     }
     const d = tempDir();
     expectCliError(await runCli(["restore", plain, "--to", "out", "--only", "nope"], { cwd: d }), 2, "MEMSNAP_USAGE");
+    // --dry-run is the in-place plan: with --to it writes nothing and says so
+    expectCliError(await runCli(["restore", plain, "--to", "out", "--dry-run"], { cwd: d }), 2, "MEMSNAP_USAGE");
     expect(existsSync(join(d, "out"))).toBe(false);
     expect(listLeftovers(d)).toEqual([]);
   });

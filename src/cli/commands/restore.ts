@@ -1,6 +1,6 @@
 import type { Command } from "commander";
 import {
-  listSome, loadConfig, loadIdentities, loadPassphrase, loadTrusted, parseDuration, recoverAgent, resolveStore, restoreInPlace, restoreToDir,
+  MemsnapError, listSome, loadConfig, loadIdentities, loadPassphrase, loadTrusted, parseDuration, recoverAgent, resolveStore, restoreInPlace, restoreToDir,
   summarizeRedaction, type Manifest, type RedactedSummary, type RestorePlan,
 } from "../../index.js";
 import { fmtBytes, fmtRate, printJson, Progress } from "../output.js";
@@ -89,6 +89,13 @@ Examples:
       const sigPolicy = { requireSignature: !!o.requireSignature, trusted: await loadTrusted(o.trust) };
       const progress = new Progress("restore", !g.json && process.stderr.isTTY === true);
       if (o.to) {
+        // A dry run is the in-place restore's plan of what would change in the live agent; a
+        // --to restore changes nothing live, and writing a directory on --dry-run would surprise.
+        if (o.dryRun) {
+          throw new MemsnapError("MEMSNAP_USAGE", "--dry-run plans an in-place restore; with --to nothing live changes", {
+            hint: "drop --dry-run (the directory appears only once every hash is checked), or run 'memsnap verify' to check the bundle without writing",
+          });
+        }
         const bundle = await bundleArg(ref, () => defaultStore(o.store));
         const r = await withAbort((signal) => restoreToDir(bundle, o.to!, {
           ...sigPolicy, keys, signal, only: o.only, onProgress: (b, t) => progress.update(b, t),
