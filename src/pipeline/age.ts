@@ -147,6 +147,21 @@ function decodeIdentity(s: string): Uint8Array | null {
   return d.bytes;
 }
 
+/**
+ * The `age1…` recipients of X25519 identities (`AGE-SECRET-KEY-1…`), in order, without
+ * duplicates. Throws MEMSNAP_IDENTITY_INVALID for a line that is not one.
+ */
+export function recipientsOfIdentities(identities: readonly string[]): string[] {
+  const out: string[] = [];
+  for (const id of identities) {
+    const scalar = decodeIdentity(id);
+    if (scalar === null) throw new MemsnapError("MEMSNAP_IDENTITY_INVALID", "a given identity is not an X25519 age identity (AGE-SECRET-KEY-1…)", { hint: IDENTITY_HINT });
+    const r = recipientOfScalar(scalar);
+    if (!out.includes(r)) out.push(r);
+  }
+  return out;
+}
+
 /** PKCS#8 DER prefix of a raw X25519 private key (RFC 8410). */
 const X25519_PKCS8_PREFIX = Buffer.from("302e020100300506032b656e04220420", "hex");
 

@@ -19,6 +19,7 @@ import type { ConfiguredSource, MemsnapConfig } from "../config.js";
 import { MemsnapError, interruptedOr } from "../errors.js";
 import { readLayout } from "../format/container.js";
 import { parseManifest, referencedIn, type LayerEntry, type Manifest } from "../format/manifest.js";
+import { recipientFingerprint, recipientsOfIdentities } from "../pipeline/age.js";
 import type { Keys } from "../pipeline/read-payload.js";
 import { snapshot, type SnapshotResult } from "../pipeline/snapshot.js";
 import type { LiveTarget } from "../sources/types.js";
@@ -119,6 +120,28 @@ async function buildSwaps(sel: SelectedLayer, staged: string, backup: string): P
 }
 
 /**
+ * Whom the safety snapshot is encrypted to. It keeps the live files exactly (no redaction), so
+ * it must not be weaker than what it sits beside: the config's recipients when it names any;
+ * else the key that opens the bundle being restored: the recipients of the given identities
+ * that the bundle was encrypted to (all given ones if none of their fingerprints is in its
+ * manifest), or its passphrase; a plaintext bundle and no recipients in the config give a
+ * plaintext safety snapshot (the CLI warns).
+ */
+export function safetyEncryption(config: MemsnapConfig, manifest: Manifest, keys: Keys): { recipients: string[] } | { passphrase: string } | Record<string, never> {
+  if (config.recipients.length) return { recipients: config.recipients };
+  const enc = manifest.payload.encryption;
+  if (!enc) return {};
+  if (enc.recipients.some((r) => r.type === "scrypt")) {
+    const p = keys.passphrases?.[0];
+    return p ? { passphrase: p } : {};
+  }
+  const mine = recipientsOfIdentities(keys.identities ?? []);
+  const theirs = new Set(enc.recipients.map((r) => r.fingerprint));
+  const opening = mine.filter((r) => theirs.has(recipientFingerprint(r)));
+  return mine.length ? { recipients: opening.length ? opening : mine } : {};
+}
+
+/**
  * Restore a bundle into the agent described by `config`. Throws MEMSNAP_LOCKED, the bundle's
  * integrity/key/format errors (before anything live is touched), MEMSNAP_USAGE for an agent
  * mismatch or a layer without a target, and MEMSNAP_DEST_* for write failures (staging removed).
@@ -160,7 +183,7 @@ export async function restoreInPlace(bundle: string, config: MemsnapConfig, opts
       if (!opts.store) throw new MemsnapError("MEMSNAP_USAGE", "a safety snapshot needs a store", { hint: "pass --store, or --no-safety-snapshot" });
       safety = await snapshot({
         config, store: opts.store, createdBy: "pre-restore", label: `auto:pre-restore-${manifest.snapshot_id}`,
-        recipients: config.recipients, redact: false, allowUnredacted: true, allowPlaintextMemory: true, lock: "held",
+        ...safetyEncryption(config, manifest, keys), redact: false, allowUnredacted: true, allowPlaintextMemory: true, lock: "held",
         ...(opts.signal ? { signal: opts.signal } : {}),
       });
       crashPoint("restore:safety-snapshot-done");

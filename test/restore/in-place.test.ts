@@ -5,6 +5,7 @@ import { hostname, tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeEach, describe, expect, it } from "vitest";
 import { acquireLock, parseManifest, readLayout } from "../../src/index.js";
+import { recipientFingerprint } from "../../src/pipeline/age.js";
 
 const BIN = new URL("../../bin/memsnap.js", import.meta.url).pathname;
 const work = mkdtempSync(join(tmpdir(), "memsnap-inplace-"));
@@ -158,5 +159,80 @@ describe("restore in place", () => {
     const ok = cli(["restore", bundle, "-c", join(agent, "memsnap.json"), "--no-safety-snapshot"]);
     expect(ok.code, ok.stderr).toBe(0);
     expect(readFileSync(join(agent, "memory", "MEMORY.md"), "utf8")).toBe("# v1\n");
+  });
+});
+
+describe("the safety snapshot is encrypted like the bundle it is taken for", () => {
+  // It keeps the live files exactly (no redaction): it must not sit in the store in plaintext
+  // beside encrypted bundles just because the config names no recipients.
+  const safetyOf = (stdout: string): { id: string; path: string; encrypted: boolean } =>
+    (JSON.parse(stdout) as { safety_snapshot: { id: string; path: string; encrypted: boolean } }).safety_snapshot;
+  const keygen = (name: string): { key: string; recipient: string } => {
+    const key = join(work, `${name}-${Date.now()}.txt`);
+    const r = cli(["keygen", "-o", key]);
+    expect(r.code, r.stderr).toBe(0);
+    return { key, recipient: r.stdout.trim() };
+  };
+  /** Snapshot the v2 agent into a fresh store, encrypted with `args`; the live agent then moves on to v3. */
+  const encryptedBundle = (args: string[]): { store: string; path: string } => {
+    const s = mkdtempSync(join(work, "store-enc-"));
+    const r = cli(["snapshot", "-c", join(agent, "memsnap.json"), "--store", s, "--json", ...args]);
+    expect(r.code, r.stderr).toBe(0);
+    writeFileSync(join(agent, "memory", "MEMORY.md"), "# v3\n");
+    return { store: s, path: (JSON.parse(r.stdout) as { path: string }).path };
+  };
+
+  it("to the recipient of the identity that opens the bundle, and restores with it", () => {
+    const a = keygen("a");
+    const { store: s, path } = encryptedBundle(["-r", a.recipient]);
+    const r = cli(["restore", path, "-c", join(agent, "memsnap.json"), "--store", s, "-i", a.key, "--json"]);
+    expect(r.code, r.stderr).toBe(0);
+    expect(readFileSync(join(agent, "memory", "MEMORY.md"), "utf8")).toBe("# v2\n");
+    const safety = safetyOf(r.stdout);
+    expect(safety.encrypted).toBe(true);
+    return readLayout(safety.path).then((l) => {
+      const m = parseManifest(l.manifestBytes);
+      expect(m.payload.encryption?.recipients).toEqual([{ type: "x25519", fingerprint: recipientFingerprint(a.recipient) }]);
+      // the same key opens it, and it holds the live state from before the restore
+      const out = join(work, `safety-${Date.now()}`);
+      const back = cli(["restore", safety.path, "--to", out, "-i", a.key]);
+      expect(back.code, back.stderr).toBe(0);
+      expect(readFileSync(join(out, "memory", "MEMORY.md"), "utf8")).toBe("# v3\n");
+      expect(cli(["restore", safety.path, "--to", `${out}-nokey`]).code).toBe(4);
+    });
+  });
+
+  it("to the config's recipients when it names any", () => {
+    const a = keygen("a");
+    const b = keygen("b");
+    const cfg = JSON.parse(readFileSync(join(agent, "memsnap.json"), "utf8")) as Record<string, unknown>;
+    writeFileSync(join(agent, "memsnap.json"), JSON.stringify({ ...cfg, recipients: [b.recipient] }));
+    const { store: s, path } = encryptedBundle(["-r", a.recipient]);
+    const r = cli(["restore", path, "-c", join(agent, "memsnap.json"), "--store", s, "-i", a.key, "--json"]);
+    expect(r.code, r.stderr).toBe(0);
+    return readLayout(safetyOf(r.stdout).path).then((l) => {
+      expect(parseManifest(l.manifestBytes).payload.encryption?.recipients).toEqual([{ type: "x25519", fingerprint: recipientFingerprint(b.recipient) }]);
+    });
+  });
+
+  it("with the bundle's passphrase", () => {
+    const pw = join(work, `pw-${Date.now()}.txt`);
+    writeFileSync(pw, "correct horse battery staple\n");
+    const { store: s, path } = encryptedBundle(["--passphrase-file", pw]);
+    const r = cli(["restore", path, "-c", join(agent, "memsnap.json"), "--store", s, "--passphrase-file", pw]);
+    expect(r.code, r.stderr).toBe(0);
+    expect(r.stdout).toContain("(encrypted with the bundle's passphrase)");
+    const id = /safety snapshot (\S+)/.exec(r.stdout)![1]!;
+    return readLayout(join(s, "default", "scribe", `${id}.memsnap`)).then((l) => {
+      expect(parseManifest(l.manifestBytes).payload.encryption?.recipients).toEqual([{ type: "scrypt" }]);
+    });
+  });
+
+  it("not at all for a plaintext bundle and a config without recipients, and the restore says so", () => {
+    const r = cli(["restore", bundle, "-c", join(agent, "memsnap.json"), "--store", store]);
+    expect(r.code, r.stderr).toBe(0);
+    expect(r.stdout).toMatch(/safety snapshot \S+ → .* \(not encrypted\)/);
+    expect(r.stderr).toContain("is not encrypted and not redacted");
+    expect(r.stderr).toContain(join(agent, "memsnap.json"));
   });
 });

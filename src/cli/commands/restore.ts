@@ -139,7 +139,9 @@ Examples:
       if (g.json) {
         printJson({
           ok: true, snapshot_id: r.manifest.snapshot_id, dry_run: !!o.dryRun, layers: r.layers, swaps: r.swaps, bytes: r.bytes,
-          safety_snapshot: r.safetySnapshot ? { id: r.safetySnapshot.id, path: r.safetySnapshot.path } : null,
+          safety_snapshot: r.safetySnapshot
+            ? { id: r.safetySnapshot.id, path: r.safetySnapshot.path, encrypted: r.safetySnapshot.manifest.payload.encryption !== null }
+            : null,
           recovered: r.recovered, plan: r.plan ?? null, duration_ms: Math.round(r.durationMs), redacted: redactedJson(redacted),
         });
         return;
@@ -149,9 +151,21 @@ Examples:
         return;
       }
       if (r.recovered) process.stdout.write(`finished an interrupted restore first (${r.recovered})\n`);
-      if (r.safetySnapshot) process.stdout.write(`safety snapshot ${r.safetySnapshot.id} → ${r.safetySnapshot.path}\n`);
+      if (r.safetySnapshot) {
+        const enc = r.safetySnapshot.manifest.payload.encryption;
+        const how = enc === null ? "not encrypted"
+          : enc.recipients.some((x) => x.type === "scrypt") ? "encrypted with the bundle's passphrase"
+          : `encrypted to ${enc.recipients.length} recipient(s)`;
+        process.stdout.write(`safety snapshot ${r.safetySnapshot.id} → ${r.safetySnapshot.path} (${how})\n`);
+      }
       process.stdout.write(`restored ${r.manifest.snapshot_id} in place: ${r.layers.join(", ")} (${r.swaps} swaps, ${fmtBytes(r.bytes)}, every hash checked) in ${(r.durationMs / 1000).toFixed(2)} s\n`);
       if (redacted.total) process.stderr.write(`memsnap: warning: ${redactedNote(redacted, r.safetySnapshot ?? null)}\n`);
+      if (r.safetySnapshot && r.safetySnapshot.manifest.payload.encryption === null) {
+        process.stderr.write(
+          `memsnap: warning: the safety snapshot ${r.safetySnapshot.id} is not encrypted and not redacted: it keeps the live files as they were, ` +
+          `secrets included (name recipients in ${config.file ?? "the config"} to encrypt it)\n`,
+        );
+      }
     });
 
   program
