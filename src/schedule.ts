@@ -143,6 +143,10 @@ export async function runSchedule(o: ScheduleOptions): Promise<{ runs: number }>
           break;
         }
         const err = isMemsnapError(e) ? e.toJSON() : { code: "MEMSNAP_INTERNAL", message: String(e) };
+        // A scheduled snapshot is encrypted to the config's recipients only: say so, not -r.
+        if (isMemsnapError(e, "MEMSNAP_UNREDACTED_SECRETS") || isMemsnapError(e, "MEMSNAP_PLAINTEXT_PROCESS_MEMORY")) {
+          err.hint = `name recipients in ${config.file ?? "the config"} ("recipients": ["age1…"]): scheduled snapshots are encrypted to those`;
+        }
         o.log({ event: isMemsnapError(e, "MEMSNAP_LOCKED") ? "skipped" : "failed", run: runs, error: err });
         const h = await runHook(config.hooks, "on_failed", { tenant: config.tenant, agent: config.agent, error: err, created_by: "schedule" }, config.baseDir);
         if (h) o.log({ ...h, hook: h.event, event: "hook" });

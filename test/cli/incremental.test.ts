@@ -46,6 +46,8 @@ describe("snapshot --incremental (CLI)", () => {
     const human = cli(["snapshot", "-c", config, "--incremental"]);
     expect(human.code, human.stderr).toBe(0);
     expect(human.stdout).toMatch(/^ {2}refs {5}20 unchanged artifact\(s\), .* referenced in /m);
+    // the bytes read are those of the artifacts packed: none here
+    expect(human.stdout).toMatch(/^ {2}input {4}0 B read, in 0 of 20 artifacts \(the rest referenced\), 1 layer\(s\)$/m);
     const ins = cli(["inspect", second.path]);
     expect(ins.stdout).toContain(`bases      ${first.id} (incremental: needs them beside it to restore)`);
     expect(ins.stdout).toMatch(/memory +files +v1 +20 artifacts .* \(19 referenced in bases\)/);

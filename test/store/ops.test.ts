@@ -139,6 +139,29 @@ describe("schedule", () => {
     expect(ic.stdout).toMatch(/ snapshot -c .* --incremental /);
   });
 
+  it("a run refused for want of encryption says to name recipients in the config (schedule has no -r)", () => {
+    // a git memdir whose history holds a token: a plaintext bundle of it is refused
+    const a = join(work, "leaky");
+    const git = (...args: string[]) => {
+      const r = spawnSync("git", ["-C", join(a, "mem"), "-c", "user.name=t", "-c", "user.email=t@example.com", ...args], { encoding: "utf8" });
+      expect(r.status, r.stderr).toBe(0);
+    };
+    mkdirSync(join(a, "mem"), { recursive: true });
+    git("init", "-q");
+    writeFileSync(join(a, "mem", "leak.md"), "gh: ghp_ZZabcdefghijklmnopqrstuvwxyz01234567\n");
+    git("add", ".");
+    git("commit", "-qm", "leak");
+    git("rm", "-q", "leak.md");
+    git("commit", "-qm", "unleak");
+    writeFileSync(join(a, "memsnap.json"), JSON.stringify({ agent: "leaky", sources: [{ kind: "git", name: "mem", path: "mem" }] }));
+    const r = spawnSync(process.execPath, [BIN, "schedule", "-c", join(a, "memsnap.json"), "--store", join(a, "store"), "--every", "100ms", "--max-runs", "1"], { encoding: "utf8" });
+    expect(r.status, r.stderr).toBe(0);
+    const failed = r.stdout.trim().split("\n").map((l) => JSON.parse(l) as { event: string; error?: { code: string; hint: string } }).find((e) => e.event === "failed");
+    expect(failed?.error?.code).toBe("MEMSNAP_UNREDACTED_SECRETS");
+    expect(failed?.error?.hint).toContain(`name recipients in ${join(a, "memsnap.json")}`);
+    expect(failed?.error?.hint).not.toContain("-r age1");
+  });
+
   it("--incremental: the ticks after the first reference the unchanged files, and pruning keeps their bases", async () => {
     const store = join(work, "inc-schedule-store");
     const child = spawnSync(process.execPath, [BIN, "schedule", ...cfg, "--store", store, "--every", "100ms", "--max-runs", "3", "--incremental", "--keep-last", "1"], { cwd: work, encoding: "utf8" });

@@ -117,7 +117,10 @@ Examples:
       process.stdout.write(
         `snapshot ${r.id}\n` +
         `  path     ${r.path}\n` +
-        `  input    ${fmtBytes(r.inputBytes)} in ${m.payload.artifacts} artifacts, ${m.layers.length} layer(s)\n` +
+        // With references, the bytes read are those of the artifacts packed, not of all of them.
+        (r.incremental?.referenced
+          ? `  input    ${fmtBytes(r.inputBytes)} read, in ${m.payload.artifacts - r.incremental.referenced} of ${m.payload.artifacts} artifacts (the rest referenced), ${m.layers.length} layer(s)\n`
+          : `  input    ${fmtBytes(r.inputBytes)} in ${m.payload.artifacts} artifacts, ${m.layers.length} layer(s)\n`) +
         `  bundle   ${fmtBytes(r.bundleBytes)} (zstd ${m.payload.compression.level}, ${enc})\n` +
         `  time     ${(r.durationMs / 1000).toFixed(2)} s (${fmtRate(r.inputBytes, r.durationMs)})\n` +
         (r.incremental
