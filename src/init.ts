@@ -1,8 +1,18 @@
 /**
  * `memsnap init`: look at an agent's home, find what it keeps its state in, and write a
- * commented memsnap.json. Detection is conservative: a git memdir is a directory with
- * `.git`; a SQLite database is a `*.db`/`*.sqlite`/`*.sqlite3` file that starts with the
- * SQLite magic; state is small JSON files outside any memdir. Nothing is captured here.
+ * commented memsnap.json. Nothing is captured here. Detection is conservative, by layout and
+ * magic, never by guessing at content:
+ * - a git memdir is a directory with `.git`;
+ * - a KV dump (memsnap format) is a directory with `kv-manifest.json`;
+ * - a ProcessFork store is a directory with `images/` and `blobs/sha256/`;
+ * - a CRIU dump is a directory with `inventory.img`;
+ * - a SQLite database is a `*.db`/`*.sqlite`/`*.sqlite3` file that starts with the SQLite magic;
+ * - state is small JSON files (each directory's, listed by name);
+ * - notes (`*.md`), JSONL logs (`*.jsonl`, `*.ndjson`) and agentlog traces (`*.agentlog`) are
+ *   taken from the topmost directory that holds such files, with everything below it, less
+ *   the directories above (a memdir's notes are the git layer's, not a second copy).
+ * Everything under a memdir, dump or store belongs to that source; `node_modules`, caches,
+ * build output and memsnap's own `.memsnap` directory are not looked into.
  */
 import { open, readdir, stat } from "node:fs/promises";
 import { basename, join, relative } from "node:path";
@@ -10,16 +20,19 @@ import { MemsnapError } from "./errors.js";
 import { ID_PATTERN } from "./format/manifest.js";
 
 const SQLITE_MAGIC = Buffer.from("SQLite format 3\0", "latin1");
-const SKIP_DIRS = new Set(["node_modules", ".git", ".venv", "venv", "__pycache__", ".cache", "dist", "build"]);
+const SKIP_DIRS = new Set(["node_modules", ".git", ".venv", "venv", "__pycache__", ".cache", "dist", "build", ".memsnap"]);
 const MAX_DEPTH = 4;
 const STATE_MAX_BYTES = 1 << 20;
 
 export interface DetectedSource {
-  kind: "git" | "sqlite" | "state";
+  kind: "git" | "sqlite" | "state" | "files" | "trace" | "kv" | "pfimg" | "criu";
   name: string;
   /** Path relative to the agent home, POSIX separators ("." for the home itself). */
   path: string;
   include?: string[];
+  exclude?: string[];
+  /** The config keys other than kind, name, path, include and exclude (`format`, `store`). */
+  extra?: Record<string, string>;
   note: string;
 }
 
@@ -49,7 +62,29 @@ function layerName(raw: string, taken: Set<string>): string {
   return name;
 }
 
-/** Find git memdirs, SQLite databases and JSON state under `home`. Throws MEMSNAP_SOURCE_MISSING. */
+/** Files taken from the topmost directory that holds them, with everything below it. */
+const FILE_GROUPS = [
+  { ext: /\.md$/i, include: ["**/*.md"], kind: "files" as const, home: "notes", note: "Markdown notes, byte for byte (secrets redacted in the bundle)" },
+  { ext: /\.(jsonl|ndjson)$/i, include: ["**/*.jsonl", "**/*.ndjson"], kind: "files" as const, home: "logs", note: "JSONL logs, redacted value by value" },
+  { ext: /\.agentlog$/i, include: ["**/*.agentlog"], kind: "trace" as const, home: "traces", note: "agentlog traces: every record validated; a redacted record is re-sealed" },
+];
+
+/** What one directory is, if it is a whole source of its own. */
+async function specialDir(dir: string, names: Set<string>): Promise<Pick<DetectedSource, "kind" | "extra" | "note"> | null> {
+  if (names.has(".git")) return { kind: "git", note: "git memdir: history as a git bundle, plus uncommitted files" };
+  if (names.has("kv-manifest.json")) {
+    return { kind: "kv", extra: { format: "memsnap" }, note: "KV-cache page dump: each distinct page stored once, zero pages as flags" };
+  }
+  if (names.has("inventory.img")) {
+    return { kind: "criu", note: "CRIU process dump: process memory, which cannot be redacted (snapshots of it must be encrypted: name recipients)" };
+  }
+  if (names.has("images") && names.has("blobs") && (await stat(join(dir, "blobs", "sha256")).then((s) => s.isDirectory(), () => false))) {
+    return { kind: "pfimg", note: "ProcessFork image store: every image's manifest and blobs" };
+  }
+  return null;
+}
+
+/** Find what an agent keeps its state in under `home` (see the module comment). Throws MEMSNAP_SOURCE_MISSING. */
 export async function detectAgent(home: string): Promise<Detection> {
   const st = await stat(home).catch(() => null);
   if (!st?.isDirectory()) {
@@ -58,12 +93,20 @@ export async function detectAgent(home: string): Promise<Detection> {
   const found: DetectedSource[] = [];
   const taken = new Set<string>();
   const rel = (p: string): string => relative(home, p).split("\\").join("/") || ".";
+  /** Directories that are a source of their own (below them, nothing else is looked for). */
+  const specials: string[] = [];
+  /** Per file group, the directories that hold such files themselves. */
+  const holders: Set<string>[] = FILE_GROUPS.map(() => new Set<string>());
   const walk = async (dir: string, depth: number): Promise<void> => {
     const entries = await readdir(dir, { withFileTypes: true }).catch(() => []);
     entries.sort((a, b) => (a.name < b.name ? -1 : 1));
-    if (entries.some((e) => e.name === ".git")) {
-      found.push({ kind: "git", name: layerName(dir === home ? "memdir" : basename(dir), taken), path: rel(dir), note: "git memdir: history as a git bundle, plus uncommitted files" });
-      return; // everything under a memdir is captured by the git source
+    const special = await specialDir(dir, new Set(entries.map((e) => e.name)));
+    if (special) {
+      const name = layerName(dir === home ? (special.kind === "git" ? "memdir" : special.kind) : basename(dir), taken);
+      // a ProcessFork store is named by `store`, the others by `path`
+      found.push(special.kind === "pfimg" ? { kind: "pfimg", name, path: rel(dir), extra: { store: rel(dir) }, note: special.note } : { ...special, name, path: rel(dir) });
+      specials.push(dir);
+      return;
     }
     const jsons: string[] = [];
     for (const e of entries) {
@@ -77,6 +120,9 @@ export async function detectAgent(home: string): Promise<Detection> {
           const s = await stat(p).catch(() => null);
           if (s && s.size <= STATE_MAX_BYTES) jsons.push(e.name);
         }
+        FILE_GROUPS.forEach((g, i) => {
+          if (g.ext.test(e.name)) holders[i]!.add(dir);
+        });
       }
     }
     if (jsons.length) {
@@ -87,6 +133,17 @@ export async function detectAgent(home: string): Promise<Detection> {
     }
   };
   await walk(home, 0);
+  const under = (d: string, top: string): boolean => d !== top && (top === home || d.startsWith(`${top}/`));
+  FILE_GROUPS.forEach((g, i) => {
+    const dirs = [...holders[i]!].sort();
+    for (const top of dirs.filter((d) => !dirs.some((o) => under(d, o)))) {
+      const exclude = specials.filter((s) => under(s, top)).map((s) => `/${relative(top, s).split("\\").join("/")}/`);
+      found.push({
+        kind: g.kind, name: layerName(top === home ? g.home : basename(top), taken), path: rel(top), include: g.include,
+        ...(exclude.length ? { exclude } : {}), note: g.note,
+      });
+    }
+  });
   return { home, sources: found };
 }
 
@@ -96,7 +153,7 @@ export function renderConfig(d: Detection, opts: { agent: string; tenant: string
     if (!ID_PATTERN.test(v)) throw new MemsnapError("MEMSNAP_USAGE", `${k} must match [a-z0-9_-]{1,64}, got ${JSON.stringify(v)}`, { hint: `pass --${k} NAME` });
   }
   if (d.sources.length === 0) {
-    throw new MemsnapError("MEMSNAP_SOURCE_MISSING", `found no git memdir, SQLite database or JSON state under ${d.home}`, {
+    throw new MemsnapError("MEMSNAP_SOURCE_MISSING", `found no memdir, database, state, notes, logs, traces or runtime dump under ${d.home}`, {
       path: d.home, hint: "point init at the agent's home, or write memsnap.json by hand (see README)",
     });
   }
@@ -115,8 +172,10 @@ export function renderConfig(d: Detection, opts: { agent: string; tenant: string
   ];
   d.sources.forEach((s, i) => {
     lines.push(`    // ${s.note}`);
-    const obj: Record<string, unknown> = { kind: s.kind, name: s.name, path: s.path };
+    const obj: Record<string, unknown> = s.kind === "pfimg" ? { kind: s.kind, name: s.name } : { kind: s.kind, name: s.name, path: s.path };
+    if (s.extra) Object.assign(obj, s.extra);
     if (s.include) obj.include = s.include;
+    if (s.exclude) obj.exclude = s.exclude;
     lines.push(`    ${JSON.stringify(obj).replace(/,"/g, ', "').replace(/":/g, '": ')}${i < d.sources.length - 1 ? "," : ""}`);
   });
   lines.push("  ]", "}", "");

@@ -8,7 +8,7 @@ import { collect, type GlobalOpts } from "../common.js";
 export function registerInit(program: Command, global: () => GlobalOpts): void {
   program
     .command("init [home]")
-    .description("detect an agent's git memdir, SQLite databases and JSON state, and write memsnap.json")
+    .description("detect an agent's memdir, databases, state, notes, logs, traces and runtime dumps, and write memsnap.json")
     .option("--agent <id>", "agent id (default: the home directory's name)")
     .option("--tenant <id>", "tenant id", "default")
     .option("-r, --recipient <age1…>", "encrypt snapshots to this recipient (repeatable)", collect, [])
