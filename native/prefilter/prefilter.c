@@ -23,8 +23,12 @@
  */
 #define NAPI_VERSION 8
 #include <node_api.h>
+#include <openssl/evp.h>
+#include <errno.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "prefilter.h"
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -297,6 +301,168 @@ static napi_value Scan(napi_env env, napi_callback_info info) {
   return out;
 }
 
+/* ------------------------------------------------------------------ scanFile */
+
+/*
+ * scanFile(fd, size, digest, callback): on a libuv pool thread, read the file's first `size`
+ * bytes in order, SHA-256 them into `digest` (32 bytes), and scan them for a trigger as the
+ * stream redactor would: callback(errno, at, bytesRead), `at` -1 when nothing in the file could
+ * match, else an offset at or before which the JS path must look (the digest is then not
+ * written). bytesRead short of `size`: the file ended early (nothing is decided).
+ *
+ * The file is scanned in blocks of SF_BLOCK bytes, each with SF_MARGIN bytes of context on
+ * either side (the file's own start and end where they are nearer). -1 here means -1 for the
+ * whole file read as one range, and so for every piece the stream redactor scans (its pieces
+ * are ranges of the file, and a range can only see less: every test below is "this context is
+ * there", so truncating the context only removes hits). A test reaches at most 16 bytes back
+ * and 2404 + 16 ahead, except the whitespace run between a key and its ':' or '=' (key_before),
+ * which has no bound: when the SF_MARGIN - 16 bytes before a block are all such whitespace, the
+ * run may go on past the margin, and the block is a hit ("maybe") without looking further.
+ */
+#define SF_BLOCK (1 << 20)
+#define SF_MARGIN 4096
+
+typedef struct {
+  napi_async_work work;
+  napi_ref refs[2]; /* digest, callback */
+  int fd;
+  int64_t size;
+  uint8_t *digest;
+  int64_t got;
+  int64_t at;
+  int err;
+} scan_file_t;
+
+static void scan_file_execute(napi_env env, void *data) {
+  (void)env;
+  scan_file_t *w = (scan_file_t *)data;
+  w->at = -1;
+  uint8_t *buf = (uint8_t *)malloc(SF_MARGIN + SF_BLOCK + SF_MARGIN);
+  EVP_MD_CTX *md = EVP_MD_CTX_new();
+  if (!buf || !md || EVP_DigestInit_ex(md, EVP_sha256(), NULL) != 1) {
+    w->err = ENOMEM;
+    goto out;
+  }
+  int64_t base = 0, len = 0; /* buf[0, len) holds the file's bytes [base, base + len) */
+  for (int64_t a = 0; a < w->size;) {
+    int64_t b = a + SF_BLOCK < w->size ? a + SF_BLOCK : w->size;
+    int64_t end = b + SF_MARGIN < w->size ? b + SF_MARGIN : w->size;
+    while (base + len < end) {
+      ssize_t r = pread(w->fd, buf + len, (size_t)(end - base - len), (off_t)(base + len));
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        w->err = errno;
+        goto out;
+      }
+      if (r == 0) break; /* the file ended early */
+      if (EVP_DigestUpdate(md, buf + len, (size_t)r) != 1) {
+        w->err = EIO;
+        goto out;
+      }
+      len += r;
+      w->got = base + len;
+    }
+    if (base + len < end) goto out; /* shorter than size: the caller says so */
+    int64_t lo = a > SF_MARGIN ? a - SF_MARGIN : 0;
+    long hit = scan(buf, (long)(lo - base), (long)(a - base), (long)(end - base));
+    if (hit >= 0) {
+      w->at = base + hit;
+      goto out;
+    }
+    if (lo > 0) {
+      /* a key's whitespace run that may reach past the margin (see above) */
+      long i = (long)(a - base) - 1, stop = (long)(lo - base) + 16;
+      while (i >= stop && skip_space(buf[i])) i--;
+      if (i < stop) {
+        w->at = a;
+        goto out;
+      }
+    }
+    int64_t keep = b > SF_MARGIN ? b - SF_MARGIN : 0;
+    memmove(buf, buf + (keep - base), (size_t)(base + len - keep));
+    len -= keep - base;
+    base = keep;
+    a = b;
+  }
+  if (w->got == w->size) {
+    unsigned int outlen = 0;
+    if (EVP_DigestFinal_ex(md, w->digest, &outlen) != 1 || outlen != 32) w->err = EIO;
+  }
+out:
+  EVP_MD_CTX_free(md);
+  free(buf);
+}
+
+static void scan_file_complete(napi_env env, napi_status status, void *data) {
+  scan_file_t *w = (scan_file_t *)data;
+  napi_value cb, undef, argv[3];
+  int have_cb = napi_get_reference_value(env, w->refs[1], &cb) == napi_ok && cb != NULL;
+  for (int i = 0; i < 2; i++) napi_delete_reference(env, w->refs[i]);
+  napi_delete_async_work(env, w->work);
+  int err = status == napi_ok ? w->err : ECANCELED;
+  double at = (double)w->at, got = (double)w->got;
+  free(w);
+  if (!have_cb) return;
+  napi_create_int32(env, err, &argv[0]);
+  napi_create_double(env, at, &argv[1]);
+  napi_create_double(env, got, &argv[2]);
+  napi_get_undefined(env, &undef);
+  napi_call_function(env, undef, cb, 3, argv, NULL);
+}
+
+static napi_value ScanFile(napi_env env, napi_callback_info info) {
+  size_t argc = 4;
+  napi_value argv[4];
+  if (napi_get_cb_info(env, info, &argc, argv, NULL, NULL) != napi_ok || argc < 4) {
+    napi_throw_type_error(env, NULL, "scanFile(fd, size, digest, callback): four arguments expected");
+    return NULL;
+  }
+  int32_t fd;
+  double size;
+  if (napi_get_value_int32(env, argv[0], &fd) != napi_ok || fd < 0) {
+    napi_throw_type_error(env, NULL, "scanFile: fd must be a file descriptor");
+    return NULL;
+  }
+  if (napi_get_value_double(env, argv[1], &size) != napi_ok || !(size >= 0 && size < 9007199254740992.0) || size != (double)(int64_t)size) {
+    napi_throw_type_error(env, NULL, "scanFile: size must be a non-negative integer");
+    return NULL;
+  }
+  bool is_ta = false;
+  napi_typedarray_type type;
+  size_t dlen = 0;
+  void *dp = NULL;
+  if (napi_is_typedarray(env, argv[2], &is_ta) != napi_ok || !is_ta || napi_get_typedarray_info(env, argv[2], &type, &dlen, &dp, NULL, NULL) != napi_ok ||
+      type != napi_uint8_array || dlen < 32) {
+    napi_throw_type_error(env, NULL, "scanFile: digest must be a Uint8Array of 32 bytes");
+    return NULL;
+  }
+  napi_valuetype t;
+  if (napi_typeof(env, argv[3], &t) != napi_ok || t != napi_function) {
+    napi_throw_type_error(env, NULL, "scanFile: callback must be a function");
+    return NULL;
+  }
+  scan_file_t *w = (scan_file_t *)calloc(1, sizeof *w);
+  if (!w) {
+    napi_throw_error(env, "ENOMEM", "scanFile: out of memory");
+    return NULL;
+  }
+  w->fd = fd;
+  w->size = (int64_t)size;
+  w->digest = (uint8_t *)dp;
+  napi_create_reference(env, argv[2], 1, &w->refs[0]);
+  napi_create_reference(env, argv[3], 1, &w->refs[1]);
+  napi_value name;
+  napi_create_string_utf8(env, "memsnap.scanFile", NAPI_AUTO_LENGTH, &name);
+  if (napi_create_async_work(env, NULL, name, scan_file_execute, scan_file_complete, w, &w->work) != napi_ok ||
+      napi_queue_async_work(env, w->work) != napi_ok) {
+    for (int i = 0; i < 2; i++) napi_delete_reference(env, w->refs[i]);
+    free(w);
+    napi_throw_error(env, NULL, "scanFile: cannot queue the work");
+    return NULL;
+  }
+  return NULL;
+}
+
 static napi_value Init(napi_env env, napi_value exports) {
   for (unsigned i = 0; i < N_TRIGGERS; i++) IS_TRIGGER[TRIGGERS[i]] = 1;
 #if defined(__SSE2__)
@@ -309,6 +475,8 @@ static napi_value Init(napi_env env, napi_value exports) {
   napi_value fn;
   napi_create_function(env, "scan", NAPI_AUTO_LENGTH, Scan, NULL, &fn);
   napi_set_named_property(env, exports, "scan", fn);
+  napi_create_function(env, "scanFile", NAPI_AUTO_LENGTH, ScanFile, NULL, &fn);
+  napi_set_named_property(env, exports, "scanFile", fn);
   napi_value simd;
 #if defined(__SSE2__)
   napi_get_boolean(env, true, &simd);

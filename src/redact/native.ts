@@ -28,6 +28,14 @@ export interface NativePrefilter {
    * look-aheads to `end` (default the length); `from` defaults to `start`.
    */
   scan(bytes: Uint8Array, start?: number, end?: number, from?: number): number;
+  /**
+   * On a libuv pool thread: read the file's first `size` bytes (`fd`), write their SHA-256 to
+   * `digest`, and scan them: `callback(errno, at, bytesRead)`, `at` -1 when `scan` would say -1
+   * for every range of the file (so the stream redactor leaves it as it is), else an offset to
+   * look from, and the digest is not written. `bytesRead` short of `size`: the file ended early.
+   * (Blocks of 1 MiB with 4 KiB of context either side; see native/prefilter/prefilter.c.)
+   */
+  scanFile?(fd: number, size: number, digest: Uint8Array, callback: (errno: number, at: number, bytesRead: number) => void): void;
   /** Built with the SSE2 loop (false: the portable byte loop). */
   readonly simd: boolean;
 }

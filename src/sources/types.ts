@@ -72,6 +72,13 @@ export interface Artifact {
    * leaves unchanged: the pipeline reads the source a second time instead.
    */
   rereadable?: boolean;
+  /**
+   * The absolute path of the one file whose bytes `open()` yields as they are (a file read from
+   * disk): the redactor may then scan a big text there, on the thread pool, instead of through
+   * `open()`. Never set it where open() transforms or assembles the bytes; a wrapper that
+   * replaces `open` with one that does must drop it.
+   */
+  file?: string;
 }
 
 /** What a source's capture returns. */

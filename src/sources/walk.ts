@@ -191,6 +191,7 @@ export function fileArtifact(f: FoundFile, kind: string, path = f.rel): Artifact
     mode: f.stats.mode & 0o7777,
     mtime: f.stats.mtime,
     rereadable: true, // each open() reads the file again; check() compares it with f.stats
+    file: f.abs,
     open: (o?: OpenOptions) => {
       if (o?.reuse) return reusedFileChunks(f);
       if (f.stats.size < SMALL_FILE) return (async function* () { yield* smallFileChunk(f); })(); // a fresh buffer per call

@@ -14,6 +14,7 @@ import { afterAll, describe, expect, it } from "vitest";
 import { parseConfig, snapshot } from "../../src/index.js";
 import type { Artifact } from "../../src/sources/types.js";
 import { fileArtifact } from "../../src/sources/walk.js";
+import { nativePrefilter } from "../../src/redact/native.js";
 import { readArtifact, redactor, removeTempDirs, tempDir } from "./helpers/redactor.js";
 
 afterAll(() => removeTempDirs());
@@ -108,39 +109,47 @@ describe("redaction of big rereadable texts", () => {
     expect([after.size, after.mtimeNs]).toEqual([before.size, before.mtimeNs]);
   }
 
-  it("a same-size rewrite that keeps the mtime, after the scan: check() passes, the snapshot still refuses it", async () => {
-    const dir = tempDir();
-    const clean = cleanJsonl();
-    const lines = clean.split("\n");
-    // Line 5 with a token in it, the same number of bytes: swapped in after the redactor read the file.
-    lines[5] = withToken(lines[5]!);
-    const swapped = lines.join("\n");
-    const abs = join(dir, "notes.jsonl");
-    writeFileSync(abs, clean);
-    const base = { ...fileArtifact({ abs, rel: "notes.jsonl", stats: statSync(abs) }, "jsonl"), text: true };
-    let opens = 0;
-    const artifact: Artifact = {
-      ...base,
-      open: (o) => {
-        // The first open is the redactor's scan; the second is the pipeline's pack.
-        if (++opens === 2) rewriteKeepingStat(abs, swapped);
-        return base.open(o);
-      },
-    };
-    // Against the file alone, the rewrite is invisible: the size and mtime are those captured.
-    const probe = fileArtifact({ abs, rel: "notes.jsonl", stats: statSync(abs) }, "jsonl");
+  // The scan reads the file through open() (the stream redactor), or where it lies (the native
+  // scan on the thread pool, for an artifact that names its file); the pack reads it through
+  // open() either way, and the rewrite comes right before that.
+  for (const [how, native] of [["through open()", false], ["where it lies (native scan)", true]] as const) {
+    it(`a same-size rewrite that keeps the mtime, after the scan ${how}: check() passes, the snapshot still refuses it`, async () => {
+      const dir = tempDir();
+      const clean = cleanJsonl();
+      const lines = clean.split("\n");
+      // Line 5 with a token in it, the same number of bytes: swapped in after the redactor read the file.
+      lines[5] = withToken(lines[5]!);
+      const swapped = lines.join("\n");
+      const abs = join(dir, "notes.jsonl");
+      writeFileSync(abs, clean);
+      const base = { ...fileArtifact({ abs, rel: "notes.jsonl", stats: statSync(abs) }, "jsonl"), text: true };
+      if (native) expect(nativePrefilter()?.scanFile).toBeTypeOf("function");
+      const scanOpens = native ? 0 : 1;
+      let opens = 0;
+      const artifact: Artifact = {
+        ...base,
+        open: (o) => {
+          // Opens up to scanOpens are the redactor's scan; the next is the pipeline's pack.
+          if (++opens === scanOpens + 1) rewriteKeepingStat(abs, swapped);
+          return base.open(o);
+        },
+      };
+      if (!native) delete artifact.file;
+      // Against the file alone, the rewrite is invisible: the size and mtime are those captured.
+      const probe = fileArtifact({ abs, rel: "notes.jsonl", stats: statSync(abs) }, "jsonl");
 
-    mkdirIn(dir, "a");
-    const config = parseConfig({ agent: "lazy", sources: [{ kind: "files", name: "a", path: "a" }] }, null, dir);
-    config.sources = config.sources.map((s) => ({ cfg: s.cfg, impl: { ...s.impl, capture: async () => ({ artifacts: (async function* () { yield artifact; })() }) } }));
-    mkdirIn(dir, "out");
-    const out = join(dir, "out", "s.memsnap");
-    await expect(snapshot({ config, out })).rejects.toMatchObject({ code: "MEMSNAP_SOURCE_CHANGED" });
-    expect(opens).toBe(2);
-    expect(readFileSync(abs, "utf8")).toContain(TOKEN);
-    await probe.check!(); // check() alone would have let the swapped bytes through
-    expect(readdirSync(join(dir, "out"))).toEqual([]); // no bundle, no temp file
-  });
+      mkdirIn(dir, "a");
+      const config = parseConfig({ agent: "lazy", sources: [{ kind: "files", name: "a", path: "a" }] }, null, dir);
+      config.sources = config.sources.map((s) => ({ cfg: s.cfg, impl: { ...s.impl, capture: async () => ({ artifacts: (async function* () { yield artifact; })() }) } }));
+      mkdirIn(dir, "out");
+      const out = join(dir, "out", "s.memsnap");
+      await expect(snapshot({ config, out })).rejects.toMatchObject({ code: "MEMSNAP_SOURCE_CHANGED" });
+      expect(opens).toBe(scanOpens + 1);
+      expect(readFileSync(abs, "utf8")).toContain(TOKEN);
+      await probe.check!(); // check() alone would have let the swapped bytes through
+      expect(readdirSync(join(dir, "out"))).toEqual([]); // no bundle, no temp file
+    });
+  }
 
   it("a text whose head is rewritten (same size) before a later finding is kept: the reread head is refused", async () => {
     const lines = cleanJsonl().split("\n");

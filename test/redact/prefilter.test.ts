@@ -6,13 +6,16 @@
  * output cannot change. The last block runs the whole redactor twice, once with the finders
  * and once with the regexes put back in their place, and compares the bytes.
  */
-import { readFileSync } from "node:fs";
+import { closeSync, openSync, readFileSync, statSync, writeFileSync } from "node:fs";
+import { createHash } from "node:crypto";
+import { join } from "node:path";
 import fc from "fast-check";
 import { afterAll, describe, expect, it, vi } from "vitest";
 import { NATIVE_PREFILTER_PATH, nativePrefilter, useNativePrefilter } from "../../src/redact/native.js";
 import { candidate, FINDERS, SCANNERS, type Finder } from "../../src/redact/prefilter.js";
 import { planRegions } from "../../src/redact/regions.js";
-import { memArtifact, readArtifact, removeTempDirs, tempDir } from "./helpers/redactor.js";
+import { memArtifact, readArtifact, redactor, removeTempDirs, tempDir } from "./helpers/redactor.js";
+import { fileArtifact } from "../../src/sources/walk.js";
 
 afterAll(removeTempDirs);
 
@@ -256,6 +259,97 @@ describe("native pre-filter (native/prefilter): a superset of the finders, so ou
       }
     }
   });
+
+  /** scanFile over `b` written to a file: [errno, at, bytesRead, digest]. */
+  const scanFile = async (b: Buffer): Promise<[number, number, number, string]> => {
+    const f = join(tempDir(), "f");
+    writeFileSync(f, b);
+    const fd = openSync(f, "r");
+    try {
+      const d = Buffer.alloc(32);
+      const [e, at, n] = await new Promise<[number, number, number]>((res) => addon!.scanFile!(fd, b.length, d, (...r) => res(r)));
+      return [e, at, n, d.toString("hex")];
+    } finally {
+      closeSync(fd);
+    }
+  };
+  /** Clean JSONL filler of `n` bytes (no trigger test passes anywhere in it). */
+  const filler = (n: number, seed: number): string => {
+    let t = "";
+    for (let i = 0; t.length < n; i++) t += JSON.stringify({ turn: seed + i, role: "tool", text: "the agent read a file and wrote notes" }) + "\n";
+    return t.slice(0, n);
+  };
+  const MiB = 1 << 20;
+
+  it.runIf(addon)("scanFile says nothing can match only where the whole file scans clean (block edges, margins, long key runs)", async () => {
+    // Pieces at and around the 1 MiB block edges and the 4 KiB margins, in files of 1-3 MiB;
+    // keys whose whitespace run to their ':' crosses a block edge or is longer than a margin
+    // (the one look-behind without a bound); URLs whose '@' lies past the block end.
+    const edge = fc.constantFrom(0, MiB, 2 * MiB);
+    const at = fc.tuple(edge, fc.integer({ min: -4200, max: 4200 })).map(([e, d]) => Math.max(0, e + d));
+    const insert = fc.oneof(
+      piece, fixture, text,
+      fc.tuple(fc.constantFrom("password", "token", "\"secret\"", "key"), fc.integer({ min: 0, max: 9000 }), fc.constantFrom(" ", "\n", "\u3000", "\t"))
+        .map(([k, n, sp]) => `${k}${sp.repeat(Math.ceil(n / Buffer.byteLength(sp)))}: x`),
+      fc.integer({ min: 0, max: 3000 }).map((n) => `https://${"u".repeat(n)}:p@host`),
+    );
+    // a key before a block edge and its ':' past the edge's right margin, the run between them
+    // longer than both margins (the window that tests the ':' cannot see the key)
+    const across = fc.tuple(fc.constantFrom(MiB, 2 * MiB), fc.integer({ min: 0, max: 800 }), fc.integer({ min: 0, max: 800 }), fc.constantFrom(" ", "\n", "\t"))
+      .map(([e, d1, d2, sp]): [number, string] => [e - 4700 + d1, `token${sp.repeat(8800 + d2)}: x`]);
+    await fc.assert(fc.asyncProperty(fc.integer({ min: MiB + 1, max: 3 * MiB }), fc.array(fc.oneof(fc.tuple(at, insert), across), { maxLength: 3 }), fc.nat(), async (size, inserts, seed) => {
+      let t = filler(size, seed);
+      for (const [pos, ins] of inserts.sort((x, y) => y[0] - x[0])) {
+        const p = Math.min(pos, t.length);
+        t = t.slice(0, p) + ins + t.slice(p);
+      }
+      const b = Buffer.from(t, "utf8");
+      const [e, hit, n, digest] = await scanFile(b);
+      expect(e).toBe(0);
+      const whole = addon!.scan(b, 0, b.length);
+      if (whole >= 0) expect(hit, `whole-file hit at ${whole}`).toBeGreaterThanOrEqual(0); // never a "no" where the whole file says maybe
+      if (hit === -1) {
+        expect(n).toBe(b.length);
+        expect(digest).toBe(createHash("sha256").update(b).digest("hex"));
+      }
+    }), { numRuns: 200 });
+    // and it is not a constant: clean files of every size around the edges say no
+    for (const size of [0, 1, MiB - 1, MiB, MiB + 1, MiB + 4096, 2 * MiB + 5000]) {
+      const b = Buffer.from(filler(size, size), "utf8");
+      const [e, hit, n, digest] = await scanFile(b);
+      expect([e, hit, n]).toEqual([0, -1, size]);
+      expect(digest).toBe(createHash("sha256").update(b).digest("hex"));
+    }
+    // a key whose whitespace run fills the margin before a block: "maybe", without looking further
+    const run = Buffer.from(filler(MiB - 4600, 1) + "password" + " ".repeat(9092) + ": x\n" + filler(MiB, 2), "utf8");
+    expect(addon!.scan(run, 0, run.length)).toBeGreaterThanOrEqual(0);
+    expect((await scanFile(run))[1]).toBeGreaterThanOrEqual(0);
+  }, 120_000);
+
+  it.runIf(addon)("a big text file scanned where it lies comes out as the stream redactor makes it, report included", async () => {
+    const dir = tempDir();
+    await fc.assert(fc.asyncProperty(fc.array(fc.tuple(fc.integer({ min: 0, max: 2 * MiB }), fc.oneof(piece, fixture, text)), { maxLength: 2 }), fc.nat(), fc.boolean(), async (inserts, seed, jsonl) => {
+      let t = filler(MiB + 300_000, seed);
+      for (const [pos, ins] of inserts.sort((x, y) => y[0] - x[0])) {
+        const p = Math.min(pos, t.length);
+        t = t.slice(0, p) + ins + t.slice(p);
+      }
+      const name = jsonl ? "t.jsonl" : "t.md";
+      const abs = join(dir, name);
+      writeFileSync(abs, t);
+      const one = async (native: boolean): Promise<[string, unknown]> => {
+        const r = await redactor({}, tempDir());
+        const a = { ...fileArtifact({ abs, rel: name, stats: statSync(abs) }, jsonl ? "jsonl" : "file"), text: true };
+        if (!native) delete a.file; // through open(): the stream redactor
+        const out = await r.redactArtifact(a, `l/${name}`);
+        const bytes = (await readArtifact(out)).toString("latin1");
+        const rep = r.report();
+        await r.cleanup();
+        return [bytes, rep];
+      };
+      expect(await one(true)).toEqual(await one(false));
+    }), { numRuns: 25 });
+  }, 120_000);
 
   it.runIf(addon)("the stream redactor gives the same bytes with the native pre-filter and without it", async () => {
     const mod = await import("../../src/redact/index.js");
