@@ -16,7 +16,7 @@ import { randomBytes } from "node:crypto";
 import { mkdir } from "node:fs/promises";
 import { join } from "node:path";
 import type { ConfiguredSource, MemsnapConfig } from "../config.js";
-import { MemsnapError, interruptedOr } from "../errors.js";
+import { MemsnapError, interruptedOr, isMemsnapError } from "../errors.js";
 import { readLayout } from "../format/container.js";
 import { parseManifest, referencedIn, type LayerEntry, type Manifest } from "../format/manifest.js";
 import { recipientFingerprint, recipientsOfIdentities } from "../pipeline/age.js";
@@ -181,11 +181,21 @@ export async function restoreInPlace(bundle: string, config: MemsnapConfig, opts
     let safety: SnapshotResult | null = null;
     if (opts.safetySnapshot !== false) {
       if (!opts.store) throw new MemsnapError("MEMSNAP_USAGE", "a safety snapshot needs a store", { hint: "pass --store, or --no-safety-snapshot" });
-      safety = await snapshot({
-        config, store: opts.store, createdBy: "pre-restore", label: `auto:pre-restore-${manifest.snapshot_id}`,
-        ...safetyEncryption(config, manifest, keys), redact: false, allowUnredacted: true, allowPlaintextMemory: true, lock: "held",
-        ...(opts.signal ? { signal: opts.signal } : {}),
-      });
+      try {
+        safety = await snapshot({
+          config, store: opts.store, createdBy: "pre-restore", label: `auto:pre-restore-${manifest.snapshot_id}`,
+          ...safetyEncryption(config, manifest, keys), redact: false, allowUnredacted: true, allowPlaintextMemory: true, lock: "held",
+          ...(opts.signal ? { signal: opts.signal } : {}),
+        });
+      } catch (e) {
+        // A source the live agent lacks (a new machine, a restore of what was lost): the
+        // snapshot's own hint (fix the config) is not the way out here.
+        if (!isMemsnapError(e, "MEMSNAP_SOURCE_MISSING")) throw e;
+        throw new MemsnapError("MEMSNAP_SOURCE_MISSING", `cannot take the safety snapshot of the live agent: ${e.message}`, {
+          ...(e.path ? { path: e.path } : {}), cause: e,
+          hint: "nothing there to keep (a new machine?): pass --no-safety-snapshot to restore without one, or restore into a new directory with --to",
+        });
+      }
       crashPoint("restore:safety-snapshot-done");
     }
     const tag = `${manifest.snapshot_id.slice(-8).toLowerCase()}${randomBytes(2).toString("hex")}`;

@@ -921,7 +921,7 @@ export const sqliteSource: SourceKind<SqliteConfig> = {
         // caches), not at the end of the whole snapshot, then close the file handles.
         for (const w of workers.splice(0)) await w?.close();
         for (const l of [...lives]) await l.release();
-        return { root, databases, skipped: { ...skipped, side_files: sideFiles } };
+        return { root, root_is_file: files.length === 1 && files[0]!.abs === root, databases, skipped: { ...skipped, side_files: sideFiles } };
       },
       cleanup: async () => {
         // Stop the worker first (its exit closes every connection), then close the file handles.
@@ -955,7 +955,13 @@ export const sqliteSource: SourceKind<SqliteConfig> = {
   async liveTarget(cfg, baseDir, layer) {
     const abs = resolve(baseDir, cfg.path);
     const dbs = isPlainObject(layer.meta) && isPlainObject(layer.meta.databases) ? Object.keys(layer.meta.databases) : [];
-    const capturedFile = dbs.length === 1 && dbs[0] === basename(abs) && layer.meta?.root === abs;
+    // Whether the layer was one database file (not a directory of them): what matters when the
+    // live path is missing (a new machine), else the live path says. Bundles before root_is_file
+    // tell by the captured root, a file whose name is the one database's.
+    const root = layer.meta?.root;
+    const capturedFile = typeof layer.meta?.root_is_file === "boolean"
+      ? layer.meta.root_is_file
+      : dbs.length === 1 && dbs[0] === basename(abs) && typeof root === "string" && basename(root) === dbs[0];
     const t = await pathTarget(abs, capturedFile, { include: cfg.include ?? SQLITE_DEFAULT_INCLUDE, exclude: cfg.exclude });
     const owns = t.owns!;
     return {

@@ -1,7 +1,7 @@
 // In-place restore of a WAL SQLite database: the live -wal/-shm go with the old file, the
 // restored database is WAL again, and --dry-run shows row-count deltas.
 import { spawnSync } from "node:child_process";
-import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -51,6 +51,36 @@ describe("in-place restore of sqlite layers", () => {
     expect((back.prepare("SELECT count(*) AS n FROM m").get() as { n: number }).n).toBe(100);
     expect(back.pragma("journal_mode", { simple: true })).toBe("wal");
     expect(back.pragma("integrity_check", { simple: true })).toBe("ok");
+    back.close();
+  });
+
+  it("onto a new machine (the config copied, nothing live): a one-file source comes back as that file", () => {
+    const agent = join(work, "old-host");
+    mkdirSync(join(agent, "db"), { recursive: true });
+    const cfg = JSON.stringify({ agent: "sq1", redaction: { enabled: false }, sources: [{ kind: "sqlite", name: "mem", path: "db/mem.db" }] });
+    writeFileSync(join(agent, "memsnap.json"), cfg);
+    const db = new Database(join(agent, "db", "mem.db"));
+    db.exec("CREATE TABLE m(id INTEGER PRIMARY KEY, t TEXT); INSERT INTO m(t) VALUES ('a'), ('b'), ('c');");
+    db.close();
+    const bundle = join(work, "one.memsnap");
+    const snap = cli(["snapshot", "-c", join(agent, "memsnap.json"), "--out", bundle, "--json"]);
+    expect(snap.code, snap.stderr).toBe(0);
+
+    const fresh = join(work, "new-host");
+    mkdirSync(fresh);
+    writeFileSync(join(fresh, "memsnap.json"), cfg);
+    // the safety snapshot has nothing to keep: the error says how to go on
+    const refused = cli(["restore", bundle, "-c", join(fresh, "memsnap.json"), "--store", join(work, "store-new")]);
+    expect(refused.code).toBe(6);
+    expect(refused.stderr).toContain("cannot take the safety snapshot of the live agent");
+    expect(refused.stderr).toContain("--no-safety-snapshot");
+    expect(existsSync(join(fresh, "db"))).toBe(false);
+    const r = cli(["restore", bundle, "-c", join(fresh, "memsnap.json"), "--no-safety-snapshot"]);
+    expect(r.code, r.stderr).toBe(0);
+    // a file, not a directory named mem.db holding it
+    expect(statSync(join(fresh, "db", "mem.db")).isFile()).toBe(true);
+    const back = new Database(join(fresh, "db", "mem.db"), { readonly: true });
+    expect((back.prepare("SELECT count(*) AS n FROM m").get() as { n: number }).n).toBe(3);
     back.close();
   });
 });
