@@ -119,6 +119,11 @@ async function buildSwaps(sel: SelectedLayer, staged: string, backup: string): P
   return swaps;
 }
 
+/** Errors of the safety snapshot that come from the live state itself (see restoreInPlace). */
+const SAFETY_SOURCE_CODES = new Set<string>([
+  "MEMSNAP_SOURCE_MISSING", "MEMSNAP_SOURCE_UNREADABLE", "MEMSNAP_SOURCE_INVALID", "MEMSNAP_SOURCE_DIGEST_MISMATCH", "MEMSNAP_TRACE_INVALID",
+]);
+
 /**
  * Whom the safety snapshot is encrypted to. It keeps the live files exactly (no redaction), so
  * it must not be weaker than what it sits beside: the config's recipients when it names any;
@@ -182,18 +187,25 @@ export async function restoreInPlace(bundle: string, config: MemsnapConfig, opts
     if (opts.safetySnapshot !== false) {
       if (!opts.store) throw new MemsnapError("MEMSNAP_USAGE", "a safety snapshot needs a store", { hint: "pass --store, or --no-safety-snapshot" });
       try {
+        // Of the layers this restore replaces (all of them, or those --only names): restoring
+        // it undoes the restore; the others are left as they are.
+        const replaced = new Set(selected.map((s) => s.layer.name));
         safety = await snapshot({
-          config, store: opts.store, createdBy: "pre-restore", label: `auto:pre-restore-${manifest.snapshot_id}`,
+          config: { ...config, sources: config.sources.filter((s) => replaced.has(s.cfg.name)) },
+          store: opts.store, createdBy: "pre-restore", label: `auto:pre-restore-${manifest.snapshot_id}`,
           ...safetyEncryption(config, manifest, keys), redact: false, allowUnredacted: true, allowPlaintextMemory: true, lock: "held",
           ...(opts.signal ? { signal: opts.signal } : {}),
         });
       } catch (e) {
-        // A source the live agent lacks (a new machine, a restore of what was lost): the
-        // snapshot's own hint (fix the config) is not the way out here.
-        if (!isMemsnapError(e, "MEMSNAP_SOURCE_MISSING")) throw e;
-        throw new MemsnapError("MEMSNAP_SOURCE_MISSING", `cannot take the safety snapshot of the live agent: ${e.message}`, {
+        // The live state of a layer to restore is missing (a new machine) or cannot be captured
+        // as it is (damaged: what one restores over): the snapshot's own hint (fix the config,
+        // re-export the dump) is not the way out here. Same code, same exit status.
+        if (!isMemsnapError(e) || !SAFETY_SOURCE_CODES.has(e.code)) throw e;
+        throw new MemsnapError(e.code, `cannot take the safety snapshot of the live agent: ${e.message}`, {
           ...(e.path ? { path: e.path } : {}), cause: e,
-          hint: "nothing there to keep (a new machine?): pass --no-safety-snapshot to restore without one, or restore into a new directory with --to",
+          hint: e.code === "MEMSNAP_SOURCE_MISSING"
+            ? "nothing there to keep (a new machine?): pass --no-safety-snapshot to restore without one, or restore into a new directory with --to"
+            : "the live state cannot be kept as it is: pass --no-safety-snapshot to restore over it without a copy, or restore into a new directory with --to",
         });
       }
       crashPoint("restore:safety-snapshot-done");

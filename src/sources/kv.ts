@@ -1068,6 +1068,16 @@ export const kvSource: SourceKind<KvConfig> = {
       ...(shuffle !== undefined ? { shuffle: shuffle as "auto" | "on" | "off" } : {}),
     };
   },
+  async liveTarget(cfg, baseDir, layer) {
+    // The dump directory is rebuilt whole in staging (materialize) and swapped in whole. A
+    // ProcessFork page manifest sits in a store other images share: not replaced in place.
+    if (layer.meta?.format === "pfimg-paged") {
+      throw new MemsnapError("MEMSNAP_USAGE", `layer ${layer.name}: a kv layer of a ProcessFork page manifest cannot be restored in place (its store holds other images)`, {
+        hint: "restore it with --to DIR, or leave it out with --only",
+      });
+    }
+    return { root: resolve(baseDir, cfg.path), mode: "dir" };
+  },
   async capture(cfg, ctx) {
     const pathAbs = resolve(ctx.baseDir, cfg.path);
     const { format, target } = await detect(pathAbs, cfg);

@@ -21,7 +21,7 @@
  */
 import { createReadStream, type Stats } from "node:fs";
 import { mkdtemp, open, rm, stat } from "node:fs/promises";
-import { join, resolve } from "node:path";
+import { basename, join, resolve } from "node:path";
 import { MemsnapError } from "../errors.js";
 import type { Redactor } from "../redact/types.js";
 import {
@@ -29,6 +29,7 @@ import {
 } from "../util/canonical-agentlog.js";
 import { optStringArray, rejectUnknownKeys, reqString } from "../util/config-check.js";
 import type { Artifact, SourceKind } from "./types.js";
+import { pathTarget } from "./live-target.js";
 import { fileArtifact, sourceChanged, sourceError, walkFiles, type FoundFile } from "./walk.js";
 
 export interface TraceConfig {
@@ -370,6 +371,16 @@ export const traceSource: SourceKind<TraceConfig> = {
     if (exclude) cfg.exclude = exclude;
     return cfg;
   },
+  async liveTarget(cfg, baseDir, layer) {
+    // Like a files layer: the traces the globs select are replaced, those the bundle lacks
+    // removed, other files left alone. Bundles before root_is_file: one trace whose captured
+    // root is a file of the configured name.
+    const abs = resolve(baseDir, cfg.path);
+    const m = layer.meta ?? {};
+    const isFile = typeof m.root_is_file === "boolean" ? m.root_is_file
+      : m.files === 1 && typeof m.root === "string" && basename(m.root) === basename(abs) && /\.agentlog$/i.test(abs);
+    return pathTarget(abs, isFile, { include: cfg.include ?? ["*.agentlog"], ...(cfg.exclude ? { exclude: cfg.exclude } : {}) });
+  },
   async capture(cfg, ctx) {
     const root = resolve(ctx.baseDir, cfg.path);
     const { files, skipped } = await walkFiles(root, { include: cfg.include ?? ["*.agentlog"], ...(cfg.exclude ? { exclude: cfg.exclude } : {}) });
@@ -414,6 +425,7 @@ export const traceSource: SourceKind<TraceConfig> = {
       })(),
       finish: async () => ({
         root,
+        root_is_file: prefixes.length === 1 && prefixes[0]!.f.abs === root,
         files: prefixes.length,
         skipped,
         records,
