@@ -356,3 +356,19 @@ export function recipientOf(keyFile: string): string {
   if (!m) throw new Error(`no public key line in ${keyFile}`);
   return m[1]!;
 }
+
+/**
+ * An in-place restore of `bundle` onto a new machine: `dir` is created holding only the
+ * config text `config`; the restore with a safety snapshot must be refused (nothing live to
+ * keep, exit 6, with the way out in the message), and the one without must succeed.
+ */
+export function restoreOntoNewMachine(bundle: string, config: string, dir: string, args: string[] = []): void {
+  mkdirSync(dir);
+  writeFileSync(join(dir, "memsnap.json"), config);
+  const refused = runCliSync(["restore", bundle, "-c", join(dir, "memsnap.json"), "--store", `${dir}-store`, ...args]);
+  expect(refused.code, show(refused)).toBe(6);
+  expect(refused.stderr).toContain("cannot take the safety snapshot of the live agent");
+  expect(refused.stderr).toContain("nothing there to keep");
+  expect(refused.stderr).toContain("--no-safety-snapshot");
+  expectOk(runCliSync(["restore", bundle, "-c", join(dir, "memsnap.json"), "--no-safety-snapshot", ...args]));
+}

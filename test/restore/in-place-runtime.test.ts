@@ -6,7 +6,7 @@ import { join } from "node:path";
 import { beforeEach, describe, expect, it } from "vitest";
 import { parseManifest, readLayout } from "../../src/index.js";
 import { agentlogId, parseLossless } from "../../src/util/canonical-agentlog.js";
-import { expectOk, jsonOut, runCliSync, tempDir, treeHashes } from "../helpers/cli.js";
+import { expectOk, jsonOut, restoreOntoNewMachine, runCliSync, tempDir, treeHashes } from "../helpers/cli.js";
 import { generateKvDump } from "../helpers/kv-dump.js";
 
 function trace(agent: string): string {
@@ -92,12 +92,7 @@ describe("in-place restore of kv and trace layers", () => {
 
   it("onto a new machine: every layer is created where the config puts it, a one-trace source as that file", () => {
     const fresh = join(work, "fresh");
-    mkdirSync(fresh);
-    writeFileSync(join(fresh, "memsnap.json"), config);
-    const refused = runCliSync(["restore", bundle, "-c", join(fresh, "memsnap.json"), "--store", join(work, "store")]);
-    expect(refused.code).toBe(6);
-    expect(refused.stderr).toContain("nothing there to keep");
-    expectOk(runCliSync(["restore", bundle, "-c", join(fresh, "memsnap.json"), "--no-safety-snapshot"]));
+    restoreOntoNewMachine(bundle, config, fresh);
     expect(treeHashes(join(fresh, "runtime", "kv"))).toEqual(treeHashes(join(agent, "runtime", "kv")));
     expect(readFileSync(join(fresh, "traces", "a.agentlog"), "utf8")).toBe(trace("a"));
     expect(statSync(join(fresh, "runs", "one.agentlog")).isFile()).toBe(true);

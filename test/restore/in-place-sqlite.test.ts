@@ -6,6 +6,7 @@ import { createRequire } from "node:module";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
+import { restoreOntoNewMachine } from "../helpers/cli.js";
 
 const Database = createRequire(import.meta.url)("better-sqlite3") as typeof import("better-sqlite3");
 const BIN = new URL("../../bin/memsnap.js", import.meta.url).pathname;
@@ -67,16 +68,7 @@ describe("in-place restore of sqlite layers", () => {
     expect(snap.code, snap.stderr).toBe(0);
 
     const fresh = join(work, "new-host");
-    mkdirSync(fresh);
-    writeFileSync(join(fresh, "memsnap.json"), cfg);
-    // the safety snapshot has nothing to keep: the error says how to go on
-    const refused = cli(["restore", bundle, "-c", join(fresh, "memsnap.json"), "--store", join(work, "store-new")]);
-    expect(refused.code).toBe(6);
-    expect(refused.stderr).toContain("cannot take the safety snapshot of the live agent");
-    expect(refused.stderr).toContain("--no-safety-snapshot");
-    expect(existsSync(join(fresh, "db"))).toBe(false);
-    const r = cli(["restore", bundle, "-c", join(fresh, "memsnap.json"), "--no-safety-snapshot"]);
-    expect(r.code, r.stderr).toBe(0);
+    restoreOntoNewMachine(bundle, cfg, fresh);
     // a file, not a directory named mem.db holding it
     expect(statSync(join(fresh, "db", "mem.db")).isFile()).toBe(true);
     const back = new Database(join(fresh, "db", "mem.db"), { readonly: true });
