@@ -31,6 +31,8 @@ export interface DetectedSource {
   path: string;
   include?: string[];
   exclude?: string[];
+  /** A `files` source's append-only logs (globs), captured up to their last complete line. */
+  append?: string[];
   /** The config keys other than kind, name, path, include and exclude (`format`, `store`). */
   extra?: Record<string, string>;
   note: string;
@@ -65,7 +67,10 @@ function layerName(raw: string, taken: Set<string>): string {
 /** Files taken from the topmost directory that holds them, with everything below it. */
 const FILE_GROUPS = [
   { ext: /\.md$/i, include: ["**/*.md"], kind: "files" as const, home: "notes", note: "Markdown notes, byte for byte (secrets redacted in the bundle)" },
-  { ext: /\.(jsonl|ndjson)$/i, include: ["**/*.jsonl", "**/*.ndjson"], kind: "files" as const, home: "logs", note: "JSONL logs, redacted value by value" },
+  {
+    ext: /\.(jsonl|ndjson)$/i, include: ["**/*.jsonl", "**/*.ndjson"], append: ["**/*.jsonl", "**/*.ndjson"], kind: "files" as const, home: "logs",
+    note: "JSONL logs, redacted value by value; append-only: captured up to the last complete line, so a writer may go on appending",
+  },
   { ext: /\.agentlog$/i, include: ["**/*.agentlog"], kind: "trace" as const, home: "traces", note: "agentlog traces: every record validated; a redacted record is re-sealed" },
 ];
 
@@ -140,7 +145,7 @@ export async function detectAgent(home: string): Promise<Detection> {
       const exclude = specials.filter((s) => under(s, top)).map((s) => `/${relative(top, s).split("\\").join("/")}/`);
       found.push({
         kind: g.kind, name: layerName(top === home ? g.home : basename(top), taken), path: rel(top), include: g.include,
-        ...(exclude.length ? { exclude } : {}), note: g.note,
+        ...(exclude.length ? { exclude } : {}), ...("append" in g ? { append: g.append } : {}), note: g.note,
       });
     }
   });
@@ -176,6 +181,7 @@ export function renderConfig(d: Detection, opts: { agent: string; tenant: string
     if (s.extra) Object.assign(obj, s.extra);
     if (s.include) obj.include = s.include;
     if (s.exclude) obj.exclude = s.exclude;
+    if (s.append) obj.append = s.append;
     lines.push(`    ${JSON.stringify(obj).replace(/,"/g, ', "').replace(/":/g, '": ')}${i < d.sources.length - 1 ? "," : ""}`);
   });
   lines.push("  ]", "}", "");

@@ -30,7 +30,7 @@ import {
 import { optStringArray, rejectUnknownKeys, reqString } from "../util/config-check.js";
 import type { Artifact, SourceKind } from "./types.js";
 import { pathTarget } from "./live-target.js";
-import { fileArtifact, sourceChanged, sourceError, walkFiles, type FoundFile } from "./walk.js";
+import { completeLinesPrefix, fileArtifact, sourceChanged, sourceError, walkFiles, type FoundFile } from "./walk.js";
 
 export interface TraceConfig {
   kind: "trace";
@@ -189,37 +189,15 @@ function invalid(file: string, e: TraceRecordError): MemsnapError {
  * without `\n` counts when it parses as JSON (a finished file without a final newline), and is
  * left out when it does not (a record being written).
  */
-async function completePrefix(abs: string, size: number): Promise<{ size: number; tail: number }> {
-  if (size === 0) return { size, tail: 0 };
-  const fh = await open(abs, "r");
-  try {
-    const last = Buffer.alloc(1);
-    await fh.read(last, 0, 1, size - 1);
-    if (last[0] === 0x0a) return { size, tail: 0 };
-    const BLOCK = 64 * 1024;
-    let nl = -1;
-    for (let end = size; end > 0 && nl < 0; end -= BLOCK) {
-      const start = Math.max(0, end - BLOCK);
-      const buf = Buffer.alloc(end - start);
-      await fh.read(buf, 0, buf.length, start);
-      const i = buf.lastIndexOf(0x0a);
-      if (i >= 0) nl = start + i;
+function completePrefix(abs: string, size: number): Promise<{ size: number; tail: number }> {
+  return completeLinesPrefix(abs, size, (tail) => {
+    try {
+      parseLossless(decoder.decode(tail));
+      return true;
+    } catch {
+      return false; // a record still being written
     }
-    const tailLen = size - (nl + 1);
-    if (tailLen <= MAX_RECORD_BYTES) {
-      const tail = Buffer.alloc(tailLen);
-      await fh.read(tail, 0, tailLen, nl + 1);
-      try {
-        parseLossless(decoder.decode(tail));
-        return { size, tail: 0 };
-      } catch {
-        /* a record still being written */
-      }
-    }
-    return { size: nl + 1, tail: tailLen };
-  } finally {
-    await fh.close();
-  }
+  }, MAX_RECORD_BYTES);
 }
 
 /** The trace's first `size` bytes, checked record by record as they stream into the bundle. */

@@ -120,10 +120,18 @@ function changed(path: string, what: string): MemsnapError {
   });
 }
 
-/** Open a found file for reading at most `size + 1` bytes, mapping errors to source errors. */
-function openBounded(f: FoundFile): Readable {
-  const s = createReadStream(f.abs, { start: 0, end: f.stats.size, highWaterMark: 1 << 20 });
-  return s;
+/**
+ * How many bytes of a found file a read asks for: `size + 1`, so a file that grew is detected
+ * without reading it to its end; or exactly `prefix` for an append-only file, whose growth
+ * after the walk is not captured.
+ */
+function readLimit(f: FoundFile, prefix: number | undefined): number {
+  return prefix ?? f.stats.size + 1;
+}
+
+/** Open a found file for reading its first `limit` bytes. */
+function openBounded(f: FoundFile, limit: number): Readable {
+  return createReadStream(f.abs, { start: 0, end: limit - 1, highWaterMark: 1 << 20 });
 }
 
 /**
@@ -134,15 +142,15 @@ function openBounded(f: FoundFile): Readable {
 const SMALL_FILE = 64 * 1024;
 
 /** The same bytes as openBounded, into reused buffers (Artifact.open with `reuse`). */
-async function* reusedFileChunks(f: FoundFile): AsyncGenerator<Buffer> {
-  if (f.stats.size < SMALL_FILE) {
-    yield* smallFileChunk(f);
+async function* reusedFileChunks(f: FoundFile, limit: number): AsyncGenerator<Buffer> {
+  if (limit <= SMALL_FILE) {
+    yield* smallFileChunk(f, limit);
     return;
   }
   let fh: FileHandle | undefined;
   try {
     fh = await open(f.abs, "r");
-    yield* reusedChunks(fh, 0, f.stats.size); // at most size + 1 bytes, like openBounded
+    yield* reusedChunks(fh, 0, limit - 1); // at most `limit` bytes, like openBounded
   } catch (e) {
     if ((e as NodeJS.ErrnoException).code === "ENOENT") throw changed(f.abs, "it was removed");
     throw sourceError(e, f.abs);
@@ -151,13 +159,14 @@ async function* reusedFileChunks(f: FoundFile): AsyncGenerator<Buffer> {
   }
 }
 
-/** A small file's bytes (at most size + 1, like openBounded) as one chunk, read synchronously. */
-function* smallFileChunk(f: FoundFile): Generator<Buffer> {
+/** A small file's first `limit` bytes (or fewer, like openBounded) as one chunk, read synchronously. */
+function* smallFileChunk(f: FoundFile, limit: number): Generator<Buffer> {
+  if (limit === 0) return;
   let buf: Buffer;
   let fd: number | undefined;
   try {
     fd = openSync(f.abs, "r");
-    buf = Buffer.allocUnsafe(f.stats.size + 1);
+    buf = Buffer.allocUnsafe(limit);
     let n = 0;
     for (;;) {
       const got = readSync(fd, buf, n, buf.length - n, n);
@@ -182,20 +191,26 @@ export function fingerprintOf(st: Stats): string {
   return `${st.dev}:${st.ino}:${st.size}:${st.mtimeMs}:${st.ctimeMs}`;
 }
 
-/** An artifact backed by a file on disk, with change detection by size and mtime. */
-export function fileArtifact(f: FoundFile, kind: string, path = f.rel): Artifact {
+/**
+ * An artifact backed by a file on disk, with change detection by size and mtime. With
+ * `prefix`, an append-only file (a log a writer appends to): only its first `prefix` bytes are
+ * captured (see {@link completeLinesPrefix}), growth during the capture is allowed, and a file
+ * that shrank, was replaced or was rewritten without growing is MEMSNAP_SOURCE_CHANGED.
+ */
+export function fileArtifact(f: FoundFile, kind: string, path = f.rel, prefix?: number): Artifact {
+  const limit = readLimit(f, prefix);
   return {
     path,
     kind,
-    size: f.stats.size,
+    size: prefix ?? f.stats.size,
     mode: f.stats.mode & 0o7777,
     mtime: f.stats.mtime,
     rereadable: true, // each open() reads the file again; check() compares it with f.stats
     file: f.abs,
     open: (o?: OpenOptions) => {
-      if (o?.reuse) return reusedFileChunks(f);
-      if (f.stats.size < SMALL_FILE) return (async function* () { yield* smallFileChunk(f); })(); // a fresh buffer per call
-      const s = openBounded(f);
+      if (o?.reuse) return reusedFileChunks(f, limit);
+      if (limit <= SMALL_FILE) return (async function* () { yield* smallFileChunk(f, limit); })(); // a fresh buffer per call
+      const s = openBounded(f, limit);
       return (async function* () {
         try {
           for await (const chunk of s) yield chunk as Buffer;
@@ -212,10 +227,52 @@ export function fileArtifact(f: FoundFile, kind: string, path = f.rel): Artifact
       } catch {
         throw changed(f.abs, "it was removed");
       }
+      if (prefix !== undefined) {
+        if (now.ino !== f.stats.ino || now.dev !== f.stats.dev) throw changed(f.abs, "it was replaced (an append-only file may only grow)");
+        if (now.size < f.stats.size) throw changed(f.abs, `it shrank from ${f.stats.size} to ${now.size} bytes (an append-only file may only grow)`);
+        if (now.size === f.stats.size && now.mtimeMs !== f.stats.mtimeMs) throw changed(f.abs, "rewritten without growing (an append-only file may only grow)");
+        return;
+      }
       if (now.size !== f.stats.size) throw changed(f.abs, `size ${f.stats.size} → ${now.size}`);
       if (now.mtimeMs !== f.stats.mtimeMs) throw changed(f.abs, "modified during capture");
     },
   };
+}
+
+/**
+ * How much of an append-only file to capture: its first `size` bytes up to the end of the last
+ * complete line. A last line without its `\n` counts when `complete(tail)` says so (a finished
+ * record whose writer added no final newline) and is left out when it does not (a line still
+ * being written), or when it is longer than `maxTail` (not read). `tail` is the bytes left out.
+ */
+export async function completeLinesPrefix(
+  abs: string, size: number, complete: ((tail: Buffer) => boolean) | null, maxTail: number,
+): Promise<{ size: number; tail: number }> {
+  if (size === 0) return { size, tail: 0 };
+  const fh = await open(abs, "r");
+  try {
+    const last = Buffer.alloc(1);
+    if ((await fh.read(last, 0, 1, size - 1)).bytesRead < 1) throw changed(abs, `it shrank below ${size} bytes`);
+    if (last[0] === 0x0a) return { size, tail: 0 };
+    const BLOCK = 64 * 1024;
+    let nl = -1;
+    for (let end = size; end > 0 && nl < 0; end -= BLOCK) {
+      const start = Math.max(0, end - BLOCK);
+      const buf = Buffer.alloc(end - start);
+      await fh.read(buf, 0, buf.length, start);
+      const i = buf.lastIndexOf(0x0a);
+      if (i >= 0) nl = start + i;
+    }
+    const tailLen = size - (nl + 1);
+    if (complete && tailLen <= maxTail) {
+      const tail = Buffer.alloc(tailLen);
+      const { bytesRead } = await fh.read(tail, 0, tailLen, nl + 1);
+      if (bytesRead === tailLen && complete(tail)) return { size, tail: 0 };
+    }
+    return { size: nl + 1, tail: tailLen };
+  } finally {
+    await fh.close();
+  }
 }
 
 export { changed as sourceChanged };

@@ -61,7 +61,7 @@ describe("memsnap init", () => {
     expect(by("db/long-term.db")).toMatchObject({ kind: "sqlite", name: "long-term" });
     expect(by("state")).toMatchObject({ kind: "state", include: ["/cursor.json"] }); // big.json is over 1 MiB
     expect(by("notes")).toMatchObject({ kind: "files", include: ["**/*.md"], exclude: ["/inner/"] });
-    expect(by("logs")).toMatchObject({ kind: "files", include: ["**/*.jsonl", "**/*.ndjson"] });
+    expect(by("logs")).toMatchObject({ kind: "files", include: ["**/*.jsonl", "**/*.ndjson"], append: ["**/*.jsonl", "**/*.ndjson"] });
     expect(by("traces")).toMatchObject({ kind: "trace", include: ["**/*.agentlog"] });
     expect(by("runtime/kv")).toMatchObject({ kind: "kv", extra: { format: "memsnap" } });
     expect(by("runtime/pf")).toMatchObject({ kind: "pfimg", extra: { store: "runtime/pf" } });
@@ -102,6 +102,24 @@ describe("memsnap init", () => {
     expect(back["long-term/long-term.db"]).toBe(live["db/long-term.db"]);
     expect(back["memory/people/ada.md"]).toBe(live["memory/people/ada.md"]);
     for (const [rel, h] of Object.entries(live).filter(([rel]) => rel.startsWith("runtime/kv/"))) expect(back[rel.replace("runtime/", "")]).toBe(h);
+  });
+
+  it("a log being written: its config takes the JSONL logs as append-only, the snapshot says what it left out", () => {
+    const top = tempDir("memsnap-init-logs-");
+    const h = join(top, "home");
+    writeFiles(join(h, "logs"), { "done.jsonl": '{"n":1}\n', "live.jsonl": '{"n":1}\n{"n":2}\n{"n":' });
+    expectOk(runCliSync(["init", h]));
+    const s = runCliSync(["snapshot", "-c", join(h, "memsnap.json"), "--store", join(top, "store")]);
+    expectOk(s);
+    expect(s.stdout).toMatch(/partial +1 last line\(s\) still being written left out \(5 B\): logs\/live\.jsonl\n/);
+    const j = runCliSync(["snapshot", "-c", join(h, "memsnap.json"), "--store", join(top, "store"), "--json"]);
+    expectOk(j);
+    const bundle = (jsonOut(j) as { path: string; partial_tail_bytes: Record<string, number> });
+    expect(bundle.partial_tail_bytes).toEqual({ "logs/live.jsonl": 5 });
+    const out = join(top, "restored");
+    expectOk(runCliSync(["restore", bundle.path, "--to", out]));
+    expect(readFileSync(join(out, "logs", "live.jsonl"), "utf8")).toBe('{"n":1}\n{"n":2}\n');
+    expect(readFileSync(join(out, "logs", "done.jsonl"), "utf8")).toBe('{"n":1}\n');
   });
 
   it("refuses a home with nothing to capture, and an existing config unless --force", () => {

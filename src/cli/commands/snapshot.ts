@@ -97,6 +97,7 @@ Examples:
         bytes: r.inputBytes, bundle_bytes: r.bundleBytes, encrypted: r.manifest.payload.encryption !== null,
       }, config.baseDir);
       const m = r.manifest;
+      const partial = partialTails(m.layers);
       if (g.json) {
         printJson({
           ok: true, id: r.id, path: r.path, input_bytes: r.inputBytes, bundle_bytes: r.bundleBytes,
@@ -110,6 +111,7 @@ Examples:
               reason: r.incremental.reason, ...(r.incremental.cacheError ? { cache_error: r.incremental.cacheError } : {}),
             },
           } : {}),
+          ...(partial.size ? { partial_tail_bytes: Object.fromEntries(partial) } : {}),
         });
         return;
       }
@@ -127,10 +129,24 @@ Examples:
           ? `  refs     ${r.incremental.referenced
             ? `${r.incremental.referenced} unchanged artifact(s), ${fmtBytes(r.incremental.referencedBytes)}, referenced in ${r.incremental.bases.join(", ")}`
             : `none: ${r.incremental.reason ?? "nothing was unchanged"} (a full snapshot; the next --incremental one builds on it)`}\n`
+          : "") +
+        (partial.size
+          ? `  partial  ${partial.size} last line(s) still being written left out (${fmtBytes([...partial.values()].reduce((a, b) => a + b, 0))}): ${[...partial.keys()].slice(0, 3).join(", ")}${partial.size > 3 ? ", …" : ""}\n`
           : ""),
       );
       if (r.incremental?.cacheError) process.stderr.write(`memsnap: warning: the incremental cache was not written (${r.incremental.cacheError}); the next --incremental snapshot builds on an earlier one\n`);
     });
+}
+
+/** The unterminated last lines an append-only capture left out (trace layers, `files` with `append`), by payload path. */
+function partialTails(layers: readonly { name: string; meta?: Record<string, unknown> }[]): Map<string, number> {
+  const out = new Map<string, number>();
+  for (const l of layers) {
+    const p = l.meta?.partial_tail_bytes;
+    if (p === null || typeof p !== "object") continue;
+    for (const [path, n] of Object.entries(p)) if (typeof n === "number") out.set(`${l.name}/${path}`, n);
+  }
+  return out;
 }
 
 function redactionStats(rep: Record<string, unknown>, ms: number): Record<string, unknown> {
