@@ -130,6 +130,7 @@ export async function runSchedule(o: ScheduleOptions): Promise<{ runs: number }>
         o.log({
           event: "snapshot", ...meta, duration_ms: Math.round(r.durationMs),
           ...(r.incremental ? { referenced: r.incremental.referenced, bases: r.incremental.bases } : {}),
+          ...(r.notices.length ? { warnings: r.notices } : {}),
         });
         const h = await runHook(config.hooks, "on_created", meta, config.baseDir);
         if (h) o.log({ ...h, hook: h.event, event: "hook" });

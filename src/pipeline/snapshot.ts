@@ -116,6 +116,8 @@ export interface SnapshotResult {
   redactionMs: number;
   /** Present for an incremental snapshot. */
   incremental?: IncrementalResult;
+  /** What the layers left out that the user must hear of (LayerCapture.notices), by layer. */
+  notices: { layer: string; message: string }[];
 }
 
 /**
@@ -339,6 +341,7 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
   const workDir = join(dirname(dest), `.memsnap-work-${process.pid}-${randomBytes(4).toString("hex")}`);
   let redactor: Redactor | undefined;
   const captures: LayerCapture[] = [];
+  const noticesOf: [string, LayerCapture][] = [];
   let started: Promise<LayerCapture>[] = [];
   /** Each packed layer's finish(), which fills in its meta; awaited before the manifest. */
   const finishing: Promise<void>[] = [];
@@ -442,6 +445,7 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
       // it settles: the git source's finish waits for its history scan, and a SQLite
       // source's for its workers, which held the payload still for ~0.1 s on the bench mix.
       layers.push(layer);
+      if (cap.notices) noticesOf.push([scfg.name, cap]);
       if (cap.finish) {
         const f = cap.finish().then((meta) => {
           if (meta) layer.meta = meta;
@@ -530,6 +534,7 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
     return {
       id, path: dest, manifest, inputBytes: bytes, bundleBytes, durationMs: performance.now() - t0, redactionMs: redactMs,
       ...(incremental ? { incremental } : {}),
+      notices: noticesOf.flatMap(([layer, c]) => c.notices!().map((message) => ({ layer, message }))),
     };
   } catch (e) {
     await enc?.destroy();

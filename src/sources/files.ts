@@ -12,7 +12,7 @@ import { resolve } from "node:path";
 import { optStringArray, rejectUnknownKeys, reqString } from "../util/config-check.js";
 import type { SourceKind } from "./types.js";
 import { compileGlobs } from "../util/glob.js";
-import { completeLinesPrefix, fileArtifact, fingerprintOf, sourceError, walkFiles } from "./walk.js";
+import { completeLinesPrefix, fileArtifact, fingerprintOf, sourceError, walkFiles, walkNotices } from "./walk.js";
 import { pathTarget } from "./live-target.js";
 
 /** Files whose content the pipeline redacts (memory notes, JSON, JSONL, config-like text). */
@@ -64,7 +64,8 @@ export const filesSource: SourceKind<FilesConfig> = {
   },
   async capture(cfg, ctx) {
     const root = resolve(ctx.baseDir, cfg.path);
-    const { files, skipped } = await walkFiles(root, { include: cfg.include, exclude: cfg.exclude });
+    const walked = await walkFiles(root, { include: cfg.include, exclude: cfg.exclude });
+    const { files, skipped } = walked;
     const appendOnly = cfg.append?.length ? compileGlobs(cfg.append) : null;
     // An append-only file's size is fixed here, before any byte is packed: a tar header comes first.
     const prefixes = new Map<string, number>();
@@ -82,6 +83,7 @@ export const filesSource: SourceKind<FilesConfig> = {
     }
     return {
       estimatedBytes: files.reduce((n, f) => n + (prefixes.get(f.rel) ?? f.stats.size), 0),
+      notices: () => walkNotices(walked),
       artifacts: (async function* () {
         for (const f of files) {
           const kind = JSONL.test(f.rel) ? "jsonl" : /\.json$/i.test(f.rel) ? "json" : "file";

@@ -42,7 +42,7 @@ import {
   type BundleHeader, type HeadFacts, type HeadSpec, type HistoryScan, type StatusEntry, type WorktreeDoc,
 } from "./git-iso.js";
 import type { Artifact, CaptureContext, SourceKind } from "./types.js";
-import { fileArtifact, fingerprintOf, sourceError, walkFiles, type FoundFile } from "./walk.js";
+import { escapeName, fileArtifact, fingerprintOf, sourceError, walkFiles, walkNotices, type FoundFile } from "./walk.js";
 
 export interface GitConfig {
   kind: "git";
@@ -271,13 +271,32 @@ interface WorktreeListing {
   counts: { modified: number; untracked: number; deleted: number };
   skipped: { symlinks: number; directories: number; special: number; unsafe_names: number };
   method: "status" | "compare" | "isomorphic-git";
+  /** Changed paths left out because their names are not UTF-8 (escaped as `\xNN`), for the capture's notices. */
+  unsafe: string[];
+}
+
+/** The NUL-terminated records of git's `-z` output, each as text, or `bad` (escaped) when it is not UTF-8. */
+function zRecords(out: Buffer): Array<{ text: string; bad?: string }> {
+  const recs: Array<{ text: string; bad?: string }> = [];
+  let at = 0;
+  while (at < out.length) {
+    let end = out.indexOf(0, at);
+    if (end < 0) end = out.length;
+    const raw = out.subarray(at, end);
+    const text = raw.toString("utf8");
+    recs.push(Buffer.from(text, "utf8").equals(raw) ? { text } : { text, bad: escapeName(raw) });
+    at = end + 1;
+  }
+  return recs;
 }
 
 /** Turn status entries into captured files (lstat now) and deleted paths. */
-async function classify(root: string, entries: Array<{ path: string; tracked: boolean }>, method: WorktreeListing["method"]): Promise<WorktreeListing> {
+async function classify(
+  root: string, entries: Array<{ path: string; tracked: boolean }>, method: WorktreeListing["method"], unsafe: string[] = [],
+): Promise<WorktreeListing> {
   const out: WorktreeListing = {
     files: [], deleted: [], counts: { modified: 0, untracked: 0, deleted: 0 },
-    skipped: { symlinks: 0, directories: 0, special: 0, unsafe_names: 0 }, method,
+    skipped: { symlinks: 0, directories: 0, special: 0, unsafe_names: unsafe.length }, method, unsafe,
   };
   const seen = new Set<string>();
   const todo: Array<{ path: string; tracked: boolean; abs: string }> = [];
@@ -326,27 +345,32 @@ async function listWorktreeGit(root: string, g: GitCtx, hasHead: boolean): Promi
     });
   if (r.code === 0) {
     const entries: Array<{ path: string; tracked: boolean }> = [];
-    for (const rec of r.stdout.toString("utf8").split("\0")) {
+    const unsafe: string[] = [];
+    for (const { text: rec, bad } of zRecords(r.stdout)) {
       if (rec.length < 4) continue;
       const x = rec[0]!;
       if (x === "!") continue;
-      entries.push({ path: rec.slice(3), tracked: x !== "?" && x !== "A" });
+      // A name that is not UTF-8: decoded, it names another file or none (a modified file would
+      // be taken for deleted). Left out and reported.
+      if (bad !== undefined) unsafe.push(bad.slice(3));
+      else entries.push({ path: rec.slice(3), tracked: x !== "?" && x !== "A" });
     }
-    return classify(root, entries, "status");
+    return classify(root, entries, "status", unsafe);
   }
   // The index is unreadable (corrupt, or a half-written one): compare the work tree with HEAD directly.
   const tracked = new Map<string, string>();
   const gitlinks: string[] = [];
   if (hasHead) {
     const t = await gitIn(root, g, ["ls-tree", "-r", "-z", "--full-tree", "HEAD"]);
-    for (const rec of t.stdout.toString("utf8").split("\0")) {
+    for (const { text: rec, bad } of zRecords(t.stdout)) {
+      if (bad !== undefined) continue; // its file, if still there, is among the walk's unsafe names
       const m = /^(\d+) (\w+) ([0-9a-f]+)\t(.*)$/s.exec(rec);
       if (!m) continue;
       if (m[2] === "commit") gitlinks.push(m[4]!);
       else tracked.set(m[4]!, m[3]!);
     }
   }
-  const { files } = await walkFiles(root, { exclude: ["/.git", ...gitlinks.map((p) => `/${p}/`)] });
+  const { files, unsafe } = await walkFiles(root, { exclude: ["/.git", ...gitlinks.map((p) => `/${p}/`)] });
   const present = new Set(files.map((f) => f.rel));
   const entries: Array<{ path: string; tracked: boolean }> = [];
   const both = files.filter((f) => tracked.has(f.rel)).map((f) => f.rel);
@@ -365,7 +389,7 @@ async function listWorktreeGit(root: string, g: GitCtx, hasHead: boolean): Promi
       .toString("utf8").split("\0").filter(Boolean))
     : new Set<string>();
   for (const p of fresh) if (!ignored.has(p)) entries.push({ path: p, tracked: false });
-  return classify(root, entries, "compare");
+  return classify(root, entries, "compare", unsafe ?? []);
 }
 
 /** Run git with `input` on stdin; a non-zero exit outside `ok` is MEMSNAP_SOURCE_INVALID. */
@@ -892,6 +916,7 @@ export const gitSource: SourceKind<GitConfig> = {
     const now = new Date();
     return {
       estimatedBytes: cap.bundleSize + (docBytes?.length ?? 0) + (listing?.files.reduce((n, f) => n + f.stats.size, 0) ?? 0),
+      notices: () => walkNotices(listing ?? {}),
       artifacts: (async function* (): AsyncGenerator<Artifact> {
         const fingerprint = cap.bundleFingerprint;
         if (cap.bundle) {

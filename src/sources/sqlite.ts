@@ -140,7 +140,7 @@ import {
   type LiveBeginResult, type LiveScanStats, type LiveVerifyResult,
 } from "./sqlite-worker.js";
 import type { Artifact, OpenOptions, SourceKind } from "./types.js";
-import { fileArtifact, fingerprintOf, sourceChanged, sourceError, walkFiles, type FoundFile } from "./walk.js";
+import { fileArtifact, fingerprintOf, sourceChanged, sourceError, walkFiles, walkNotices, type FoundFile } from "./walk.js";
 import { pathTarget } from "./live-target.js";
 
 export interface SqliteConfig {
@@ -705,7 +705,8 @@ export const sqliteSource: SourceKind<SqliteConfig> = {
 
   async capture(cfg, ctx) {
     const root = resolve(ctx.baseDir, cfg.path);
-    const { files, skipped } = await walkFiles(root, { include: cfg.include ?? SQLITE_DEFAULT_INCLUDE, exclude: cfg.exclude });
+    const walked = await walkFiles(root, { include: cfg.include ?? SQLITE_DEFAULT_INCLUDE, exclude: cfg.exclude });
+    const { files, skipped } = walked;
     const dbs = files.filter((f) => !SIDE_FILE.test(f.rel));
     const sideFiles = files.length - dbs.length;
     const databases: Record<string, SqliteDbMeta> = {};
@@ -790,6 +791,7 @@ export const sqliteSource: SourceKind<SqliteConfig> = {
 
     return {
       estimatedBytes: dbs.reduce((n, f) => n + f.stats.size, 0),
+      notices: () => walkNotices(walked),
       artifacts: (async function* (): AsyncGenerator<Artifact> {
         for (let i = 0; i < dbs.length; i++) {
           const f = dbs[i]!;

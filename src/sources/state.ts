@@ -10,7 +10,7 @@ import { Readable } from "node:stream";
 import { MemsnapError } from "../errors.js";
 import { optStringArray, rejectUnknownKeys, reqString } from "../util/config-check.js";
 import type { Artifact, SourceKind } from "./types.js";
-import { sourceChanged, sourceError, walkFiles } from "./walk.js";
+import { sourceChanged, sourceError, walkFiles, walkNotices } from "./walk.js";
 import { pathTarget } from "./live-target.js";
 
 export const STATE_MAX_BYTES = 16 * 1024 * 1024;
@@ -54,9 +54,11 @@ export const stateSource: SourceKind<StateConfig> = {
   },
   async capture(cfg, ctx) {
     const root = resolve(ctx.baseDir, cfg.path);
-    const { files } = await walkFiles(root, { include: cfg.include ?? ["*.json"], exclude: cfg.exclude });
+    const walked = await walkFiles(root, { include: cfg.include ?? ["*.json"], exclude: cfg.exclude });
+    const { files } = walked;
     return {
       estimatedBytes: files.reduce((n, f) => n + f.stats.size, 0),
+      notices: () => walkNotices(walked),
       artifacts: (async function* (): AsyncGenerator<Artifact> {
         for (const f of files) {
           if (f.stats.size > STATE_MAX_BYTES) {
@@ -84,7 +86,10 @@ export const stateSource: SourceKind<StateConfig> = {
           };
         }
       })(),
-      finish: async () => ({ root, root_is_file: files.length === 1 && files[0]!.abs === root }),
+      finish: async () => ({
+        root, root_is_file: files.length === 1 && files[0]!.abs === root,
+        ...(walked.skipped.unsafe_names ? { skipped: { unsafe_names: walked.skipped.unsafe_names } } : {}),
+      }),
     };
   },
   async deepVerify({ entry, bytes }) {

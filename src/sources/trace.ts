@@ -30,7 +30,7 @@ import {
 import { optStringArray, rejectUnknownKeys, reqString } from "../util/config-check.js";
 import type { Artifact, SourceKind } from "./types.js";
 import { pathTarget } from "./live-target.js";
-import { completeLinesPrefix, fileArtifact, sourceChanged, sourceError, walkFiles, type FoundFile } from "./walk.js";
+import { completeLinesPrefix, fileArtifact, sourceChanged, sourceError, walkFiles, walkNotices, type FoundFile } from "./walk.js";
 
 export interface TraceConfig {
   kind: "trace";
@@ -361,7 +361,8 @@ export const traceSource: SourceKind<TraceConfig> = {
   },
   async capture(cfg, ctx) {
     const root = resolve(ctx.baseDir, cfg.path);
-    const { files, skipped } = await walkFiles(root, { include: cfg.include ?? ["*.agentlog"], ...(cfg.exclude ? { exclude: cfg.exclude } : {}) });
+    const walked = await walkFiles(root, { include: cfg.include ?? ["*.agentlog"], ...(cfg.exclude ? { exclude: cfg.exclude } : {}) });
+    const { files, skipped } = walked;
     const prefixes: { f: FoundFile; size: number; tail: number }[] = [];
     for (const f of files) {
       try {
@@ -380,6 +381,7 @@ export const traceSource: SourceKind<TraceConfig> = {
     for (const p of prefixes) if (p.tail > 0) partial[p.f.rel] = p.tail;
     return {
       estimatedBytes: prefixes.reduce((n, p) => n + p.size, 0),
+      notices: () => walkNotices(walked),
       artifacts: (async function* (): AsyncGenerator<Artifact> {
         let i = 0;
         for (const { f, size } of prefixes) {

@@ -90,6 +90,12 @@ export interface LayerCapture {
   finish?(): Promise<Record<string, unknown> | undefined>;
   /** Called always (success or failure) to remove temp files the source made. */
   cleanup?(): Promise<void>;
+  /**
+   * After finish(): what the capture left out that the user must hear of, one sentence each
+   * (files whose names a bundle cannot hold). Shown by the CLI, never put in the manifest: it may
+   * name files, which an encrypted bundle keeps inside its ciphertext.
+   */
+  notices?(): string[];
 }
 
 /** Context given to a capture. */

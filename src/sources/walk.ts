@@ -37,7 +37,42 @@ export interface FoundFile {
 
 export interface WalkResult {
   files: FoundFile[];
-  skipped: { symlinks: number; special: number };
+  /**
+   * What the walk left out: symlinks, special files, and files or directories whose names are
+   * not valid UTF-8 (`unsafe_names`; a bundle's paths are UTF-8 text, and Node would hand such a
+   * name over mangled; `unsafe` lists their relative paths, the bad bytes escaped as `\xNN`).
+   */
+  skipped: { symlinks: number; special: number; unsafe_names?: number };
+  unsafe?: string[];
+}
+
+/** The notice (LayerCapture.notices) for what a walk left out because of its name. */
+export function walkNotices(r: { unsafe?: readonly string[] }): string[] {
+  const u = r.unsafe ?? [];
+  if (u.length === 0) return [];
+  return [`left out ${u.length} file(s) or folder(s) whose names are not UTF-8, which a bundle cannot hold (rename them to capture them): ${u.slice(0, 5).join(", ")}${u.length > 5 ? ", …" : ""}`];
+}
+
+/** A relative path with a name that is not UTF-8, for messages: each invalid byte as `\xNN`. */
+export function escapeName(raw: Buffer): string {
+  let out = "";
+  let i = 0;
+  while (i < raw.length) {
+    // The longest valid UTF-8 sequence at i, else one byte escaped.
+    let taken = false;
+    for (let n = Math.min(4, raw.length - i); n >= 1; n--) {
+      const piece = raw.subarray(i, i + n);
+      const text = piece.toString("utf8");
+      if (!text.includes("\ufffd") && Buffer.from(text, "utf8").equals(piece)) {
+        out += text;
+        i += n;
+        taken = true;
+        break;
+      }
+    }
+    if (!taken) out += `\\x${raw[i++]!.toString(16).padStart(2, "0")}`;
+  }
+  return out;
 }
 
 /** Map a file-system error on a source path to MEMSNAP_SOURCE_MISSING / _UNREADABLE. */
@@ -63,7 +98,7 @@ export async function walkFiles(root: string, opts: WalkOptions = {}): Promise<W
   const inc = opts.include?.length ? compileGlobs(opts.include) : null;
   const exc = opts.exclude?.length ? compileGlobs(opts.exclude) : null;
   const files: FoundFile[] = [];
-  const skipped = { symlinks: 0, special: 0 };
+  const skipped: WalkResult["skipped"] = { symlinks: 0, special: 0 };
   let rootStats: Stats;
   try {
     rootStats = await stat(root);
@@ -83,20 +118,39 @@ export async function walkFiles(root: string, opts: WalkOptions = {}): Promise<W
     await new Promise<void>((r) => setImmediate(r));
     slice = performance.now();
   };
+  const unsafe: string[] = [];
   const visit = async (dir: string, relDir: string): Promise<void> => {
-    let names: string[];
+    let names: Buffer[];
     try {
-      names = readdirSync(dir);
+      names = readdirSync(dir, { encoding: "buffer" });
     } catch (e) {
       throw sourceError(e, dir);
     }
-    names.sort((a, b) => (Buffer.from(a) < Buffer.from(b) ? -1 : a === b ? 0 : 1));
-    for (const name of names) {
+    names.sort(Buffer.compare); // byte order, so bundles are reproducible
+    for (const raw of names) {
+      const name = raw.toString("utf8");
       if (isMemsnapPrivate(name)) continue;
-      const abs = join(dir, name);
       const rel = relDir ? `${relDir}/${name}` : name;
       if (exc?.(rel)) continue;
       await breathe();
+      if (!Buffer.from(name, "utf8").equals(raw)) {
+        // Not UTF-8: a bundle cannot name it, and the decoded name is another file's (or none).
+        // Left out and reported, never silently: the caller counts it.
+        let st: Stats;
+        try {
+          st = lstatSync(Buffer.concat([Buffer.from(`${dir}/`), raw]));
+        } catch (e) {
+          if ((e as NodeJS.ErrnoException).code === "ENOENT") continue;
+          throw sourceError(e, join(dir, name));
+        }
+        if (st.isSymbolicLink()) skipped.symlinks++;
+        else if (st.isDirectory() || (st.isFile() && (!inc || inc(rel)))) {
+          skipped.unsafe_names = (skipped.unsafe_names ?? 0) + 1;
+          unsafe.push(relDir ? `${relDir}/${escapeName(raw)}` : escapeName(raw));
+        } else if (!st.isFile()) skipped.special++;
+        continue;
+      }
+      const abs = join(dir, name);
       let st: Stats;
       try {
         st = lstatSync(abs);
@@ -111,7 +165,7 @@ export async function walkFiles(root: string, opts: WalkOptions = {}): Promise<W
     }
   };
   await visit(root, "");
-  return { files, skipped };
+  return { files, skipped, ...(unsafe.length ? { unsafe } : {}) };
 }
 
 function changed(path: string, what: string): MemsnapError {

@@ -98,6 +98,7 @@ Examples:
       }, config.baseDir);
       const m = r.manifest;
       const partial = partialTails(m.layers);
+      for (const n of r.notices) process.stderr.write(`memsnap: warning: ${n.layer}: ${n.message}\n`);
       if (g.json) {
         printJson({
           ok: true, id: r.id, path: r.path, input_bytes: r.inputBytes, bundle_bytes: r.bundleBytes,
@@ -112,6 +113,7 @@ Examples:
             },
           } : {}),
           ...(partial.size ? { partial_tail_bytes: Object.fromEntries(partial) } : {}),
+          ...(r.notices.length ? { warnings: r.notices } : {}),
         });
         return;
       }
