@@ -14,8 +14,14 @@ export function padding(size: number): number {
   return r === 0 ? 0 : BLOCK - r;
 }
 
+/** `value` as len - 1 octal digits and a NUL, digit by digit (no string: a header is written per artifact). */
 function writeOctal(buf: Buffer, off: number, len: number, value: number): void {
-  buf.write(value.toString(8).padStart(len - 1, "0") + "\0", off, len, "ascii");
+  let v = value;
+  for (let i = off + len - 2; i >= off; i--) {
+    buf[i] = 0x30 + (v % 8);
+    v = Math.floor(v / 8);
+  }
+  buf[off + len - 1] = 0;
 }
 
 function writeSize(buf: Buffer, size: number): void {
@@ -71,18 +77,25 @@ function splitUstar(name: string): { prefix: string; base: string } | null {
   return null;
 }
 
+/** The fields every payload header has alike (uid, gid, magic, version), the rest zeros. */
+const TEMPLATE = (() => {
+  const b = Buffer.alloc(BLOCK);
+  writeOctal(b, 108, 8, 0);
+  writeOctal(b, 116, 8, 0);
+  b.write("ustar\0", 257, 6, "ascii");
+  b.write("00", 263, 2, "ascii");
+  return b;
+})();
+
 function rawHeader(name: string, prefix: string, size: number, mtimeSec: number, mode: number, type: number): Buffer {
-  const buf = Buffer.alloc(BLOCK);
+  const buf = Buffer.allocUnsafe(BLOCK);
+  TEMPLATE.copy(buf);
   buf.write(name, 0, 100, "utf8");
   writeOctal(buf, 100, 8, mode & 0o7777);
-  writeOctal(buf, 108, 8, 0);
-  writeOctal(buf, 116, 8, 0);
   writeSize(buf, size);
   writeOctal(buf, 136, 12, mtimeSec);
   buf[156] = type;
-  buf.write("ustar\0", 257, 6, "ascii");
-  buf.write("00", 263, 2, "ascii");
-  buf.write(prefix, 345, 155, "utf8");
+  if (prefix) buf.write(prefix, 345, 155, "utf8");
   setChecksum(buf);
   return buf;
 }

@@ -12,7 +12,8 @@ import { resolve } from "node:path";
 import { optStringArray, rejectUnknownKeys, reqString } from "../util/config-check.js";
 import type { SourceKind } from "./types.js";
 import { compileGlobs } from "../util/glob.js";
-import { completeLinesPrefix, fileArtifact, fingerprintOf, sourceError, walkFiles, walkNotices } from "./walk.js";
+import { readAhead } from "./prefetch.js";
+import { completeLinesPrefix, fileArtifact, fingerprintOf, SMALL_FILE, sourceError, walkNotices, walkStream, type FoundFile } from "./walk.js";
 import { pathTarget } from "./live-target.js";
 
 /** Files whose content the pipeline redacts (memory notes, JSON, JSONL, config-like text). */
@@ -33,6 +34,14 @@ const MAX_JSON_TAIL = 8 * 1024 * 1024;
 
 const JSONL = /\.(jsonl|ndjson)$/i;
 
+/** The artifact kind of a file of a files layer. */
+function kindOf(rel: string): string {
+  return JSONL.test(rel) ? "jsonl" : /\.json$/i.test(rel) ? "json" : "file";
+}
+
+/** Files walked before the layer packs; see capture(). */
+const EAGER_FILES = 10_000;
+
 function isCompleteJson(tail: Buffer): boolean {
   try {
     JSON.parse(tail.toString("utf8"));
@@ -47,6 +56,7 @@ export const filesSource: SourceKind<FilesConfig> = {
   kind: "files",
   schemaVersion: 1,
   independentArtifacts: true,
+  distinctPaths: true, // one walk, each path once
   parseConfig(raw, where) {
     rejectUnknownKeys(raw, ["kind", "name", "path", "include", "exclude", "append"], where);
     const append = optStringArray(raw, "append", where);
@@ -64,41 +74,72 @@ export const filesSource: SourceKind<FilesConfig> = {
   },
   async capture(cfg, ctx) {
     const root = resolve(ctx.baseDir, cfg.path);
-    const walked = await walkFiles(root, { include: cfg.include, exclude: cfg.exclude });
-    const { files, skipped } = walked;
-    const appendOnly = cfg.append?.length ? compileGlobs(cfg.append) : null;
-    // An append-only file's size is fixed here, before any byte is packed: a tar header comes first.
-    const prefixes = new Map<string, number>();
-    const partial: Record<string, number> = {};
-    for (const f of files) {
-      if (!appendOnly?.(f.rel)) continue;
-      let p: { size: number; tail: number };
-      try {
-        p = await completeLinesPrefix(f.abs, f.stats.size, JSONL.test(f.rel) ? isCompleteJson : null, MAX_JSON_TAIL);
-      } catch (e) {
-        throw sourceError(e, f.abs);
+    const walk = await walkStream(root, { include: cfg.include, exclude: cfg.exclude });
+    const found = walk[Symbol.asyncIterator]();
+    // The first EAGER_FILES files are walked now, so a layer of that many or fewer knows its
+    // size up front (the progress meter's total and ETA); a bigger one is walked as it packs,
+    // holding no list of its files (memory would grow with their number).
+    const head: FoundFile[] = [];
+    let walked = false;
+    while (head.length < EAGER_FILES) {
+      const r = await found.next();
+      if (r.done) {
+        walked = true;
+        break;
       }
-      prefixes.set(f.rel, p.size);
-      if (p.tail > 0) partial[f.rel] = p.tail;
+      head.push(r.value);
     }
+    const appendOnly = cfg.append?.length ? compileGlobs(cfg.append) : null;
+    let count = 0;
+    let first: FoundFile | null = null;
+    let appended = 0;
+    const partial: Record<string, number> = {};
     return {
-      estimatedBytes: files.reduce((n, f) => n + (prefixes.get(f.rel) ?? f.stats.size), 0),
-      notices: () => walkNotices(walked),
+      ...(walked ? { estimatedBytes: head.reduce((n, f) => n + f.stats.size, 0) } : {}),
+      notices: () => walkNotices(walk),
       artifacts: (async function* () {
-        for (const f of files) {
-          const kind = JSONL.test(f.rel) ? "jsonl" : /\.json$/i.test(f.rel) ? "json" : "file";
-          const prefix = prefixes.get(f.rel);
+        const all = (async function* (): AsyncGenerator<FoundFile> {
+          yield* head.splice(0);
+          if (!walked) yield* { [Symbol.asyncIterator]: () => found };
+        })();
+        // Small files are read ahead in batches off the main thread, except append-only logs
+        // (their prefix is decided first) and those an incremental snapshot will reference.
+        const ahead = readAhead(all, root, (f) => {
+          if (f.stats.size >= SMALL_FILE || f.abs === root || appendOnly?.(f.rel)) return null;
+          if (ctx.unchanged?.(`${cfg.name}/${f.rel}`, fingerprintOf(f.stats), kindOf(f.rel)) != null) return null;
+          return f.stats.size + 1;
+        });
+        for await (const { f, pre } of ahead) {
+          count++;
+          first ??= f;
+          const kind = kindOf(f.rel);
+          let prefix: number | undefined;
+          if (appendOnly?.(f.rel)) {
+            // An append-only file's size is fixed before any of its bytes is packed: its tar header comes first.
+            let p: { size: number; tail: number };
+            try {
+              p = await completeLinesPrefix(f.abs, f.stats.size, JSONL.test(f.rel) ? isCompleteJson : null, MAX_JSON_TAIL);
+            } catch (e) {
+              throw sourceError(e, f.abs);
+            }
+            prefix = p.size;
+            appended++;
+            if (p.tail > 0) partial[f.rel] = p.tail;
+          }
           // An append-only file's fingerprint names the prefix too: the same stats give the same
           // bytes, and a file newly declared append-only is read again.
           const fingerprint = fingerprintOf(f.stats) + (prefix === undefined ? "" : `:append:${prefix}`);
-          yield { ...fileArtifact(f, kind, f.rel, prefix), text: TEXT_EXT.test(f.rel), fingerprint };
+          const a = fileArtifact(f, kind, f.rel, prefix, pre);
+          a.text = TEXT_EXT.test(f.rel);
+          a.fingerprint = fingerprint;
+          yield a;
         }
       })(),
       finish: async () => ({
         root,
-        root_is_file: files.length === 1 && files[0]!.abs === root,
-        skipped,
-        ...(prefixes.size ? { append_only: prefixes.size } : {}),
+        root_is_file: count === 1 && first!.abs === root,
+        skipped: walk.skipped,
+        ...(appended ? { append_only: appended } : {}),
         ...(Object.keys(partial).length ? { partial_tail_bytes: partial } : {}),
       }),
     };

@@ -36,7 +36,7 @@ import {
 } from "./pfimg-format.js";
 import { SPOOL_FILE, SPOOL_MAP, isSpoolName, type Artifact, type SourceKind, type VerifiedLookup } from "./types.js";
 import { readSpoolMap } from "../restore/spool.js";
-import { sourceChanged, sourceError, walkFiles } from "./walk.js";
+import { sourceChanged, sourceError, walkFiles, type FileStats } from "./walk.js";
 import { FdCache } from "../util/fd-cache.js";
 import { KvIndexWriter } from "./kv-index-writer.js";
 import { kvPageFingerprint } from "../pipeline/incremental.js";
@@ -116,14 +116,14 @@ function listTiles(t: Tile[]): Tiles {
 interface DataFile {
   rel: string;
   abs: string;
-  stats: Stats;
+  stats: FileStats;
   tiles: Tiles;
 }
 
 interface VerbatimFile {
   rel: string;
   abs: string;
-  stats: Stats;
+  stats: FileStats;
   /** SHA-256 of the bytes read (and validated) while planning: the streamed bytes must match it. */
   planned: string | null;
   /** A ProcessFork page blob kept as its stored zstd frame: verified while streaming. */
@@ -508,7 +508,7 @@ async function decideShuffle(plan: KvPlan, mode: "auto" | "on" | "off"): Promise
 
 // ------------------------------------------------------------------------------ capture
 
-function unchanged(abs: string, before: Stats): () => Promise<void> {
+function unchanged(abs: string, before: FileStats): () => Promise<void> {
   return async () => {
     let now: Stats;
     try {
@@ -1091,7 +1091,7 @@ export const kvSource: SourceKind<KvConfig> = {
     const counters: Counters = { bytesStored: 0 };
     let indexHex = "";
     const layer = cfg.name;
-    const fileEntry = (rel: string, st: Stats): Omit<KvIndexFile, "artifact" | "tiles"> => ({
+    const fileEntry = (rel: string, st: FileStats): Omit<KvIndexFile, "artifact" | "tiles"> => ({
       path: rel, bytes: st.size, mode: st.mode & 0o7777, mtime: st.mtime.toISOString(),
     });
     return {

@@ -39,6 +39,7 @@ export const stateSource: SourceKind<StateConfig> = {
   kind: "state",
   schemaVersion: 1,
   independentArtifacts: true,
+  distinctPaths: true, // one walk, each path once
   parseConfig(raw, where) {
     rejectUnknownKeys(raw, ["kind", "name", "path", "include", "exclude"], where);
     return {

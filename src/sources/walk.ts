@@ -1,12 +1,20 @@
 /** Directory walking shared by file-based sources: sorted, filtered, regular files only. */
 import { open, stat, type FileHandle } from "node:fs/promises";
-import { closeSync, createReadStream, lstatSync, openSync, readdirSync, readSync, statSync, type Stats } from "node:fs";
+import { closeSync, createReadStream, fstatSync, lstatSync, openSync, readdirSync, readSync, statSync, type Stats } from "node:fs";
+import { constants as osConstants } from "node:os";
 import { basename, join } from "node:path";
+import { getSystemErrorName } from "node:util";
 import type { Readable } from "node:stream";
 import { MemsnapError } from "../errors.js";
 import { compileGlobs } from "../util/glob.js";
+import { CompactStats, nativeFs, SD, type FileStats } from "../util/native-fs.js";
 import { reusedChunks } from "../util/reused-chunks.js";
+import type { ReadAhead } from "./prefetch.js";
 import type { Artifact, OpenOptions } from "./types.js";
+
+export type { FileStats };
+
+const ENOENT = osConstants.errno.ENOENT;
 
 export interface WalkOptions {
   include?: readonly string[];
@@ -32,7 +40,7 @@ const WALK_SLICE_MS = 8;
 export interface FoundFile {
   abs: string;
   rel: string;
-  stats: Stats;
+  stats: FileStats;
 }
 
 export interface WalkResult {
@@ -95,10 +103,107 @@ export function sourceError(e: unknown, path: string): MemsnapError {
  * counted and skipped, never followed. Throws MEMSNAP_SOURCE_MISSING / _UNREADABLE.
  */
 export async function walkFiles(root: string, opts: WalkOptions = {}): Promise<WalkResult> {
+  const walk = await walkStream(root, opts);
+  const files: FoundFile[] = [];
+  for await (const f of walk) files.push(f);
+  return { files, skipped: walk.skipped, ...(walk.unsafe.length ? { unsafe: walk.unsafe } : {}) };
+}
+
+/** An entry's lstat as the walk needs it: its kind, and for a file what memsnap keeps of its stat. */
+interface EntryStat {
+  kind: "dir" | "file" | "link" | "other";
+  stats?: FileStats;
+}
+
+/** One directory's entries in byte order of their names (so bundles are reproducible). */
+interface Listing {
+  readonly n: number;
+  /** The entry's name, or null when it is not UTF-8 (see raw). */
+  name(i: number): string | null;
+  raw(i: number): Buffer;
+  /** The entry's lstat (`path`: its path, bytes when its name is not UTF-8), null when it vanished. */
+  stat(i: number, path: string | Buffer, shown: string): EntryStat | null;
+}
+
+function kindOf(fmt: number): EntryStat["kind"] {
+  return fmt === 0o040000 ? "dir" : fmt === 0o100000 ? "file" : fmt === 0o120000 ? "link" : "other";
+}
+
+/** A Node-style error for an errno the addon returned. */
+function errnoError(errno: number, path: string): NodeJS.ErrnoException {
+  const code = getSystemErrorName(-errno);
+  return Object.assign(new Error(`${code}: ${path}`), { code, errno: -errno, path });
+}
+
+/** `dir` listed with the addon's scanDir (one call, entries lstat'ed relative to it) or with node:fs. */
+function listDir(dir: string): Listing {
+  const native = nativeFs();
+  if (native !== null) {
+    const [err, names, meta] = native.scanDir(dir);
+    if (err !== 0) throw sourceError(errnoError(err, dir), dir);
+    const F = SD.FIELDS;
+    const start = (i: number): number => meta![i * F + SD.OFF]!;
+    const end = (i: number): number => start(i) + meta![i * F + SD.LEN]!;
+    return {
+      n: meta!.length / F,
+      name: (i) => (meta![i * F + SD.UTF8] ? names!.toString("utf8", start(i), end(i)) : null),
+      raw: (i) => Buffer.from(names!.subarray(start(i), end(i))),
+      stat: (i, _path, shown) => {
+        const e = meta![i * F + SD.ERR]!;
+        if (e !== 0) {
+          if (e === ENOENT) return null;
+          throw sourceError(errnoError(e, shown), shown);
+        }
+        const kind = kindOf(meta![i * F + SD.FMT]!);
+        return kind === "file" ? { kind, stats: CompactStats.at(meta!, i * F, SD) } : { kind };
+      },
+    };
+  }
+  let names: Buffer[];
+  try {
+    names = readdirSync(dir, { encoding: "buffer" });
+  } catch (e) {
+    throw sourceError(e, dir);
+  }
+  names.sort(Buffer.compare);
+  return {
+    n: names.length,
+    name: (i) => {
+      const s = names[i]!.toString("utf8");
+      return Buffer.from(s, "utf8").equals(names[i]!) ? s : null;
+    },
+    raw: (i) => names[i]!,
+    stat: (_i, path, shown) => {
+      let st: Stats;
+      try {
+        st = lstatSync(path);
+      } catch (e) {
+        if ((e as NodeJS.ErrnoException).code === "ENOENT") return null;
+        throw sourceError(e, shown);
+      }
+      const kind = st.isDirectory() ? "dir" : st.isFile() ? "file" : st.isSymbolicLink() ? "link" : "other";
+      return kind === "file" ? { kind, stats: CompactStats.of(st) } : { kind };
+    },
+  };
+}
+
+/** A walk in progress: its files as they are found, once, and what it has left out so far. */
+export interface Walk extends AsyncIterable<FoundFile> {
+  readonly skipped: WalkResult["skipped"];
+  readonly unsafe: string[];
+}
+
+/**
+ * The files of {@link walkFiles} one by one as the walk finds them, holding only the listings
+ * of the directories on the current path: a source with very many files (a memory of 200,000
+ * notes) then needs no list of them all. The root is checked (and listed) before this returns,
+ * so a missing or unreadable root fails here. Single use.
+ */
+export async function walkStream(root: string, opts: WalkOptions = {}): Promise<Walk> {
   const inc = opts.include?.length ? compileGlobs(opts.include) : null;
   const exc = opts.exclude?.length ? compileGlobs(opts.exclude) : null;
-  const files: FoundFile[] = [];
   const skipped: WalkResult["skipped"] = { symlinks: 0, special: 0 };
+  const unsafe: string[] = [];
   let rootStats: Stats;
   try {
     rootStats = await stat(root);
@@ -106,66 +211,56 @@ export async function walkFiles(root: string, opts: WalkOptions = {}): Promise<W
     throw sourceError(e, root);
   }
   if (rootStats.isFile()) {
-    return { files: [{ abs: root, rel: basename(root), stats: rootStats }], skipped };
+    const it = (async function* (): AsyncGenerator<FoundFile> {
+      yield { abs: root, rel: basename(root), stats: rootStats };
+    })();
+    return { skipped, unsafe, [Symbol.asyncIterator]: () => it };
   }
   // Entries are listed and stat'ed with synchronous calls, yielding to the event loop every
   // WALK_SLICE_MS: an async lstat per entry is a thread-pool round trip, and awaited one after
   // another they made the walk latency-bound (3,010 files of the bench's memory layer: 180-375 ms
   // async against 37-64 ms this way, with the machine busy).
-  let slice = performance.now();
-  const breathe = async (): Promise<void> => {
-    if (performance.now() - slice < WALK_SLICE_MS) return;
-    await new Promise<void>((r) => setImmediate(r));
-    slice = performance.now();
-  };
-  const unsafe: string[] = [];
-  const visit = async (dir: string, relDir: string): Promise<void> => {
-    let names: Buffer[];
-    try {
-      names = readdirSync(dir, { encoding: "buffer" });
-    } catch (e) {
-      throw sourceError(e, dir);
-    }
-    names.sort(Buffer.compare); // byte order, so bundles are reproducible
-    for (const raw of names) {
-      const name = raw.toString("utf8");
-      if (isMemsnapPrivate(name)) continue;
-      const rel = relDir ? `${relDir}/${name}` : name;
-      if (exc?.(rel)) continue;
-      await breathe();
-      if (!Buffer.from(name, "utf8").equals(raw)) {
-        // Not UTF-8: a bundle cannot name it, and the decoded name is another file's (or none).
-        // Left out and reported, never silently: the caller counts it.
-        let st: Stats;
-        try {
-          st = lstatSync(Buffer.concat([Buffer.from(`${dir}/`), raw]));
-        } catch (e) {
-          if ((e as NodeJS.ErrnoException).code === "ENOENT") continue;
-          throw sourceError(e, join(dir, name));
-        }
-        if (st.isSymbolicLink()) skipped.symlinks++;
-        else if (st.isDirectory() || (st.isFile() && (!inc || inc(rel)))) {
-          skipped.unsafe_names = (skipped.unsafe_names ?? 0) + 1;
-          unsafe.push(relDir ? `${relDir}/${escapeName(raw)}` : escapeName(raw));
-        } else if (!st.isFile()) skipped.special++;
+  const stack: { dir: string; relDir: string; list: Listing; i: number }[] = [{ dir: root, relDir: "", list: listDir(root), i: 0 }];
+  const it = (async function* (): AsyncGenerator<FoundFile> {
+    let slice = performance.now();
+    while (stack.length > 0) {
+      const top = stack[stack.length - 1]!;
+      if (top.i === top.list.n) {
+        stack.pop();
         continue;
       }
-      const abs = join(dir, name);
-      let st: Stats;
-      try {
-        st = lstatSync(abs);
-      } catch (e) {
-        if ((e as NodeJS.ErrnoException).code === "ENOENT") continue; // vanished while walking
-        throw sourceError(e, abs);
+      const i = top.i++;
+      const { dir, relDir, list } = top;
+      const name = list.name(i);
+      // A name that is not UTF-8: a bundle cannot name it, and decoded it is another file's (or
+      // none). Left out and reported, never silently; the decoded name only meets the globs.
+      const raw = name === null ? list.raw(i) : null;
+      const shown = name ?? raw!.toString("utf8");
+      if (isMemsnapPrivate(shown)) continue;
+      const rel = relDir ? `${relDir}/${shown}` : shown;
+      if (exc?.(rel)) continue;
+      if (performance.now() - slice >= WALK_SLICE_MS) {
+        await new Promise<void>((r) => setImmediate(r));
+        slice = performance.now();
       }
-      if (st.isDirectory()) await visit(abs, rel);
-      else if (st.isSymbolicLink()) skipped.symlinks++;
-      else if (!st.isFile()) skipped.special++;
-      else if (!inc || inc(rel)) files.push({ abs, rel, stats: st });
+      const abs = join(dir, shown);
+      const st = list.stat(i, raw === null ? abs : Buffer.concat([Buffer.from(`${dir}/`), raw]), abs);
+      if (st === null) continue; // vanished while walking
+      if (raw !== null) {
+        if (st.kind === "link") skipped.symlinks++;
+        else if (st.kind === "dir" || (st.kind === "file" && (!inc || inc(rel)))) {
+          skipped.unsafe_names = (skipped.unsafe_names ?? 0) + 1;
+          unsafe.push(relDir ? `${relDir}/${escapeName(raw)}` : escapeName(raw));
+        } else if (st.kind !== "file") skipped.special++;
+        continue;
+      }
+      if (st.kind === "dir") stack.push({ dir: abs, relDir: rel, list: listDir(abs), i: 0 });
+      else if (st.kind === "link") skipped.symlinks++;
+      else if (st.kind !== "file") skipped.special++;
+      else if (!inc || inc(rel)) yield { abs, rel, stats: st.stats! };
     }
-  };
-  await visit(root, "");
-  return { files, skipped, ...(unsafe.length ? { unsafe } : {}) };
+  })();
+  return { skipped, unsafe, [Symbol.asyncIterator]: () => it };
 }
 
 function changed(path: string, what: string): MemsnapError {
@@ -193,7 +288,7 @@ function openBounded(f: FoundFile, limit: number): Readable {
  * thread-pool round trips, awaited one after another, cost more than the read itself, and a
  * memory layer is thousands of small notes.
  */
-const SMALL_FILE = 64 * 1024;
+export const SMALL_FILE = 64 * 1024;
 
 /** The same bytes as openBounded, into reused buffers (Artifact.open with `reuse`). */
 async function* reusedFileChunks(f: FoundFile, limit: number): AsyncGenerator<Buffer> {
@@ -214,7 +309,7 @@ async function* reusedFileChunks(f: FoundFile, limit: number): AsyncGenerator<Bu
 }
 
 /** A small file's first `limit` bytes (or fewer, like openBounded) as one chunk, read synchronously. */
-function* smallFileChunk(f: FoundFile, limit: number): Generator<Buffer> {
+function* smallFileChunk(f: FoundFile, limit: number, onRead?: (st: Stats) => void): Generator<Buffer> {
   if (limit === 0) return;
   let buf: Buffer;
   let fd: number | undefined;
@@ -228,6 +323,7 @@ function* smallFileChunk(f: FoundFile, limit: number): Generator<Buffer> {
       if (got === 0 || n === buf.length) break;
     }
     buf = buf.subarray(0, n);
+    onRead?.(fstatSync(fd));
   } catch (e) {
     if ((e as NodeJS.ErrnoException).code === "ENOENT") throw changed(f.abs, "it was removed");
     throw sourceError(e, f.abs);
@@ -241,7 +337,7 @@ function* smallFileChunk(f: FoundFile, limit: number): Generator<Buffer> {
  * A file's identity for incremental snapshots (see Artifact.fingerprint): any write, rename
  * over it, chmod or touch changes its ctime, which nothing but the clock can set.
  */
-export function fingerprintOf(st: Stats): string {
+export function fingerprintOf(st: FileStats): string {
   return `${st.dev}:${st.ino}:${st.size}:${st.mtimeMs}:${st.ctimeMs}`;
 }
 
@@ -251,8 +347,15 @@ export function fingerprintOf(st: Stats): string {
  * captured (see {@link completeLinesPrefix}), growth during the capture is allowed, and a file
  * that shrank, was replaced or was rewritten without growing is MEMSNAP_SOURCE_CHANGED.
  */
-export function fileArtifact(f: FoundFile, kind: string, path = f.rel, prefix?: number): Artifact {
+export function fileArtifact(f: FoundFile, kind: string, path = f.rel, prefix?: number, pre?: ReadAhead | null): Artifact {
   const limit = readLimit(f, prefix);
+  // A small file's stat, taken on its descriptor right after its one read: check() compares
+  // it instead of a stat by path (one syscall of the ~5 a small file costs, and no path lookup).
+  let afterRead: FileStats | null = null;
+  const small = limit <= SMALL_FILE;
+  const readDone = (st: FileStats): void => { afterRead = st; };
+  // Bytes read ahead (./prefetch.ts): the first open() yields them; any later one reads again.
+  let ahead = small ? pre ?? null : null;
   return {
     path,
     kind,
@@ -262,8 +365,17 @@ export function fileArtifact(f: FoundFile, kind: string, path = f.rel, prefix?: 
     rereadable: true, // each open() reads the file again; check() compares it with f.stats
     file: f.abs,
     open: (o?: OpenOptions) => {
+      if (small) {
+        afterRead = null;
+        if (ahead !== null) {
+          const { bytes, stats } = ahead;
+          ahead = null;
+          afterRead = stats;
+          return bytes.length > 0 ? [bytes] : [];
+        }
+        return smallFileChunk(f, limit, readDone); // a fresh buffer per call, with or without `reuse`
+      }
       if (o?.reuse) return reusedFileChunks(f, limit);
-      if (limit <= SMALL_FILE) return (async function* () { yield* smallFileChunk(f, limit); })(); // a fresh buffer per call
       const s = openBounded(f, limit);
       return (async function* () {
         try {
@@ -275,11 +387,17 @@ export function fileArtifact(f: FoundFile, kind: string, path = f.rel, prefix?: 
       })();
     },
     check: async () => {
-      let now: Stats;
-      try {
-        now = statSync(f.abs); // one syscall; awaited round trips per file added up (see SMALL_FILE)
-      } catch {
-        throw changed(f.abs, "it was removed");
+      let now: FileStats;
+      if (afterRead !== null) {
+        now = afterRead;
+        // The bytes came from the file the walk saw, not one renamed over it since.
+        if (now.ino !== f.stats.ino || now.dev !== f.stats.dev) throw changed(f.abs, "it was replaced");
+      } else {
+        try {
+          now = statSync(f.abs); // one syscall; awaited round trips per file added up (see SMALL_FILE)
+        } catch {
+          throw changed(f.abs, "it was removed");
+        }
       }
       if (prefix !== undefined) {
         if (now.ino !== f.stats.ino || now.dev !== f.stats.dev) throw changed(f.abs, "it was replaced (an append-only file may only grow)");

@@ -8,7 +8,12 @@ import { appendFileSync } from "node:fs";
 
 const hits = new Map<string, number>();
 
+/** Whether either variable was set when the process started (read once: it is called per artifact). */
+let armed: boolean | undefined;
+
 export function crashPoint(point: string): void {
+  armed ??= !!(process.env.MEMSNAP_CRASH_AT || process.env.MEMSNAP_CRASH_LIST);
+  if (!armed) return;
   const want = process.env.MEMSNAP_CRASH_AT;
   const list = process.env.MEMSNAP_CRASH_LIST;
   if (!want && !list) return;

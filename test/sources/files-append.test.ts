@@ -22,9 +22,11 @@ async function bytesOf(chunks: AsyncIterable<Buffer>): Promise<Buffer> {
   return Buffer.concat(parts);
 }
 
-async function capture(root: string, extra: Partial<FilesConfig> = {}) {
+/** Capture `root`: walked, then `between()` (a change after the walk), then the artifacts listed (small files are read ahead then). */
+async function capture(root: string, extra: Partial<FilesConfig> = {}, between?: () => void) {
   const cfg: FilesConfig = { kind: "files", name: "logs", path: root, append: ["**/*.jsonl", "**/*.log"], ...extra };
   const cap = await filesSource.capture(cfg, { baseDir: root, tmpDir: tempDir("memsnap-append-tmp-") });
+  between?.();
   const arts = new Map<string, Artifact>();
   for await (const a of cap.artifacts) arts.set(a.path, a);
   return { arts, meta: await cap.finish!() };
@@ -92,9 +94,10 @@ describe("files: an append-only file may grow during the capture, and nothing el
       for (let i = 0; i < lines; i++) text += line(i);
       writeFileSync(join(root, "a.jsonl"), text);
       writeFileSync(join(root, "plain.json"), text);
-      const { arts } = await capture(root);
-      appendFileSync(join(root, "a.jsonl"), `${line(-1)}{"half":`);
-      appendFileSync(join(root, "plain.json"), line(-1));
+      const { arts } = await capture(root, {}, () => {
+        appendFileSync(join(root, "a.jsonl"), `${line(-1)}{"half":`);
+        appendFileSync(join(root, "plain.json"), line(-1));
+      });
       for (const reuse of [false, true]) {
         const a = arts.get("a.jsonl")!;
         expect((await bytesOf(a.open(reuse ? { reuse: true } : undefined) as AsyncIterable<Buffer>)).toString()).toBe(text);
