@@ -3,6 +3,9 @@
 // Run once when a format version is introduced; never regenerate an older version's files.
 // Version 2 is the incremental bundle: v2-{plain,age}.memsnap each reference artifacts of a
 // base, kept beside them as fixtures/golden/<base id>.memsnap (where a restore looks for it).
+// Version 3 is a plaintext bundle whose manifest leaves the index out (written for more than
+// MANIFEST_INDEX_MAX artifacts; here for the demo agent's few, by lowering the limit to 0):
+// v3-plain.memsnap only, since an encrypted manifest never held the index.
 import { createHash } from "node:crypto";
 import { copyFileSync, cpSync, existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -19,7 +22,7 @@ if (existsSync(join(out, `${v}-plain.memsnap`)) && !process.argv.includes("--for
 }
 const raw = JSON.parse(stripJsonComments(readFileSync(join(agent, "memsnap.json"), "utf8")));
 const { identity, recipient } = await generateIdentity();
-writeFileSync(join(out, `${v}-age.key`), identityFileText(identity, recipient, new Date()), { mode: 0o600 });
+if (MANIFEST_VERSION !== 3) writeFileSync(join(out, `${v}-age.key`), identityFileText(identity, recipient, new Date()), { mode: 0o600 });
 for (const f of [`${v}-plain.memsnap`, `${v}-age.memsnap`]) {
   try { (await import("node:fs")).unlinkSync(join(out, f)); } catch {}
 }
@@ -41,6 +44,10 @@ if (MANIFEST_VERSION === 2) {
     writeFileSync(join(src, "memory", "MEMORY.md"), readFileSync(join(agent, "memory", "MEMORY.md"))); // back, for the next pair
   }
   writeFileSync(join(src, "memory", "MEMORY.md"), readFileSync(join(agent, "memory", "MEMORY.md"), "utf8") + "- golden v2: this line is in the incremental bundle\n");
+} else if (MANIFEST_VERSION === 3) {
+  const config = parseConfig({ ...raw, redaction: { enabled: false } }, null, agent);
+  const r = await snapshot({ config, out: join(out, `${v}-plain.memsnap`), label: "golden", createdBy: "api", manifestIndexMax: 0 });
+  if (r.manifest.manifest_version !== 3 || r.manifest.index !== undefined) throw new Error("the v3 golden bundle's manifest lists its index");
 } else {
   const config = parseConfig({ ...raw, redaction: { enabled: false } }, null, agent);
   await snapshot({ config, out: join(out, `${v}-plain.memsnap`), label: "golden", createdBy: "api" });
@@ -60,4 +67,4 @@ for (const s of config.sources) {
 }
 writeFileSync(join(out, `${v}-files.sha256`), lines.join("\n") + "\n");
 if (src !== agent) rmSync(src, { recursive: true, force: true });
-console.log(`wrote fixtures/golden/${v}-{plain,age}.memsnap, ${v}-age.key, ${v}-files.sha256${src !== agent ? " and the bases beside them" : ""}`);
+console.log(`wrote fixtures/golden/${v}-${MANIFEST_VERSION === 3 ? "plain.memsnap" : "{plain,age}.memsnap, ${v}-age.key"}, ${v}-files.sha256${src !== agent ? " and the bases beside them" : ""}`);

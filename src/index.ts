@@ -9,7 +9,7 @@ export {
   type Manifest, type IndexEntry, type LayerEntry, type PayloadInfo, type CreatedBy,
 } from "./format/manifest.js";
 export { readLayout, type BundleLayout } from "./format/container.js";
-export { snapshot, storePath, type SnapshotOptions, type SnapshotResult, type SnapshotProgress } from "./pipeline/snapshot.js";
+export { snapshot, storePath, MANIFEST_INDEX_MAX, type SnapshotOptions, type SnapshotResult, type SnapshotProgress } from "./pipeline/snapshot.js";
 export { verifyBundle, reportError as verifyError, type VerifyReport, type Check, type CheckStatus } from "./verify.js";
 export { restoreToDir, type RestoreToDirOptions, type RestoreToDirResult } from "./restore/to-dir.js";
 export { generateIdentity, identityFileText, parseIdentities, parseRecipients, recipientFingerprint } from "./pipeline/age.js";

@@ -12,8 +12,14 @@ import { MemsnapError } from "../errors.js";
 import { canonicalJson } from "../util/canonical-json.js";
 
 export const FORMAT_NAME = "memsnap";
-/** The newest manifest_version this build reads (and writes for a bundle that references a base). */
-export const MANIFEST_VERSION = 2;
+/**
+ * The newest manifest_version this build reads, and writes for a plaintext bundle whose
+ * manifest leaves out the index (more artifacts than MANIFEST_INDEX_MAX): an older reader
+ * took that for a damaged manifest.
+ */
+export const MANIFEST_VERSION = 3;
+/** What a bundle that references a base is written as (when nothing needs version 3). */
+export const MANIFEST_VERSION_INCREMENTAL = 2;
 /** What a bundle without references is written as, so that every memsnap 0.1 reader still reads it. */
 export const MANIFEST_VERSION_FULL = 1;
 export const MANIFEST_MEMBER = "manifest.json";

@@ -25,7 +25,7 @@ import { MemsnapError, destinationError, interruptedOr } from "../errors.js";
 import { BundleWriter } from "../format/container.js";
 import { BLOCK, encodeEntryHeader, padding } from "../format/tar-header.js";
 import {
-  computeSeal, encodeManifest, INDEX_PATH, MANIFEST_VERSION, MANIFEST_VERSION_FULL, PAYLOAD_MEMBER_ENCRYPTED, PAYLOAD_MEMBER_PLAIN,
+  computeSeal, encodeManifest, INDEX_PATH, MANIFEST_VERSION, MANIFEST_VERSION_FULL, MANIFEST_VERSION_INCREMENTAL, PAYLOAD_MEMBER_ENCRYPTED, PAYLOAD_MEMBER_PLAIN,
   type CreatedBy, type IndexEntry, type LayerEntry, type Manifest, type RecipientInfo,
 } from "../format/manifest.js";
 import { createRedactor } from "../redact/index.js";
@@ -88,6 +88,11 @@ export interface SnapshotOptions {
    * bundle). Without a usable earlier one the snapshot is full, and becomes the base.
    */
   incremental?: boolean;
+  /**
+   * The most artifacts a plaintext bundle's manifest lists (default MANIFEST_INDEX_MAX); past it
+   * the manifest leaves the index out (manifest_version 3). For tests and fixtures.
+   */
+  manifestIndexMax?: number;
 }
 
 /** What an incremental snapshot referenced. */
@@ -130,6 +135,9 @@ export function defaultZstdThreads(): number {
 }
 
 const REDACT_LOOKAHEAD = 2;
+
+/** The most artifacts a plaintext bundle's manifest lists (docs/FORMAT.md §3.2). */
+export const MANIFEST_INDEX_MAX = 10_000;
 
 /** Yield `prepare(x)` for each item in order, with up to `depth` preparations started ahead. */
 async function* lookahead<T, U>(items: AsyncIterable<T>, prepare: (x: T) => Promise<U>, depth: number): AsyncGenerator<U> {
@@ -391,7 +399,11 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
     // The index goes to a spill file as artifacts pack (bounded memory whatever their number);
     // a plaintext bundle also lists it in its manifest, so there it is kept in memory too.
     spill = new IndexSpill(join(workDir, "index.spill"));
-    const index: IndexEntry[] | null = encrypted ? null : [];
+    // A plaintext bundle's manifest repeats the index (readable with `tar -xOf`), up to
+    // MANIFEST_INDEX_MAX artifacts: past that it would make the manifest, and the memory of
+    // everything that reads it, grow with the number of files (a memory of 200,000 notes: a
+    // 46 MB manifest, 386 MiB to write it, 551 MiB to verify it). The payload's index stays.
+    let index: IndexEntry[] | null = encrypted ? null : [];
     const layers: LayerEntry[] = [];
     let bytes = 0;
     let redactMs = 0;
@@ -427,6 +439,7 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
         opts.onProgress?.({ bytes, totalBytes: estimate, artifacts: spill!.count, layer: scfg.name });
       }, (e, fingerprint) => {
         spill!.add(e);
+        if (index && index.length === (opts.manifestIndexMax ?? MANIFEST_INDEX_MAX)) index = null;
         index?.push(e);
         cache?.add(e, fingerprint, e.ref ?? id);
         if (e.ref !== undefined) {
@@ -484,7 +497,8 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
     const bases = refs?.bases() ?? [];
     const body: Omit<Manifest, "seal"> = {
       format: "memsnap",
-      manifest_version: bases.length ? MANIFEST_VERSION : MANIFEST_VERSION_FULL,
+      // The oldest version that says what this bundle is (so older readers read what they can).
+      manifest_version: !encrypted && !index ? MANIFEST_VERSION : bases.length ? MANIFEST_VERSION_INCREMENTAL : MANIFEST_VERSION_FULL,
       snapshot_id: id,
       created_at: createdAt.toISOString(),
       created_by: opts.createdBy ?? "api",

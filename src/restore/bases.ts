@@ -105,7 +105,7 @@ const layerOf = (path: string): string => path.slice(0, path.indexOf("/"));
 
 /**
  * The bases a restore of `layers` needs, when the manifest says (a plaintext bundle's index is
- * in it); null when only the encrypted index can tell.
+ * in it, up to MANIFEST_INDEX_MAX artifacts); null when only the payload's index can tell.
  */
 export function basesNeeded(manifest: Manifest, layers: ReadonlySet<string>): Set<string> | null {
   if (!manifest.index) return null;

@@ -35,12 +35,15 @@ async function sha256File(path: string): Promise<string> {
   return h.digest("hex");
 }
 
-/** Build the plan. Reads the payload (hashing only) when the index is encrypted and a key is given. */
+/**
+ * Build the plan. Reads the payload (hashing only) when the manifest does not list the index:
+ * an encrypted bundle (given a key), or a plaintext one of over MANIFEST_INDEX_MAX artifacts.
+ */
 export async function planRestore(
   layout: BundleLayout, manifest: Manifest, config: MemsnapConfig, selected: SelectedLayer[], keys: Keys, signal?: AbortSignal,
 ): Promise<RestorePlan> {
   let index: IndexEntry[] | null = manifest.index ?? null;
-  if (!index && (keys.identities?.length || keys.passphrases?.length)) {
+  if (!index && (manifest.payload.encryption === null || keys.identities?.length || keys.passphrases?.length)) {
     const r = await readPayload(layout, manifest, keys, async () => undefined, signal ? { signal } : {});
     index = r.index?.artifacts ?? null;
   }

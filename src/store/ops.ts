@@ -64,10 +64,14 @@ export interface LayerDiff {
   notes: string[];
 }
 
-/** The artifact index of a snapshot: from the manifest, or by reading the payload with a key. Throws MEMSNAP_IDENTITY_REQUIRED. */
+/**
+ * The artifact index of a snapshot: from the manifest, or by reading the payload (with a key
+ * when it is encrypted; a plaintext manifest leaves out an index of over MANIFEST_INDEX_MAX
+ * artifacts). Throws MEMSNAP_IDENTITY_REQUIRED.
+ */
 export async function indexOf(s: StoredSnapshot, keys: Keys): Promise<IndexEntry[]> {
   if (s.manifest.index) return s.manifest.index;
-  if (!(keys.identities?.length || keys.passphrases?.length)) {
+  if (s.manifest.payload.encryption !== null && !(keys.identities?.length || keys.passphrases?.length)) {
     throw new MemsnapError("MEMSNAP_IDENTITY_REQUIRED", `snapshot ${s.id} is encrypted: its file list needs the key`, { hint: "pass --identity FILE" });
   }
   const layout = await readLayout(s.path);

@@ -1,5 +1,5 @@
 import type { Command } from "commander";
-import { basesOf, checkSeal, listSome, parseManifest, readLayout, referencedIn, summarizeRedaction } from "../../index.js";
+import { basesOf, checkSeal, listSome, MANIFEST_INDEX_MAX, parseManifest, readLayout, referencedIn, summarizeRedaction } from "../../index.js";
 import { fmtBytes, printJson } from "../output.js";
 import { bundleArg, defaultStore, type GlobalOpts } from "../common.js";
 
@@ -44,7 +44,11 @@ Examples:
           (referencedIn(m, l) ? `  (${referencedIn(m, l)} referenced in bases)` : "")),
         `redaction  ${redactionLine(m.redaction)}`,
       ];
-      if (m.index === undefined) lines.push("index      encrypted (in the payload; the manifest keeps only its hash)");
+      if (m.index === undefined) {
+        lines.push(m.payload.encryption
+          ? "index      encrypted (in the payload; the manifest keeps only its hash)"
+          : `index      in the payload only (${m.payload.artifacts} artifacts; the manifest lists at most ${MANIFEST_INDEX_MAX})`);
+      }
       process.stdout.write(lines.join("\n") + "\n");
     });
 }
