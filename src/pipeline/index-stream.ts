@@ -141,9 +141,16 @@ export class IndexComparer {
    * With `onRef` (a manifest_version 2 bundle), an artifact with a `ref` is a reference to a base:
    * not expected among the entries, handed to `onRef` instead.
    */
-  constructor(entries: EntryTable, onRef?: (a: IndexEntry) => void) {
+  readonly #onMatch: ((a: IndexEntry) => void) | undefined;
+
+  /**
+   * `onMatch`: each artifact whose entry is in the payload with the size and SHA-256 the index
+   * lists (a restore gives the file the index's mode and mtime then).
+   */
+  constructor(entries: EntryTable, onRef?: (a: IndexEntry) => void, onMatch?: (a: IndexEntry) => void) {
     this.#entries = entries;
     this.#onRef = onRef;
+    this.#onMatch = onMatch;
     this.#listed = new Uint8Array(entries.length);
     this.#splitter = new IndexSplitter((json) => this.#artifact(json));
   }
@@ -194,6 +201,7 @@ export class IndexComparer {
       });
     } else {
       this.#mismatch.delete(j);
+      this.#onMatch?.(a);
     }
   }
 

@@ -130,6 +130,8 @@ export interface ReadPayloadOptions {
    * base (`ref`), whose bytes are not in this payload (see restore/bases.ts).
    */
   onRef?: (a: IndexEntry) => void;
+  /** With `streamIndex`: each index artifact whose entry matched it (size and SHA-256). */
+  onMatch?: (a: IndexEntry) => void;
 }
 
 /**
@@ -291,7 +293,7 @@ export async function readPayload(
       }
       if (name === INDEX_PATH && opts.streamIndex) {
         sawIndex = true;
-        const cmp = new IndexComparer(entries, manifest.manifest_version >= 2 ? opts.onRef ?? (() => undefined) : undefined);
+        const cmp = new IndexComparer(entries, manifest.manifest_version >= 2 ? opts.onRef ?? (() => undefined) : undefined, opts.onMatch);
         for await (const c of chunks) {
           if (n > INDEX_MAX_BYTES) throw new MemsnapError("MEMSNAP_BUNDLE_MALFORMED", "the payload index is over its size cap");
           cmp.push(c);

@@ -15,7 +15,7 @@ import { readLayout, type BundleLayout } from "../format/container.js";
 import { basesOf, checkSeal, parseManifest, referencedIn, type IndexEntry, type Manifest } from "../format/manifest.js";
 import type { EntryTable } from "../pipeline/entry-table.js";
 import type { EntryHandler, Keys } from "../pipeline/read-payload.js";
-import { extractPayload } from "./extract.js";
+import { extractPayload, RestoredAttributes } from "./extract.js";
 import { checkManifest, checkManifestFindings } from "./preflight.js";
 
 export interface OpenBase {
@@ -62,9 +62,12 @@ export async function openBases(bundle: string, manifest: Manifest, ids?: Readon
   return out;
 }
 
+/** What a reference records of its artifact: its bytes' size and hash, and the file's mode and mtime. */
+type Reference = Pick<IndexEntry, "size" | "sha256" | "mode" | "mtime">;
+
 /** The references an incremental bundle's index lists, by base (collected as its payload is read). */
 export class References {
-  readonly #byBase = new Map<string, Map<string, { size: number; sha256: string }>>();
+  readonly #byBase = new Map<string, Map<string, Reference>>();
   count = 0;
   bytes = 0;
 
@@ -72,12 +75,12 @@ export class References {
   readonly add = (a: IndexEntry): void => {
     let m = this.#byBase.get(a.ref!);
     if (!m) this.#byBase.set(a.ref!, (m = new Map()));
-    m.set(a.path, { size: a.size, sha256: a.sha256 });
+    m.set(a.path, { size: a.size, sha256: a.sha256, mode: a.mode, mtime: a.mtime });
     this.count++;
     this.bytes += a.size;
   };
 
-  of(base: string): Map<string, { size: number; sha256: string }> | undefined {
+  of(base: string): Map<string, Reference> | undefined {
     return this.#byBase.get(base);
   }
 
@@ -124,6 +127,8 @@ export interface ReferencedOptions {
   layers?: Set<string>;
   /** The bytes of each referenced artifact not written (its layer has no root): see ExtractOptions.peek. */
   peek?: EntryHandler;
+  /** Where to note the mode and mtime (the referencing index's) of each referenced file written, as extractPayload does. */
+  attributes?: RestoredAttributes;
 }
 
 /**
@@ -142,6 +147,7 @@ export async function extractReferenced(
     // (a partial restore reads only the bases that hold artifacts of its layers)
     if (!wanted || (opts.layers && ![...wanted.keys()].some((p) => layerOk(layerOf(p))))) continue;
     const found = new Set<string>();
+    const attributed = new Set(base.manifest.layers.filter((l) => RestoredAttributes.wanted(l.kind)).map((l) => l.name));
     await extractPayload(base.layout, base.manifest, (layer) => (layerOk(layer) ? rootFor(layer) : null), {
       ...(opts.keys ? { keys: opts.keys } : {}), ...(opts.signal ? { signal: opts.signal } : {}),
       want: (name) => wanted.has(name), resumeSpools: true, ...(opts.peek ? { peek: opts.peek } : {}),
@@ -154,6 +160,9 @@ export async function extractReferenced(
           });
         }
         found.add(e.name);
+        const layer = layerOf(e.name);
+        const root = opts.attributes && attributed.has(layer) && layerOk(layer) ? rootFor(layer) : null;
+        if (root !== null) opts.attributes!.add(join(root, ...e.name.slice(layer.length + 1).split("/")), w);
         if (layerOk(layerOf(e.name))) {
           opts.verified?.add(e.name, e.size, Buffer.from(e.sha256, "hex"));
           opts.onProgress?.(e.size);

@@ -5,7 +5,7 @@
  * and only regular files are created. A layer's entries must be contiguous (memsnap writes
  * them so), which is what lets a caller start on a layer as soon as the payload leaves it.
  */
-import { closeSync, openSync, writeSync } from "node:fs";
+import { chmodSync, closeSync, openSync, utimesSync, writeSync } from "node:fs";
 import { mkdir, open } from "node:fs/promises";
 import { dirname, join } from "node:path";
 import { MemsnapError, destinationError } from "../errors.js";
@@ -48,12 +48,56 @@ export interface ExtractOptions {
   resumeSpools?: boolean;
   /** Index artifacts that reference a base (manifest_version 2; see readPayload's `onRef`). */
   onRef?: (a: IndexEntry) => void;
+  /** Where to note the mode and mtime of each file written for a layer that restores them (applied by the caller). */
+  attributes?: RestoredAttributes;
   /**
    * Handed the bytes of each entry that is wanted (see `want`) but not written, its layer's
    * root being null: `verify --deep` checks a base's referenced artifacts so. The chunks are
    * hashed against the index whether or not it reads them.
    */
   peek?: EntryHandler;
+}
+
+/**
+ * The index's permission bits and mtime for the files a restore wrote in layers whose kind
+ * `restoresAttributes`, applied once every file is written and the early writeback has
+ * settled: a chmod or utimes of a file whose pages are being written back waits for it (20,000
+ * notes: 8 s of kernel time done while the restore's syncfs ran, 0.1 s after it).
+ */
+export class RestoredAttributes {
+  #paths: string[] = [];
+  #modes: number[] = [];
+  #mtimes: number[] = [];
+
+  /** Whether a layer of this kind gets them. */
+  static wanted(kind: string): boolean {
+    return sourceKind(kind)?.restoresAttributes === true;
+  }
+
+  add(path: string, a: Pick<IndexEntry, "mode" | "mtime">): void {
+    this.#paths.push(path);
+    this.#modes.push(Number.isSafeInteger(a.mode) ? a.mode & 0o777 : -1); // never setuid, setgid or sticky
+    this.#mtimes.push(Date.parse(a.mtime));
+  }
+
+  /** Set them (MEMSNAP_DEST_* when a file refuses). */
+  apply(): void {
+    for (let i = 0; i < this.#paths.length; i++) {
+      const p = this.#paths[i]!;
+      try {
+        if (this.#modes[i]! >= 0) chmodSync(p, this.#modes[i]!);
+        const t = this.#mtimes[i]!;
+        // Seconds as a double land a few hundred ns either side of the millisecond; half a
+        // microsecond more keeps the file's mtime in the millisecond the index records.
+        if (Number.isFinite(t)) utimesSync(p, (t + 0.0005) / 1000, (t + 0.0005) / 1000);
+      } catch (e) {
+        throw destinationError(e, p);
+      }
+    }
+    this.#paths = [];
+    this.#modes = [];
+    this.#mtimes = [];
+  }
 }
 
 /** Write a small entry's bytes to a new file `dest` in one synchronous write (MEMSNAP_UNSAFE_PATH, MEMSNAP_DEST_*). */
@@ -88,6 +132,14 @@ export async function extractPayload(
 ): Promise<PayloadReadResult> {
   const layers = new Set(manifest.layers.map((l) => l.name));
   const spoolFor = new Map(manifest.layers.map((l) => [l.name, sourceKind(l.kind)?.restoreSpool]));
+  const attributed = new Set(manifest.layers.filter((l) => RestoredAttributes.wanted(l.kind)).map((l) => l.name));
+  // A file written for such a layer gets the index's mode and mtime (see RestoredAttributes),
+  // noted as the index (last in the payload) confirms its bytes.
+  const onMatch = (a: IndexEntry): void => {
+    if (!opts.attributes || !attributed.has(a.layer) || (opts.want && !opts.want(a.path))) return;
+    const root = rootFor(a.layer);
+    if (root !== null) opts.attributes.add(join(root, ...a.path.slice(a.layer.length + 1).split("/")), a);
+  };
   const spools = new Map<string, RestoreSpool>();
   const total = manifest.payload.bytes;
   let written = 0;
@@ -244,7 +296,7 @@ export async function extractPayload(
       crashPoint("restore:staged-entry");
     }, {
       streamIndex: true, ...(opts.signal ? { signal: opts.signal } : {}), ...(opts.onEntry ? { onEntry: opts.onEntry } : {}),
-      ...(opts.entries ? { entries: opts.entries } : {}), ...(opts.onRef ? { onRef: opts.onRef } : {}),
+      ...(opts.entries ? { entries: opts.entries } : {}), ...(opts.onRef ? { onRef: opts.onRef } : {}), onMatch,
     });
     if (current !== null) await closeLayer(current);
     const findings = compareWithIndex(manifest, r);

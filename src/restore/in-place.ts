@@ -25,7 +25,7 @@ import { snapshot, type SnapshotResult } from "../pipeline/snapshot.js";
 import type { LiveTarget } from "../sources/types.js";
 import { crashPoint } from "../util/crash-point.js";
 import { EarlySync, syncFilesystem } from "../util/fs-atomic.js";
-import { extractPayload } from "./extract.js";
+import { extractPayload, RestoredAttributes } from "./extract.js";
 import { basesNeeded, checkReferencedLayers, extractReferenced, openBases, References } from "./bases.js";
 import { LayerMaterializer } from "./materialize.js";
 import { listFiles } from "./live-files.js";
@@ -242,11 +242,12 @@ export async function restoreInPlace(bundle: string, config: MemsnapConfig, opts
       // A layer with references to a base is complete only once the base has been read.
       const deferred = new Set(manifest.layers.filter((l) => referencedIn(manifest, l) > 0).map((l) => l.name));
       const refs = new References();
+      const attributes = new RestoredAttributes();
       let r;
       try {
         r = await extractPayload(layout, manifest, (layer) => roots.get(layer)?.staged ?? null, {
           keys, onLayerDone: (l) => { if (!deferred.has(l)) mat.layerDone(l); }, entries: mat.verified,
-          onEntry: (e) => early.bytes(e.size), onRef: refs.add,
+          onEntry: (e) => early.bytes(e.size), onRef: refs.add, attributes,
           ...(opts.signal ? { signal: opts.signal } : {}), ...(opts.onProgress ? { onProgress: opts.onProgress } : {}),
         });
         checkReferencedLayers(manifest, refs);
@@ -255,7 +256,7 @@ export async function restoreInPlace(bundle: string, config: MemsnapConfig, opts
           bases ??= await openBases(bundle, manifest, refs.basesIn(partial ?? undefined));
           await extractReferenced(bases, refs, (layer) => roots.get(layer)?.staged ?? null, {
             keys, ...(opts.signal ? { signal: opts.signal } : {}), verified: mat.verified, ...(partial ? { layers: partial } : {}),
-            onProgress: (n) => { done += n; early.bytes(n); opts.onProgress?.(done, manifest.payload.bytes); },
+            onProgress: (n) => { done += n; early.bytes(n); opts.onProgress?.(done, manifest.payload.bytes); }, attributes,
           });
         }
       } catch (e) {
@@ -266,6 +267,7 @@ export async function restoreInPlace(bundle: string, config: MemsnapConfig, opts
       // Every staged byte is on disk before the journal says "swapping" (one syncfs per staged
       // root, not an fsync per file): from then on, recovery rolls forward to these files.
       await early.settle();
+      attributes.apply(); // modes and mtimes, synced with the rest
       for (const staged of stagedRoots()) await syncFilesystem(staged);
       crashPoint("restore:staged");
       for (const s of selected) {

@@ -16,7 +16,7 @@ import type { Keys } from "../pipeline/read-payload.js";
 import { EarlySync, fsyncDir, syncFilesystem } from "../util/fs-atomic.js";
 import { checkManifest, checkManifestFindings, enforceSignature, type SignaturePolicy } from "./preflight.js";
 import { sourceKind } from "../sources/registry.js";
-import { extractPayload } from "./extract.js";
+import { extractPayload, RestoredAttributes } from "./extract.js";
 import { LayerMaterializer } from "./materialize.js";
 import { basesNeeded, checkReferencedLayers, extractReferenced, openBases, References } from "./bases.js";
 
@@ -113,12 +113,13 @@ export async function restoreToDir(bundle: string, to: string, opts: RestoreToDi
   // A layer with references to a base is complete only once the base has been read.
   const deferred = new Set(manifest.layers.filter((l) => referencedIn(manifest, l) > 0).map((l) => l.name));
   const refs = new References();
+  const attributes = new RestoredAttributes();
   try {
     let r;
     try {
       r = await extractPayload(layout, manifest, (layer) => (selected(layer) ? join(staging, layer) : null), {
         ...opts, onLayerDone: (l) => { if (!deferred.has(l)) mat.layerDone(l); }, entries: mat.verified,
-        onEntry: (e) => early.bytes(e.size), onRef: refs.add,
+        onEntry: (e) => early.bytes(e.size), onRef: refs.add, attributes,
       });
       checkReferencedLayers(manifest, refs);
       if (refs.count) {
@@ -126,7 +127,7 @@ export async function restoreToDir(bundle: string, to: string, opts: RestoreToDi
         bases ??= await openBases(bundle, manifest, refs.basesIn(partial ?? undefined));
         await extractReferenced(bases, refs, (layer) => (selected(layer) ? join(staging, layer) : null), {
           ...(opts.keys ? { keys: opts.keys } : {}), ...(opts.signal ? { signal: opts.signal } : {}), verified: mat.verified, ...(partial ? { layers: partial } : {}),
-          onProgress: (n) => { done += n; early.bytes(n); opts.onProgress?.(done, manifest.payload.bytes); },
+          onProgress: (n) => { done += n; early.bytes(n); opts.onProgress?.(done, manifest.payload.bytes); }, attributes,
         });
         debugStep(t0, "referenced artifacts extracted from the bases");
       }
@@ -140,6 +141,7 @@ export async function restoreToDir(bundle: string, to: string, opts: RestoreToDi
     await writeFile(join(staging, ".memsnap", MANIFEST_MEMBER), layout.manifestBytes, { mode: 0o600 });
     // One syncfs for the whole tree instead of an fsync per file.
     await early.settle();
+    attributes.apply(); // modes and mtimes, synced with the rest
     await syncFilesystem(staging);
     debugStep(t0, "synced");
     await rmdir(target).catch((e: NodeJS.ErrnoException) => {

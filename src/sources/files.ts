@@ -57,6 +57,7 @@ export const filesSource: SourceKind<FilesConfig> = {
   schemaVersion: 1,
   independentArtifacts: true,
   distinctPaths: true, // one walk, each path once
+  restoresAttributes: true,
   parseConfig(raw, where) {
     rejectUnknownKeys(raw, ["kind", "name", "path", "include", "exclude", "append"], where);
     const append = optStringArray(raw, "append", where);

@@ -40,6 +40,7 @@ export const stateSource: SourceKind<StateConfig> = {
   schemaVersion: 1,
   independentArtifacts: true,
   distinctPaths: true, // one walk, each path once
+  restoresAttributes: true,
   parseConfig(raw, where) {
     rejectUnknownKeys(raw, ["kind", "name", "path", "include", "exclude"], where);
     return {

@@ -340,6 +340,7 @@ async function consumeAll<T>(bytes: AsyncIterable<Buffer>, fn: (b: AsyncIterable
 export const traceSource: SourceKind<TraceConfig> = {
   kind: "trace",
   schemaVersion: 1,
+  restoresAttributes: true,
   parseConfig(raw, where) {
     rejectUnknownKeys(raw, ["kind", "name", "path", "include", "exclude"], where);
     const cfg: TraceConfig = { kind: "trace", name: reqString(raw, "name", where), path: reqString(raw, "path", where) };

@@ -176,6 +176,12 @@ export interface SourceKind<C extends { name: string } = { name: string }> {
    */
   distinctPaths?: boolean;
   /**
+   * True when each artifact is restored as the file `<layer root>/<path>` and nothing rewrites
+   * it after: the restore gives it the index's mode (permission bits, `& 0o777`: never setuid,
+   * setgid or sticky) and mtime, as `tar -x` does.
+   */
+  restoresAttributes?: boolean;
+  /**
    * Artifacts of this layer for which this returns true are not written as files on restore:
    * their bytes (hash-checked as usual) are appended to `<layer dir>/.memsnap-spool`, and
    * `<layer dir>/.memsnap-spool.json` maps each one's layer path to `[offset, length]` in it.

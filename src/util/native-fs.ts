@@ -67,7 +67,8 @@ export class CompactStats implements FileStats {
       msFromTimeSpec(f[base + F.MSEC]!, f[base + F.MNSEC]!), msFromTimeSpec(f[base + F.CSEC]!, f[base + F.CNSEC]!));
   }
 
+  /** As Node's `Stats.mtime`: the milliseconds rounded (a Date of a fractional time would truncate). */
   get mtime(): Date {
-    return new Date(this.mtimeMs);
+    return new Date(Math.round(this.mtimeMs));
   }
 }

@@ -5,7 +5,7 @@
  * same bundle index; and a file removed, grown, rewritten or replaced by a symlink after the
  * walk reported as it always was, whichever path read it.
  */
-import { appendFileSync, mkdirSync, rmSync, symlinkSync, utimesSync, writeFileSync } from "node:fs";
+import { appendFileSync, mkdirSync, rmSync, statSync, symlinkSync, utimesSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { afterEach, describe, expect, it } from "vitest";
 import { isMemsnapError, parseConfig, snapshot } from "../../src/index.js";
@@ -38,7 +38,11 @@ function tree(): string {
   const root = tempDir("memsnap-nfs-");
   for (let d = 0; d < 3; d++) {
     mkdirSync(join(root, `d${d}`, "deep"), { recursive: true });
-    for (let i = 0; i < 40; i++) writeFileSync(join(root, `d${d}`, `n${i}.md`), `note ${d}/${i}\n`.repeat(i));
+    for (let i = 0; i < 40; i++) {
+      writeFileSync(join(root, `d${d}`, `n${i}.md`), `note ${d}/${i}\n`.repeat(i));
+      const t = new Date(1714979289000 + i * 37 + 0.5); // sub-millisecond times, which round and truncate differently
+      utimesSync(join(root, `d${d}`, `n${i}.md`), t, t);
+    }
     writeFileSync(join(root, `d${d}`, "deep", "x.json"), "{}");
   }
   writeFileSync(join(root, "Zeta.md"), "z");
@@ -65,6 +69,8 @@ describeNative("the walk with the addon and without", () => {
       mtimeMs: f.stats.mtimeMs, ctimeMs: f.stats.ctimeMs, mtime: f.stats.mtime.getTime(),
     }));
     expect(view(a)).toEqual(view(b));
+    // and as node:fs's own Stats says (its Dates round the milliseconds)
+    for (const f of a.files) expect(f.stats.mtime.getTime(), f.rel).toBe(statSync(f.abs).mtime.getTime());
     expect(a.skipped).toEqual(b.skipped);
     expect(a.skipped).toMatchObject({ symlinks: 1, unsafe_names: 1 });
     expect(a.unsafe).toEqual(["bad\\xff.md"]);
