@@ -52,13 +52,24 @@ export interface WalkResult {
    */
   skipped: { symlinks: number; special: number; unsafe_names?: number };
   unsafe?: string[];
+  /** Symlinks the globs select (a memory's `latest.md → …`): left out, so counted, the first few named, in a notice. */
+  links?: LinksLeftOut;
 }
 
-/** The notice (LayerCapture.notices) for what a walk left out because of its name. */
-export function walkNotices(r: { unsafe?: readonly string[] }): string[] {
+export interface LinksLeftOut {
+  count: number;
+  some: string[];
+}
+
+/** The notices (LayerCapture.notices) for what a walk left out: names that are not UTF-8, symlinks. */
+export function walkNotices(r: { unsafe?: readonly string[]; links?: LinksLeftOut }): string[] {
+  const some = (xs: readonly string[]): string => `${xs.slice(0, 5).join(", ")}${xs.length > 5 ? ", …" : ""}`;
+  const out: string[] = [];
   const u = r.unsafe ?? [];
-  if (u.length === 0) return [];
-  return [`left out ${u.length} file(s) or folder(s) whose names are not UTF-8, which a bundle cannot hold (rename them to capture them): ${u.slice(0, 5).join(", ")}${u.length > 5 ? ", …" : ""}`];
+  if (u.length) out.push(`left out ${u.length} file(s) or folder(s) whose names are not UTF-8, which a bundle cannot hold (rename them to capture them): ${some(u)}`);
+  const l = r.links;
+  if (l?.count) out.push(`left out ${l.count} symlink(s): memsnap captures regular files, not links (capture their targets' folder instead): ${l.some.join(", ")}${l.count > l.some.length ? ", …" : ""}`);
+  return out;
 }
 
 /** A relative path with a name that is not UTF-8, for messages: each invalid byte as `\xNN`. */
@@ -106,7 +117,7 @@ export async function walkFiles(root: string, opts: WalkOptions = {}): Promise<W
   const walk = await walkStream(root, opts);
   const files: FoundFile[] = [];
   for await (const f of walk) files.push(f);
-  return { files, skipped: walk.skipped, ...(walk.unsafe.length ? { unsafe: walk.unsafe } : {}) };
+  return { files, skipped: walk.skipped, ...(walk.unsafe.length ? { unsafe: walk.unsafe } : {}), ...(walk.links.count ? { links: walk.links } : {}) };
 }
 
 /** An entry's lstat as the walk needs it: its kind, and for a file what memsnap keeps of its stat. */
@@ -191,6 +202,7 @@ function listDir(dir: string): Listing {
 export interface Walk extends AsyncIterable<FoundFile> {
   readonly skipped: WalkResult["skipped"];
   readonly unsafe: string[];
+  readonly links: LinksLeftOut;
 }
 
 /**
@@ -204,6 +216,7 @@ export async function walkStream(root: string, opts: WalkOptions = {}): Promise<
   const exc = opts.exclude?.length ? compileGlobs(opts.exclude) : null;
   const skipped: WalkResult["skipped"] = { symlinks: 0, special: 0 };
   const unsafe: string[] = [];
+  const links: LinksLeftOut = { count: 0, some: [] };
   let rootStats: Stats;
   try {
     rootStats = await stat(root);
@@ -214,7 +227,7 @@ export async function walkStream(root: string, opts: WalkOptions = {}): Promise<
     const it = (async function* (): AsyncGenerator<FoundFile> {
       yield { abs: root, rel: basename(root), stats: rootStats };
     })();
-    return { skipped, unsafe, [Symbol.asyncIterator]: () => it };
+    return { skipped, unsafe, links, [Symbol.asyncIterator]: () => it };
   }
   // Entries are listed and stat'ed with synchronous calls, yielding to the event loop every
   // WALK_SLICE_MS: an async lstat per entry is a thread-pool round trip, and awaited one after
@@ -255,12 +268,17 @@ export async function walkStream(root: string, opts: WalkOptions = {}): Promise<
         continue;
       }
       if (st.kind === "dir") stack.push({ dir: abs, relDir: rel, list: listDir(abs), i: 0 });
-      else if (st.kind === "link") skipped.symlinks++;
-      else if (st.kind !== "file") skipped.special++;
+      else if (st.kind === "link") {
+        skipped.symlinks++;
+        if (!inc || inc(rel)) {
+          links.count++;
+          if (links.some.length < 5) links.some.push(rel);
+        }
+      } else if (st.kind !== "file") skipped.special++;
       else if (!inc || inc(rel)) yield { abs, rel, stats: st.stats! };
     }
   })();
-  return { skipped, unsafe, [Symbol.asyncIterator]: () => it };
+  return { skipped, unsafe, links, [Symbol.asyncIterator]: () => it };
 }
 
 function changed(path: string, what: string): MemsnapError {

@@ -5,7 +5,7 @@
  * them where they are (it failed with an internal error listing the live directory).
  */
 import { execFileSync } from "node:child_process";
-import { existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, readFileSync, symlinkSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import { walkFiles } from "../../src/sources/walk.js";
@@ -79,5 +79,16 @@ describe("names that are not UTF-8", () => {
     expectOk(runCliSync(["restore", join(home, "b.memsnap"), "--to", to]));
     expect(readFileSync(join(to, "mem", "b.md"), "utf8")).toBe("untracked, fine\n");
     expect(readFileSync(bad(join(to, "mem"), LATIN1), "utf8")).toBe("committed\n"); // the history's; the change was reported
+  });
+
+  it("symlinks the globs select are named in a warning too (they were left out without one)", () => {
+    const a = makeAgent({ files: { "2024-06-01.md": "today\n", "notes/x.json": "{}" } });
+    symlinkSync("2024-06-01.md", join(a.memoryDir, "latest.md"));
+    symlinkSync("notes/x.json", join(a.memoryDir, "x.json"));
+    writeFileSync(a.config, JSON.stringify({ agent: "l", sources: [{ kind: "files", name: "memory", path: "memory", include: ["*.md"] }] }));
+    const s = runCliSync(["snapshot", "-c", a.config, "--out", join(a.dir, "b.memsnap")]);
+    expectOk(s);
+    // latest.md is selected by *.md and named; x.json is not selected, so not mentioned
+    expect(s.stderr).toContain("memsnap: warning: memory: left out 1 symlink(s): memsnap captures regular files, not links (capture their targets' folder instead): latest.md\n");
   });
 });
