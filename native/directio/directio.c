@@ -341,7 +341,7 @@ static bool typed_of(napi_env env, napi_value v, napi_typedarray_type want, void
   size_t off;
   if (napi_is_typedarray(env, v, &is_ta) != napi_ok || !is_ta ||
       napi_get_typedarray_info(env, v, &type, len, data, &ab, &off) != napi_ok || type != want) {
-    napi_throw_type_error(env, NULL, "readFiles: typed arrays of the documented types expected");
+    napi_throw_type_error(env, NULL, "typed arrays of the documented types expected");
     return false;
   }
   return true;
@@ -402,6 +402,124 @@ static napi_value ReadFiles(napi_env env, napi_callback_info info) {
   return NULL;
 }
 
+/* ------------------------------------------------------------------ writeFiles */
+
+/*
+ * writeFiles(paths, count, data, offsets, results, callback): on a libuv pool thread, create
+ * each of `count` NUL-terminated absolute paths as a new file (O_CREAT | O_EXCL | O_NOFOLLOW,
+ * mode 0600), write data[offsets[i], offsets[i + 1]) to it and close it; results[i] is 0 or the
+ * errno of its failure. callback() when all are done. A restore's small files are written this
+ * way in batches, off the main thread (20,000 notes: ~0.4 s of open, write and close there).
+ */
+typedef struct {
+  napi_async_work work;
+  napi_ref refs[5]; /* paths, data, offsets, results, callback */
+  const char *paths;
+  size_t paths_len;
+  uint32_t count;
+  const uint8_t *data;
+  size_t data_len;
+  const double *offsets;
+  int32_t *results;
+} write_files_t;
+
+static void write_files_execute(napi_env env, void *data) {
+  (void)env;
+  write_files_t *w = (write_files_t *)data;
+  size_t at = 0;
+  for (uint32_t i = 0; i < w->count; i++) {
+    const char *p = w->paths + at;
+    at += strnlen(p, w->paths_len - at) + 1;
+    size_t from = (size_t)w->offsets[i], to = (size_t)w->offsets[i + 1];
+    if (from > to || to > w->data_len) {
+      w->results[i] = EINVAL;
+      continue;
+    }
+    int fd = open(p, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) {
+      w->results[i] = errno;
+      continue;
+    }
+    int e = 0;
+    while (from < to) {
+      ssize_t r = write(fd, w->data + from, to - from);
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        e = errno;
+        break;
+      }
+      from += (size_t)r;
+    }
+    if (close(fd) != 0 && !e) e = errno;
+    w->results[i] = e;
+  }
+}
+
+static void write_files_complete(napi_env env, napi_status status, void *data) {
+  write_files_t *w = (write_files_t *)data;
+  napi_value cb, undef, arg;
+  int have_cb = napi_get_reference_value(env, w->refs[4], &cb) == napi_ok && cb != NULL;
+  for (int i = 0; i < 5; i++) napi_delete_reference(env, w->refs[i]);
+  napi_delete_async_work(env, w->work);
+  free(w);
+  if (!have_cb) return;
+  napi_create_int32(env, status == napi_ok ? 0 : ECANCELED, &arg);
+  napi_get_undefined(env, &undef);
+  napi_call_function(env, undef, cb, 1, &arg, NULL);
+}
+
+static napi_value WriteFiles(napi_env env, napi_callback_info info) {
+  size_t argc = 6;
+  napi_value argv[6];
+  if (napi_get_cb_info(env, info, &argc, argv, NULL, NULL) != napi_ok || argc < 6) {
+    napi_throw_type_error(env, NULL, "writeFiles(paths, count, data, offsets, results, callback): six arguments expected");
+    return NULL;
+  }
+  write_files_t *w = calloc(1, sizeof *w);
+  if (!w) {
+    napi_throw_error(env, "ENOMEM", "writeFiles: out of memory");
+    return NULL;
+  }
+  void *paths, *data, *offsets, *results;
+  size_t offsets_n = 0, results_n = 0;
+  napi_valuetype cbt;
+  if (napi_get_value_uint32(env, argv[1], &w->count) != napi_ok || napi_typeof(env, argv[5], &cbt) != napi_ok || cbt != napi_function) {
+    free(w);
+    napi_throw_type_error(env, NULL, "writeFiles: a count and a callback expected");
+    return NULL;
+  }
+  if (!typed_of(env, argv[0], napi_uint8_array, &paths, &w->paths_len) ||
+      !typed_of(env, argv[2], napi_uint8_array, &data, &w->data_len) ||
+      !typed_of(env, argv[3], napi_float64_array, &offsets, &offsets_n) ||
+      !typed_of(env, argv[4], napi_int32_array, &results, &results_n)) {
+    free(w);
+    return NULL;
+  }
+  size_t nuls = 0;
+  for (size_t i = 0; i < w->paths_len; i++) nuls += ((const char *)paths)[i] == 0;
+  if (offsets_n < (size_t)w->count + 1 || results_n < w->count || nuls < w->count) {
+    free(w);
+    napi_throw_range_error(env, NULL, "writeFiles: paths, offsets or results too short for count");
+    return NULL;
+  }
+  w->paths = paths;
+  w->data = data;
+  w->offsets = offsets;
+  w->results = results;
+  const int keep[5] = {0, 2, 3, 4, 5};
+  for (int i = 0; i < 5; i++) napi_create_reference(env, argv[keep[i]], 1, &w->refs[i]);
+  napi_value name;
+  napi_create_string_utf8(env, "memsnap.writeFiles", NAPI_AUTO_LENGTH, &name);
+  if (napi_create_async_work(env, NULL, name, write_files_execute, write_files_complete, w, &w->work) != napi_ok ||
+      napi_queue_async_work(env, w->work) != napi_ok) {
+    for (int i = 0; i < 5; i++) napi_delete_reference(env, w->refs[i]);
+    free(w);
+    napi_throw_error(env, NULL, "writeFiles: could not queue the work");
+    return NULL;
+  }
+  return NULL;
+}
+
 static napi_value Init(napi_env env, napi_value exports) {
   napi_value fn;
   if (napi_create_function(env, "copy", NAPI_AUTO_LENGTH, Copy, NULL, &fn) != napi_ok) return NULL;
@@ -412,6 +530,8 @@ static napi_value Init(napi_env env, napi_value exports) {
   if (napi_set_named_property(env, exports, "scanDir", fn) != napi_ok) return NULL;
   if (napi_create_function(env, "readFiles", NAPI_AUTO_LENGTH, ReadFiles, NULL, &fn) != napi_ok) return NULL;
   if (napi_set_named_property(env, exports, "readFiles", fn) != napi_ok) return NULL;
+  if (napi_create_function(env, "writeFiles", NAPI_AUTO_LENGTH, WriteFiles, NULL, &fn) != napi_ok) return NULL;
+  if (napi_set_named_property(env, exports, "writeFiles", fn) != napi_ok) return NULL;
   return exports;
 }
 

@@ -19,6 +19,7 @@ import { pin } from "../util/slots.js";
 import { checkEntryName, conflictingEntry } from "./safe-path.js";
 import { sourceKind } from "../sources/registry.js";
 import { isSpoolName } from "../sources/types.js";
+import { SmallFileWriter } from "./small-writes.js";
 import { RestoreSpool } from "./spool.js";
 
 /** Entries up to this size are written with synchronous calls. */
@@ -148,8 +149,11 @@ export async function extractPayload(
   const declared = manifest.index ? new Map(manifest.index.map((e) => [e.path, e.size])) : null;
   let current: string | null = null;
   const closed = new Set<string>();
+  // Small files go to the thread pool in batches where the addon is built (./small-writes.ts).
+  const batched = SmallFileWriter.create();
   const closeLayer = async (layer: string): Promise<void> => {
     closed.add(layer);
+    await batched?.flush(); // a layer's rebuild reads its files
     const sp = spools.get(layer);
     spools.delete(layer);
     await sp?.close();
@@ -222,6 +226,7 @@ export async function extractPayload(
         const parts: Buffer[] = [];
         const pins: (() => void)[] = []; // an entry that spans batches keeps its first ones' slots
         let n = 0;
+        let wait: Promise<void> | null = null;
         try {
           for await (const c of chunks) {
             n += c.length;
@@ -230,10 +235,12 @@ export async function extractPayload(
             const un = pin(c);
             if (un) pins.push(un);
           }
-          writeSmall(dest, info.name, parts, n);
+          if (batched) wait = batched.add(dest, info.name, parts, n); // the bytes are copied before it returns
+          else writeSmall(dest, info.name, parts, n);
         } finally {
           for (const un of pins) un();
         }
+        if (wait) await wait;
         written += n;
         opts.onProgress?.(written, total);
         crashPoint("restore:staged-entry");
@@ -308,6 +315,7 @@ export async function extractPayload(
     }
     return r;
   } finally {
+    await batched?.settle(); // no write in flight when the caller removes what was written
     for (const sp of spools.values()) await sp.release();
   }
 }
