@@ -162,7 +162,7 @@ export async function extractReferenced(
         found.add(e.name);
         const layer = layerOf(e.name);
         const root = opts.attributes && attributed.has(layer) && layerOk(layer) ? rootFor(layer) : null;
-        if (root !== null) opts.attributes!.add(join(root, ...e.name.slice(layer.length + 1).split("/")), w);
+        if (root !== null) opts.attributes!.add(root, e.name, w);
         if (layerOk(layerOf(e.name))) {
           opts.verified?.add(e.name, e.size, Buffer.from(e.sha256, "hex"));
           opts.onProgress?.(e.size);

@@ -66,25 +66,45 @@ export interface ExtractOptions {
  * notes: 8 s of kernel time done while the restore's syncfs ran, 0.1 s after it).
  */
 export class RestoredAttributes {
+  // Kept compact: a restore of 200,000 notes held 80 MiB of joined path strings here. Each file
+  // is its payload path (the string the index parse made) and its layer root's number.
+  #roots: string[] = [];
   #paths: string[] = [];
-  #modes: number[] = [];
-  #mtimes: number[] = [];
+  #root = new Uint16Array(1024);
+  #modes = new Int32Array(1024);
+  #mtimes = new Float64Array(1024);
 
   /** Whether a layer of this kind gets them. */
   static wanted(kind: string): boolean {
     return sourceKind(kind)?.restoresAttributes === true;
   }
 
-  add(path: string, a: Pick<IndexEntry, "mode" | "mtime">): void {
+  /** Note the file of payload path `path` (`<layer>/<rel>`), written under `root`. */
+  add(root: string, path: string, a: Pick<IndexEntry, "mode" | "mtime">): void {
+    const i = this.#paths.length;
+    if (i === this.#modes.length) {
+      const grow = <T extends Uint16Array | Int32Array | Float64Array>(x: T): T => {
+        const y = new (x.constructor as new (n: number) => T)(x.length * 2);
+        y.set(x);
+        return y;
+      };
+      this.#root = grow(this.#root);
+      this.#modes = grow(this.#modes);
+      this.#mtimes = grow(this.#mtimes);
+    }
+    let r = this.#roots.lastIndexOf(root);
+    if (r < 0) r = this.#roots.push(root) - 1;
     this.#paths.push(path);
-    this.#modes.push(Number.isSafeInteger(a.mode) ? a.mode & 0o777 : -1); // never setuid, setgid or sticky
-    this.#mtimes.push(Date.parse(a.mtime));
+    this.#root[i] = r;
+    this.#modes[i] = Number.isSafeInteger(a.mode) ? a.mode & 0o777 : -1; // never setuid, setgid or sticky
+    this.#mtimes[i] = Date.parse(a.mtime);
   }
 
   /** Set them (MEMSNAP_DEST_* when a file refuses). */
   apply(): void {
     for (let i = 0; i < this.#paths.length; i++) {
-      const p = this.#paths[i]!;
+      const rel = this.#paths[i]!;
+      const p = join(this.#roots[this.#root[i]!]!, ...rel.slice(rel.indexOf("/") + 1).split("/"));
       try {
         if (this.#modes[i]! >= 0) chmodSync(p, this.#modes[i]!);
         const t = this.#mtimes[i]!;
@@ -96,8 +116,7 @@ export class RestoredAttributes {
       }
     }
     this.#paths = [];
-    this.#modes = [];
-    this.#mtimes = [];
+    this.#roots = [];
   }
 }
 
@@ -139,7 +158,7 @@ export async function extractPayload(
   const onMatch = (a: IndexEntry): void => {
     if (!opts.attributes || !attributed.has(a.layer) || (opts.want && !opts.want(a.path))) return;
     const root = rootFor(a.layer);
-    if (root !== null) opts.attributes.add(join(root, ...a.path.slice(a.layer.length + 1).split("/")), a);
+    if (root !== null) opts.attributes.add(root, a.path, a);
   };
   const spools = new Map<string, RestoreSpool>();
   const total = manifest.payload.bytes;

@@ -34,6 +34,8 @@ export class SmallFileWriter {
   #batch: Batch | null = null;
   readonly #inFlight: Promise<void>[] = [];
   #failure: Error | null = null;
+  /** Batch buffers to reuse: a fresh 1 MiB per batch was external memory that only a GC freed (200,000 notes: +80 MiB of RSS). */
+  readonly #free: Buffer[] = [];
 
   private constructor(native: NativeFs) {
     this.#native = native;
@@ -53,7 +55,7 @@ export class SmallFileWriter {
   add(dest: string, name: string, parts: readonly Uint8Array[], n: number): Promise<void> | null {
     if (this.#failure) throw this.#failure;
     if (this.#batch && (this.#batch.dests.length === BATCH_FILES || this.#batch.used + n > this.#batch.data.length)) this.#submit();
-    const b = (this.#batch ??= { dests: [], names: [], data: Buffer.allocUnsafe(Math.max(BATCH_BYTES, n)), used: 0, offsets: [0] });
+    const b = (this.#batch ??= { dests: [], names: [], data: n <= BATCH_BYTES ? this.#free.pop() ?? Buffer.allocUnsafe(BATCH_BYTES) : Buffer.allocUnsafe(n), used: 0, offsets: [0] });
     for (const p of parts) {
       b.data.set(p, b.used);
       b.used += p.length;
@@ -100,6 +102,7 @@ export class SmallFileWriter {
             ? conflictingEntry(b.names[i]!)
             : destinationError(Object.assign(new Error(`${code}: ${b.dests[i]}`), { code, errno: -errno, path: b.dests[i] }), b.dests[i]!);
         }
+        if (b.data.length === BATCH_BYTES && this.#free.length <= IN_FLIGHT) this.#free.push(b.data);
         res();
       });
     });
