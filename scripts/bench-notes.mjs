@@ -9,6 +9,8 @@
  * alternating memsnap and the pipeline, medians of RUNS:
  *   snapshot  memsnap snapshot (redaction on, encrypted)  vs  tar -cf - | zstd -3 -T2 | age -r
  *   restore   memsnap restore --to (hashes checked, synced) vs  age -d | zstd -d | tar -x, then sync -f
+ *   in place  memsnap restore over the live notes (journal, atomic swaps, no safety snapshot)
+ *             vs  the same pipeline extracting over them (tar overwrites each file), then sync -f
  * and peak RSS (GNU time). Restored trees are moved aside, not deleted, until the end: deleting a
  * tree of thousands of files slows the next one's creation on ext4 (see scripts/bench.mjs).
  * Prints a Markdown table. Exit 1 when a command fails or a restore differs from the notes.
@@ -69,7 +71,8 @@ const median = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
 
 const bundle = path.join(root, "b.memsnap");
 const archive = path.join(root, "b.tar.zst.age");
-const res = { snap: { m: [], p: [], mr: [], pr: [] }, rest: { m: [], p: [], mr: [], pr: [] } };
+const res = { snap: { m: [], p: [], mr: [], pr: [] }, rest: { m: [], p: [], mr: [], pr: [] }, inplace: { m: [], p: [], mr: [], pr: [] } };
+const config = path.join(root, "agent", "memsnap.json");
 for (let r = 0; r < RUNS; r++) {
   fs.rmSync(bundle, { force: true });
   fs.rmSync(archive, { force: true });
@@ -87,6 +90,14 @@ for (let r = 0; r < RUNS; r++) {
   [s, kb] = timed(`age -d -i ${key} ${archive} | zstd -d -q | tar -xf - -C ${toP} && sync -f ${toP}`);
   res.rest.p.push(s); res.rest.pr.push(kb);
 }
+// In place last: both sides delete thousands of files (memsnap its backups, tar each file it
+// replaces), which slows the file creation of whatever runs next on ext4.
+for (let r = 0; r < RUNS; r++) {
+  let [s, kb] = timed(`bash ${cli} restore ${bundle} -c ${config} -i ${key} --no-safety-snapshot > /dev/null`);
+  res.inplace.m.push(s); res.inplace.mr.push(kb);
+  [s, kb] = timed(`age -d -i ${key} ${archive} | zstd -d -q | tar -xf - -C ${path.join(root, "agent")} && sync -f ${notes}`);
+  res.inplace.p.push(s); res.inplace.pr.push(kb);
+}
 
 // The restores hold the notes, byte for byte.
 const digest = (dir) => {
@@ -103,6 +114,7 @@ const digest = (dir) => {
 };
 const want = digest(notes);
 const bad = [["memsnap", path.join(root, "r-memsnap", "notes")], ["pipeline", path.join(root, "r-pipeline", "notes")]].filter(([, d]) => digest(d) !== want);
+// (the in-place restores put back the very notes they started from: `want` is their digest too)
 
 const row = (what, x) => `| ${what} | ${median(x.m).toFixed(2)} s | ${median(x.p).toFixed(2)} s | ${(median(x.m) / median(x.p)).toFixed(2)}× | ${(median(x.mr) / 1024).toFixed(0)} MiB | ${(median(x.pr) / 1024).toFixed(0)} MiB |`;
 console.log(`memsnap bench-notes: ${NOTES} notes in ${Math.ceil(NOTES / 100)} folders, ${RUNS} run(s) each, medians (${os.cpus().length} CPUs)\n`);
@@ -110,6 +122,7 @@ console.log("| | memsnap | pipeline | ratio | memsnap RSS | pipeline RSS |");
 console.log("| --- | --- | --- | --- | --- | --- |");
 console.log(row("snapshot (redaction on, age)", res.snap));
 console.log(row("restore (synced)", res.rest));
+console.log(row("restore in place (synced)", res.inplace));
 console.log(`\nbundle ${fs.statSync(bundle).size} B, pipeline ${fs.statSync(archive).size} B`);
 fs.rmSync(aside, { recursive: true, force: true });
 if (bad.length) {

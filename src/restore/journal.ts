@@ -9,7 +9,8 @@
  * the live state ends equal to the pre-restore state or to the bundle's, never a mix.
  */
 import { hostname } from "node:os";
-import { lstat, mkdir, open, readFile, rename, rm, unlink } from "node:fs/promises";
+import { lstatSync, mkdirSync, renameSync, rmSync } from "node:fs";
+import { mkdir, open, readFile, rename, unlink } from "node:fs/promises";
 import { dirname, join } from "node:path";
 import { MemsnapError } from "../errors.js";
 import { crashPoint } from "../util/crash-point.js";
@@ -82,45 +83,60 @@ export async function readJournal(agentBase: string): Promise<Journal | null> {
   }
 }
 
-async function exists(p: string): Promise<boolean> {
+function exists(p: string): boolean {
   try {
-    await lstat(p);
+    lstatSync(p);
     return true;
   } catch {
     return false;
   }
 }
 
-/** Perform one swap; safe to repeat after a crash at any point inside it. */
-export async function applySwap(s: Swap): Promise<void> {
+/**
+ * Perform one swap; safe to repeat after a crash at any point inside it. Synchronous calls:
+ * as thread-pool round trips, a swap's five to seven calls made 20,000 swaps (an in-place
+ * restore of 20,000 notes) take ~9 s. `made`: directories known to exist.
+ */
+export function applySwap(s: Swap, made: Set<string> = new Set()): void {
+  const mkdirp = (d: string): void => {
+    if (made.has(d)) return;
+    mkdirSync(d, { recursive: true });
+    made.add(d);
+  };
   if (s.staged === null) {
-    if (await exists(s.target)) {
-      await mkdir(dirname(s.backup), { recursive: true });
-      await rename(s.target, s.backup);
+    if (exists(s.target)) {
+      mkdirp(dirname(s.backup));
+      renameSync(s.target, s.backup);
     }
     return;
   }
-  if (!(await exists(s.staged))) return; // already moved into place
-  if (await exists(s.target)) {
-    if (await exists(s.backup)) {
+  if (!exists(s.staged)) return; // already moved into place
+  if (exists(s.target)) {
+    if (exists(s.backup)) {
       throw new MemsnapError("MEMSNAP_INTERNAL", `cannot swap ${s.target}: both it and its backup ${s.backup} exist`, {
         hint: "something changed the live state during the restore; inspect both paths",
       });
     }
-    await mkdir(dirname(s.backup), { recursive: true });
-    await rename(s.target, s.backup);
+    mkdirp(dirname(s.backup));
+    renameSync(s.target, s.backup);
   }
-  await mkdir(dirname(s.target), { recursive: true });
-  await rename(s.staged, s.target);
+  mkdirp(dirname(s.target));
+  renameSync(s.staged, s.target);
 }
 
 /** Run every swap, then commit and clean up. */
 export async function rollForward(agentBase: string, j: Journal): Promise<void> {
   const dirs = new Set<string>();
+  const made = new Set<string>();
+  let slice = performance.now();
   for (const s of j.swaps) {
-    await applySwap(s);
+    applySwap(s, made);
     dirs.add(dirname(s.target));
     crashPoint("restore:swap");
+    if (performance.now() - slice > 8) {
+      await new Promise<void>((r) => setImmediate(r)); // the event loop's turn (signals, timers)
+      slice = performance.now();
+    }
   }
   for (const d of dirs) await fsyncDir(d).catch(() => undefined);
   j.phase = "committed";
@@ -132,7 +148,7 @@ export async function rollForward(agentBase: string, j: Journal): Promise<void> 
 /** Remove staging dirs and backups, then the journal. */
 export async function cleanup(agentBase: string, j: Journal): Promise<void> {
   for (const d of [...j.staging, ...(j.phase === "committed" ? j.backups : [])]) {
-    await rm(d, { recursive: true, force: true });
+    rmSync(d, { recursive: true, force: true }); // (a tree of thousands of backups: async, one round trip per file)
     crashPoint("restore:cleanup");
   }
   await unlink(journalPath(agentBase)).catch(() => undefined);

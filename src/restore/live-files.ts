@@ -1,5 +1,5 @@
 /** Listing a live directory for restore: every non-directory entry, relative, sorted, memsnap's own entries skipped. */
-import { lstat, readdir } from "node:fs/promises";
+import { readdirSync, type Dirent } from "node:fs";
 import { join } from "node:path";
 import { isMemsnapPrivate } from "../sources/walk.js";
 
@@ -11,24 +11,25 @@ import { isMemsnapPrivate } from "../sources/walk.js";
  */
 export async function listFiles(root: string): Promise<string[]> {
   const out: string[] = [];
-  const walk = async (dir: string, rel: string): Promise<void> => {
-    let raw: Buffer[];
+  // Synchronous calls, and the entries' types from the directory itself: an awaited lstat per
+  // entry made listing 20,000 live notes a second or more of thread-pool round trips.
+  const walk = (dir: string, rel: string): void => {
+    let ents: Dirent<Buffer>[];
     try {
-      raw = await readdir(dir, { encoding: "buffer" });
+      ents = readdirSync(dir, { withFileTypes: true, encoding: "buffer" });
     } catch (e) {
       if ((e as NodeJS.ErrnoException).code === "ENOENT" || (e as NodeJS.ErrnoException).code === "ENOTDIR") return;
       throw e;
     }
-    const names = raw.map((b) => b.toString("utf8")).filter((n, i) => Buffer.from(n, "utf8").equals(raw[i]!));
-    for (const n of names.sort()) {
+    const names = ents.map((d) => ({ d, n: d.name.toString("utf8") })).filter((x) => Buffer.from(x.n, "utf8").equals(x.d.name));
+    names.sort((a, b) => (a.n < b.n ? -1 : a.n > b.n ? 1 : 0));
+    for (const { d, n } of names) {
       if (isMemsnapPrivate(n)) continue;
-      const p = join(dir, n);
       const r = rel ? `${rel}/${n}` : n;
-      const st = await lstat(p);
-      if (st.isDirectory()) await walk(p, r);
+      if (d.isDirectory()) walk(join(dir, n), r);
       else out.push(r);
     }
   };
-  await walk(root, "");
+  walk(root, "");
   return out;
 }
