@@ -310,10 +310,7 @@ export const SMALL_FILE = 64 * 1024;
 
 /** The same bytes as openBounded, into reused buffers (Artifact.open with `reuse`). */
 async function* reusedFileChunks(f: FoundFile, limit: number): AsyncGenerator<Buffer> {
-  if (limit <= SMALL_FILE) {
-    yield* smallFileChunk(f, limit);
-    return;
-  }
+  // (small files never come here: fileArtifact reads them whole, see SMALL_FILE)
   let fh: FileHandle | undefined;
   try {
     fh = await open(f.abs, "r");
