@@ -29,6 +29,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+/* The stat time fields: POSIX 2008 names them st_mtim/st_ctim; macOS st_mtimespec/st_ctimespec. */
+#ifdef __APPLE__
+#define ST_MTIM st_mtimespec
+#define ST_CTIM st_ctimespec
+#else
+#define ST_MTIM st_mtim
+#define ST_CTIM st_ctim
+#endif
+
 static void release(napi_env env, void *data, void *hint) {
   (void)env;
   (void)hint;
@@ -220,10 +229,10 @@ static napi_value ScanDir(napi_env env, napi_callback_info info) {
       f[SD_INO] = (double)e->st.st_ino;
       f[SD_MODE] = (double)e->st.st_mode;
       f[SD_SIZE] = (double)e->st.st_size;
-      f[SD_MSEC] = (double)e->st.st_mtim.tv_sec;
-      f[SD_MNSEC] = (double)e->st.st_mtim.tv_nsec;
-      f[SD_CSEC] = (double)e->st.st_ctim.tv_sec;
-      f[SD_CNSEC] = (double)e->st.st_ctim.tv_nsec;
+      f[SD_MSEC] = (double)e->st.ST_MTIM.tv_sec;
+      f[SD_MNSEC] = (double)e->st.ST_MTIM.tv_nsec;
+      f[SD_CSEC] = (double)e->st.ST_CTIM.tv_sec;
+      f[SD_CNSEC] = (double)e->st.ST_CTIM.tv_nsec;
       off += e->len;
     }
     free(e->name);
@@ -310,10 +319,10 @@ static void read_files_execute(napi_env env, void *data) {
     f[RF_INO] = (double)st.st_ino;
     f[RF_MODE] = (double)st.st_mode;
     f[RF_SIZE] = (double)st.st_size;
-    f[RF_MSEC] = (double)st.st_mtim.tv_sec;
-    f[RF_MNSEC] = (double)st.st_mtim.tv_nsec;
-    f[RF_CSEC] = (double)st.st_ctim.tv_sec;
-    f[RF_CNSEC] = (double)st.st_ctim.tv_nsec;
+    f[RF_MSEC] = (double)st.ST_MTIM.tv_sec;
+    f[RF_MNSEC] = (double)st.ST_MTIM.tv_nsec;
+    f[RF_CSEC] = (double)st.ST_CTIM.tv_sec;
+    f[RF_CNSEC] = (double)st.ST_CTIM.tv_nsec;
     off += n;
   }
   close(rfd);
