@@ -247,6 +247,46 @@ static napi_value ScanDir(napi_env env, napi_callback_info info) {
   return result;
 }
 
+/* ------------------------------------------------------------------ pool jobs */
+
+/*
+ * The first member of readFiles' and writeFiles' jobs: their libuv work and the references
+ * that keep their five JavaScript arguments alive until it is done (the callback last).
+ */
+typedef struct {
+  napi_async_work work;
+  napi_ref refs[5];
+} pool_job_t;
+
+/* Keep argv[keep[i]] alive and queue `job`; false (with an error thrown, `job` freed) when it cannot be queued. */
+static bool pool_queue(napi_env env, pool_job_t *job, napi_value *argv, const int keep[5], const char *name,
+                       napi_async_execute_callback execute, napi_async_complete_callback complete) {
+  for (int i = 0; i < 5; i++) napi_create_reference(env, argv[keep[i]], 1, &job->refs[i]);
+  napi_value n;
+  napi_create_string_utf8(env, name, NAPI_AUTO_LENGTH, &n);
+  if (napi_create_async_work(env, NULL, n, execute, complete, job, &job->work) != napi_ok ||
+      napi_queue_async_work(env, job->work) != napi_ok) {
+    for (int i = 0; i < 5; i++) napi_delete_reference(env, job->refs[i]);
+    free(job);
+    napi_throw_error(env, NULL, "could not queue the work");
+    return false;
+  }
+  return true;
+}
+
+/* Release `job` (freed) and call its callback with `err`. */
+static void pool_finish(napi_env env, pool_job_t *job, int err) {
+  napi_value cb, undef, arg;
+  int have_cb = napi_get_reference_value(env, job->refs[4], &cb) == napi_ok && cb != NULL;
+  for (int i = 0; i < 5; i++) napi_delete_reference(env, job->refs[i]);
+  napi_delete_async_work(env, job->work);
+  free(job);
+  if (!have_cb) return;
+  napi_create_int32(env, err, &arg);
+  napi_get_undefined(env, &undef);
+  napi_call_function(env, undef, cb, 1, &arg, NULL);
+}
+
 /* ------------------------------------------------------------------ readFiles */
 
 /*
@@ -262,8 +302,7 @@ static napi_value ScanDir(napi_env env, napi_callback_info info) {
 enum { RF_ERR, RF_OFF, RF_LEN, RF_DEV, RF_INO, RF_MODE, RF_SIZE, RF_MSEC, RF_MNSEC, RF_CSEC, RF_CNSEC, RF_FIELDS };
 
 typedef struct {
-  napi_async_work work;
-  napi_ref refs[5]; /* paths, limits, out, meta, callback */
+  pool_job_t job; /* refs: paths, limits, out, meta, callback */
   char root[4096];
   const char *paths;
   size_t paths_len;
@@ -330,16 +369,7 @@ static void read_files_execute(napi_env env, void *data) {
 
 static void read_files_complete(napi_env env, napi_status status, void *data) {
   read_files_t *w = (read_files_t *)data;
-  napi_value cb, undef, arg;
-  int have_cb = napi_get_reference_value(env, w->refs[4], &cb) == napi_ok && cb != NULL;
-  for (int i = 0; i < 5; i++) napi_delete_reference(env, w->refs[i]);
-  napi_delete_async_work(env, w->work);
-  int err = status == napi_ok ? w->err : ECANCELED;
-  free(w);
-  if (!have_cb) return;
-  napi_create_int32(env, err, &arg);
-  napi_get_undefined(env, &undef);
-  napi_call_function(env, undef, cb, 1, &arg, NULL);
+  pool_finish(env, &w->job, status == napi_ok ? w->err : ECANCELED);
 }
 
 /* A typed array's memory and element count, of the given type; false with a TypeError thrown otherwise. */
@@ -398,16 +428,7 @@ static napi_value ReadFiles(napi_env env, napi_callback_info info) {
   w->out = out;
   w->meta = meta;
   const int keep[5] = {1, 3, 4, 5, 6};
-  for (int i = 0; i < 5; i++) napi_create_reference(env, argv[keep[i]], 1, &w->refs[i]);
-  napi_value name;
-  napi_create_string_utf8(env, "memsnap.readFiles", NAPI_AUTO_LENGTH, &name);
-  if (napi_create_async_work(env, NULL, name, read_files_execute, read_files_complete, w, &w->work) != napi_ok ||
-      napi_queue_async_work(env, w->work) != napi_ok) {
-    for (int i = 0; i < 5; i++) napi_delete_reference(env, w->refs[i]);
-    free(w);
-    napi_throw_error(env, NULL, "readFiles: could not queue the work");
-    return NULL;
-  }
+  pool_queue(env, &w->job, argv, keep, "memsnap.readFiles", read_files_execute, read_files_complete);
   return NULL;
 }
 
@@ -421,8 +442,7 @@ static napi_value ReadFiles(napi_env env, napi_callback_info info) {
  * way in batches, off the main thread (20,000 notes: ~0.4 s of open, write and close there).
  */
 typedef struct {
-  napi_async_work work;
-  napi_ref refs[5]; /* paths, data, offsets, results, callback */
+  pool_job_t job; /* refs: paths, data, offsets, results, callback */
   const char *paths;
   size_t paths_len;
   uint32_t count;
@@ -465,16 +485,7 @@ static void write_files_execute(napi_env env, void *data) {
 }
 
 static void write_files_complete(napi_env env, napi_status status, void *data) {
-  write_files_t *w = (write_files_t *)data;
-  napi_value cb, undef, arg;
-  int have_cb = napi_get_reference_value(env, w->refs[4], &cb) == napi_ok && cb != NULL;
-  for (int i = 0; i < 5; i++) napi_delete_reference(env, w->refs[i]);
-  napi_delete_async_work(env, w->work);
-  free(w);
-  if (!have_cb) return;
-  napi_create_int32(env, status == napi_ok ? 0 : ECANCELED, &arg);
-  napi_get_undefined(env, &undef);
-  napi_call_function(env, undef, cb, 1, &arg, NULL);
+  pool_finish(env, &((write_files_t *)data)->job, status == napi_ok ? 0 : ECANCELED);
 }
 
 static napi_value WriteFiles(napi_env env, napi_callback_info info) {
@@ -516,16 +527,7 @@ static napi_value WriteFiles(napi_env env, napi_callback_info info) {
   w->offsets = offsets;
   w->results = results;
   const int keep[5] = {0, 2, 3, 4, 5};
-  for (int i = 0; i < 5; i++) napi_create_reference(env, argv[keep[i]], 1, &w->refs[i]);
-  napi_value name;
-  napi_create_string_utf8(env, "memsnap.writeFiles", NAPI_AUTO_LENGTH, &name);
-  if (napi_create_async_work(env, NULL, name, write_files_execute, write_files_complete, w, &w->work) != napi_ok ||
-      napi_queue_async_work(env, w->work) != napi_ok) {
-    for (int i = 0; i < 5; i++) napi_delete_reference(env, w->refs[i]);
-    free(w);
-    napi_throw_error(env, NULL, "writeFiles: could not queue the work");
-    return NULL;
-  }
+  pool_queue(env, &w->job, argv, keep, "memsnap.writeFiles", write_files_execute, write_files_complete);
   return NULL;
 }
 
