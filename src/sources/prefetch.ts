@@ -39,7 +39,7 @@ interface Batch {
 export async function* readAhead(
   files: AsyncIterable<FoundFile>, root: string, limit: (f: FoundFile) => number | null,
 ): AsyncGenerator<{ f: FoundFile; pre: ReadAhead | null }> {
-  const native = nativeFs();
+  const native = Buffer.byteLength(root) < 4000 ? nativeFs() : null; // (the addon takes roots under 4 KiB)
   if (native === null) {
     for await (const f of files) yield { f, pre: null };
     return;

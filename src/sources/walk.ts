@@ -104,7 +104,8 @@ export function sourceError(e: unknown, path: string): MemsnapError {
     });
   }
   return new MemsnapError("MEMSNAP_SOURCE_UNREADABLE", `cannot read ${path}: ${(e as Error).message}`, {
-    path, cause: e, hint: "check the file's permissions",
+    path, cause: e,
+    hint: code === "ENAMETOOLONG" ? "the path is longer than the system allows (4 KiB); point the source at a folder nearer to it" : "check the file's permissions",
   });
 }
 
@@ -149,7 +150,8 @@ function errnoError(errno: number, path: string): NodeJS.ErrnoException {
 /** `dir` listed with the addon's scanDir (one call, entries lstat'ed relative to it) or with node:fs. */
 function listDir(dir: string): Listing {
   const native = nativeFs();
-  if (native !== null) {
+  // (the addon takes paths under 4 KiB; a longer one gets node:fs's own error, ENAMETOOLONG)
+  if (native !== null && Buffer.byteLength(dir) < 4000) {
     const [err, names, meta] = native.scanDir(dir);
     if (err !== 0) throw sourceError(errnoError(err, dir), dir);
     const F = SD.FIELDS;
