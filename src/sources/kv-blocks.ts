@@ -97,18 +97,24 @@ function errnoError(errno: number, path: string): NodeJS.ErrnoException {
   return e;
 }
 
+type ReadHash = NonNullable<NonNullable<ReturnType<typeof aeadAddon>>["readHash"]>;
+
 /**
  * Read the data files' tiles block by block, ahead of the consumer. The generator must be run
  * to its end or closed (`return()`): it waits for the reads in flight, then closes the files.
+ * A file is closed when the consumer takes its last block: the reads in flight may finish out
+ * of order on the thread pool, and closing when the last read finished closed the descriptor
+ * under an earlier block's read still queued (a snapshot failed now and then with EBADF).
+ * `hooks.readHash` replaces the addon's (tests, to reorder the reads).
  */
-export async function* readBlocks(files: readonly BlockFile[], signal?: AbortSignal): AsyncGenerator<ReadBlock> {
+export async function* readBlocks(files: readonly BlockFile[], signal?: AbortSignal, hooks: { readHash?: ReadHash } = {}): AsyncGenerator<ReadBlock> {
   const addon = aeadAddon();
-  const readHash = addon && typeof addon.readHash === "function" ? addon.readHash.bind(addon) : null;
+  const readHash = hooks.readHash ?? (addon && typeof addon.readHash === "function" ? addon.readHash.bind(addon) : null);
   const depth = readHash ? 2 : 1;
   const slots: Slot[] = [];
   let seq = 0;
   const handles = new Map<number, Promise<FileHandle>>();
-  const inflight: Promise<ReadBlock>[] = [];
+  const inflight: Promise<{ block: ReadBlock; last: boolean }>[] = [];
   const blocks = plan(files);
 
   const slotFor = (tiles: number, len: number): Slot => {
@@ -145,7 +151,7 @@ export async function* readBlocks(files: readonly BlockFile[], signal?: AbortSig
     await h?.then((fh) => fh.close()).catch(() => undefined);
   };
 
-  const read = async (b: Planned, s: Slot): Promise<ReadBlock> => {
+  const read = async (b: Planned, s: Slot): Promise<{ block: ReadBlock; last: boolean }> => {
     const f = files[b.file]!;
     const fh = await handle(b.file);
     const bytes = s.bytes.subarray(0, b.len);
@@ -167,8 +173,7 @@ export async function* readBlocks(files: readonly BlockFile[], signal?: AbortSig
       }
     }
     if (got < b.len) throw sourceChanged(f.abs, `it ends at ${b.start + got} bytes, shorter than its ${f.stats.size}`);
-    if (b.last) await close(b.file);
-    return { file: b.file, first: b.first, end: b.end, bytes, zero: readHash ? s.zero : null, digests: readHash ? s.digests : null };
+    return { block: { file: b.file, first: b.first, end: b.end, bytes, zero: readHash ? s.zero : null, digests: readHash ? s.digests : null }, last: b.last };
   };
 
   const fill = (): void => {
@@ -185,9 +190,10 @@ export async function* readBlocks(files: readonly BlockFile[], signal?: AbortSig
     fill();
     while (inflight.length) {
       signal?.throwIfAborted();
-      const b = await inflight.shift()!;
+      const { block, last } = await inflight.shift()!;
+      if (last) await close(block.file); // its earlier blocks were taken before it: no read of it is left
       fill();
-      yield b;
+      yield block;
     }
   } finally {
     // A read in flight still uses its file descriptor (and slot): let it finish before closing.

@@ -119,6 +119,39 @@ describe("readBlocks", () => {
     });
   }
 
+  it.runIf(addon?.readHash !== undefined)("a file's last block read before an earlier one: the file stays open until the consumer takes it", async () => {
+    // The thread pool may finish reads out of order. Here the first block's read starts only
+    // 50 ms after the second (the file's last) has finished; a reader that closed the file when
+    // its last read finished had closed it under the first (EBADF, seen now and then in snapshots).
+    const dir = tempDir();
+    const files = [dataFile(dir, "a.bin", Array.from({ length: 64 }, () => 65536)), dataFile(dir, "b.bin", [4096, 4096])];
+    const real = addon!.readHash!.bind(addon);
+    let calls = 0;
+    let first: (() => void) | null = null;
+    const readHash: Parameters<typeof readBlocks>[2]["readHash"] = (fd, pos, buf, lens, count, digests, zero, cb) => {
+      const k = calls++;
+      if (k === 0) {
+        first = () => real(fd, pos, buf, lens, count, digests, zero, cb);
+        return;
+      }
+      real(fd, pos, buf, lens, count, digests, zero, (errno, got) => {
+        cb(errno, got);
+        if (k === 1) setTimeout(() => first!(), 50);
+      });
+    };
+    const fds = openFds();
+    const seen: string[] = [];
+    for await (const b of readBlocks(files, undefined, { readHash })) {
+      const f = files[b.file]!;
+      const start = f.tiles.offset(b.first);
+      expect(b.bytes.equals(f.bytes.subarray(start, start + b.bytes.length))).toBe(true);
+      seen.push(`${b.file}:${b.first}-${b.end}`);
+    }
+    expect(seen).toEqual(["0:0-32", "0:32-64", "1:0-2"]);
+    expect(calls).toBe(3);
+    expect(openFds()).toBe(fds);
+  });
+
   it("a consumer that stops early: the reads in flight finish, then the files close", async () => {
     const dir = tempDir();
     const files = [dataFile(dir, "a.bin", Array.from({ length: 400 }, () => 65536))];
