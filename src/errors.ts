@@ -140,7 +140,8 @@ export function interruptedOr(e: unknown, signal: AbortSignal | undefined, messa
 
 /**
  * Turn a Node file-system error on an output path into a destination error, keeping
- * MemsnapErrors as they are. ENOSPC and EDQUOT become MEMSNAP_DEST_FULL.
+ * MemsnapErrors as they are. ENOSPC and EDQUOT become MEMSNAP_DEST_FULL; EFBIG (a file size
+ * limit, `ulimit -f`) says so in its hint.
  */
 export function destinationError(e: unknown, path: string): MemsnapError {
   if (e instanceof MemsnapError) return e;
@@ -148,6 +149,11 @@ export function destinationError(e: unknown, path: string): MemsnapError {
   if (errno === "ENOSPC" || errno === "EDQUOT") {
     return new MemsnapError("MEMSNAP_DEST_FULL", `no space left writing ${path}`, {
       path, cause: e, hint: "free space on the destination or choose another with --out/--store",
+    });
+  }
+  if (errno === "EFBIG") {
+    return new MemsnapError("MEMSNAP_DEST_UNWRITABLE", `cannot write ${path}: ${(e as Error)?.message ?? String(e)}`, {
+      path, cause: e, hint: "the file would be larger than this process may write (`ulimit -f`) or the file system allows: raise the limit or write elsewhere",
     });
   }
   return new MemsnapError("MEMSNAP_DEST_UNWRITABLE", `cannot write ${path}: ${(e as Error)?.message ?? String(e)}`, {

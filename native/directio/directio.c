@@ -84,7 +84,7 @@ static bool bytes_of(napi_env env, napi_value v, uint8_t **data, size_t *len) {
   void *p;
   if (napi_is_typedarray(env, v, &is_ta) != napi_ok || !is_ta ||
       napi_get_typedarray_info(env, v, &type, len, &p, &ab, &off) != napi_ok || type != napi_uint8_array) {
-    napi_throw_type_error(env, NULL, "copy: Uint8Arrays expected");
+    napi_throw_type_error(env, NULL, "Uint8Arrays expected");
     return false;
   }
   *data = p;
@@ -531,6 +531,179 @@ static napi_value WriteFiles(napi_env env, napi_callback_info info) {
   return NULL;
 }
 
+/* ------------------------------------------------------------------ background writer */
+
+/*
+ * A thread of its own that writes one buffer at a time, for the bundle sink: the sink blocks in
+ * Atomics.wait and never returns to its event loop, so it cannot use libuv's pool, and an
+ * O_DIRECT write returns only once the device has the bytes.
+ *
+ * writer() returns a handle; writerStart(h, fd, bytes, pos) writes all of `bytes` (a Uint8Array
+ * the caller leaves untouched until the wait) at file offset `pos` on the writer's thread,
+ * retrying short writes and EINTR; writerWait(h) blocks until it is done and returns
+ * [bytesWritten, errno] (errno 0: all written). One write at a time per handle, each waited for
+ * before the next starts (writerStart throws otherwise). The thread is
+ * started by the first writerStart and joined (after its write) when the handle is collected
+ * or its environment ends.
+ */
+#include <pthread.h>
+
+typedef struct {
+  pthread_t thread;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int started;
+  int state; /* 0 idle, 1 queued, 2 done */
+  int quit;
+  int fd;
+  const uint8_t *data;
+  size_t len;
+  off_t pos;
+  size_t done;
+  int err;
+} bg_writer_t;
+
+static void *bg_main(void *arg) {
+  bg_writer_t *w = (bg_writer_t *)arg;
+  pthread_mutex_lock(&w->mu);
+  for (;;) {
+    while (w->state != 1 && !w->quit) pthread_cond_wait(&w->cv, &w->mu);
+    if (w->state != 1) break;
+    pthread_mutex_unlock(&w->mu);
+    size_t done = 0;
+    int err = 0;
+    while (done < w->len) {
+      ssize_t n = pwrite(w->fd, w->data + done, w->len - done, w->pos + (off_t)done);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        err = errno;
+        break;
+      }
+      if (n == 0) {
+        err = EIO;
+        break;
+      }
+      done += (size_t)n;
+    }
+    pthread_mutex_lock(&w->mu);
+    w->done = done;
+    w->err = err;
+    w->state = 2;
+    pthread_cond_broadcast(&w->cv);
+  }
+  pthread_mutex_unlock(&w->mu);
+  return NULL;
+}
+
+static void bg_release(napi_env env, void *data, void *hint) {
+  (void)env;
+  (void)hint;
+  bg_writer_t *w = (bg_writer_t *)data;
+  if (w->started) {
+    pthread_mutex_lock(&w->mu);
+    w->quit = 1; /* the thread finishes a queued write first */
+    pthread_cond_broadcast(&w->cv);
+    pthread_mutex_unlock(&w->mu);
+    pthread_join(w->thread, NULL);
+  }
+  pthread_mutex_destroy(&w->mu);
+  pthread_cond_destroy(&w->cv);
+  free(w);
+}
+
+static napi_value Writer(napi_env env, napi_callback_info info) {
+  bg_writer_t *w = calloc(1, sizeof(bg_writer_t));
+  if (w == NULL) {
+    napi_throw_error(env, "ENOMEM", "writer: out of memory");
+    return NULL;
+  }
+  pthread_mutex_init(&w->mu, NULL);
+  pthread_cond_init(&w->cv, NULL);
+  napi_value h;
+  if (napi_create_external(env, w, bg_release, NULL, &h) != napi_ok) {
+    bg_release(env, w, NULL);
+    napi_throw_error(env, NULL, "writer: could not create the handle");
+    return NULL;
+  }
+  return h;
+}
+
+static bg_writer_t *writer_of(napi_env env, napi_value v) {
+  napi_valuetype t;
+  void *p = NULL;
+  if (napi_typeof(env, v, &t) != napi_ok || t != napi_external || napi_get_value_external(env, v, &p) != napi_ok || p == NULL) {
+    napi_throw_type_error(env, NULL, "a handle from writer() expected");
+    return NULL;
+  }
+  return (bg_writer_t *)p;
+}
+
+static napi_value WriterStart(napi_env env, napi_callback_info info) {
+  size_t argc = 4;
+  napi_value argv[4];
+  if (napi_get_cb_info(env, info, &argc, argv, NULL, NULL) != napi_ok || argc < 4) {
+    return fail(env, "writerStart(handle, fd, bytes, pos): four arguments expected");
+  }
+  bg_writer_t *w = writer_of(env, argv[0]);
+  if (w == NULL) return NULL;
+  int32_t fd = -1;
+  double pos = -1;
+  uint8_t *data;
+  size_t len;
+  if (napi_get_value_int32(env, argv[1], &fd) != napi_ok || fd < 0 ||
+      napi_get_value_double(env, argv[3], &pos) != napi_ok || !(pos >= 0) || pos > 9007199254740991.0) {
+    return fail(env, "writerStart: a descriptor and a non-negative offset expected");
+  }
+  if (!bytes_of(env, argv[2], &data, &len)) return NULL;
+  pthread_mutex_lock(&w->mu);
+  if (w->state != 0) {
+    pthread_mutex_unlock(&w->mu);
+    napi_throw_error(env, NULL, "writerStart: a write is already in flight (or not waited for)");
+    return NULL;
+  }
+  if (!w->started) {
+    if (pthread_create(&w->thread, NULL, bg_main, w) != 0) {
+      pthread_mutex_unlock(&w->mu);
+      napi_throw_error(env, NULL, "writerStart: could not start the writer thread");
+      return NULL;
+    }
+    w->started = 1;
+  }
+  w->fd = fd;
+  w->data = data;
+  w->len = len;
+  w->pos = (off_t)pos;
+  w->done = 0;
+  w->err = 0;
+  w->state = 1;
+  pthread_cond_broadcast(&w->cv);
+  pthread_mutex_unlock(&w->mu);
+  return NULL;
+}
+
+static napi_value WriterWait(napi_env env, napi_callback_info info) {
+  size_t argc = 1;
+  napi_value argv[1];
+  if (napi_get_cb_info(env, info, &argc, argv, NULL, NULL) != napi_ok || argc < 1) {
+    return fail(env, "writerWait(handle): one argument expected");
+  }
+  bg_writer_t *w = writer_of(env, argv[0]);
+  if (w == NULL) return NULL;
+  pthread_mutex_lock(&w->mu);
+  while (w->state == 1) pthread_cond_wait(&w->cv, &w->mu);
+  size_t done = w->state == 2 ? w->done : 0;
+  int err = w->state == 2 ? w->err : 0;
+  w->state = 0;
+  pthread_mutex_unlock(&w->mu);
+  napi_value result, v;
+  napi_create_array_with_length(env, 2, &result);
+  napi_create_double(env, (double)done, &v);
+  napi_set_element(env, result, 0, v);
+  napi_create_int32(env, err, &v);
+  napi_set_element(env, result, 1, v);
+  return result;
+}
+
 static napi_value Init(napi_env env, napi_value exports) {
   napi_value fn;
   if (napi_create_function(env, "copy", NAPI_AUTO_LENGTH, Copy, NULL, &fn) != napi_ok) return NULL;
@@ -543,6 +716,12 @@ static napi_value Init(napi_env env, napi_value exports) {
   if (napi_set_named_property(env, exports, "readFiles", fn) != napi_ok) return NULL;
   if (napi_create_function(env, "writeFiles", NAPI_AUTO_LENGTH, WriteFiles, NULL, &fn) != napi_ok) return NULL;
   if (napi_set_named_property(env, exports, "writeFiles", fn) != napi_ok) return NULL;
+  if (napi_create_function(env, "writer", NAPI_AUTO_LENGTH, Writer, NULL, &fn) != napi_ok) return NULL;
+  if (napi_set_named_property(env, exports, "writer", fn) != napi_ok) return NULL;
+  if (napi_create_function(env, "writerStart", NAPI_AUTO_LENGTH, WriterStart, NULL, &fn) != napi_ok) return NULL;
+  if (napi_set_named_property(env, exports, "writerStart", fn) != napi_ok) return NULL;
+  if (napi_create_function(env, "writerWait", NAPI_AUTO_LENGTH, WriterWait, NULL, &fn) != napi_ok) return NULL;
+  if (napi_set_named_property(env, exports, "writerWait", fn) != napi_ok) return NULL;
   return exports;
 }
 

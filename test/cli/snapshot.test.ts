@@ -19,6 +19,8 @@ import {
   expectCliError, expectJsonError, expectNothingLeft, expectOk, jsonOut, listBundles, listLeftovers, listTree,
   makeAgent, readBundle, recipientOf, runCli, startCli, tempDir,
 } from "../helpers/cli.js";
+import { directOk } from "../helpers/direct.js";
+import { directIoAddon } from "../../src/util/directio.js";
 
 const ULID = /^[0-9A-HJKMNP-TV-Z]{26}$/;
 const AGE_MAGIC = "age-encryption.org/v1\n";
@@ -461,6 +463,23 @@ describe("snapshot: destination failures leave nothing behind", () => {
       spawnSync("umount", [mnt]);
     }
     expectNothingLeft(a.dir);
+  });
+
+  it("a file size limit (ulimit -f) met mid-bundle is MEMSNAP_DEST_UNWRITABLE (EFBIG, with its hint), exit 8, with and without O_DIRECT", async () => {
+    // 6 MiB that does not compress: the sink's batches (written on native/directio's writer
+    // thread with O_DIRECT where the file system takes it) meet the 2 MiB limit.
+    const a = makeAgent({ files: { "noise.bin": randomBytes(6 * 1024 * 1024), "a.md": "a\n" } });
+    for (const direct of [undefined, "0"]) {
+      const r = await runCli(["snapshot", "-c", a.config, "--out", "b.memsnap"], { cwd: a.dir, fileSizeLimitKiB: 2048, env: { MEMSNAP_DIRECT_IO: direct } });
+      expectCliError(r, 8, "MEMSNAP_DEST_UNWRITABLE");
+      expect(r.stderr, `MEMSNAP_DIRECT_IO=${direct}`).toMatch(/EFBIG/);
+      // with O_DIRECT the error comes back from the writer thread (its own wording)
+      if (direct === undefined && directIoAddon() !== null && directOk(a.dir)) expect(r.stderr).toMatch(/EFBIG: write of the bundle failed/);
+      expect(r.stderr).toMatch(/hint: .*ulimit -f/);
+      expectNothingLeft(a.dir);
+    }
+    // the same snapshot without the limit
+    expectOk(await runCli(["snapshot", "-c", a.config, "--out", "b.memsnap"], { cwd: a.dir }));
   });
 
   it("--out naming an existing file is MEMSNAP_DEST_EXISTS, exit 8, and the file is untouched", async () => {

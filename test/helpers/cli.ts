@@ -51,6 +51,14 @@ export interface CliOptions {
   env?: Record<string, string | undefined>;
   input?: string | Buffer;
   timeoutMs?: number;
+  /** Run under `ulimit -f` (KiB): writes past it fail with EFBIG (node ignores SIGXFSZ). */
+  fileSizeLimitKiB?: number;
+}
+
+/** The command line that runs the CLI (through bash for a file size limit). */
+function cliCommand(args: string[], opts: CliOptions): [string, string[]] {
+  if (opts.fileSizeLimitKiB === undefined) return [process.execPath, [BIN, ...args]];
+  return ["bash", ["-c", `ulimit -f ${Math.floor(opts.fileSizeLimitKiB)} && exec "$@"`, "bash", process.execPath, BIN, ...args]];
 }
 
 /** The environment the CLI runs with: no inherited memsnap settings, a default store under the temp dir. */
@@ -69,7 +77,8 @@ function cliEnv(cwd: string, extra: Record<string, string | undefined> = {}): No
 /** Start the CLI; `done` resolves with its result (never rejects on a non-zero exit). */
 export function startCli(args: string[], opts: CliOptions = {}): { child: ChildProcess; done: Promise<CliResult> } {
   const cwd = opts.cwd ?? tempDir();
-  const child = spawn(process.execPath, [BIN, ...args], { cwd, env: cliEnv(cwd, opts.env), stdio: ["pipe", "pipe", "pipe"] });
+  const [cmd, argv] = cliCommand(args, opts);
+  const child = spawn(cmd, argv, { cwd, env: cliEnv(cwd, opts.env), stdio: ["pipe", "pipe", "pipe"] });
   const done = new Promise<CliResult>((resolve, reject) => {
     const out: Buffer[] = [];
     const err: Buffer[] = [];
@@ -98,7 +107,8 @@ export function runCli(args: string[], opts: CliOptions = {}): Promise<CliResult
 /** Run `memsnap …args` synchronously (same environment as {@link runCli}). */
 export function runCliSync(args: string[], opts: CliOptions = {}): CliResult {
   const cwd = opts.cwd ?? tempDir();
-  const r = spawnSync(process.execPath, [BIN, ...args], { cwd, env: cliEnv(cwd, opts.env), encoding: "utf8", input: opts.input ?? "", timeout: opts.timeoutMs ?? 60_000 });
+  const [cmd, argv] = cliCommand(args, opts);
+  const r = spawnSync(cmd, argv, { cwd, env: cliEnv(cwd, opts.env), encoding: "utf8", input: opts.input ?? "", timeout: opts.timeoutMs ?? 60_000 });
   return { code: r.status, signal: r.signal, stdout: r.stdout, stderr: r.stderr };
 }
 

@@ -71,6 +71,57 @@ describe.runIf(memoryAddon() !== null)("native/directio copy (memcpy into shared
   });
 });
 
+describe.runIf(memoryAddon() !== null)("native/directio writer (the bundle sink's background writes)", () => {
+  interface Writer {
+    writer(): object;
+    writerStart(h: object, fd: number, bytes: Uint8Array, pos: number): void;
+    writerWait(h: object): [number, number];
+  }
+  const addon = (): Writer => createRequire(import.meta.url)(memoryAddon()!) as Writer;
+
+  it("writes each buffer at its offset on its own thread; the wait returns the count, and the caller may go on meanwhile", () => {
+    const a = addon();
+    const dir = tempDir();
+    const path = join(dir, "out.bin");
+    const fd = openSync(path, "w+", 0o600);
+    try {
+      const h = a.writer();
+      const want = Buffer.alloc(3 * 65536 + 100);
+      for (let k = 0; k < 4; k++) {
+        const part = randomBytes(k === 3 ? 100 : 65536);
+        part.copy(want, k * 65536);
+        a.writerStart(h, fd, part, k * 65536);
+        expect(() => a.writerStart(h, fd, part, 0), "one write at a time").toThrow(/already in flight/);
+        expect(a.writerWait(h)).toEqual([part.length, 0]);
+      }
+      expect(a.writerWait(h), "nothing in flight: nothing to wait for").toEqual([0, 0]);
+      expect(readFileSync(path).equals(want)).toBe(true);
+    } finally {
+      closeSync(fd);
+    }
+  });
+
+  it("a failed write returns its errno and what was written (a read-only descriptor: EBADF); bad arguments throw", () => {
+    const a = addon();
+    const dir = tempDir();
+    const path = join(dir, "ro.bin");
+    writeFileSync(path, "x");
+    const fd = openSync(path, "r");
+    try {
+      const h = a.writer();
+      a.writerStart(h, fd, Buffer.alloc(10), 0);
+      expect(a.writerWait(h)).toEqual([0, 9]); // EBADF
+      expect(readFileSync(path, "utf8")).toBe("x");
+      expect(() => a.writerStart({}, fd, Buffer.alloc(1), 0)).toThrow(/handle from writer/);
+      expect(() => a.writerStart(h, -1, Buffer.alloc(1), 0)).toThrow(RangeError);
+      expect(() => a.writerStart(h, fd, Buffer.alloc(1), -5)).toThrow(RangeError);
+      expect(() => a.writerStart(h, fd, new Uint16Array(2) as unknown as Uint8Array, 0)).toThrow(/Uint8Arrays/);
+    } finally {
+      closeSync(fd);
+    }
+  });
+});
+
 describe.runIf(directIoAddon() !== null)("SequentialDirectWriter", () => {
   it("writes the same bytes, in any chunking, at any length; whole blocks with O_DIRECT", async () => {
     const dir = tempDir("memsnap-directio-");
