@@ -638,13 +638,19 @@ static bg_writer_t *writer_of(napi_env env, napi_value v) {
   return (bg_writer_t *)p;
 }
 
-static napi_value WriterStart(napi_env env, napi_callback_info info) {
-  size_t argc = 4;
-  napi_value argv[4];
-  if (napi_get_cb_info(env, info, &argc, argv, NULL, NULL) != napi_ok || argc < 4) {
-    return fail(env, "writerStart(handle, fd, bytes, pos): four arguments expected");
+/* The `want` arguments of a writer call, the first its handle; NULL (with an error thrown) otherwise. */
+static bg_writer_t *writer_args(napi_env env, napi_callback_info info, size_t want, napi_value *argv, const char *usage) {
+  size_t argc = want;
+  if (napi_get_cb_info(env, info, &argc, argv, NULL, NULL) != napi_ok || argc < want) {
+    fail(env, usage);
+    return NULL;
   }
-  bg_writer_t *w = writer_of(env, argv[0]);
+  return writer_of(env, argv[0]);
+}
+
+static napi_value WriterStart(napi_env env, napi_callback_info info) {
+  napi_value argv[4];
+  bg_writer_t *w = writer_args(env, info, 4, argv, "writerStart(handle, fd, bytes, pos): four arguments expected");
   if (w == NULL) return NULL;
   int32_t fd = -1;
   double pos = -1;
@@ -682,12 +688,8 @@ static napi_value WriterStart(napi_env env, napi_callback_info info) {
 }
 
 static napi_value WriterWait(napi_env env, napi_callback_info info) {
-  size_t argc = 1;
   napi_value argv[1];
-  if (napi_get_cb_info(env, info, &argc, argv, NULL, NULL) != napi_ok || argc < 1) {
-    return fail(env, "writerWait(handle): one argument expected");
-  }
-  bg_writer_t *w = writer_of(env, argv[0]);
+  bg_writer_t *w = writer_args(env, info, 1, argv, "writerWait(handle): one argument expected");
   if (w == NULL) return NULL;
   pthread_mutex_lock(&w->mu);
   while (w->state == 1) pthread_cond_wait(&w->cv, &w->mu);
@@ -705,23 +707,17 @@ static napi_value WriterWait(napi_env env, napi_callback_info info) {
 }
 
 static napi_value Init(napi_env env, napi_value exports) {
-  napi_value fn;
-  if (napi_create_function(env, "copy", NAPI_AUTO_LENGTH, Copy, NULL, &fn) != napi_ok) return NULL;
-  if (napi_set_named_property(env, exports, "copy", fn) != napi_ok) return NULL;
-  if (napi_create_function(env, "alignedBuffer", NAPI_AUTO_LENGTH, AlignedBuffer, NULL, &fn) != napi_ok) return NULL;
-  if (napi_set_named_property(env, exports, "alignedBuffer", fn) != napi_ok) return NULL;
-  if (napi_create_function(env, "scanDir", NAPI_AUTO_LENGTH, ScanDir, NULL, &fn) != napi_ok) return NULL;
-  if (napi_set_named_property(env, exports, "scanDir", fn) != napi_ok) return NULL;
-  if (napi_create_function(env, "readFiles", NAPI_AUTO_LENGTH, ReadFiles, NULL, &fn) != napi_ok) return NULL;
-  if (napi_set_named_property(env, exports, "readFiles", fn) != napi_ok) return NULL;
-  if (napi_create_function(env, "writeFiles", NAPI_AUTO_LENGTH, WriteFiles, NULL, &fn) != napi_ok) return NULL;
-  if (napi_set_named_property(env, exports, "writeFiles", fn) != napi_ok) return NULL;
-  if (napi_create_function(env, "writer", NAPI_AUTO_LENGTH, Writer, NULL, &fn) != napi_ok) return NULL;
-  if (napi_set_named_property(env, exports, "writer", fn) != napi_ok) return NULL;
-  if (napi_create_function(env, "writerStart", NAPI_AUTO_LENGTH, WriterStart, NULL, &fn) != napi_ok) return NULL;
-  if (napi_set_named_property(env, exports, "writerStart", fn) != napi_ok) return NULL;
-  if (napi_create_function(env, "writerWait", NAPI_AUTO_LENGTH, WriterWait, NULL, &fn) != napi_ok) return NULL;
-  if (napi_set_named_property(env, exports, "writerWait", fn) != napi_ok) return NULL;
+  napi_property_descriptor props[] = {
+      {"copy", NULL, Copy, NULL, NULL, NULL, napi_enumerable, NULL},
+      {"alignedBuffer", NULL, AlignedBuffer, NULL, NULL, NULL, napi_enumerable, NULL},
+      {"scanDir", NULL, ScanDir, NULL, NULL, NULL, napi_enumerable, NULL},
+      {"readFiles", NULL, ReadFiles, NULL, NULL, NULL, napi_enumerable, NULL},
+      {"writeFiles", NULL, WriteFiles, NULL, NULL, NULL, napi_enumerable, NULL},
+      {"writer", NULL, Writer, NULL, NULL, NULL, napi_enumerable, NULL},
+      {"writerStart", NULL, WriterStart, NULL, NULL, NULL, napi_enumerable, NULL},
+      {"writerWait", NULL, WriterWait, NULL, NULL, NULL, napi_enumerable, NULL},
+  };
+  if (napi_define_properties(env, exports, sizeof props / sizeof props[0], props) != napi_ok) return NULL;
   return exports;
 }
 
