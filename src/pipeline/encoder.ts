@@ -46,12 +46,13 @@
  * and stops too, and the caller aborts the bundle. {@link PayloadEncoder.destroy} terminates
  * both threads and resolves once they are gone, so the caller may close the file after.
  */
+import { closeSync, constants, openSync, readSync } from "node:fs";
 import { Worker } from "node:worker_threads";
 import { createRequire } from "node:module";
 import { MemsnapError, destinationError } from "../errors.js";
 import type { PayloadWritten } from "../format/container.js";
 import { AEAD_LOAD_SOURCE, aeadAddonPath } from "../util/aead.js";
-import { directIoAddon, memoryAddon } from "../util/directio.js";
+import { DIRECT_ALIGN, directIoAddon, memoryAddon } from "../util/directio.js";
 import { WORKER_MINOR_GC_JS } from "../util/gc.js";
 import { AGE_CHUNK, AGE_TAG, type AgeStreamParams } from "./age.js";
 
@@ -351,13 +352,15 @@ const now = () => Number(process.hrtime.bigint()) / 1e6;
 const T = { seal: 0, write: 0, busy: 0 };
 
 // -- output: SHA-256 of the stored bytes, the first 64 of them, batched positional writes.
-// wbuf holds the file's bytes [base, base + wlen). With direct I/O (wd.directAddon: Linux, the
-// native/directio addon built), wbuf is page-aligned memory and base starts at the 4 KiB
-// block holding the payload's first byte (the bytes of that block before it, the bundle's tar
-// header, are read back once), so whole blocks go out with O_DIRECT through a second
-// descriptor of the file, bypassing the page cache; the last partial block is written through
-// wd.fd. A file system or device that refuses O_DIRECT (EINVAL: tmpfs, an alignment it does not
-// take) turns it off for the rest of the bundle, and the same bytes go through wd.fd.
+// wbuf holds the file's bytes [base, base + wlen). With direct I/O (wd.dfd: the main thread
+// opened the file again with O_DIRECT, Linux with native/directio built), wbuf is page-aligned
+// memory and base starts at the 4 KiB block holding the payload's first byte (the bytes of
+// that block before it, the bundle's tar header, come read back in wd.lead), so whole blocks
+// go out with O_DIRECT through wd.dfd, bypassing the page cache; the last partial block is
+// written through wd.fd. A file system or device that refuses O_DIRECT (EINVAL: an alignment
+// it does not take) turns it off for the rest of the bundle, and the same bytes go through
+// wd.fd. Both descriptors belong to the main thread, which closes wd.dfd once this thread has
+// exited (and the writer thread below with it), however it ended.
 const hash = crypto.createHash("sha256");
 let stored = 0;
 let head = Buffer.alloc(0);
@@ -375,37 +378,30 @@ let directBytes = 0; // written with O_DIRECT
 // machine; the payload worker then waited for ring slots). pend: the write in flight
 // ({ buf, n, at }), waited for before its buffer is filled again.
 let DIO = null, W = null, spare = null, pend = null;
-if (wd.directAddon) {
+if (wd.dfd >= 0 && wd.directAddon) {
   try {
     DIO = require(wd.directAddon);
     // MEMSNAP_DIRECT_IO=misaligned (tests): memory one byte off, which O_DIRECT refuses (EINVAL).
     const aligned = () => Buffer.from(DIO.alignedBuffer(CAP + 1, ALIGN), process.env.MEMSNAP_DIRECT_IO === "misaligned" ? 1 : 0, CAP);
-    wbuf = aligned();
-    const lead = wd.start % ALIGN;
-    const rfd = fs.openSync("/proc/self/fd/" + wd.fd, "r");
-    try {
-      if (fs.readSync(rfd, wbuf, 0, lead, wd.start - lead) === lead) {
-        dfd = fs.openSync("/proc/self/fd/" + wd.fd, fs.constants.O_WRONLY | fs.constants.O_DIRECT);
-        base = wd.start - lead;
-        wlen = lead;
-      }
-    } finally {
-      fs.closeSync(rfd);
-    }
-    if (dfd >= 0 && typeof DIO.writer === "function") {
+    const first = aligned();
+    const lead = Buffer.from(wd.lead);
+    lead.copy(first, 0);
+    if (typeof DIO.writer === "function") {
       spare = aligned();
       W = DIO.writer();
     }
+    wbuf = first;
+    dfd = wd.dfd;
+    base = wd.start - lead.length;
+    wlen = lead.length;
   } catch {
-    if (dfd >= 0) try { fs.closeSync(dfd); } catch {}
-    dfd = -1; // no /proc, no O_DIRECT here: buffered writes
+    wbuf = null; // built for another ABI: buffered writes
     W = null;
   }
 }
 if (wbuf === null) wbuf = Buffer.allocUnsafeSlow(CAP);
+/** Direct I/O off for the rest of the bundle (the descriptor is the main thread's to close). */
 function stopDirect() {
-  if (dfd < 0) return;
-  try { fs.closeSync(dfd); } catch {}
   dfd = -1;
 }
 function writeAt(buf, off, len, at) {
@@ -578,12 +574,18 @@ try {
     T.busy += now() - t0;
   }
 } catch (e) {
-  if (pend !== null) try { DIO.writerWait(W); } catch {} // the writer thread is done with the descriptor
-  pend = null;
-  stopDirect();
+  settleWrites();
   parentPort.postMessage({ t: "err", kind: typeof e.code === "string" && e.syscall ? "io" : "internal", code: e.code, msg: String(e.message) });
   Atomics.store(ctl, 2, 1);
   Atomics.notify(ctl, 1);
+} finally {
+  settleWrites(); // also when told to stop (ctl[2]) mid-stream
+}
+/** Let the write in flight finish (its error is moot now) and close the direct descriptor. */
+function settleWrites() {
+  if (pend !== null) try { DIO.writerWait(W); } catch {}
+  pend = null;
+  stopDirect();
 }
 `;
 
@@ -670,6 +672,27 @@ export class PayloadEncoder {
     this.#ctl = new Int32Array(ctl);
     const shared = { ring, ctl, slots: W_SLOTS, wBatch: W_BATCH, fd: opts.fd, start: opts.start, memAddon: memoryAddon(), aeadAddon: aeadAddonPath() };
     const direct = opts.directIo === false ? null : directIoAddon();
+    // The O_DIRECT descriptor and the head of its first block are opened and read here, and the
+    // descriptor is closed here once both threads have exited: a sink terminated mid-stream
+    // (destroy) never leaves it open.
+    let dfd = -1;
+    let lead: Uint8Array = new Uint8Array(0);
+    if (direct !== null) {
+      try {
+        const n = opts.start % DIRECT_ALIGN;
+        const b = Buffer.alloc(n);
+        const rfd = openSync(`/proc/self/fd/${opts.fd}`, "r");
+        try {
+          if (n > 0 && readSync(rfd, b, 0, n, opts.start - n) !== n) throw new Error("the bundle's head is short");
+        } finally {
+          closeSync(rfd);
+        }
+        dfd = openSync(`/proc/self/fd/${opts.fd}`, constants.O_WRONLY | constants.O_DIRECT);
+        lead = Uint8Array.from(b);
+      } catch {
+        dfd = -1; // no /proc, or no O_DIRECT on this file system: buffered writes
+      }
+    }
     this.#sink = new Worker(SINK_SOURCE, {
       eval: true,
       execArgv: [],
@@ -678,7 +701,7 @@ export class PayloadEncoder {
         ...shared, ageChunk: AGE_CHUNK, ageTag: AGE_TAG,
         ageKey: opts.age ? Uint8Array.from(opts.age.key) : null,
         agePreamble: opts.age ? Uint8Array.from(opts.age.preamble) : null,
-        directAddon: direct,
+        directAddon: dfd >= 0 ? direct : null, dfd, lead,
       },
     });
     this.#worker = new Worker(WORKER_SOURCE, {
@@ -692,7 +715,9 @@ export class PayloadEncoder {
         directMin: IN_BUF / 4,
       },
     });
-    this.#exited = Promise.all([this.#worker, this.#sink].map((w) => new Promise<void>((res) => w.once("exit", () => res())))).then(() => undefined);
+    this.#exited = Promise.all([this.#worker, this.#sink].map((w) => new Promise<void>((res) => w.once("exit", () => res())))).then(() => {
+      if (dfd >= 0) closeSync(dfd);
+    });
     for (const [w, what] of [[this.#worker, "payload worker"], [this.#sink, "payload writer"]] as const) {
       w.on("message", (m: Msg) => this.#onMessage(m));
       w.on("error", (e: Error) => this.#fail(new MemsnapError("MEMSNAP_INTERNAL", `${what} failed: ${e.message}`, { cause: e })));

@@ -5,7 +5,7 @@
  */
 import { spawnSync } from "node:child_process";
 import { createHash } from "node:crypto";
-import { openSync, closeSync, readFileSync, writeFileSync, writeSync } from "node:fs";
+import { openSync, closeSync, readdirSync, readFileSync, readlinkSync, writeFileSync, writeSync } from "node:fs";
 import { mkdtemp, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -173,6 +173,35 @@ describe.skipIf(!zstdCli && !ci)("PayloadEncoder: direct I/O", () => {
     expect(flags.length).toBeGreaterThan(1);
     expect(flags.some((f) => f)).toBe(false);
   }, 120_000);
+
+  it("an encoder destroyed mid-stream leaves no descriptor of its file open (the O_DIRECT one included)", async () => {
+    const dir = await mkdtemp(join(tmpdir(), "memsnap-direct-"));
+    dirs.push(dir);
+    const open = (): string[] => readdirSync("/proc/self/fd").flatMap((f) => {
+      try {
+        const t = readlinkSync(`/proc/self/fd/${f}`);
+        return t.startsWith(dir) ? [t] : [];
+      } catch {
+        return [];
+      }
+    });
+    const input = seededText(6 * 1024 * 1024, 4);
+    for (let i = 0; i < 6; i++) {
+      const path = join(dir, `cut-${i}.bin`);
+      const fd = openSync(path, "wx", 0o600);
+      writeSync(fd, Buffer.alloc(700, 1), 0, 700, 0);
+      const enc = new PayloadEncoder({ fd, start: 700, path, level: 1, age: null });
+      // stop at a different point each time: before, while and after the sink writes
+      for (let off = 0; off < (i + 1) * 1024 * 1024; off += 256 * 1024) {
+        const w = enc.write(input.subarray(off, off + 256 * 1024));
+        if (w) await w;
+      }
+      if (i === 5) expect(open().length, "the file and, with direct I/O, its O_DIRECT descriptor").toBeGreaterThanOrEqual(1);
+      await enc.destroy();
+      closeSync(fd);
+      expect(open(), `destroyed after ${i + 1} MiB`).toEqual([]);
+    }
+  }, 60_000);
 
   it("O_DIRECT refused mid-stream (EINVAL): the rest goes through the page cache, and the file is the same", async () => {
     const dir = await mkdtemp(join(tmpdir(), "memsnap-direct-"));
