@@ -581,7 +581,7 @@ try {
 } finally {
   settleWrites(); // also when told to stop (ctl[2]) mid-stream
 }
-/** Let the write in flight finish (its error is moot now) and close the direct descriptor. */
+/** Let the write in flight finish (its error is moot now); direct I/O off. */
 function settleWrites() {
   if (pend !== null) try { DIO.writerWait(W); } catch {}
   pend = null;
@@ -693,28 +693,39 @@ export class PayloadEncoder {
         dfd = -1; // no /proc, or no O_DIRECT on this file system: buffered writes
       }
     }
-    this.#sink = new Worker(SINK_SOURCE, {
-      eval: true,
-      execArgv: [],
-      resourceLimits: { maxYoungGenerationSizeMb: 4 },
-      workerData: {
-        ...shared, ageChunk: AGE_CHUNK, ageTag: AGE_TAG,
-        ageKey: opts.age ? Uint8Array.from(opts.age.key) : null,
-        agePreamble: opts.age ? Uint8Array.from(opts.age.preamble) : null,
-        directAddon: dfd >= 0 ? direct : null, dfd, lead,
-      },
-    });
-    this.#worker = new Worker(WORKER_SOURCE, {
-      eval: true,
-      execArgv: [],
-      // The worker's JS only moves buffers: a small young generation keeps its heap small.
-      resourceLimits: { maxYoungGenerationSizeMb: 4 },
-      workerData: {
-        ...shared, bindingPath: bindingPath(), level: opts.level, threads: opts.threads ?? 0,
-        segBytes: SEG_BYTES, parallel: (opts.threads ?? 0) > 0, peerSource: PEER_SOURCE, checksum: this.#checksum,
-        directMin: IN_BUF / 4,
-      },
-    });
+    let sink: Worker | null = null;
+    try {
+      this.#sink = sink = new Worker(SINK_SOURCE, {
+        eval: true,
+        execArgv: [],
+        resourceLimits: { maxYoungGenerationSizeMb: 4 },
+        workerData: {
+          ...shared, ageChunk: AGE_CHUNK, ageTag: AGE_TAG,
+          ageKey: opts.age ? Uint8Array.from(opts.age.key) : null,
+          agePreamble: opts.age ? Uint8Array.from(opts.age.preamble) : null,
+          directAddon: dfd >= 0 ? direct : null, dfd, lead,
+        },
+      });
+      this.#worker = new Worker(WORKER_SOURCE, {
+        eval: true,
+        execArgv: [],
+        // The worker's JS only moves buffers: a small young generation keeps its heap small.
+        resourceLimits: { maxYoungGenerationSizeMb: 4 },
+        workerData: {
+          ...shared, bindingPath: bindingPath(), level: opts.level, threads: opts.threads ?? 0,
+          segBytes: SEG_BYTES, parallel: (opts.threads ?? 0) > 0, peerSource: PEER_SOURCE, checksum: this.#checksum,
+          directMin: IN_BUF / 4,
+        },
+      });
+    } catch (e) {
+      // The descriptor is closed once no thread can write through it.
+      const close = (): void => {
+        if (dfd >= 0) closeSync(dfd);
+      };
+      if (sink === null) close();
+      else void sink.terminate().finally(close);
+      throw e;
+    }
     this.#exited = Promise.all([this.#worker, this.#sink].map((w) => new Promise<void>((res) => w.once("exit", () => res())))).then(() => {
       if (dfd >= 0) closeSync(dfd);
     });
