@@ -147,8 +147,9 @@ export function destinationError(e: unknown, path: string): MemsnapError {
   if (e instanceof MemsnapError) return e;
   const errno = (e as NodeJS.ErrnoException | undefined)?.code;
   if (errno === "ENOSPC" || errno === "EDQUOT") {
-    return new MemsnapError("MEMSNAP_DEST_FULL", `no space left writing ${path}`, {
-      path, cause: e, hint: "free space on the destination or choose another with --out/--store",
+    // One hint for every command that writes: a snapshot's bundle, a restore's tree (--to or in place).
+    return new MemsnapError("MEMSNAP_DEST_FULL", `${errno === "EDQUOT" ? "disk quota exceeded" : "no space left"} writing ${path}`, {
+      path, cause: e, hint: "free space on that file system (or raise the quota), or write elsewhere: snapshot --out/--store, restore --to",
     });
   }
   if (errno === "EFBIG") {

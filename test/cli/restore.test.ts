@@ -421,6 +421,7 @@ describe("restore into a destination that fills up", () => {
       const r = await runCli(["restore", "b.memsnap", "--to", "tiny/out"], { cwd: a.dir });
       expectCliError(r, 8, "MEMSNAP_DEST_FULL");
       expect(r.stderr).toContain(mnt);
+      expect(r.stderr).toMatch(/hint: free space .*restore --to/);
       expect(listTree(mnt)).toEqual([]);
     } finally {
       spawnSync("umount", [mnt]);

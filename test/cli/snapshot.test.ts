@@ -454,6 +454,7 @@ describe("snapshot: destination failures leave nothing behind", () => {
     try {
       const r = await runCli(["snapshot", "-c", a.config, "--out", "tiny/b.memsnap"], { cwd: a.dir });
       expectCliError(r, 8, "MEMSNAP_DEST_FULL");
+      expect(r.stderr).toMatch(/hint: free space .*snapshot --out\/--store/);
       expect(readdirSync(mnt)).toEqual([]);
       const rs = await runCli(["--json", "snapshot", "-c", a.config, "--store", "tiny/store"], { cwd: a.dir });
       expectJsonError(rs, 8, "MEMSNAP_DEST_FULL");
