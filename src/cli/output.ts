@@ -19,8 +19,9 @@ export function fmtBytes(n: number): string {
   return `${v.toFixed(v < 10 ? 2 : 1)} ${units[i]}`;
 }
 
+/** Throughput in the unit that suits it ("385.5 MB/s", "13.6 kB/s": a small agent's restore is not "0.0 MB/s"). */
 export function fmtRate(bytes: number, ms: number): string {
-  return ms > 0 ? `${(bytes / 1e6 / (ms / 1000)).toFixed(1)} MB/s` : "-";
+  return ms > 0 ? `${fmtBytes(Math.round(bytes / (ms / 1000)))}/s` : "-";
 }
 
 /** Print a JSON result object on stdout. */
