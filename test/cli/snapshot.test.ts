@@ -165,6 +165,27 @@ describe("keygen", () => {
     const rj = await runCli(["--json", "keygen", "-o", "key.txt"], { cwd: d });
     expectJsonError(rj, 8, "MEMSNAP_DEST_EXISTS");
   });
+
+  it("creates missing parent directories, private (0700): keygen -o ~/.config/memsnap/key on a new machine", async () => {
+    const d = tempDir();
+    const r = await runCli(["keygen", "-o", "home/.config/memsnap/age.key"], { cwd: d });
+    expectOk(r);
+    expect(statSync(join(d, "home/.config/memsnap/age.key")).mode & 0o777).toBe(0o600);
+    for (const dir of ["home", "home/.config", "home/.config/memsnap"]) expect(statSync(join(d, dir)).mode & 0o777, dir).toBe(0o700);
+    expect(recipientOf(join(d, "home/.config/memsnap/age.key"))).toBe(r.stdout.trim());
+    expectOk(await runCli(["keygen", "--sign", "-o", "sig/sign.key"], { cwd: d }));
+    expect(statSync(join(d, "sig/sign.key")).mode & 0o777).toBe(0o600);
+    expect(readFileSync(join(d, "sig/sign.key.pub"), "utf8")).toMatch(/^memsnap-ed25519:/);
+  });
+
+  it("--sign where FILE.pub exists writes neither file", async () => {
+    const d = tempDir();
+    writeFileSync(join(d, "sign.key.pub"), "someone else's\n");
+    const r = await runCli(["keygen", "--sign", "-o", "sign.key"], { cwd: d });
+    expectCliError(r, 8, "MEMSNAP_DEST_EXISTS");
+    expect(listTree(d)).toEqual(["sign.key.pub"]);
+    expect(readFileSync(join(d, "sign.key.pub"), "utf8")).toBe("someone else's\n");
+  });
 });
 
 describe("snapshot: encrypted", () => {

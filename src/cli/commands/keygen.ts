@@ -1,5 +1,6 @@
 import type { Command } from "commander";
-import { open } from "node:fs/promises";
+import { mkdir, open, unlink } from "node:fs/promises";
+import { dirname } from "node:path";
 import { generateIdentity, generateSigningKey, identityFileText, keyId, MemsnapError } from "../../index.js";
 import { printJson } from "../output.js";
 import type { GlobalOpts } from "../common.js";
@@ -19,7 +20,11 @@ Examples:
       if (o.sign) {
         const { privatePem, publicKey } = generateSigningKey();
         await writeNew(o.out, privatePem, 0o600);
-        await writeNew(`${o.out}.pub`, `${publicKey}\n`, 0o644);
+        // Both files or neither: a private key without its .pub (say FILE.pub existed) is removed.
+        await writeNew(`${o.out}.pub`, `${publicKey}\n`, 0o644).catch(async (e: unknown) => {
+          await unlink(o.out).catch(() => undefined);
+          throw e;
+        });
         if (global().json) printJson({ ok: true, path: o.out, public_key: publicKey, key_id: keyId(publicKey) });
         else {
           process.stderr.write(`memsnap: wrote signing key to ${o.out} and public key to ${o.out}.pub\n`);
@@ -37,15 +42,19 @@ Examples:
     });
 }
 
-/** Create a key file that must not exist yet, durably. */
+/**
+ * Create a key file that must not exist yet, durably. Missing parent directories are created
+ * private (0700), as `keygen -o ~/.config/memsnap/key.txt` on a new machine needs.
+ */
 async function writeNew(path: string, text: string, mode: number): Promise<void> {
   let fh;
   try {
+    await mkdir(dirname(path), { recursive: true, mode: 0o700 });
     fh = await open(path, "wx", mode);
   } catch (e) {
     const code = (e as NodeJS.ErrnoException).code;
     throw new MemsnapError(code === "EEXIST" ? "MEMSNAP_DEST_EXISTS" : "MEMSNAP_DEST_UNWRITABLE", `cannot create ${path}: ${(e as Error).message}`, {
-      path, hint: code === "EEXIST" ? "keygen never overwrites a key; choose another path" : "check the directory",
+      path, hint: code === "EEXIST" ? "keygen never overwrites a key; choose another path" : "check that the directory can be created and written",
     });
   }
   try {
