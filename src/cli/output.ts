@@ -1,5 +1,6 @@
 /** Everything the CLI prints: results, errors with hints, and TTY progress. The library never prints. */
 import { ERROR_CODES, MemsnapError } from "../errors.js";
+import { listSome, summarizeRedaction } from "../redact/report.js";
 import { EXIT_CODES } from "./exit-codes.js";
 
 export interface OutputOptions {
@@ -22,6 +23,16 @@ export function fmtBytes(n: number): string {
 /** Throughput in the unit that suits it ("385.5 MB/s", "13.6 kB/s": a small agent's restore is not "0.0 MB/s"). */
 export function fmtRate(bytes: number, ms: number): string {
   return ms > 0 ? `${fmtBytes(Math.round(bytes / (ms / 1000)))}/s` : "-";
+}
+
+/** `default: 2 values redacted in a/x, b/y (rule, rule); 1 found and kept` */
+export function redactionLine(report: Record<string, unknown>): string {
+  const policy = typeof report.policy === "string" ? report.policy : "-";
+  if (policy === "off") return "off (not scanned)";
+  const s = summarizeRedaction(report);
+  const kept = s.unredacted ? `; ${s.unredacted} found and kept as is (not rewritable: git history, content-addressed data)` : "";
+  if (!s.total) return `${policy}: nothing redacted${kept}`;
+  return `${policy}: ${s.total} value${s.total === 1 ? "" : "s"} replaced by [REDACTED:<rule>] in ${listSome(s.artifacts)} (${s.rules.join(", ")})${kept}`;
 }
 
 /** Print a JSON result object on stdout. */

@@ -49,6 +49,7 @@ describe("snapshot: plaintext", () => {
     expect(r.stdout).toMatch(/^snapshot [0-9A-Z]{26}\n/);
     expect(r.stdout).toContain("path     snap.memsnap");
     expect(r.stdout).toContain("not encrypted");
+    expect(r.stdout).not.toContain("secrets"); // nothing found: no line
     const b = join(a.dir, "snap.memsnap");
     expect(statSync(b).mode & 0o777).toBe(0o600);
     const { member, head, manifest } = peek(b);
@@ -329,6 +330,10 @@ describe("snapshot: source failures leave nothing behind", () => {
     const plain = spawnSync("zstd", ["-dc"], { input: tarText }).stdout as Buffer;
     expect(plain.includes(token)).toBe(false);
     expect(plain.includes("alpha\n")).toBe(true);
+    // The CLI's summary says what was redacted, and where.
+    const cli = await runCli(["snapshot", "-c", a.config, "-o", "c.memsnap"], { cwd: a.dir });
+    expectOk(cli);
+    expect(cli.stdout).toMatch(/\n {2}secrets {2}default: 1 value replaced by \[REDACTED:<rule>\] in memory\/b\.md \(\S+\)\n/);
   });
 
   it("a state file that is not JSON is MEMSNAP_SOURCE_INVALID, exit 6", async () => {

@@ -1,6 +1,6 @@
 import type { Command } from "commander";
-import { basesOf, checkSeal, listSome, MANIFEST_INDEX_MAX, parseManifest, readLayout, referencedIn, summarizeRedaction } from "../../index.js";
-import { fmtBytes, printJson } from "../output.js";
+import { basesOf, checkSeal, MANIFEST_INDEX_MAX, parseManifest, readLayout, referencedIn } from "../../index.js";
+import { fmtBytes, printJson, redactionLine } from "../output.js";
 import { bundleArg, defaultStore, type GlobalOpts } from "../common.js";
 
 export function registerInspect(program: Command, global: () => GlobalOpts): void {
@@ -51,14 +51,4 @@ Examples:
       }
       process.stdout.write(lines.join("\n") + "\n");
     });
-}
-
-/** `default: 2 values redacted in a/x, b/y (rule, rule); 1 found and kept` */
-function redactionLine(report: Record<string, unknown>): string {
-  const policy = typeof report.policy === "string" ? report.policy : "-";
-  if (policy === "off") return "off (not scanned)";
-  const s = summarizeRedaction(report);
-  const kept = s.unredacted ? `; ${s.unredacted} found and kept as is (not rewritable: git history, content-addressed data)` : "";
-  if (!s.total) return `${policy}: nothing redacted${kept}`;
-  return `${policy}: ${s.total} value${s.total === 1 ? "" : "s"} replaced by [REDACTED:<rule>] in ${listSome(s.artifacts)} (${s.rules.join(", ")})${kept}`;
 }

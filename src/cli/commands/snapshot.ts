@@ -1,6 +1,6 @@
 import type { Command } from "commander";
 import { loadConfig, loadPassphrase, loadRecipients, loadSigningKey, parseDuration, resolveStore, snapshot } from "../../index.js";
-import { fmtBytes, fmtRate, printJson, Progress } from "../output.js";
+import { fmtBytes, fmtRate, printJson, Progress, redactionLine } from "../output.js";
 import { collect, errorJson, hook, type GlobalOpts, withAbort } from "../common.js";
 
 interface SnapshotOpts {
@@ -131,6 +131,10 @@ Examples:
           ? `  refs     ${r.incremental.referenced
             ? `${r.incremental.referenced} unchanged artifact(s), ${fmtBytes(r.incremental.referencedBytes)}, referenced in ${r.incremental.bases.join(", ")}`
             : `none: ${r.incremental.reason ?? "nothing was unchanged"} (a full snapshot; the next --incremental one builds on it)`}\n`
+          : "") +
+        // What redaction found, when it found anything (inspect shows it for any bundle).
+        (m.redaction.policy !== "off" && (Number(m.redaction.total_redacted) > 0 || Number(m.redaction.total_unredacted) > 0)
+          ? `  secrets  ${redactionLine(m.redaction)}\n`
           : "") +
         (partial.size
           ? `  partial  ${partial.size} last line(s) still being written left out (${fmtBytes([...partial.values()].reduce((a, b) => a + b, 0))}): ${[...partial.keys()].slice(0, 3).join(", ")}${partial.size > 3 ? ", …" : ""}\n`
