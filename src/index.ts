@@ -29,6 +29,6 @@ export { listSnapshots, bundlePaths, findSnapshot, exportSnapshot, deleteSnapsho
 export { decide as decideRetention, hasRules, type RetentionPolicy, type PruneDecision } from "./store/prune.js";
 export { pruneStore, diffSnapshots, indexOf, type PruneResult, type LayerDiff } from "./store/ops.js";
 export { removeOrphans } from "./store/orphans.js";
-export { runSchedule, parseCron, nextCron, printUnits, type ScheduleOptions, type Cron } from "./schedule.js";
+export { runSchedule, parseCron, nextCron, printUnits, cronForInterval, type ScheduleOptions, type Cron, type UnitOptions } from "./schedule.js";
 export { summarizeRedaction, listSome, type RedactedSummary } from "./redact/report.js";
 export { runHook, parseHooks, type HooksConfig, type HookEvent, type HookResult } from "./hooks.js";

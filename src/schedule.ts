@@ -12,7 +12,7 @@ import type { MemsnapConfig } from "./config.js";
 import { MemsnapError, isMemsnapError } from "./errors.js";
 import { runHook } from "./hooks.js";
 import { snapshot } from "./pipeline/snapshot.js";
-import { acquireLock } from "./restore/lock.js";
+import { acquireLock, parseDuration } from "./restore/lock.js";
 import { pruneStore } from "./store/ops.js";
 import { hasRules, type RetentionPolicy } from "./store/prune.js";
 
@@ -161,15 +161,76 @@ export async function runSchedule(o: ScheduleOptions): Promise<{ runs: number }>
   }
 }
 
-/** Unit files for the host's scheduler. */
-export function printUnits(kind: "systemd" | "cron", o: { bin: string; configPath: string; every?: string; cron?: string; pruneArgs: string[]; agent: string; incremental?: boolean }): string {
-  const inc = o.incremental ? " --incremental" : "";
-  const prune = o.pruneArgs.length ? ` && ${o.bin} prune -c ${o.configPath} ${o.pruneArgs.join(" ")}` : "";
+export interface UnitOptions {
+  /** The command that runs memsnap, as argv (its bin script, or node and the script). */
+  bin: string[];
+  configPath: string;
+  every?: string;
+  cron?: string;
+  jitter?: string;
+  missed?: string;
+  store?: string;
+  incremental?: boolean;
+  /** Retention options as given (`--keep-last`, `24`, …). */
+  pruneArgs: string[];
+  agent: string;
+}
+
+/**
+ * One argument for a crontab line (sh) or a systemd ExecStart= line, quoted only when it must
+ * be. cron turns an unescaped `%` into a newline (`\%` is a `%`); systemd expands `%` and `$`
+ * (`%%` and `$$` are themselves).
+ */
+function quoteArg(a: string, kind: "systemd" | "cron"): string {
   if (kind === "cron") {
-    const when = o.cron ?? (o.every === "1h" ? "0 * * * *" : o.every === "1d" || o.every === "24h" ? "0 3 * * *" : "*/15 * * * *");
-    return `# memsnap auto-snapshots for ${o.agent} (crontab -e; times are the host's cron time zone)\n${when} ${o.bin} snapshot -c ${o.configPath} --label scheduled --wait 5m${inc}${prune} >> ~/.local/state/memsnap-${o.agent}.log 2>&1\n`;
+    const sh = /^[\w@+=:,./-]+$/.test(a) ? a : `'${a.replace(/'/g, "'\\''")}'`;
+    return sh.replace(/%/g, "\\%");
   }
-  const args = [o.every ? `--every ${o.every}` : `--cron "${o.cron}"`, ...(o.incremental ? ["--incremental"] : []), ...o.pruneArgs].join(" ");
+  if (/^[\w@+=:,./-]+$/.test(a)) return a;
+  return `"${a.replace(/(["\\])/g, "\\$1").replace(/\$/g, "$$$$").replace(/%/g, "%%")}"`;
+}
+
+/**
+ * A cron schedule for `--every`: minutes that divide an hour, hours that divide a day, or a
+ * day (at 03:00); anything else cannot be said in cron's fields. Throws MEMSNAP_USAGE.
+ */
+export function cronForInterval(every: string): string {
+  const ms = parseDuration(every);
+  const min = ms / 60_000;
+  const h = ms / 3_600_000;
+  if (Number.isInteger(min) && min >= 1 && min < 60 && 60 % min === 0) return min === 1 ? "* * * * *" : `*/${min} * * * *`;
+  if (Number.isInteger(h) && h >= 1 && h < 24 && 24 % h === 0) return h === 1 ? "0 * * * *" : `0 */${h} * * *`;
+  if (ms === 86_400_000) return "0 3 * * *";
+  throw new MemsnapError("MEMSNAP_USAGE", `cron cannot run every ${every}`, {
+    hint: "give --cron EXPR (e.g. \"0 */6 * * *\"), an interval that divides an hour or a day, or use --print systemd",
+  });
+}
+
+/**
+ * Unit files for the host's scheduler. systemd runs `memsnap schedule` as a service with
+ * every option given (jitter, missed runs, store, retention); cron runs `memsnap snapshot`
+ * then `memsnap prune` at each time, after a random sleep of up to the jitter.
+ */
+export function printUnits(kind: "systemd" | "cron", o: UnitOptions): string {
+  const q = (args: string[]): string => args.map((a) => quoteArg(a, kind)).join(" ");
+  const bin = q(o.bin);
+  const store = o.store ? ["--store", o.store] : [];
+  if (kind === "cron") {
+    const when = o.cron ?? cronForInterval(o.every ?? "1h");
+    const jitterS = o.jitter ? Math.floor(parseDuration(o.jitter) / 1000) : 0;
+    // cron turns an unescaped % into a newline: \% is a literal % for sh.
+    const sleep = jitterS > 0 ? `sleep $(( $(od -An -N2 -tu2 /dev/urandom) \\% ${jitterS + 1} )) && ` : "";
+    const snap = `${bin} ${q(["snapshot", "-c", o.configPath, ...store, "--label", "scheduled", "--wait", "5m", ...(o.incremental ? ["--incremental"] : [])])}`;
+    const prune = o.pruneArgs.length ? ` && ${bin} ${q(["prune", "-c", o.configPath, ...store, ...o.pruneArgs])}` : "";
+    // The log's directory may not exist yet; the redirection covers every command of the run.
+    const log = `~/.local/state/memsnap-${quoteArg(o.agent, "cron")}.log`;
+    return `# memsnap auto-snapshots for ${o.agent} (crontab -e; times are the host's cron time zone)\n${when} mkdir -p ~/.local/state && { ${sleep}${snap}${prune}; } >> ${log} 2>&1\n`;
+  }
+  const args = q([
+    "schedule", "-c", o.configPath, ...(o.every ? ["--every", o.every] : ["--cron", o.cron ?? ""]),
+    ...(o.jitter && parseDuration(o.jitter) > 0 ? ["--jitter", o.jitter] : []), ...(o.missed && o.missed !== "run-once" ? ["--missed", o.missed] : []),
+    ...store, ...(o.incremental ? ["--incremental"] : []), ...o.pruneArgs,
+  ]);
   return `# ~/.config/systemd/user/memsnap-${o.agent}.service — then: systemctl --user daemon-reload && systemctl --user enable --now memsnap-${o.agent}
 [Unit]
 Description=memsnap scheduled snapshots of ${o.agent}
@@ -177,7 +238,7 @@ After=local-fs.target
 
 [Service]
 Type=simple
-ExecStart=${o.bin} schedule -c ${o.configPath} ${args}
+ExecStart=${bin} ${args}
 Restart=on-failure
 RestartSec=30
 KillSignal=SIGTERM

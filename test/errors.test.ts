@@ -32,3 +32,15 @@ describe("destinationError", () => {
     expect(destinationError(own, "/d")).toBe(own);
   });
 });
+
+describe("parseDuration", () => {
+  it("takes ms, s, m, h and d, and bare seconds; anything else is MEMSNAP_USAGE", async () => {
+    const { parseDuration } = await import("../src/restore/lock.js");
+    expect(parseDuration("500ms")).toBe(500);
+    expect(parseDuration("30")).toBe(30_000);
+    expect(parseDuration("1.5m")).toBe(90_000);
+    expect(parseDuration("2h")).toBe(7_200_000);
+    expect(parseDuration("7d")).toBe(604_800_000);
+    for (const bad of ["", "1w", "h", "-1s", "1 d"]) expect(() => parseDuration(bad), bad).toThrow(/bad duration/);
+  });
+});

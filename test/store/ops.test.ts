@@ -136,7 +136,50 @@ describe("schedule", () => {
     const i = cli(["schedule", ...cfg, "--every", "1h", "--incremental", "--keep-last", "3", "--print", "systemd"]);
     expect(i.stdout).toMatch(/ExecStart=.* schedule -c .*memsnap\.json --every 1h --incremental --keep-last 3/);
     const ic = cli(["schedule", ...cfg, "--every", "1h", "--incremental", "--print", "cron"]);
-    expect(ic.stdout).toMatch(/ snapshot -c .* --incremental /);
+    expect(ic.stdout).toMatch(/ snapshot -c .* --incremental/);
+  });
+
+  it("the systemd unit keeps every option given and starts memsnap through its bin script (memory flags)", () => {
+    const s = cli(["schedule", ...cfg, "--every", "6h", "--jitter", "5m", "--missed", "skip", "--store", "my store", "--keep-last", "3", "--print", "systemd"]);
+    expect(s.code, s.stderr).toBe(0);
+    const exec = /^ExecStart=(.*)$/m.exec(s.stdout)![1]!;
+    expect(exec).toBe(`${BIN} schedule -c ${join(agent, "memsnap.json")} --every 6h --jitter 5m --missed skip --store "${join(work, "my store")}" --keep-last 3`);
+  });
+
+  it("cron: an interval becomes cron fields, or a usage error when cron cannot say it", () => {
+    const when = (every: string) => cli(["schedule", ...cfg, "--every", every, "--print", "cron"]);
+    expect(when("30m").stdout).toMatch(/^\*\/30 \* \* \* \* /m);
+    expect(when("1m").stdout).toMatch(/^\* \* \* \* \* /m);
+    expect(when("6h").stdout).toMatch(/^0 \*\/6 \* \* \* /m);
+    expect(when("1d").stdout).toMatch(/^0 3 \* \* \* /m);
+    for (const bad of ["7m", "5h", "2d"]) {
+      const r = when(bad);
+      expect(r.code, bad).toBe(2);
+      expect(r.stderr).toContain(`cron cannot run every ${bad} [MEMSNAP_USAGE]`);
+      expect(r.stdout).toBe("");
+    }
+  });
+
+  it("cron: the line runs under sh as cron would, jitter included, and logs every command's output", () => {
+    const home = join(work, "cron-home");
+    const a = join(work, "cron-agent");
+    mkdirSync(join(a, "mem"), { recursive: true });
+    writeFileSync(join(a, "mem", "n.md"), "note\n");
+    writeFileSync(join(a, "memsnap.json"), JSON.stringify({ agent: "cronned", store: "store", sources: [{ kind: "files", name: "mem", path: "mem" }] }));
+    const r = cli(["schedule", "-c", join(a, "memsnap.json"), "--every", "15m", "--jitter", "1s", "--keep-last", "1", "--print", "cron"]);
+    expect(r.code, r.stderr).toBe(0);
+    const line = r.stdout.split("\n").find((l) => l.startsWith("*/15 "))!;
+    // cron hands the command after the five fields to sh, with each \% turned into %.
+    const command = line.split(" ").slice(5).join(" ").replace(/\\%/g, "%");
+    expect(command).toContain("sleep $((");
+    for (let i = 0; i < 2; i++) {
+      const run = spawnSync("/bin/sh", ["-c", command], { encoding: "utf8", env: { ...process.env, HOME: home } });
+      expect(run.status, run.stderr).toBe(0);
+    }
+    const log = readFileSync(join(home, ".local", "state", "memsnap-cronned.log"), "utf8");
+    expect(log.match(/^snapshot [0-9A-Z]{26}$/gm)).toHaveLength(2); // the snapshot's own output is logged
+    expect(log).toMatch(/^ {2}remove [0-9A-Z]{26} /m); // and the prune's, which kept the newest
+    expect(readdirSync(join(a, "store", "default", "cronned")).filter((f) => /^[0-9A-Z]{26}\.memsnap$/.test(f))).toHaveLength(1);
   });
 
   it("a run refused for want of encryption says to name recipients in the config (schedule has no -r)", () => {

@@ -1,4 +1,5 @@
 import type { Command } from "commander";
+import { closeSync, openSync, readSync, statSync } from "node:fs";
 import { resolve } from "node:path";
 import { loadConfig, parseCron, parseDuration, printUnits, resolveStore, runSchedule, MemsnapError } from "../../index.js";
 import { addRetentionOptions, policyFrom } from "./store.js";
@@ -34,8 +35,9 @@ Examples:
         if (o.print !== "systemd" && o.print !== "cron") throw new MemsnapError("MEMSNAP_USAGE", "--print takes systemd or cron");
         const pruneArgs = process.argv.slice(2).filter((a, i, all) => /^--keep-/.test(a) || /^--keep-/.test(all[i - 1] ?? ""));
         process.stdout.write(printUnits(o.print, {
-          bin: `${process.execPath} ${resolve(process.argv[1] ?? "memsnap")}`, configPath: config.file ?? resolve(o.config),
-          ...(o.every ? { every: o.every } : {}), ...(o.cron ? { cron: o.cron } : {}), pruneArgs, agent: config.agent, ...(o.incremental ? { incremental: true } : {}),
+          bin: selfCommand(), configPath: config.file ?? resolve(o.config),
+          ...(o.every ? { every: o.every } : {}), ...(o.cron ? { cron: o.cron } : {}), jitter: o.jitter, missed: o.missed,
+          ...(o.store ? { store: resolve(o.store) } : {}), pruneArgs, agent: config.agent, ...(o.incremental ? { incremental: true } : {}),
         }));
         return;
       }
@@ -57,4 +59,27 @@ Examples:
         process.off("SIGINT", onInt);
       }
     });
+}
+
+/**
+ * How a unit file should start memsnap: its bin script itself when that is the executable sh
+ * wrapper (it runs node with memsnap's memory flags and malloc arenas: see bin/memsnap.js),
+ * else node with this process's flags and the script.
+ */
+function selfCommand(): string[] {
+  const script = resolve(process.argv[1] ?? "memsnap");
+  try {
+    const st = statSync(script);
+    const head = Buffer.alloc(10);
+    const fd = openSync(script, "r");
+    try {
+      readSync(fd, head, 0, head.length, 0);
+    } finally {
+      closeSync(fd);
+    }
+    if (st.isFile() && (st.mode & 0o111) !== 0 && head.toString("latin1").startsWith("#!/bin/sh")) return [script];
+  } catch {
+    // not a file we can read: node and the script below
+  }
+  return [process.execPath, ...process.execArgv, script];
 }
