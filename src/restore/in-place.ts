@@ -213,9 +213,12 @@ export async function restoreInPlace(bundle: string, config: MemsnapConfig, opts
     const tag = `${manifest.snapshot_id.slice(-8).toLowerCase()}${randomBytes(2).toString("hex")}`;
     const journal = newJournal(manifest.snapshot_id, layout.path);
     const roots = new Map<string, { staged: string; backup: string }>();
-    for (const s of selected) {
-      const staged = `${s.target.root}.memsnap-new-${tag}`;
-      const backup = `${s.target.root}.memsnap-old-${tag}`;
+    for (const [k, s] of selected.entries()) {
+      // One staging (and backup) directory per layer, even where layers share a live root (a
+      // database file and state JSON side by side in the agent's directory): each layer's
+      // rebuild and swaps see only its own files.
+      const staged = `${s.target.root}.memsnap-new-${tag}-${k}`;
+      const backup = `${s.target.root}.memsnap-old-${tag}-${k}`;
       roots.set(s.layer.name, { staged, backup });
       journal.staging.push(staged);
       journal.backups.push(backup);

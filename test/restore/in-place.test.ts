@@ -236,3 +236,51 @@ describe("the safety snapshot is encrypted like the bundle it is taken for", () 
     expect(r.stderr).toContain(join(agent, "memsnap.json"));
   });
 });
+
+describe("restore in place: layers that share a live directory", () => {
+  // `memsnap init` on an agent that keeps a database and its state JSON side by side writes a
+  // sqlite source for the file and a state source for the directory: both layers' live root
+  // is the agent's directory. Each must be staged, rebuilt and swapped on its own.
+  it("a database, state JSON and notes in one directory are each restored, and nothing else is touched", async () => {
+    const { createRequire } = await import("node:module");
+    const Database = createRequire(import.meta.url)("better-sqlite3") as typeof import("better-sqlite3");
+    const a = mkdtempSync(join(work, "shared-"));
+    const db = new Database(join(a, "memory.db"));
+    db.exec("CREATE TABLE facts(x TEXT); INSERT INTO facts VALUES ('v1');");
+    db.close();
+    writeFileSync(join(a, "state.json"), '{"cursor":1}');
+    writeFileSync(join(a, "note.md"), "v1\n");
+    writeFileSync(join(a, "other.txt"), "no layer's\n");
+    writeFileSync(join(a, "memsnap.json"), JSON.stringify({
+      agent: "shared", redaction: { enabled: false },
+      sources: [
+        { kind: "sqlite", name: "memory", path: "memory.db" },
+        { kind: "state", name: "state", path: ".", include: ["/state.json"] },
+        { kind: "files", name: "notes", path: ".", include: ["/*.md"] },
+      ],
+    }));
+    const st = join(a, "..", `store-shared-${Date.now()}`);
+    const s = cli(["snapshot", "-c", join(a, "memsnap.json"), "--store", st, "--json"]);
+    expect(s.code, s.stderr).toBe(0);
+    const b = (JSON.parse(s.stdout) as { path: string }).path;
+    const db2 = new Database(join(a, "memory.db"));
+    db2.exec("UPDATE facts SET x = 'v2'");
+    db2.close();
+    writeFileSync(join(a, "state.json"), '{"cursor":2}');
+    writeFileSync(join(a, "note.md"), "v2\n");
+    writeFileSync(join(a, "new.md"), "after the snapshot\n");
+    writeFileSync(join(a, "other.txt"), "changed, not a layer's\n");
+    const r = cli(["restore", b, "-c", join(a, "memsnap.json"), "--store", st, "--json"]);
+    expect(r.code, r.stderr).toBe(0);
+    expect((JSON.parse(r.stdout) as { layers: string[] }).layers).toEqual(["memory", "state", "notes"]);
+    const db3 = new Database(join(a, "memory.db"), { readonly: true });
+    expect(db3.prepare("SELECT x FROM facts").pluck().all()).toEqual(["v1"]);
+    db3.close();
+    expect(readFileSync(join(a, "state.json"), "utf8")).toBe('{"cursor":1}');
+    expect(readFileSync(join(a, "note.md"), "utf8")).toBe("v1\n");
+    expect(existsSync(join(a, "new.md"))).toBe(false);
+    expect(readFileSync(join(a, "other.txt"), "utf8")).toBe("changed, not a layer's\n");
+    expect(readdirSync(a).sort()).toEqual([".memsnap", "memory.db", "memsnap.json", "note.md", "other.txt", "state.json"]);
+    expect(readdirSync(join(a, "..")).filter((n) => n.startsWith(`${a.split("/").pop()}.memsnap-`))).toEqual([]);
+  });
+});
