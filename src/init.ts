@@ -55,10 +55,12 @@ async function isSqlite(path: string): Promise<boolean> {
   }
 }
 
-function layerName(raw: string, taken: Set<string>): string {
+/** A unique layer name from `raw`; when taken, `<base>-<kindSuffix>` is tried before `<base>-2`, `-3`, … */
+function layerName(raw: string, taken: Set<string>, kindSuffix?: string): string {
   let base = raw.toLowerCase().replace(/\.[a-z0-9]+$/, "").replace(/[^a-z0-9_-]+/g, "-").replace(/^[-_]+|[-_]+$/g, "") || "layer";
   base = base.slice(0, 56);
   let name = base;
+  if (taken.has(name) && kindSuffix) name = `${base}-${kindSuffix}`;
   for (let i = 2; taken.has(name); i++) name = `${base}-${i}`;
   taken.add(name);
   return name;
@@ -95,8 +97,9 @@ export async function detectAgent(home: string): Promise<Detection> {
   if (!st?.isDirectory()) {
     throw new MemsnapError("MEMSNAP_SOURCE_MISSING", `agent home ${home} is not a directory`, { path: home, hint: "pass the directory the agent keeps its memory in" });
   }
+  // Each source is found with the name it would like (its directory's or file's); names are
+  // made unique at the end.
   const found: DetectedSource[] = [];
-  const taken = new Set<string>();
   const rel = (p: string): string => relative(home, p).split("\\").join("/") || ".";
   /** Directories that are a source of their own (below them, nothing else is looked for). */
   const specials: string[] = [];
@@ -107,7 +110,7 @@ export async function detectAgent(home: string): Promise<Detection> {
     entries.sort((a, b) => (a.name < b.name ? -1 : 1));
     const special = await specialDir(dir, new Set(entries.map((e) => e.name)));
     if (special) {
-      const name = layerName(dir === home ? (special.kind === "git" ? "memdir" : special.kind) : basename(dir), taken);
+      const name = dir === home ? (special.kind === "git" ? "memdir" : special.kind) : basename(dir);
       // a ProcessFork store is named by `store`, the others by `path`
       found.push(special.kind === "pfimg" ? { kind: "pfimg", name, path: rel(dir), extra: { store: rel(dir) }, note: special.note } : { ...special, name, path: rel(dir) });
       specials.push(dir);
@@ -120,7 +123,7 @@ export async function detectAgent(home: string): Promise<Detection> {
         if (depth < MAX_DEPTH && !SKIP_DIRS.has(e.name)) await walk(p, depth + 1);
       } else if (e.isFile()) {
         if (/\.(db|sqlite|sqlite3)$/i.test(e.name) && (await isSqlite(p))) {
-          found.push({ kind: "sqlite", name: layerName(e.name, taken), path: rel(p), note: "SQLite database: one committed state under live writers (the file under a read transaction, or a copy with the WAL folded in)" });
+          found.push({ kind: "sqlite", name: e.name, path: rel(p), note: "SQLite database: one committed state under live writers (the file under a read transaction, or a copy with the WAL folded in)" });
         } else if (/\.json$/i.test(e.name) && e.name !== "memsnap.json" && e.name !== "package.json" && e.name !== "package-lock.json") {
           const s = await stat(p).catch(() => null);
           if (s && s.size <= STATE_MAX_BYTES) jsons.push(e.name);
@@ -132,7 +135,7 @@ export async function detectAgent(home: string): Promise<Detection> {
     }
     if (jsons.length) {
       found.push({
-        kind: "state", name: layerName(dir === home ? "state" : basename(dir), taken), path: rel(dir), include: jsons.map((j) => `/${j}`),
+        kind: "state", name: dir === home ? "state" : basename(dir), path: rel(dir), include: jsons.map((j) => `/${j}`),
         note: `JSON state (${jsons.length} file${jsons.length > 1 ? "s" : ""}), validated as JSON`,
       });
     }
@@ -144,13 +147,22 @@ export async function detectAgent(home: string): Promise<Detection> {
     for (const top of dirs.filter((d) => !dirs.some((o) => under(d, o)))) {
       const exclude = specials.filter((s) => under(s, top)).map((s) => `/${relative(top, s).split("\\").join("/")}/`);
       found.push({
-        kind: g.kind, name: layerName(top === home ? g.home : basename(top), taken), path: rel(top), include: g.include,
+        kind: g.kind, name: top === home ? g.home : basename(top), path: rel(top), include: g.include,
         ...(exclude.length ? { exclude } : {}), ...("append" in g ? { append: g.append } : {}), note: g.note,
       });
     }
   });
+  // A memdir, dump, store or notes directory keeps its own name before a database or state
+  // file of the same stem takes it: for memory/ (git) and db/memory.db, "memory" and
+  // "memory-db", not "memory-2" for the memdir.
+  const taken = new Set<string>();
+  const order = found.map((_, i) => i).sort((a, b) => NAME_PRIORITY[found[a]!.kind] - NAME_PRIORITY[found[b]!.kind] || a - b);
+  for (const i of order) found[i]!.name = layerName(found[i]!.name, taken, found[i]!.kind === "sqlite" ? "db" : undefined);
   return { home, sources: found };
 }
+
+/** Who keeps a contested name: directory-shaped sources first, then state, then database files. */
+const NAME_PRIORITY: Record<DetectedSource["kind"], number> = { git: 0, kv: 1, pfimg: 1, criu: 1, files: 2, trace: 2, state: 3, sqlite: 4 };
 
 /** Render a commented memsnap.json for a detection. Throws MEMSNAP_USAGE for a bad agent/tenant id or when nothing was found. */
 export function renderConfig(d: Detection, opts: { agent: string; tenant: string; recipients?: string[] }): string {

@@ -72,6 +72,24 @@ describe("memsnap init", () => {
     expect(found.filter((s) => /runtime\/|\.memsnap|node_modules|fake/.test(s.path) && !/^runtime\/(kv|pf|dump)$/.test(s.path))).toEqual([]);
   });
 
+  it("a memdir keeps its directory's name over a database of the same stem found first", () => {
+    // db/ is walked before memory/: the database file used to take "memory" and the memdir get "memory-2"
+    const h = join(tempDir("memsnap-init-names-"), "agent");
+    writeFiles(join(h, "memory"), { "MEMORY.md": "# m\n" });
+    git(join(h, "memory"), ["init", "-q"]);
+    mkdirSync(join(h, "db"));
+    for (const f of ["memory.db", "state.db"]) {
+      const d = new Database(join(h, "db", f));
+      d.exec("CREATE TABLE t(x)");
+      d.close();
+    }
+    writeFiles(join(h, "state"), { "cursor.json": "{}" });
+    const r = runCliSync(["init", h, "--print", "--json"]);
+    expectOk(r);
+    const names = Object.fromEntries((jsonOut(r) as { sources: Found[] }).sources.map((s) => [s.path, s.name]));
+    expect(names).toEqual({ "memory": "memory", "db/memory.db": "memory-db", "db/state.db": "state-db", "state": "state" });
+  });
+
   it("writes a config that parses, snapshots the whole home and restores it byte for byte", async () => {
     const keyFile = join(home, "..", "key.txt");
     const k = runCliSync(["keygen", "-o", keyFile]);
