@@ -89,7 +89,14 @@ export async function selectLayers(manifest: Manifest, config: MemsnapConfig, on
       });
     }
     if (!source.impl.liveTarget) {
-      throw new MemsnapError("MEMSNAP_USAGE", `layer ${layer.name}: ${layer.kind} layers cannot be restored in place yet`, { hint: "restore it with --to DIR, or leave it out with --only" });
+      // The way out spelled: the --only flags for every other layer that can go in place.
+      const others = manifest.layers.filter((l) => l.name !== layer.name && (!wanted || wanted.has(l.name))
+        && config.sources.find((s) => s.cfg.name === l.name && s.impl.kind === l.kind)?.impl.liveTarget);
+      throw new MemsnapError("MEMSNAP_USAGE", `layer ${layer.name}: ${layer.kind} layers cannot be restored in place yet`, {
+        hint: others.length
+          ? `restore it with --to DIR; the others in place with ${others.map((l) => `--only ${l.name}`).join(" ")}`
+          : "restore it with --to DIR",
+      });
     }
     out.push({ layer, source, target: await source.impl.liveTarget(source.cfg, config.baseDir, layer) });
   }

@@ -101,3 +101,32 @@ describe("in-place restore of kv and trace layers", () => {
     rmSync(fresh, { recursive: true, force: true });
   });
 });
+
+describe("in-place restore of a bundle with a CRIU layer", () => {
+  it("is refused before anything happens, with the --only flags for the layers that can go in place", async () => {
+    const { genCriuDump } = await import("../helpers/criu-dump.js");
+    const { expectCliError } = await import("../helpers/cli.js");
+    const a = join(work, "with-criu");
+    mkdirSync(join(a, "state"), { recursive: true });
+    writeFileSync(join(a, "state", "cursor.json"), '{"c":1}');
+    genCriuDump(join(a, "dump"), { pids: [7], pagesPerProcess: 2 });
+    const key = join(work, "age.key");
+    const recipient = runCliSync(["keygen", "-o", key]).stdout.trim();
+    writeFileSync(join(a, "memsnap.json"), JSON.stringify({
+      agent: "cr", recipients: [recipient], sources: [{ kind: "state", name: "state", path: "state" }, { kind: "criu", name: "proc", path: "dump" }],
+    }));
+    const b = join(work, "cr.memsnap");
+    expectOk(runCliSync(["snapshot", "-c", join(a, "memsnap.json"), "--out", b]));
+    writeFileSync(join(a, "state", "cursor.json"), '{"c":2}');
+    const store = join(work, "cr-store");
+    const r = runCliSync(["restore", b, "-c", join(a, "memsnap.json"), "-i", key, "--store", store]);
+    expectCliError(r, 2, "MEMSNAP_USAGE");
+    expect(r.stderr).toContain("layer proc: criu layers cannot be restored in place yet");
+    expect(r.stderr).toContain("hint: restore it with --to DIR; the others in place with --only state");
+    expect(existsSync(store)).toBe(false); // not even a safety snapshot
+    expect(readFileSync(join(a, "state", "cursor.json"), "utf8")).toBe('{"c":2}');
+    // the way out it names works
+    expectOk(runCliSync(["restore", b, "-c", join(a, "memsnap.json"), "-i", key, "--store", store, "--only", "state"]));
+    expect(readFileSync(join(a, "state", "cursor.json"), "utf8")).toBe('{"c":1}');
+  });
+});
