@@ -69,6 +69,9 @@ ${Object.entries(EXIT_CODE_MEANINGS).map(([c, m]) => `  ${c.padStart(2)}  ${m}`)
   } catch (e) {
     if (e instanceof CommanderError) {
       if (e.exitCode === 0 || e.code === "commander.helpDisplayed" || e.code === "commander.version") return 0;
+      // No command: commander has printed the help on stderr; a usage error without a second message.
+      if (e.code === "commander.help" && !json) return EXIT_CODES[ERROR_CODES.MEMSNAP_USAGE.class];
+      if (e.code === "commander.help") return reportError(new MemsnapError("MEMSNAP_USAGE", "no command given", { hint: "see 'memsnap --help'" }), { json });
       return reportError(new MemsnapError("MEMSNAP_USAGE", e.message.replace(/^error: /, ""), { hint: "see 'memsnap --help'" }), { json });
     }
     // verify --json has already printed its report as the one JSON object; only set the exit code.

@@ -117,3 +117,16 @@ describe("bin/memsnap.js picks the CLI bundle only when it is fresh", () => {
     expect(statSync(bundle).mtimeMs).toBeGreaterThanOrEqual(statSync(join(BIN, "..", "..", "dist", "cli", "main.js")).mtimeMs);
   });
 });
+
+describe("memsnap without a command", () => {
+  it("prints the help on stderr and exits 2, without a second error line; --json gets a usage error object", () => {
+    const r = spawnSync(BIN, [], { encoding: "utf8" });
+    expect(r.status).toBe(2);
+    expect(r.stdout).toBe("");
+    expect(r.stderr).toMatch(/^Usage: memsnap /);
+    expect(r.stderr).not.toContain("memsnap: error:");
+    const j = spawnSync(BIN, ["--json"], { encoding: "utf8" });
+    expect(j.status).toBe(2);
+    expect(JSON.parse(j.stdout)).toEqual({ ok: false, exit_code: 2, error: { code: "MEMSNAP_USAGE", message: "no command given", hint: "see 'memsnap --help'" } });
+  });
+});
