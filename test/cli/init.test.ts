@@ -146,6 +146,15 @@ describe("memsnap init", () => {
     expectCliError(runCliSync(["init", empty]), 6, "MEMSNAP_SOURCE_MISSING");
     const again = runCliSync(["init", home]);
     expectCliError(again, 8, "MEMSNAP_DEST_EXISTS");
-    expectOk(runCliSync(["init", home, "--force"]));
+    const forced = runCliSync(["init", home, "--force"]);
+    expectOk(forced);
+    // no recipients, and a CRIU dump among the sources: it says how to encrypt, and why it must
+    expect(forced.stdout).toContain("no recipients: snapshots will not be encrypted (and a CRIU dump is refused in plaintext)");
+    expect(forced.stdout).toMatch(/\n {2}memsnap keygen -o \S+ +# prints age1…\n/);
+    expect(forced.stdout.trimEnd().split("\n").pop()).toBe(`next: memsnap snapshot -c ${join(home, "memsnap.json")}`);
+    const recipient = runCliSync(["keygen", "-o", join(tempDir("memsnap-init-key-"), "k")]).stdout.trim();
+    const withKey = runCliSync(["init", home, "--force", "-r", recipient]);
+    expectOk(withKey);
+    expect(withKey.stdout).not.toContain("no recipients");
   });
 });

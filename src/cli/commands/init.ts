@@ -51,6 +51,14 @@ Examples:
       }
       process.stdout.write(`found in ${dir}:\n`);
       for (const s of d.sources) process.stdout.write(`  ${s.kind.padEnd(7)} ${s.name.padEnd(20)} ${s.path}\n`);
-      process.stdout.write(`wrote ${out}\nnext: memsnap snapshot -c ${out}\n`);
+      process.stdout.write(`wrote ${out}\n`);
+      if (o.recipient.length === 0) {
+        // Without recipients every snapshot is plaintext, and one with a CRIU dump is refused.
+        const criu = d.sources.some((s) => s.kind === "criu");
+        process.stdout.write(`no recipients: snapshots will not be encrypted${criu ? " (and a CRIU dump is refused in plaintext)" : ""}; to encrypt them:\n` +
+          `  memsnap keygen -o ~/.config/memsnap/age.key    # prints age1…\n` +
+          `  then put it in "recipients" in ${out}, or run init again with -r age1… --force\n`);
+      }
+      process.stdout.write(`next: memsnap snapshot -c ${out}\n`);
     });
 }
