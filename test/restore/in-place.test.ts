@@ -245,11 +245,15 @@ describe("restore in place: layers that share a live directory", () => {
     const { createRequire } = await import("node:module");
     const Database = createRequire(import.meta.url)("better-sqlite3") as typeof import("better-sqlite3");
     const a = mkdtempSync(join(work, "shared-"));
-    const db = new Database(join(a, "memory.db"));
-    db.exec("CREATE TABLE facts(x TEXT); INSERT INTO facts VALUES ('v1');");
-    db.close();
-    writeFileSync(join(a, "state.json"), '{"cursor":1}');
-    writeFileSync(join(a, "note.md"), "v1\n");
+    /** The live agent at version `v`: its database row, its state and its note. */
+    const live = (v: number): void => {
+      const db = new Database(join(a, "memory.db"));
+      db.exec(`CREATE TABLE IF NOT EXISTS facts(x TEXT); DELETE FROM facts; INSERT INTO facts VALUES ('v${v}');`);
+      db.close();
+      writeFileSync(join(a, "state.json"), `{"cursor":${v}}`);
+      writeFileSync(join(a, "note.md"), `v${v}\n`);
+    };
+    live(1);
     writeFileSync(join(a, "other.txt"), "no layer's\n");
     writeFileSync(join(a, "memsnap.json"), JSON.stringify({
       agent: "shared", redaction: { enabled: false },
@@ -263,11 +267,7 @@ describe("restore in place: layers that share a live directory", () => {
     const s = cli(["snapshot", "-c", join(a, "memsnap.json"), "--store", st, "--json"]);
     expect(s.code, s.stderr).toBe(0);
     const b = (JSON.parse(s.stdout) as { path: string }).path;
-    const db2 = new Database(join(a, "memory.db"));
-    db2.exec("UPDATE facts SET x = 'v2'");
-    db2.close();
-    writeFileSync(join(a, "state.json"), '{"cursor":2}');
-    writeFileSync(join(a, "note.md"), "v2\n");
+    live(2);
     writeFileSync(join(a, "new.md"), "after the snapshot\n");
     writeFileSync(join(a, "other.txt"), "changed, not a layer's\n");
     const r = cli(["restore", b, "-c", join(a, "memsnap.json"), "--store", st, "--json"]);
