@@ -61,13 +61,21 @@ export function generateSigningKey(): { privatePem: string; publicKey: string } 
 
 /** Load a signing key file (PKCS#8 PEM). Throws MEMSNAP_IDENTITY_INVALID. */
 export async function loadSigningKey(path: string): Promise<KeyObject> {
+  let text = "";
   try {
-    const key = createPrivateKey(await readFile(path, "utf8"));
+    text = await readFile(path, "utf8");
+    const key = createPrivateKey(text);
     if (key.asymmetricKeyType !== "ed25519") throw new Error(`a ${key.asymmetricKeyType} key, not ed25519`);
     return key;
   } catch (e) {
-    throw new MemsnapError("MEMSNAP_IDENTITY_INVALID", `cannot use signing key ${path}: ${(e as Error).message}`, {
-      path, hint: "make one with `memsnap keygen --sign -o FILE`",
+    // The keys users mix up, said in their terms rather than OpenSSL's ("DECODER routines::unsupported").
+    const why = text.trimStart().startsWith(PUBKEY_PREFIX)
+      ? "it holds a public key (the .pub file); signing needs the private key beside it"
+      : /AGE-SECRET-KEY-1/.test(text)
+        ? "it is an age identity (for encryption), not a signing key"
+        : /^error:|DECODER|unsupported|PEM/i.test((e as Error).message) ? "not an Ed25519 private key in PEM" : (e as Error).message;
+    throw new MemsnapError("MEMSNAP_IDENTITY_INVALID", `cannot use signing key ${path}: ${why}`, {
+      path, cause: e, hint: "pass the file `memsnap keygen --sign -o FILE` wrote (FILE, not FILE.pub), or make one that way",
     });
   }
 }

@@ -1,7 +1,7 @@
 // Signed manifests: keygen --sign, snapshot --sign-key, verify --trust offline (no decryption
 // key), restore --require-signature; any changed manifest byte or payload byte fails.
 import { spawnSync } from "node:child_process";
-import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
@@ -47,6 +47,21 @@ describe("signed manifests", () => {
   it("the signing key file is private and the public key is written beside it", () => {
     expect(readFileSync(join(work, "sign.key.pub"), "utf8").trim()).toBe(pub);
     expect((spawnSync("stat", ["-c", "%a", join(work, "sign.key")], { encoding: "utf8" }).stdout.trim())).toBe("600");
+  });
+
+  it("--sign-key given the wrong kind of file says which: the .pub, an age identity, anything else; nothing written", () => {
+    writeFileSync(join(work, "not-a-key.txt"), "hello\n");
+    for (const [file, why] of [
+      ["sign.key.pub", "it holds a public key (the .pub file); signing needs the private key beside it"],
+      ["age.key", "it is an age identity (for encryption), not a signing key"],
+      ["not-a-key.txt", "not an Ed25519 private key in PEM"],
+    ]) {
+      const r = cli(["snapshot", "-c", "agent/memsnap.json", "--out", "never.memsnap", "--sign-key", file!, "-r", recipient]);
+      expect(r.code, file).toBe(4);
+      expect(r.stderr).toContain(`cannot use signing key ${file}: ${why} [MEMSNAP_IDENTITY_INVALID]`);
+      expect(r.stderr).not.toContain("DECODER");
+      expect(existsSync(join(work, "never.memsnap"))).toBe(false);
+    }
   });
 
   it("verify --trust proves who made an encrypted bundle without the decryption key", () => {
