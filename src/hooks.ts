@@ -59,10 +59,28 @@ export function runHook(hooks: HooksConfig | undefined, event: HookEvent, metada
       clearTimeout(timer);
       resolve({ event, command: cmd, duration_ms: Math.round(performance.now() - t0), ...r });
     };
-    const child = spawn(file, args, { cwd, stdio: ["pipe", "ignore", "pipe"], env: { ...process.env, MEMSNAP_EVENT: event } });
+    // Its own process group, so that a timeout ends everything it started: `sh -c "…"` (dash
+    // forks its command rather than exec'ing it) killed alone left the command holding the
+    // stderr pipe, and memsnap waited for that command to end, timeout or not.
+    const child = spawn(file, args, { cwd, stdio: ["pipe", "ignore", "pipe"], env: { ...process.env, MEMSNAP_EVENT: event }, detached: true });
+    const killGroup = (sig: NodeJS.Signals): void => {
+      try {
+        if (child.pid !== undefined) process.kill(-child.pid, sig);
+      } catch {
+        // the group is gone already
+      }
+    };
+    // memsnap exiting (done, or SIGINT) takes a hook still running with it, as before it had a group of its own.
+    const onExit = (): void => killGroup("SIGKILL");
+    process.once("exit", onExit);
+    child.once("close", () => process.off("exit", onExit));
     const timer = setTimeout(() => {
-      child.kill("SIGTERM");
-      setTimeout(() => child.kill("SIGKILL"), 2000).unref();
+      killGroup("SIGTERM");
+      setTimeout(() => killGroup("SIGKILL"), 2000).unref();
+      // Whatever still holds its pipes is not waited for.
+      child.stderr.destroy();
+      child.stdin.destroy();
+      child.unref();
       done({ ok: false, exit_code: null, error: `timed out after ${hooks!.timeout_ms} ms` });
     }, hooks!.timeout_ms);
     child.stderr.on("data", (c: Buffer) => { stderr = (stderr + c.toString("utf8")).slice(-2000); });
