@@ -15,7 +15,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeEach, describe, expect, it } from "vitest";
 import {
-  deleteSnapshots, findSnapshot, generateIdentity, listSnapshots, parseConfig, parseManifest, readLayout, restoreInPlace, restoreToDir, snapshot, verifyBundle,
+  deleteSnapshots, findSnapshot, generateIdentity, listSnapshots, parseConfig, parseManifest, readLayout, restoreInPlace, restoreToDir, snapshot, verifyBundle, verifyError,
   type MemsnapConfig,
 } from "../../src/index.js";
 import { decide } from "../../src/store/prune.js";
@@ -199,6 +199,11 @@ describe("bases: missing, replaced, altered", () => {
     const v = await verifyBundle(second.path, { keys });
     expect(v.ok).toBe(false);
     expect(v.checks.find((c) => c.name === "bases")).toMatchObject({ status: "failed" });
+    // what the CLI then says: where the base should be, not that this bundle is damaged
+    const e = verifyError(v);
+    expect(e.code).toBe("MEMSNAP_BASE_MISSING");
+    expect(e.hint).toMatch(/^copy the base bundle next to it/);
+    expect(e.hint).not.toMatch(/damaged/);
   });
 
   it("another bundle under the base's name (a different seal): MEMSNAP_BASE_MISMATCH", async () => {
