@@ -7,7 +7,7 @@
  * is either absent/empty as before or complete.
  */
 import { randomBytes } from "node:crypto";
-import { mkdir, readdir, rename, rm, rmdir, writeFile } from "node:fs/promises";
+import { chmod, mkdir, readdir, rename, rm, rmdir, stat, writeFile } from "node:fs/promises";
 import { basename, dirname, join, resolve } from "node:path";
 import { MemsnapError, destinationError, interruptedOr } from "../errors.js";
 import { readLayout } from "../format/container.js";
@@ -144,6 +144,9 @@ export async function restoreToDir(bundle: string, to: string, opts: RestoreToDi
     attributes.apply(); // modes and mtimes, synced with the rest
     await syncFilesystem(staging);
     debugStep(t0, "synced");
+    // An empty directory made for the restore keeps its permissions (staging is made 0700).
+    const made = await stat(target).catch(() => null);
+    if (made?.isDirectory()) await chmod(staging, made.mode & 0o7777).catch((e: unknown) => { throw destinationError(e, staging); });
     await rmdir(target).catch((e: NodeJS.ErrnoException) => {
       if (e.code !== "ENOENT") throw destinationError(e, target);
     });

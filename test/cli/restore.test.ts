@@ -6,7 +6,7 @@
  * properly resealed: restore refuses, writes nothing outside and removes its staging dir.
  */
 import { spawnSync } from "node:child_process";
-import { existsSync, mkdirSync, readdirSync, readFileSync, readlinkSync, rmSync, statSync, symlinkSync, writeFileSync } from "node:fs";
+import { chmodSync, existsSync, mkdirSync, readdirSync, readFileSync, readlinkSync, rmSync, statSync, symlinkSync, writeFileSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { beforeAll, describe, expect, it } from "vitest";
 import { readLayout } from "../../src/format/container.js";
@@ -110,11 +110,15 @@ describe("restore: round trip", () => {
     expect(listLeftovers(d)).toEqual([]);
   });
 
-  it("into an existing empty directory", async () => {
+  it("into an existing empty directory, which keeps its permissions (a new one is 0700)", async () => {
     const d = tempDir();
     mkdirSync(join(d, "empty"));
+    chmodSync(join(d, "empty"), 0o750);
     expectOk(await runCli(["restore", plain, "--to", "empty"], { cwd: d }));
     expectSameTree(join(d, "empty"), plain);
+    expect(statSync(join(d, "empty")).mode & 0o7777).toBe(0o750);
+    expectOk(await runCli(["restore", plain, "--to", "fresh"], { cwd: d }));
+    expect(statSync(join(d, "fresh")).mode & 0o7777).toBe(0o700);
   });
 });
 
