@@ -1,17 +1,21 @@
 /**
- * Lifecycle hooks: commands from the config run on `on_created`, `on_restored` and
- * `on_failed`, each receiving the event's metadata JSON on stdin, so operators can publish to
- * NATS, a webhook or a pager without changing memsnap. A hook that fails, hangs past its
- * timeout or cannot start is reported back, and never breaks the snapshot or restore.
+ * Lifecycle hooks: commands from the config run on `on_created`, `before_restore`,
+ * `on_restored` and `on_failed`, each receiving the event's metadata JSON on stdin, so
+ * operators can publish to NATS, a webhook or a pager, or stop and start the agent, without
+ * changing memsnap. A hook that fails, hangs past its timeout or cannot start is reported back
+ * and never breaks the snapshot or restore, except `before_restore`: an in-place restore does
+ * not start over an agent its hook could not stop (the CLI raises MEMSNAP_HOOK_REFUSED).
  */
 import { spawn } from "node:child_process";
 import { configInvalid, isPlainObject, optInt, rejectUnknownKeys } from "./util/config-check.js";
 
-export type HookEvent = "on_created" | "on_restored" | "on_failed";
-export const HOOK_EVENTS: readonly HookEvent[] = ["on_created", "on_restored", "on_failed"];
+export type HookEvent = "on_created" | "before_restore" | "on_restored" | "on_failed";
+export const HOOK_EVENTS: readonly HookEvent[] = ["on_created", "before_restore", "on_restored", "on_failed"];
 
 export interface HooksConfig {
   on_created?: string[];
+  /** Runs before an in-place restore touches anything (to stop the agent); its failure stops the restore. */
+  before_restore?: string[];
   on_restored?: string[];
   on_failed?: string[];
   timeout_ms: number;

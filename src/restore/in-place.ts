@@ -49,6 +49,12 @@ export interface RestoreInPlaceOptions extends SignaturePolicy {
   dryRun?: boolean;
   signal?: AbortSignal;
   onProgress?: (bytes: number, total: number) => void;
+  /**
+   * Called once the agent's lock is held, before the safety snapshot and before anything is
+   * staged (the CLI runs the `before_restore` hook here, to stop the agent); throwing ends the
+   * restore with nothing changed. Not called for a dry run.
+   */
+  beforeRestore?: (layers: string[]) => Promise<void>;
 }
 
 export interface RestoreInPlaceResult {
@@ -190,6 +196,7 @@ export async function restoreInPlace(bundle: string, config: MemsnapConfig, opts
   try {
     crashPoint("restore:locked");
     const rec = await recoverJournal(config.baseDir);
+    await opts.beforeRestore?.(selected.map((s) => s.layer.name));
     let safety: SnapshotResult | null = null;
     if (opts.safetySnapshot !== false) {
       if (!opts.store) throw new MemsnapError("MEMSNAP_USAGE", "a safety snapshot needs a store", { hint: "pass --store, or --no-safety-snapshot" });

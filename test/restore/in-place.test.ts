@@ -284,3 +284,43 @@ describe("restore in place: layers that share a live directory", () => {
     expect(readdirSync(join(a, "..")).filter((n) => n.startsWith(`${a.split("/").pop()}.memsnap-`))).toEqual([]);
   });
 });
+
+describe("restore in place: the before_restore hook", () => {
+  /** The agent's config with hooks added (before_restore as given, on_failed logging to a file). */
+  function withHooks(before: string[]): string {
+    const cfgPath = join(agent, "memsnap.json");
+    const cfg = JSON.parse(readFileSync(cfgPath, "utf8")) as Record<string, unknown>;
+    cfg.hooks = { before_restore: before, on_failed: ["/bin/sh", "-c", `cat > ${join(agent, "..", "failed.json")}`], timeout_ms: 5000 };
+    writeFileSync(cfgPath, JSON.stringify(cfg));
+    return cfgPath;
+  }
+
+  it("runs once the lock is held, before the safety snapshot, with the bundle and layers on stdin", () => {
+    // The hook stands in for stopping the agent: it writes the agent's last state, which the
+    // safety snapshot must then hold, and records what it was given.
+    const got = join(agent, "..", "before.json");
+    const cfg = withHooks(["/bin/sh", "-c", `cat > ${got}; test -f ${join(agent, ".memsnap", "lock")} && echo '{"c":3}' > ${join(agent, "state", "cursor.json")}`]);
+    const r = cli(["restore", bundle, "-c", cfg, "--store", store, "--json"]);
+    expect(r.code, r.stderr).toBe(0);
+    expect(JSON.parse(readFileSync(got, "utf8"))).toEqual({ event: "before_restore", bundle, tenant: "default", agent: "scribe", layers: ["memory", "state"] });
+    expect(readFileSync(join(agent, "state", "cursor.json"), "utf8")).toBe('{"c":1}'); // restored over it
+    const safety = (JSON.parse(r.stdout) as { safety_snapshot: { path: string } }).safety_snapshot.path;
+    const out = join(agent, "..", `safety-${Date.now()}`);
+    expect(cli(["restore", safety, "--to", out]).code).toBe(0);
+    expect(readFileSync(join(out, "state", "cursor.json"), "utf8")).toBe('{"c":3}\n'); // what the hook left
+  });
+
+  it("a hook that fails stops the restore before anything: exit 7, MEMSNAP_HOOK_REFUSED, no safety snapshot, on_failed told", () => {
+    const cfg = withHooks(["/bin/sh", "-c", "echo 'agent will not stop' >&2; exit 1"]);
+    const r = cli(["restore", bundle, "-c", cfg, "--store", store]);
+    expect(r.code).toBe(7);
+    expect(r.stderr).toMatch(/the before_restore hook \(\/bin\/sh -c .*\) failed: exit 1: agent will not stop; nothing was restored \[MEMSNAP_HOOK_REFUSED\]/);
+    expect(readFileSync(join(agent, "memory", "MEMORY.md"), "utf8")).toBe("# v2\n");
+    expect(readFileSync(join(agent, "state", "cursor.json"), "utf8")).toBe('{"c":2}');
+    expect(readdirSync(join(store, "default", "scribe")).filter((n) => n.endsWith(".memsnap"))).toEqual([`${bundleId}.memsnap`]); // no safety snapshot
+    expect(JSON.parse(readFileSync(join(agent, "..", "failed.json"), "utf8")).error.code).toBe("MEMSNAP_HOOK_REFUSED");
+    expect(existsSync(join(agent, ".memsnap", "lock"))).toBe(false);
+    // --dry-run does not run it
+    expect(cli(["restore", bundle, "-c", cfg, "--store", store, "--dry-run"]).code).toBe(0);
+  });
+});

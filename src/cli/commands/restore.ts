@@ -1,6 +1,6 @@
 import type { Command } from "commander";
 import {
-  MemsnapError, listSome, loadConfig, loadIdentities, loadPassphrase, loadTrusted, parseDuration, recoverAgent, resolveStore, restoreInPlace, restoreToDir,
+  MemsnapError, listSome, loadConfig, loadIdentities, loadPassphrase, loadTrusted, parseDuration, recoverAgent, resolveStore, restoreInPlace, restoreToDir, runHook,
   summarizeRedaction, type Manifest, type RedactedSummary, type RestorePlan,
 } from "../../index.js";
 import { fmtBytes, fmtRate, printJson, Progress } from "../output.js";
@@ -122,6 +122,14 @@ Examples:
         ...sigPolicy, keys, only: o.only, asAgent: !!o.asAgent, safetySnapshot: o.safetySnapshot, store: resolveStore(o.store, config.store),
         ...(o.wait ? { waitMs: parseDuration(o.wait) } : {}), dryRun: !!o.dryRun, signal,
         onProgress: (b, t) => progress.update(b, t),
+        beforeRestore: async (layers) => {
+          const h = await runHook(config.hooks, "before_restore", { bundle, tenant: config.tenant, agent: config.agent, layers }, config.baseDir);
+          if (h && !h.ok) {
+            throw new MemsnapError("MEMSNAP_HOOK_REFUSED", `the before_restore hook (${h.command.join(" ")}) failed: ${h.error}; nothing was restored`, {
+              hint: "the agent may not have been stopped: fix the hook, or take it out of memsnap.json's hooks to restore without it",
+            });
+          }
+        },
         }));
       } catch (e) {
         progress.done();
