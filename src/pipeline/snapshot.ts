@@ -55,6 +55,11 @@ export interface SnapshotProgress {
   layer: string;
 }
 
+/** The longest label a snapshot may carry. */
+export const LABEL_MAX = 200;
+// One line of printable text: no C0/C1 control characters (a newline would break `list`).
+const LABEL_OK = new RegExp(`^[^\\u0000-\\u001f\\u007f-\\u009f]{1,${LABEL_MAX}}$`, "u");
+
 export interface SnapshotOptions {
   config: MemsnapConfig;
   /** Bundle path; default `<store>/<tenant>/<agent>/<id>.memsnap` (then `store` is required). */
@@ -305,6 +310,11 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
   const recipients = opts.recipients ?? [];
   if (recipients.length && opts.passphrase) {
     throw new MemsnapError("MEMSNAP_USAGE", "use recipients or a passphrase, not both", { hint: "drop --recipient or --passphrase-file" });
+  }
+  if (opts.label != null && !LABEL_OK.test(opts.label)) {
+    throw new MemsnapError("MEMSNAP_USAGE", `a label is 1 to ${LABEL_MAX} characters on one line, without control characters: got ${JSON.stringify(opts.label.length > 40 ? `${opts.label.slice(0, 40)}…` : opts.label)} (${opts.label.length} characters)`, {
+      hint: "e.g. --label before-upgrade; `memsnap list` shows it and `prune --keep-label` matches it",
+    });
   }
   const encrypted = recipients.length > 0 || !!opts.passphrase;
   const memory = cfg.sources.filter((s) => s.impl.processMemory).map((s) => s.cfg.name);

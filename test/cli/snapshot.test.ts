@@ -107,6 +107,17 @@ describe("snapshot: plaintext", () => {
     expect(human.stdout).toMatch(/^label\s+nightly before upgrade ✓$/m);
   });
 
+  it("a label is one line of at most 200 characters: anything else is MEMSNAP_USAGE and writes nothing", async () => {
+    const a = makeAgent();
+    expectOk(await runCli(["snapshot", "-c", a.config, "-o", "max.memsnap", "--label", "é".repeat(200)], { cwd: a.dir }));
+    for (const bad of ["two\nlines", "tab\there", "x".repeat(201), ""]) {
+      const r = await runCli(["snapshot", "-c", a.config, "-o", "bad.memsnap", "--label", bad], { cwd: a.dir });
+      expectCliError(r, 2, "MEMSNAP_USAGE");
+      expect(r.stderr).toContain("a label is 1 to 200 characters on one line");
+      expect(existsSync(join(a.dir, "bad.memsnap"))).toBe(false);
+    }
+  });
+
   it("--store DIR writes DIR/<tenant>/<agent>/<id>.memsnap", async () => {
     const a = makeAgent({ tenant: "t-1", agent: "bot_2" });
     const store = join(a.dir, "store");

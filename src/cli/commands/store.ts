@@ -84,7 +84,7 @@ Examples:
       if (!snaps.length) process.stdout.write(`no snapshots in ${store}\n`);
       else {
         // BASES: how many earlier bundles an incremental snapshot needs beside it ("-" for a full one).
-        const rows = snaps.map((s) => [s.id, `${s.tenant}/${s.agent}`, s.created_at.replace(/\.\d+Z$/, "Z"), s.created_by, fmtBytes(s.size), s.encrypted ? "yes" : "no", s.signed ? "yes" : "no", basesOf(s.manifest).length ? String(basesOf(s.manifest).length) : "-", s.label ?? ""]);
+        const rows = snaps.map((s) => [s.id, `${s.tenant}/${s.agent}`, s.created_at.replace(/\.\d+Z$/, "Z"), s.created_by, fmtBytes(s.size), s.encrypted ? "yes" : "no", s.signed ? "yes" : "no", basesOf(s.manifest).length ? String(basesOf(s.manifest).length) : "-", oneLine(s.label ?? "")]);
         const head = ["ID", "AGENT", "CREATED", "BY", "SIZE", "ENC", "SIGNED", "BASES", "LABEL"];
         const w = head.map((h, i) => Math.max(h.length, ...rows.map((r) => r[i]!.length)));
         for (const r of [head, ...rows]) process.stdout.write(r.map((c, i) => c.padEnd(w[i]!)).join("  ").trimEnd() + "\n");
@@ -188,3 +188,7 @@ Examples:
     });
 }
 
+/** A label as one table cell: control characters (a newline from an older memsnap) shown as "?". */
+function oneLine(label: string): string {
+  return label.replace(/[\u0000-\u001f\u007f-\u009f]/g, "?");
+}
