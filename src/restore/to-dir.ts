@@ -142,11 +142,11 @@ export async function restoreToDir(bundle: string, to: string, opts: RestoreToDi
     // One syncfs for the whole tree instead of an fsync per file.
     await early.settle();
     attributes.apply(); // modes and mtimes, synced with the rest
-    await syncFilesystem(staging);
-    debugStep(t0, "synced");
     // An empty directory made for the restore keeps its permissions (staging is made 0700).
     const made = await stat(target).catch(() => null);
     if (made?.isDirectory()) await chmod(staging, made.mode & 0o7777).catch((e: unknown) => { throw destinationError(e, staging); });
+    await syncFilesystem(staging);
+    debugStep(t0, "synced");
     await rmdir(target).catch((e: NodeJS.ErrnoException) => {
       if (e.code !== "ENOENT") throw destinationError(e, target);
     });
