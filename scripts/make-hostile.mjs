@@ -2,86 +2,25 @@
 // Build the hostile bundles in fixtures/hostile/ (run after `npm run build`). Each is a valid
 // container with a sealed manifest whose payload hash matches, so only the payload's content
 // is hostile: restore must refuse each with an unsafe-bundle code before writing outside staging.
-import { createHash } from "node:crypto";
-import { mkdirSync, rmSync, writeFileSync } from "node:fs";
+import { mkdirSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { compress } from "zstd-napi";
-import { computeSeal } from "../dist/index.js";
+import { bundle as build, container, header, pad, sha, tarOf } from "./lib/hostile-bundle.mjs";
 import { encodeHeader as containerHeader } from "../dist/format/tar-header.js";
 
 const out = new URL("../fixtures/hostile/", import.meta.url).pathname;
-const sha = (b) => createHash("sha256").update(b).digest("hex");
-const pad = (n) => (512 - (n % 512)) % 512;
-
-/** A ustar header with any type flag and link name (the container codec only writes files). */
-function header(name, size, type = "0", linkname = "") {
-  const b = Buffer.alloc(512);
-  b.write(name, 0, 100, "utf8");
-  b.write("0000644\0", 100);
-  b.write("0000000\0", 108);
-  b.write("0000000\0", 116);
-  b.write(size.toString(8).padStart(11, "0") + "\0", 124);
-  b.write("14700000000\0", 136);
-  b.write(type, 156);
-  b.write(linkname, 157, 100, "utf8");
-  b.write("ustar\0", 257);
-  b.write("00", 263);
-  if (type === "3" || type === "4") { b.write("0000001\0", 329); b.write("0000003\0", 337); }
-  b.fill(0x20, 148, 156);
-  let s = 0;
-  for (const x of b) s += x;
-  b.write(s.toString(8).padStart(6, "0") + "\0 ", 148);
-  return b;
+const groupsDir = new URL("./hostile/", import.meta.url).pathname;
+/** Every case written: {file, exit, code, check, key?, note?}; saved as fixtures/hostile/cases.json. */
+const cases = [];
+function bundle(file, entries, opts) {
+  writeFileSync(join(out, file), build(entries, opts));
 }
 
-function tarOf(entries) {
-  const parts = [];
-  for (const e of entries) {
-    const data = Buffer.from(e.data ?? "");
-    parts.push(header(e.name, e.size ?? data.length, e.type ?? "0", e.link ?? ""), data, Buffer.alloc(pad(data.length)));
-  }
-  parts.push(Buffer.alloc(1024));
-  return Buffer.concat(parts);
-}
-
-function bundle(file, entries, { tarSize, indexSizes = {}, zstd, layer = { name: "memory", kind: "files" }, layers = [layer] } = {}) {
-  const files = entries.filter((e) => (e.type ?? "0") === "0");
-  const id = "01JHOSTILE0000000000000000";
-  const artifacts = files.map((e) => ({
-    path: e.name, layer: layers.length > 1 ? e.name.split("/")[0] : layer.name, kind: "file", size: indexSizes[e.name] ?? Buffer.byteLength(e.data ?? ""),
-    sha256: sha(Buffer.from(e.data ?? "")), mode: 420, mtime: "2026-01-01T00:00:00.000Z",
-  }));
-  const indexDoc = { artifacts, format: "memsnap-index", snapshot_id: id };
-  const canon = (v) => v === null || typeof v !== "object" ? JSON.stringify(v) : Array.isArray(v) ? `[${v.map(canon).join(",")}]`
-    : `{${Object.keys(v).sort().map((k) => `${JSON.stringify(k)}:${canon(v[k])}`).join(",")}}`;
-  const indexBytes = Buffer.from(canon(indexDoc));
-  const tar = tarOf([...entries, { name: ".memsnap/index.json", data: indexBytes }]);
-  const payload = zstd ?? compress(tar);
-  const body = {
-    format: "memsnap", manifest_version: 1, snapshot_id: id, created_at: "2026-01-01T00:00:00.000Z", created_by: "api",
-    label: "hostile", tenant: "default", agent: "victim", host: "attacker", tool: { name: "memsnap", version: "0.1.0" }, parent: null,
-    layers: layers.map((l) => {
-      const own = artifacts.filter((a) => a.layer === l.name);
-      return { name: l.name, kind: l.kind, schema_version: l.schema_version ?? 1, artifacts: own.length, bytes: own.reduce((n, a) => n + a.size, 0) };
-    }),
-    payload: {
-      member: "payload.tar.zst", compression: { codec: "zstd", level: 3 }, encryption: null, stored_size: payload.length,
-      sha256: sha(payload), tar_size: tarSize ?? tar.length, index_sha256: sha(indexBytes), artifacts: artifacts.length,
-      bytes: artifacts.reduce((n, a) => n + a.size, 0),
-    },
-    index: artifacts, redaction: { policy: "off" },
-  };
-  const manifest = Buffer.from(JSON.stringify({ ...body, seal: computeSeal(body) }, null, 1) + "\n");
-  const now = new Date("2026-01-01T00:00:00Z");
-  const file0 = Buffer.concat([
-    containerHeader("payload.tar.zst", payload.length, now, 0o600), payload, Buffer.alloc(pad(payload.length)),
-    containerHeader("manifest.json", manifest.length, now, 0o644), manifest, Buffer.alloc(pad(manifest.length)), Buffer.alloc(1024),
-  ]);
-  writeFileSync(join(out, file), file0);
-}
-
+// Keep the victim's key (fixtures/hostile/victim.key): encrypted cases are made for it.
+const victimKey = readFileSync(join(out, "victim.key"));
 rmSync(out, { recursive: true, force: true });
 mkdirSync(out, { recursive: true });
+writeFileSync(join(out, "victim.key"), victimKey, { mode: 0o600 });
 const ok = { name: "memory/ok.md", data: "harmless\n" };
 bundle("absolute-path.memsnap", [ok, { name: "/tmp/memsnap-hostile-abs/evil", data: "pwned\n" }]);
 bundle("dotdot.memsnap", [ok, { name: "memory/../../memsnap-hostile-dotdot", data: "pwned\n" }]);
@@ -125,6 +64,23 @@ bundle("layers-interleaved.memsnap", [
     containerHeader("manifest.json", 100 * 1024 * 1024, now, 0o644), Buffer.alloc(1024),
   ]));
 }
+// The grouped cases: each scripts/hostile/<group>.mjs exports a default function that gets the
+// builders and returns its cases, `{file, bytes, exit, code, check?, key?, env?, note}`:
+// - check "to" (the default): test/restore/hostile-corpus.test.ts runs `restore FILE --to DIR`
+//   (with the victim's key when key is true, and env added) and expects exit and code, a hint,
+//   and nothing written outside DIR's parent;
+// - check "custom": the group's own test exercises it (it must name the file).
+for (const g of readdirSync(groupsDir).filter((f) => f.endsWith(".mjs")).sort()) {
+  const mod = await import(join(groupsDir, g));
+  const made = await mod.default({ bundle: build, container, header, pad, sha, tarOf, compress });
+  for (const c of made) {
+    if (!/^[a-z0-9][a-z0-9.-]*\.memsnap$/.test(c.file) || cases.some((x) => x.file === c.file)) throw new Error(`bad or duplicate case file ${c.file}`);
+    writeFileSync(join(out, c.file), c.bytes);
+    const { bytes: _b, ...rest } = c;
+    cases.push({ group: g.replace(/\.mjs$/, ""), check: "to", ...rest });
+  }
+}
+writeFileSync(join(out, "cases.json"), JSON.stringify(cases, null, 1) + "\n");
 writeFileSync(join(out, "README.md"), `# hostile bundles
 
 Made by \`scripts/make-hostile.mjs\` (\`npm run build && node scripts/make-hostile.mjs\`). Each is a valid
@@ -132,5 +88,10 @@ container whose manifest is sealed and whose payload hash matches, so keyless ch
 payload itself is hostile. \`test/restore/hostile.test.ts\` requires restore (both \`--to\` and in place)
 to refuse every one with exit code 9 (\`MEMSNAP_UNSAFE_PATH\` or \`MEMSNAP_UNSAFE_BUNDLE\`), to write
 nothing outside staging, and to remove staging.
+
+The grouped cases (\`scripts/hostile/*.mjs\`) are listed in \`cases.json\` with the exit code and
+error code restore must answer; \`test/restore/hostile-corpus.test.ts\` runs each \`check: "to"\` case,
+and each group's own test runs its \`custom\` ones. Encrypted cases are encrypted with the real
+\`age\` to \`victim.key\` (a test key, nothing else uses it).
 `);
 console.log("wrote fixtures/hostile/");

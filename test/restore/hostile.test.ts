@@ -1,7 +1,7 @@
 // Hostile bundles (fixtures/hostile, built by scripts/make-hostile.mjs) are refused with an
 // unsafe-bundle code before anything is written outside staging, and staging is removed.
 import { spawnSync } from "node:child_process";
-import { existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
@@ -42,7 +42,8 @@ const escapes = ["/tmp/memsnap-hostile-abs", "/tmp/memsnap-hostile-through-link"
 
 describe("hostile bundles", () => {
   it("every fixture is present", () => {
-    expect(readdirSync(dir).filter((f) => f.endsWith(".memsnap")).sort()).toEqual([...cases, ...toOnly].map(([n]) => `${n}.memsnap`).sort());
+    const grouped = (JSON.parse(readFileSync(join(dir, "cases.json"), "utf8")) as { file: string }[]).map((c) => c.file);
+    expect(readdirSync(dir).filter((f) => f.endsWith(".memsnap")).sort()).toEqual([...[...cases, ...toOnly].map(([n]) => `${n}.memsnap`), ...grouped].sort());
   });
 
   it.each([...cases, ...toOnly])("%s: restore --to refuses with %s and leaves nothing", (name, code) => {
