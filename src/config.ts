@@ -40,7 +40,7 @@ export interface MemsnapConfig {
 
 export const LAYER_NAME = /^[a-z0-9][a-z0-9_-]{0,63}$/;
 
-/** Remove `//` and block comments outside strings, keeping offsets' line structure. */
+/** Blank out `//` and block comments outside strings with spaces, so every offset stays where it was. */
 export function stripJsonComments(text: string): string {
   let out = "";
   let inStr = false;
@@ -54,8 +54,11 @@ export function stripJsonComments(text: string): string {
       inStr = true;
       out += c;
     } else if (c === "/" && text[i + 1] === "/") {
-      while (i < text.length && text[i] !== "\n") i++;
-      out += "\n";
+      while (i < text.length && text[i] !== "\n") {
+        out += " ";
+        i++;
+      }
+      if (i < text.length) out += "\n";
     } else if (c === "/" && text[i + 1] === "*") {
       const end = text.indexOf("*/", i + 2);
       const body = text.slice(i, end < 0 ? text.length : end + 2);
@@ -66,6 +69,17 @@ export function stripJsonComments(text: string): string {
     }
   }
   return out;
+}
+
+/** A JSON.parse message with its "at position N" said as the line and column of the original text. */
+function jsonErrorWhere(message: string, text: string): string {
+  const m = / at position (\d+)/.exec(message);
+  if (!m) return message;
+  const pos = Number(m[1]);
+  const before = text.slice(0, pos);
+  const line = before.split("\n").length;
+  const col = pos - before.lastIndexOf("\n");
+  return `${message.replace(/ in JSON at position \d+.*$/, "").replace(/ at position \d+.*$/, "")} at line ${line}, column ${col}`;
 }
 
 /** Validate a parsed config object. Throws MEMSNAP_CONFIG_INVALID / MEMSNAP_CONFIG_UNKNOWN_KEY. */
@@ -135,7 +149,7 @@ export async function loadConfig(path: string): Promise<MemsnapConfig> {
   try {
     raw = JSON.parse(stripJsonComments(text));
   } catch (e) {
-    throw configInvalid(file, `not valid JSON: ${(e as Error).message}`);
+    throw configInvalid(file, `not valid JSON: ${jsonErrorWhere((e as Error).message, text)}`);
   }
   return parseConfig(raw, file, dirname(file));
 }

@@ -88,6 +88,7 @@ describe("config: library", () => {
 }`;
     const out = stripJsonComments(text);
     expect(out.split("\n")).toHaveLength(text.split("\n").length);
+    expect(out).toHaveLength(text.length); // every offset stays where it was
     expect(JSON.parse(out)).toEqual({ a: "x // not a comment /* nor this */", b: "quote \" // still a string", c: 1 });
   });
 
@@ -102,6 +103,10 @@ describe("config: library", () => {
     writeFileSync(join(d, "ok.json"), '// hi\n{ /* agent */ "agent": "x", "sources": [{ "kind": "files", "name": "m", "path": "m" }] }\n');
     const ok = await loadConfig(join(d, "ok.json"));
     expect(ok.agent).toBe("x");
+    // A trailing comma after a long comment is named by the line and column of the file as written.
+    writeFileSync(join(d, "comma.json"), `{\n  // ${"a long comment ".repeat(20)}\n  "agent": "x",\n  "sources": [],\n}\n`);
+    const comma = await loadConfig(join(d, "comma.json")).catch((e: unknown) => e);
+    expect((comma as Error).message).toMatch(/at line 5, column 1$/);
     expect(ok.baseDir).toBe(d);
     expect(ok.file).toBe(join(d, "ok.json"));
   });
