@@ -539,6 +539,7 @@ describe("kv: pages placed on restore (layer schema 2)", () => {
         const v = idx.files.find((f: any) => f.artifact);
         v.path = "data";
       }, "MEMSNAP_UNSAFE_PATH", /names data\/layer-000\.bin under the file data$/],
+      ["a file in the rebuild's work directory", (idx) => { idx.files.find((f: any) => f.artifact).path = ".memsnap-work-kv-00000000/x"; }, "MEMSNAP_UNSAFE_PATH", /reserved path/],
       ["a data file of 2^53-1 bytes", (idx) => { idx.files.find((f: any) => f.tiles).bytes = 2 ** 53 - 1; }, "MEMSNAP_UNSAFE_BUNDLE", /more than 1099511627776 bytes/],
       ["a negative content size", (idx) => { idx.contents.find((c: any) => c.zero).bytes = -8192; }, "MEMSNAP_UNSAFE_BUNDLE", /has -8192 bytes/],
       ["a data file's bytes that are not its tiles'", (idx) => { idx.files.find((f: any) => f.tiles).bytes += 8192; }, "MEMSNAP_UNSAFE_BUNDLE", /its tiles hold/],
