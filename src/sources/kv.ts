@@ -26,7 +26,7 @@ import { MemsnapError, isMemsnapError } from "../errors.js";
 import type { Redactor } from "../redact/types.js";
 import { configInvalid, isPlainObject, optString, rejectUnknownKeys, reqString } from "../util/config-check.js";
 import {
-  KV_INDEX, KV_MANIFEST, KV_MANIFEST_MAX_BYTES, KV_MAX_PAGE_BYTES, PAGE_ARTIFACT_RE, kvInvalid,
+  KV_INDEX, KV_MANIFEST, KV_MANIFEST_MAX_BYTES, KV_MAX_PAGE_BYTES, KV_WORK_PREFIX, KvIndexUnsafe, PAGE_ARTIFACT_RE, kvInvalid,
   Grow, pageArtifact, pagePlace, readKvIndex, readKvManifest, shuffle as shufflePlanes, unshuffle,
   type KvIndexFile,
 } from "./kv-format.js";
@@ -655,6 +655,8 @@ function zeroPageSha(len: number): string {
 /** Layers already materialized in this process (restore may call materialize twice). */
 const materialized = new WeakMap<LayerEntry, Set<string>>();
 
+const UNSAFE_HINT = "the bundle's KV layer asks for what no KV dump has: do not restore it";
+
 function restoreBad(msg: string, path: string): MemsnapError {
   return new MemsnapError("MEMSNAP_ARTIFACT_HASH_MISMATCH", msg, { path, hint: "the bundle's KV layer is damaged; use another copy" });
 }
@@ -760,14 +762,18 @@ async function materializeKv(dir: string, layer: LayerEntry, verified?: Verified
   const idxAbs = join(dir, KV_INDEX);
   const have = await sha256File(idxAbs);
   const want = layer.meta?.index_sha256;
-  if (have === null || (typeof want === "string" && have !== want)) {
-    // Already rebuilt (its kv-index.json was consumed, or the file there is the dump's own).
-    done.add(dir);
-    materialized.set(layer, done);
-    return;
+  // The index must be the one the (sealed) layer meta names: with any other, or none, the
+  // staged artifacts would be left as the dump.
+  if (have === null) throw restoreBad(`${layer.name}: the layer has no ${KV_INDEX}`, `${layer.name}/${KV_INDEX}`);
+  if (have !== want) {
+    throw restoreBad(`${layer.name}/${KV_INDEX} hashes to sha256:${have}, the layer's index_sha256 is ${JSON.stringify(want ?? null)}`, `${layer.name}/${KV_INDEX}`);
+  }
+  const declared = layer.meta?.bytes_total;
+  if (!Number.isSafeInteger(declared) || (declared as number) < 0) {
+    throw new MemsnapError("MEMSNAP_UNSAFE_BUNDLE", `${layer.name}: the layer meta's bytes_total ${JSON.stringify(declared ?? null)} is not a byte count`, { path: layer.name, hint: UNSAFE_HINT });
   }
   // Move the bundle-side artifacts aside, then rebuild the original files in `dir`.
-  const src = join(dir, `.memsnap-work-kv-${randomBytes(4).toString("hex")}`);
+  const src = join(dir, `${KV_WORK_PREFIX}${randomBytes(4).toString("hex")}`);
   await mkdir(src);
   const moved: string[] = [];
   for (const n of await readdir(dir)) {
@@ -800,8 +806,9 @@ async function materializeKv(dir: string, layer: LayerEntry, verified?: Verified
     const file = spool!.part.a[slot]!;
     return pageArtifact(hexOf(ci), elem, elem === 1 && file >= 0 ? { file, offset: spool!.off.a[slot]! } : undefined);
   };
+  let dataBytes: number;
   try {
-    await readKvIndex(createReadStream(join(src, KV_INDEX), { highWaterMark: 1 << 20 }) as AsyncIterable<Buffer>, {
+    ({ dataBytes } = await readKvIndex(createReadStream(join(src, KV_INDEX), { highWaterMark: 1 << 20 }) as AsyncIterable<Buffer>, {
       content: (c, i) => {
         cBytes.push(c.bytes);
         cZero.push(c.zero ? 1 : 0);
@@ -819,10 +826,19 @@ async function materializeKv(dir: string, layer: LayerEntry, verified?: Verified
         if (c.artifact !== null && (slot === undefined || artifactOf(i) !== c.artifact)) cArt.set(i, c.artifact);
       },
       file: (f) => { files.push(f); },
-    });
+    }));
   } catch (e) {
     spool?.close();
+    if (e instanceof KvIndexUnsafe) throw new MemsnapError(e.code, `${layer.name}/${KV_INDEX}: ${e.message}`, { path: `${layer.name}/${KV_INDEX}`, hint: UNSAFE_HINT });
     throw restoreBad(`${layer.name}/${KV_INDEX}: ${(e as Error).message}`, `${layer.name}/${KV_INDEX}`);
+  }
+  // The data files are no bigger than the pages the layer declares (bytes_total counts every
+  // page, each data file's tiles are some of them): nothing is written past what it says.
+  if (dataBytes > (declared as number)) {
+    spool?.close();
+    throw new MemsnapError("MEMSNAP_UNSAFE_BUNDLE", `${layer.name}/${KV_INDEX}: its data files hold ${dataBytes} bytes, the layer declares ${declared as number} (bytes_total)`, {
+      path: `${layer.name}/${KV_INDEX}`, hint: UNSAFE_HINT,
+    });
   }
   // The index and map were read in 1 MiB / 64 KiB chunks, garbage now: free them before the rebuild.
   collectNow("minor");
@@ -910,7 +926,6 @@ async function materializeKv(dir: string, layer: LayerEntry, verified?: Verified
   const batch = Buffer.allocUnsafe(WRITE_BATCH);
   try {
     for (const [fileNo, f] of files.entries()) {
-      if (f.path.split("/")[0]!.startsWith(".memsnap-work-kv-")) throw new MemsnapError("MEMSNAP_UNSAFE_PATH", `${layer.name}: kv-index names a reserved path ${f.path}`, { path: f.path });
       const target = join(dir, ...f.path.split("/"));
       await mkdir(dirname(target), { recursive: true });
       const here = placed.get(fileNo);
@@ -989,7 +1004,8 @@ async function materializeKv(dir: string, layer: LayerEntry, verified?: Verified
         if (!st || st.size !== f.bytes) throw restoreBad(`${layer.name}/${f.artifact!} is missing or has the wrong size`, f.artifact!);
         await rename(from, target);
       }
-      await chmod(target, f.mode & 0o7777);
+      // Never setuid, setgid or sticky, and within the umask (as every kind restores modes).
+      await chmod(target, f.mode & 0o777 & ~process.umask());
       const t = new Date(f.mtime);
       if (!Number.isNaN(t.getTime())) await utimes(target, t, t);
     }

@@ -6,7 +6,7 @@
 import { spawnSync } from "node:child_process";
 import { createHash, randomBytes } from "node:crypto";
 import { createRequire } from "node:module";
-import { mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, truncateSync, unlinkSync, writeFileSync } from "node:fs";
+import { chmodSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, truncateSync, unlinkSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, relative } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
@@ -513,6 +513,74 @@ describe("kv: pages placed on restore (layer schema 2)", () => {
       }
       expect(err, what).toBeDefined();
       expectErr(err, "MEMSNAP_ARTIFACT_HASH_MISMATCH", msg);
+    }
+  });
+
+  /** Rewrite the staged kv-index.json with `edit`, and the layer meta's index_sha256 to match it (unless `keepSha`). */
+  function tamper(s: Awaited<ReturnType<typeof staged>>, edit: (idx: any, meta: Meta) => void, keepSha = false): void {
+    const path = join(s.stage, "kv-index.json");
+    const idx = JSON.parse(readFileSync(path, "utf8"));
+    const meta = { ...s.meta };
+    edit(idx, meta);
+    const bytes = Buffer.from(JSON.stringify(idx));
+    writeFileSync(path, bytes);
+    if (!keepSha) meta.index_sha256 = sha(bytes);
+    s.layer = { ...s.layer, meta };
+  }
+
+  it("a real dump's index made hostile is refused before any dump file is written", async () => {
+    const dir = tmp();
+    const cases: [string, (idx: any, meta: Meta) => void, string, RegExp, boolean?][] = [
+      ["a file under a data file", (idx) => {
+        const v = idx.files.find((f: any) => f.artifact);
+        idx.files.push({ ...v, path: `${idx.files.find((f: any) => f.tiles).path}/evil` });
+      }, "MEMSNAP_UNSAFE_PATH", /under the file data\/layer-000\.bin/],
+      ["a verbatim file over a data file's directory", (idx) => {
+        const v = idx.files.find((f: any) => f.artifact);
+        v.path = "data";
+      }, "MEMSNAP_UNSAFE_PATH", /names data\/layer-000\.bin under the file data$/],
+      ["a file in the rebuild's work directory", (idx) => { idx.files.find((f: any) => f.artifact).path = ".memsnap-work-kv-00000000/x"; }, "MEMSNAP_UNSAFE_PATH", /reserved path/],
+      ["a data file of 2^53-1 bytes", (idx) => { idx.files.find((f: any) => f.tiles).bytes = 2 ** 53 - 1; }, "MEMSNAP_UNSAFE_BUNDLE", /more than 1099511627776 bytes/],
+      ["a negative content size", (idx) => { idx.contents.find((c: any) => c.zero).bytes = -8192; }, "MEMSNAP_UNSAFE_BUNDLE", /has -8192 bytes/],
+      ["a data file's bytes that are not its tiles'", (idx) => { idx.files.find((f: any) => f.tiles).bytes += 8192; }, "MEMSNAP_UNSAFE_BUNDLE", /its tiles hold/],
+      ["a page marked zero", (idx) => { idx.contents.find((c: any) => !c.zero).zero = true; }, "MEMSNAP_ARTIFACT_HASH_MISMATCH", /is marked zero, but 8192 zero bytes hash to/],
+      ["data files past bytes_total", (_idx, meta) => { meta.bytes_total -= 1; }, "MEMSNAP_UNSAFE_BUNDLE", /the layer declares \d+ \(bytes_total\)/],
+      ["an index that is not the one index_sha256 names", (idx) => { idx.files[0].mode = 0o600; }, "MEMSNAP_ARTIFACT_HASH_MISMATCH", /the layer's index_sha256 is/, true],
+    ];
+    for (const [what, edit, code, msg, keepSha] of cases) {
+      const s = await staged(dir, "off");
+      tamper(s, edit, keepSha);
+      let err: unknown;
+      try {
+        await kvSource.materialize!(s.stage, s.layer, s.verified);
+      } catch (e) {
+        err = e;
+      }
+      expect(err, what).toBeDefined();
+      expectErr(err, code, msg);
+      // Nothing rebuilt: the stage holds the bundle-side artifacts (moved aside, or not yet).
+      for (const n of readdirSync(s.stage)) expect(n, what).toMatch(/^(\.memsnap-work-kv-[0-9a-f]{8}|kv-index\.json|pages|files|\.memsnap-spool.*)$/);
+    }
+  });
+
+  it("a dump whose files were captured setuid and setgid comes back without those bits, within the umask", async () => {
+    const dir = tmp();
+    const d = generateKvDump({ dir: join(dir, "dump"), nLayers: 1 });
+    const data = join(d.dir, "data", "layer-000.bin");
+    chmodSync(data, 0o6777);
+    chmodSync(d.manifestPath, 0o2644);
+    const r = await snap(dir, { path: "dump" });
+    const old = process.umask(0o022);
+    try {
+      for (const [umask, dataMode, manifestMode] of [[0o022, 0o755, 0o644], [0o077, 0o700, 0o600]] as const) {
+        process.umask(umask);
+        const out = join(dir, `r-${umask}`);
+        await restoreToDir(r.path, out);
+        expect(statSync(join(out, "kv", "data", "layer-000.bin")).mode & 0o7777).toBe(dataMode);
+        expect(statSync(join(out, "kv", "kv-manifest.json")).mode & 0o7777).toBe(manifestMode);
+      }
+    } finally {
+      process.umask(old);
     }
   });
 
