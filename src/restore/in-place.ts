@@ -128,7 +128,7 @@ async function buildSwaps(sel: SelectedLayer, staged: string, backup: string, pr
   const realRoot = realish(target.root);
   const isProtected = (rel: string): boolean => protect.covers(join(target.root, rel), join(realRoot, rel));
   const swaps: Swap[] = [];
-  const newFiles = await listFiles(staged);
+  const newFiles = await listFiles(staged, { withPrivate: true });
   const have = new Set(newFiles);
   const removals = new Set<string>();
   for (const rel of newFiles) {
