@@ -68,6 +68,7 @@ export const ERROR_CODES = {
   MEMSNAP_DEST_NOT_EMPTY: { class: "destination", meaning: "restore --to needs a new or empty directory" },
   MEMSNAP_DEST_EXISTS: { class: "destination", meaning: "the output file already exists" },
   MEMSNAP_UNSAFE_PATH: { class: "unsafe", meaning: "a bundle entry would write outside its target or is not a regular file" },
+  MEMSNAP_JOURNAL_UNTRUSTED: { class: "unsafe", meaning: "the restore journal (.memsnap/journal.json) names a path or a step that an in-place restore under this config does not produce: recover changed nothing" },
   MEMSNAP_UNSAFE_BUNDLE: { class: "unsafe", meaning: "a bundle exceeds its own declared sizes (zstd/tar bomb, entry longer than declared, oversized manifest)" },
   MEMSNAP_INTERRUPTED: { class: "interrupted", meaning: "the command was stopped by SIGINT or SIGTERM before it finished; nothing half-done was left (no partial bundle, the live state untouched)" },
 } as const satisfies Record<string, { class: ErrorClass; meaning: string }>;

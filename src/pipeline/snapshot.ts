@@ -348,7 +348,7 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
   if (opts.lock !== "held" && opts.lock !== false) {
     lock = await acquireLock(cfg.baseDir, { waitMs: opts.lock?.waitMs ?? 0, command: "snapshot" });
     try {
-      await recoverJournal(cfg.baseDir); // an interrupted restore is finished or undone before capturing
+      await recoverJournal(cfg); // an interrupted restore is finished or undone before capturing
     } catch (e) {
       await lock.release();
       throw e;

@@ -29,7 +29,8 @@ import { extractPayload, RestoredAttributes } from "./extract.js";
 import { basesNeeded, checkReferencedLayers, extractReferenced, openBases, References } from "./bases.js";
 import { LayerMaterializer } from "./materialize.js";
 import { listFiles } from "./live-files.js";
-import { newJournal, recoverJournal, rollForward, writeJournal, cleanup, type Swap } from "./journal.js";
+import { backupName, checkJournal, journalScope, newJournal, recoverJournal, rollForward, stagingName, writeJournal, cleanup, type Swap } from "./journal.js";
+import { Protected, realish, type LiveRoot, type PathProblem } from "./live-guard.js";
 import { acquireLock, type AgentLock } from "./lock.js";
 import { checkManifest, checkManifestFindings, enforceSignature, type SignaturePolicy } from "./preflight.js";
 import { planRestore, type RestorePlan } from "./plan.js";
@@ -65,6 +66,11 @@ export interface RestoreInPlaceResult {
   safetySnapshot: SnapshotResult | null;
   recovered: string | null;
   plan?: RestorePlan;
+  /**
+   * Live paths the bundle has a copy of that were left as they are: the config file this
+   * restore ran with (a state source at `.` captures it), which a restore never writes.
+   */
+  kept: string[];
   durationMs: number;
 }
 
@@ -109,14 +115,34 @@ export async function selectLayers(manifest: Manifest, config: MemsnapConfig, on
   return out;
 }
 
-async function buildSwaps(sel: SelectedLayer, staged: string, backup: string): Promise<Swap[]> {
+/**
+ * The swaps that make a layer's live files the staged ones. Only what the source owns is
+ * swapped in: a staged file outside its globs and kind (a `files` source with include
+ * `**\/*.md` and a bundle holding `run.sh`) is MEMSNAP_UNSAFE_PATH, before anything live is
+ * touched. The config file this restore runs with is owned by no layer: never replaced, never
+ * removed (its path goes to `kept` when the bundle has a copy).
+ */
+async function buildSwaps(sel: SelectedLayer, staged: string, backup: string, protect: Protected, kept: string[]): Promise<Swap[]> {
   const { target, layer } = sel;
   if (target.mode === "dir") return [{ layer: layer.name, target: target.root, staged, backup }];
+  const realRoot = realish(target.root);
+  const isProtected = (rel: string): boolean => protect.covers(join(target.root, rel), join(realRoot, rel));
   const swaps: Swap[] = [];
-  const newFiles = await listFiles(staged);
+  const newFiles = await listFiles(staged, { withPrivate: true });
   const have = new Set(newFiles);
   const removals = new Set<string>();
   for (const rel of newFiles) {
+    if (!target.owns?.(rel)) {
+      throw new MemsnapError("MEMSNAP_UNSAFE_PATH",
+        `layer ${layer.name}: the bundle holds ${rel}, which the ${layer.kind} source ${layer.name} does not own (outside its include/exclude globs or its kind's files)`, {
+          path: `${layer.name}/${rel}`,
+          hint: "nothing was changed: an in-place restore writes only what the configured source owns; look at the bundle with `restore --to DIR`",
+        });
+    }
+    if (isProtected(rel)) {
+      kept.push(join(target.root, rel));
+      continue;
+    }
     swaps.push({ layer: layer.name, target: join(target.root, rel), staged: join(staged, rel), backup: join(backup, rel) });
     for (const c of target.companions?.(rel) ?? []) removals.add(c);
   }
@@ -127,9 +153,41 @@ async function buildSwaps(sel: SelectedLayer, staged: string, backup: string): P
     }
   }
   for (const rel of removals) {
-    if (!have.has(rel)) swaps.push({ layer: layer.name, target: join(target.root, rel), staged: null, backup: join(backup, rel) });
+    if (!have.has(rel) && !isProtected(rel)) swaps.push({ layer: layer.name, target: join(target.root, rel), staged: null, backup: join(backup, rel) });
   }
   return swaps;
+}
+
+/** How the restore itself reports a live path it will not use (before the swap phase, nothing changed). */
+function refusedPath(why: string, path?: string): MemsnapError {
+  return new MemsnapError("MEMSNAP_UNSAFE_PATH", `in-place restore refused: ${why}`, {
+    ...(path ? { path } : {}),
+    hint: "nothing was changed: an in-place restore never renames or creates through a symlink, nor puts a file where a directory is; "
+      + "move that path out of the way and restore again, or restore with --to DIR",
+  });
+}
+
+/** A live path found unusable during the swap phase (the live tree changed under the restore). */
+function swapFailure(p: PathProblem): MemsnapError {
+  return new MemsnapError("MEMSNAP_UNSAFE_PATH", `in-place restore stopped: ${p.path} ${p.why}`, {
+    path: p.path, hint: "the live tree changed during the restore: move that path out of the way, then run `memsnap recover` to finish the restore",
+  });
+}
+
+/**
+ * Live roots this restore must not take: one inside the control dir, or a whole directory
+ * swapped in that holds the config or the control dir. MEMSNAP_USAGE, before the lock.
+ */
+function checkTargets(selected: SelectedLayer[], protect: Protected): void {
+  for (const s of selected) {
+    const root = s.target.root;
+    if (protect.covers(root, realish(root)) || (s.target.mode === "dir" && protect.inside(root))) {
+      throw new MemsnapError("MEMSNAP_USAGE",
+        `layer ${s.layer.name}: its live root ${root} ${s.target.mode === "dir" ? "holds or is" : "is"} the config or memsnap's .memsnap directory, which a restore never replaces`, {
+          hint: "point the source at a directory that holds neither, or restore the layer with --to DIR",
+        });
+    }
+  }
 }
 
 /** Errors of the safety snapshot that come from the live state itself (see restoreInPlace). */
@@ -182,6 +240,8 @@ export async function restoreInPlace(bundle: string, config: MemsnapConfig, opts
     });
   }
   const selected = await selectLayers(manifest, config, opts.only);
+  const protect = new Protected(config);
+  checkTargets(selected, protect);
   // An incremental bundle's bases are checked before anything is touched. A partial restore
   // (--only) needs only those its layers reference: known here from a plaintext index, else
   // once the bundle's own payload is read (into staging: still before anything live is touched).
@@ -190,12 +250,12 @@ export async function restoreInPlace(bundle: string, config: MemsnapConfig, opts
   let bases = needed === null ? null : await openBases(bundle, manifest, needed);
   if (opts.dryRun) {
     const plan = await planRestore(layout, manifest, config, selected, keys, opts.signal);
-    return { manifest, layers: selected.map((s) => s.layer.name), swaps: 0, bytes: 0, safetySnapshot: null, recovered: null, plan, durationMs: performance.now() - t0 };
+    return { manifest, layers: selected.map((s) => s.layer.name), swaps: 0, bytes: 0, safetySnapshot: null, recovered: null, plan, kept: [], durationMs: performance.now() - t0 };
   }
   const lock: AgentLock = await acquireLock(config.baseDir, { waitMs: opts.waitMs ?? 0, command: "restore" });
   try {
     crashPoint("restore:locked");
-    const rec = await recoverJournal(config.baseDir);
+    const rec = await recoverJournal(config);
     await opts.beforeRestore?.(selected.map((s) => s.layer.name));
     let safety: SnapshotResult | null = null;
     if (opts.safetySnapshot !== false) {
@@ -224,15 +284,17 @@ export async function restoreInPlace(bundle: string, config: MemsnapConfig, opts
       }
       crashPoint("restore:safety-snapshot-done");
     }
-    const tag = `${manifest.snapshot_id.slice(-8).toLowerCase()}${randomBytes(2).toString("hex")}`;
+    // (Only [0-9a-z]: the tag is part of paths, and recover accepts no other.)
+    const tag = `${manifest.snapshot_id.slice(-8).toLowerCase().replace(/[^0-9a-z]/g, "x").padStart(8, "x")}${randomBytes(2).toString("hex")}`;
     const journal = newJournal(manifest.snapshot_id, layout.path);
+    const kept: string[] = [];
     const roots = new Map<string, { staged: string; backup: string }>();
     for (const [k, s] of selected.entries()) {
       // One staging (and backup) directory per layer, even where layers share a live root (a
       // database file and state JSON side by side in the agent's directory): each layer's
       // rebuild and swaps see only its own files.
-      const staged = `${s.target.root}.memsnap-new-${tag}-${k}`;
-      const backup = `${s.target.root}.memsnap-old-${tag}-${k}`;
+      const staged = stagingName(s.target.root, tag, k);
+      const backup = backupName(s.target.root, tag, k);
       roots.set(s.layer.name, { staged, backup });
       journal.staging.push(staged);
       journal.backups.push(backup);
@@ -289,17 +351,21 @@ export async function restoreInPlace(bundle: string, config: MemsnapConfig, opts
       crashPoint("restore:staged");
       for (const s of selected) {
         const { staged, backup } = roots.get(s.layer.name)!;
-        journal.swaps.push(...(await buildSwaps(s, staged, backup)));
+        journal.swaps.push(...(await buildSwaps(s, staged, backup, protect, kept)));
       }
+      // The same check recover makes, and the live tree's: no symlink or file on the way, no
+      // directory where a file goes. A refusal here changes nothing live.
+      const own: LiveRoot[] = selected.map((s) => ({ ...s.target, layer: s.layer.name, realRoot: realish(s.target.root) }));
       journal.phase = "swapping";
+      const checked = checkJournal(journal, await journalScope(config, own), (why, path) => refusedPath(why, path));
       await writeJournal(config.baseDir, journal);
       swapping = true;
       crashPoint("restore:journal-swapping");
-      await rollForward(config.baseDir, journal);
+      await rollForward(config.baseDir, journal, checked, swapFailure);
       const bytes = r.entries.bytes((name) => roots.has(name.split("/")[0]!));
       return {
         manifest, layers: selected.map((s) => s.layer.name), swaps: journal.swaps.length, bytes, safetySnapshot: safety,
-        recovered: rec?.action ?? null, durationMs: performance.now() - t0,
+        recovered: rec?.action ?? null, kept, durationMs: performance.now() - t0,
       };
     } catch (e) {
       // Before the swap phase the live state is untouched: remove staging and the journal.
@@ -318,7 +384,7 @@ export async function restoreInPlace(bundle: string, config: MemsnapConfig, opts
 export async function recoverAgent(config: MemsnapConfig, opts: { waitMs?: number } = {}): Promise<{ action: "rolled-back" | "completed" | "none"; snapshotId: string | null }> {
   const lock = await acquireLock(config.baseDir, { waitMs: opts.waitMs ?? 0, command: "recover" });
   try {
-    const r = await recoverJournal(config.baseDir);
+    const r = await recoverJournal(config);
     return r ? { action: r.action, snapshotId: r.journal.snapshot_id } : { action: "none", snapshotId: null };
   } finally {
     await lock.release();

@@ -8,6 +8,7 @@ import type { IndexEntry, Manifest } from "../format/manifest.js";
 import { readPayload, type Keys } from "../pipeline/read-payload.js";
 import type { SelectedLayer } from "./in-place.js";
 import { listFiles } from "./live-files.js";
+import { lstatOrNull, parentProblem, Protected, realish } from "./live-guard.js";
 
 export interface LayerPlan {
   layer: string;
@@ -48,6 +49,7 @@ export async function planRestore(
     index = r.index?.artifacts ?? null;
   }
   const layers: LayerPlan[] = [];
+  const protect = new Protected(config);
   for (const s of selected) {
     const p: LayerPlan = {
       layer: s.layer.name, kind: s.layer.kind, target: s.target.root, mode: s.target.mode, bytes: s.layer.bytes,
@@ -57,9 +59,31 @@ export async function planRestore(
     if (index && s.target.mode === "files") {
       const prefix = `${s.layer.name}/`;
       const want = new Map(index.filter((e) => e.layer === s.layer.name).map((e) => [e.path.slice(prefix.length), e.sha256]));
-      const live = (await listFiles(s.target.root)).filter((rel) => s.target.owns?.(rel) ?? true);
+      const realRoot = realish(s.target.root);
+      const isProtected = (rel: string): boolean => protect.covers(join(s.target.root, rel), join(realRoot, rel));
+      const live = (await listFiles(s.target.root)).filter((rel) => (s.target.owns?.(rel) ?? true) && !isProtected(rel));
       const liveSet = new Set(live);
+      // What the restore would refuse or leave alone (see buildSwaps and checkJournal in the restore).
+      const notOwned = [...want.keys()].filter((rel) => !s.target.owns?.(rel));
+      if (notOwned.length) {
+        p.notes.push(`refuses: the bundle holds ${notOwned.length} file(s) the source does not own (${notOwned.slice(0, 3).join(", ")}${notOwned.length > 3 ? ", …" : ""})`);
+      }
+      const seen = new Set<string>();
       for (const [rel, sha] of want) {
+        if (!s.target.owns?.(rel)) continue;
+        if (isProtected(rel)) {
+          p.notes.push(`keeps ${join(s.target.root, rel)}: a restore never writes the config it runs with`);
+          continue;
+        }
+        const problem = parentProblem(s.target.root, rel, true, seen);
+        if (problem) {
+          p.notes.push(`refuses: ${problem.path} ${problem.why}`);
+          continue;
+        }
+        if (lstatOrNull(join(s.target.root, rel))?.isDirectory()) {
+          p.notes.push(`refuses: ${join(s.target.root, rel)} is a directory where the bundle has a file`);
+          continue;
+        }
         if (!liveSet.has(rel)) p.added.push(rel);
         else if ((await sha256File(join(s.target.root, rel))) !== sha) p.changed.push(rel);
         else p.unchanged++;
