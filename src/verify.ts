@@ -164,6 +164,7 @@ export async function verifyBundle(path: string, opts: VerifyOptions = {}): Prom
   let deepOwn = 0;
   const unsafe: Finding[] = [];
   const layerKinds = new Map(manifest.layers.map((l) => [l.name, l.kind]));
+  const layerEntries = new Map(manifest.layers.map((l) => [l.name, l]));
   const refs = new References();
   try {
     const layerNames = new Set(manifest.layers.map((l) => l.name));
@@ -174,7 +175,7 @@ export async function verifyBundle(path: string, opts: VerifyOptions = {}): Prom
       if (!impl?.deepVerify) return;
       deepChecked++;
       // Copies: a checker may keep chunks past the next one, when the reader reuses their memory.
-      const problem = await impl.deepVerify({ entry: { path: info.name, layer: info.layer }, bytes: copies(chunks) });
+      const problem = await impl.deepVerify({ entry: { path: info.name, layer: info.layer }, bytes: copies(chunks), layer: layerEntries.get(info.layer) });
       if (problem) deepProblems.push({ code: "MEMSNAP_DEEP_VERIFY_FAILED", message: problem, path: info.name });
     };
     const r = await readPayload(layout, manifest, keys, async (info, chunks) => {

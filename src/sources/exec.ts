@@ -17,12 +17,16 @@
  * or one that is not a regular file (symlink, hard link, device) is MEMSNAP_PLUGIN_PROTOCOL.
  * Any of them fails the snapshot: no bundle, no temp file.
  *
- * Restore runs a command named in the bundle's manifest, and a bundle is untrusted input: it
- * runs only when MEMSNAP_ALLOW_PLUGINS allows it (MEMSNAP_PLUGIN_UNTRUSTED otherwise).
+ * A bundle is untrusted input, so the command a restore runs comes from this host, never from
+ * the bundle: MEMSNAP_ALLOW_PLUGINS lists whole commands (every argument), and a layer is
+ * restored only when the command its manifest records (meta.plugin.command) is exactly one of
+ * them; that entry is what runs, in the entry's cwd or else the layer's own directory. The
+ * bundle's recorded cwd is never used. Anything else is MEMSNAP_PLUGIN_UNTRUSTED (exit 9) before
+ * a process is started.
  */
 import { spawn, type ChildProcess } from "node:child_process";
-import { readFile, stat } from "node:fs/promises";
-import { delimiter, join, resolve } from "node:path";
+import { readFile } from "node:fs/promises";
+import { delimiter, isAbsolute, join, resolve } from "node:path";
 import { Readable } from "node:stream";
 import type tar from "tar-stream";
 import { tarStream } from "../util/tar-stream.js";
@@ -41,8 +45,15 @@ export const KILL_GRACE_MS = 2_000;
 const EXIT_WAIT_MS = 1_000;
 const STDERR_KEEP = 64 * 1024;
 const RESPONSE_MAX = 1024 * 1024;
-/** Env var that lets restore run plugin commands recorded in bundles: `1`/`all`, or a list of allowed command[0] values. */
+/**
+ * Env var naming the plugin commands a restore may run: a JSON array of whole commands, each an
+ * argv array or `{"command": argv, "cwd": "/abs/dir"}`; or a `:`-separated list of one-word
+ * commands (an executable run with no argument but the op). See {@link parseAllowedPlugins}.
+ */
 export const ALLOW_PLUGINS_ENV = "MEMSNAP_ALLOW_PLUGINS";
+/** Values that once admitted any command a bundle named; they now admit nothing (and say so). */
+const ALLOW_ANY_WORDS = new Set(["1", "all", "true", "yes", "*"]);
+const ALLOW_EXAMPLE = `${ALLOW_PLUGINS_ENV}='[["/usr/bin/node","/opt/plugins/kv.mjs"]]'`;
 
 export interface ExecConfig {
   kind: "exec";
@@ -81,6 +92,8 @@ interface PluginMeta {
 type TarEntry = tar.ExtractEvents["entry"][1];
 
 const ENV_NAME = /^[A-Za-z_][A-Za-z0-9_]*$/;
+const MIN_TIMEOUT_MS = 100;
+const MAX_TIMEOUT_MS = 24 * 3600 * 1000;
 const KIND = /^[a-z0-9][a-z0-9_-]{0,31}$/;
 
 function failed(cmd: string[], why: string, stderr: string, path?: string): MemsnapError {
@@ -259,17 +272,81 @@ function pluginEnv(extra: Record<string, string> | undefined): NodeJS.ProcessEnv
 /** Restores that already ran in this process (a layer is materialized once). */
 const materialized = new Set<string>();
 
-function pluginAllowed(command: string[]): boolean {
-  const v = (process.env[ALLOW_PLUGINS_ENV] ?? "").trim();
-  if (v === "") return false;
-  if (v === "1" || v === "all" || v === "true") return true;
-  return v.split(delimiter).filter(Boolean).includes(command[0]!);
+/** One entry of MEMSNAP_ALLOW_PLUGINS: a whole command, and where it runs (absent: the layer's directory). */
+export interface AllowedPlugin {
+  command: string[];
+  cwd?: string;
+}
+
+const isArgv = (v: unknown): v is string[] => Array.isArray(v) && v.length > 0 && v.every((x) => typeof x === "string" && x !== "" && !x.includes("\0"));
+
+/**
+ * The whole commands MEMSNAP_ALLOW_PLUGINS allows, or why the value is not usable:
+ * - unset or empty: none;
+ * - starting with `[`: a JSON array whose entries are argv arrays (`["/usr/bin/node", "/opt/kv.mjs"]`)
+ *   or `{"command": argv, "cwd": "/absolute/dir"}` (the directory the plugin runs in; without
+ *   it, the restored layer's directory);
+ * - otherwise a `:`-separated list of one-word commands (`/usr/local/bin/kv-plugin`), each
+ *   allowing only a plugin whose whole recorded command is that word.
+ * `1`, `all`, `true` once allowed any command a bundle named: they are refused with a reason.
+ */
+export function parseAllowedPlugins(value: string | undefined): { allowed: AllowedPlugin[] } | { error: string } {
+  const v = (value ?? "").trim();
+  if (v === "") return { allowed: [] };
+  if (ALLOW_ANY_WORDS.has(v.toLowerCase())) {
+    return { error: `${ALLOW_PLUGINS_ENV}=${v} no longer allows every plugin: a bundle would choose the code that runs. List each whole command instead` };
+  }
+  if (!v.startsWith("[") && !v.startsWith("{")) return { allowed: v.split(delimiter).filter(Boolean).map((w) => ({ command: [w] })) };
+  let doc: unknown;
+  try {
+    doc = JSON.parse(v);
+  } catch (e) {
+    return { error: `${ALLOW_PLUGINS_ENV} is not valid JSON (${(e as Error).message})` };
+  }
+  if (!Array.isArray(doc)) return { error: `${ALLOW_PLUGINS_ENV} must be a JSON array of commands` };
+  const allowed: AllowedPlugin[] = [];
+  for (const [i, e] of doc.entries()) {
+    if (isArgv(e)) {
+      allowed.push({ command: e });
+      continue;
+    }
+    if (isPlainObject(e) && isArgv(e.command) && Object.keys(e).every((k) => k === "command" || k === "cwd")
+      && (e.cwd === undefined || (typeof e.cwd === "string" && isAbsolute(e.cwd)))) {
+      allowed.push({ command: e.command, ...(e.cwd !== undefined ? { cwd: e.cwd as string } : {}) });
+      continue;
+    }
+    return { error: `${ALLOW_PLUGINS_ENV} entry ${i} must be an array of non-empty strings (a whole command) or {"command": [...], "cwd": "/absolute/dir"}` };
+  }
+  return { allowed };
+}
+
+const sameArgv = (a: readonly string[], b: readonly string[]): boolean => a.length === b.length && a.every((x, i) => x === b[i]);
+
+/**
+ * The host's entry for the command a bundle records, or MEMSNAP_PLUGIN_UNTRUSTED. The entry, not
+ * the bundle, is what runs; the bundle's command only selects it, and only by being equal to it.
+ */
+function allowedPlugin(layer: LayerEntry, recorded: string[]): AllowedPlugin {
+  const parsed = parseAllowedPlugins(process.env[ALLOW_PLUGINS_ENV]);
+  const shown = `${JSON.stringify(recorded)} + "restore"`;
+  if ("error" in parsed) {
+    throw new MemsnapError("MEMSNAP_PLUGIN_UNTRUSTED", `restoring layer ${layer.name} runs a plugin, and ${parsed.error}`, {
+      path: layer.name, hint: `list each plugin you trust by its whole command, e.g. ${ALLOW_EXAMPLE} (see docs/PLUGINS.md)`,
+    });
+  }
+  const hit = parsed.allowed.find((a) => sameArgv(a.command, recorded));
+  if (hit) return hit;
+  throw new MemsnapError("MEMSNAP_PLUGIN_UNTRUSTED",
+    `restoring layer ${layer.name} would run the plugin command the bundle records (${shown}), which ${ALLOW_PLUGINS_ENV} does not list as a whole command`, {
+      path: layer.name,
+      hint: `check the command (memsnap inspect); a plugin runs only when ${ALLOW_PLUGINS_ENV} lists its whole command, every argument equal, e.g. ${ALLOW_EXAMPLE} (see docs/PLUGINS.md)`,
+    });
 }
 
 function readMeta(layer: LayerEntry): PluginMeta {
   const p = (layer.meta as { plugin?: unknown } | undefined)?.plugin;
-  const ok = isPlainObject(p) && Array.isArray(p.command) && p.command.length > 0 && p.command.every((x) => typeof x === "string" && x !== "")
-    && typeof p.cwd === "string" && Number.isSafeInteger(p.timeout_ms) && (p.timeout_ms as number) > 0;
+  const ok = isPlainObject(p) && isArgv(p.command) && typeof p.cwd === "string"
+    && Number.isSafeInteger(p.timeout_ms) && (p.timeout_ms as number) >= MIN_TIMEOUT_MS && (p.timeout_ms as number) <= MAX_TIMEOUT_MS;
   if (!ok) {
     throw new MemsnapError("MEMSNAP_PLUGIN_PROTOCOL", `exec layer ${layer.name}: the manifest does not name the plugin command (meta.plugin)`, {
       path: layer.name, hint: "the bundle was not written by memsnap or was altered",
@@ -290,7 +367,7 @@ export const execSource: SourceKind<ExecConfig> = {
       throw configInvalid(where, '"command" must be a non-empty array of non-empty strings (the plugin and its arguments)');
     }
     const cfg: ExecConfig = { kind: "exec", name, command: command as string[] };
-    const timeout = optInt(raw, "timeout_ms", where, 100, 24 * 3600 * 1000);
+    const timeout = optInt(raw, "timeout_ms", where, MIN_TIMEOUT_MS, MAX_TIMEOUT_MS);
     if (timeout !== undefined) cfg.timeout_ms = timeout;
     if (raw.env !== undefined) {
       if (!isPlainObject(raw.env)) throw configInvalid(where, '"env" must be an object of strings');
@@ -447,6 +524,10 @@ export const execSource: SourceKind<ExecConfig> = {
     const key = resolve(dir);
     if (materialized.has(key)) return;
     const meta = readMeta(layer);
+    // The command that runs is the host's allow-list entry (equal to the recorded one); its cwd
+    // is the entry's or the layer directory, never the cwd the bundle records. Checked first:
+    // nothing the bundle holds is read before the command is known to be allowed.
+    const plugin = allowedPlugin(layer, meta.command);
     let config: Record<string, unknown> = {};
     try {
       const doc = JSON.parse(await readFile(join(dir, PLUGIN_RECORD), "utf8")) as unknown;
@@ -457,17 +538,11 @@ export const execSource: SourceKind<ExecConfig> = {
         path: `${layer.name}/${PLUGIN_RECORD}`, hint: "the bundle was not written by memsnap or was altered",
       });
     }
-    if (!pluginAllowed(meta.command)) {
-      throw new MemsnapError("MEMSNAP_PLUGIN_UNTRUSTED",
-        `restoring layer ${layer.name} runs the plugin command recorded in the bundle (${meta.command.join(" ")} restore); plugins are not allowed to run`, {
-          path: layer.name,
-          hint: `if you trust this bundle, set ${ALLOW_PLUGINS_ENV}=1 (or to a ${delimiter}-separated list of allowed commands, e.g. ${meta.command[0]})`,
-        });
-    }
-    const cwd = (await stat(meta.cwd).then((s) => s.isDirectory(), () => false)) ? meta.cwd : dir;
+    const argv = [...plugin.command];
+    const cwd = plugin.cwd ?? key;
     const request: PluginRestoreRequest = { protocol: PLUGIN_PROTOCOL, op: "restore", layer: layer.name, dir: key, config };
     let timedOut = false;
-    const proc = new PluginProcess(meta.command, "restore", request, {
+    const proc = new PluginProcess(argv, "restore", request, {
       cwd, env: pluginEnv(undefined), timeoutMs: meta.timeout_ms, onTimeout: () => { timedOut = true; }, signal,
     });
     let out = Buffer.alloc(0);
@@ -478,23 +553,23 @@ export const execSource: SourceKind<ExecConfig> = {
     });
     await proc.exited;
     await proc.waitClosed(2_000);
-    if (timedOut) throw timeoutError(meta.command, meta.timeout_ms);
+    if (timedOut) throw timeoutError(argv, meta.timeout_ms);
     const st = proc.statusError();
     if (st) throw st;
-    if (tooLong) throw protocolError(meta.command, `restore response over ${RESPONSE_MAX} bytes`);
+    if (tooLong) throw protocolError(argv, `restore response over ${RESPONSE_MAX} bytes`);
     const text = out.toString("utf8").trim();
     if (text !== "") {
       let resp: unknown;
       try {
         resp = JSON.parse(text);
       } catch {
-        throw protocolError(meta.command, "the restore response on stdout is not JSON");
+        throw protocolError(argv, "the restore response on stdout is not JSON");
       }
       if (!isPlainObject(resp) || resp.protocol !== PLUGIN_PROTOCOL || typeof resp.ok !== "boolean") {
-        throw protocolError(meta.command, `the restore response must be {"protocol":"${PLUGIN_PROTOCOL}","ok":true|false,…}`);
+        throw protocolError(argv, `the restore response must be {"protocol":"${PLUGIN_PROTOCOL}","ok":true|false,…}`);
       }
       if (!resp.ok) {
-        throw failed(meta.command, `could not restore layer ${layer.name}`, typeof resp.error === "string" ? resp.error : proc.stderrText);
+        throw failed(argv, `could not restore layer ${layer.name}`, typeof resp.error === "string" ? resp.error : proc.stderrText);
       }
     }
     materialized.add(key);

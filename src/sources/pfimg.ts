@@ -427,28 +427,81 @@ function restoreBad(msg: string, path: string): MemsnapError {
 }
 
 /**
+ * What a layer declares its blobs decompress to, all together: meta `raw_bytes` (every capture
+ * records it, measured as the blobs streamed). Blobs are decompressed against it, so a bundle
+ * cannot make a restore or a deep verify decompress more than it declared (concatenated zstd
+ * frames of zeros: 0.3 MB of bundle, tens of GB of output). A string when there is none.
+ */
+export function declaredRawBytes(layer: LayerEntry): number | string {
+  const v = (layer.meta as Record<string, unknown> | undefined)?.raw_bytes;
+  if (typeof v === "number" && Number.isSafeInteger(v) && v >= 0) return v;
+  return `layer ${layer.name}: the manifest does not declare the layer's raw size (meta.raw_bytes, a non-negative integer), so its blobs cannot be decompressed within a bound`;
+}
+
+function overBudget(msg: string, path: string): MemsnapError {
+  return new MemsnapError("MEMSNAP_UNSAFE_BUNDLE", msg, {
+    path, hint: "the bundle was not written by memsnap or was altered (a decompression bomb); do not use it",
+  });
+}
+
+const isTooBig = (e: unknown): boolean => isMemsnapError(e) && /exceeds the declared size/.test(e.message);
+
+/** A decompression budget: the bytes a layer's blobs may still produce. */
+class RawBudget {
+  /** Deep verify: the layer's problem was reported (no declared size, or past it); its later blobs are not decompressed. */
+  reported = false;
+  constructor(readonly declared: number, public left = declared) {}
+  /** Decompress and hash `bytes` within what is left; null when it ran past it. */
+  async hash(bytes: AsyncIterable<Buffer>): Promise<{ hex: string; size: number } | null> {
+    try {
+      const d = await hashFrameChunks(bytes, { maxOutput: this.left });
+      this.left -= d.size;
+      return d;
+    } catch (e) {
+      if (isTooBig(e)) {
+        this.left = 0;
+        return null;
+      }
+      throw e;
+    }
+  }
+}
+
+/** Deep verify's budgets, one per layer entry of the manifest being verified. */
+const deepBudgets = new WeakMap<LayerEntry, RawBudget>();
+
+/**
  * Verify a restored store in place (every digest, and that each image's blobs are all there).
  * Not fsynced here: the restore syncs its whole staged tree before it commits (syncFilesystem).
  */
 async function materializeStore(dir: string, layer: LayerEntry): Promise<void> {
   const done = materialized.get(layer) ?? new Set<string>();
   if (done.has(dir)) return;
+  const declared = declaredRawBytes(layer);
+  if (typeof declared === "string") throw overBudget(declared, layer.name);
+  const budget = new RawBudget(declared);
   const { files } = await walkFiles(dir);
   for (const f of files) {
     const where = `${layer.name}/${f.rel}`;
     const im = IMAGE_REL_RE.exec(f.rel);
     const bm = BLOB_REL_RE.exec(f.rel);
     if (im) {
+      if (f.stats.size > IMAGE_MAX_BYTES) throw restoreBad(`${where}: image manifest over ${IMAGE_MAX_BYTES} bytes`, where);
       const bytes = await readSmall(f.abs, f.stats.size);
       if (sha256Hex(bytes) !== im[1]) throw restoreBad(`${where}: image manifest does not hash to its id`, where);
     } else if (bm && bm[2]!.startsWith(bm[1]!)) {
+      // Decompressed within what the layer declares for all its blobs: a blob that runs past it
+      // is stopped there, not decompressed to its end before its name is compared.
       let d;
       try {
-        d = await hashFrameChunks(f.stats.size <= SMALL_READ
+        d = await budget.hash(f.stats.size <= SMALL_READ
           ? (async function* () { yield readFileSync(f.abs); })()
           : createReadStream(f.abs, { highWaterMark: 1 << 20 }));
       } catch (e) {
         throw restoreBad(`${where}: not a valid zstd frame (${(e as Error).message})`, where);
+      }
+      if (d === null) {
+        throw overBudget(`${where}: the layer's blobs decompress to more than the ${declared} bytes its manifest declares (meta.raw_bytes)`, where);
       }
       if (d.hex !== bm[2]) throw restoreBad(`${where}: decompresses to sha256:${d.hex}, not its name`, where);
     } else {
@@ -509,13 +562,34 @@ export const pfimgSource: SourceKind<PfimgConfig> = {
       finish: async () => planMeta(plan, cfg),
     };
   },
-  async deepVerify({ entry, bytes }) {
+  async deepVerify({ entry, bytes, layer }) {
     const rel = entry.path.startsWith(`${entry.layer}/`) ? entry.path.slice(entry.layer.length + 1) : entry.path;
     const bm = BLOB_REL_RE.exec(rel);
     if (bm) {
       if (!bm[2]!.startsWith(bm[1]!)) return `${entry.path}: blob is filed under the wrong directory (${bm[1]})`;
+      // Within the layer's declared raw size, shared by all its blobs in this verify (a caller
+      // that gives no layer entry, a test, checks one blob unbounded).
+      // Its problem (no declared size, or past it) is reported once, on the first blob it stops.
+      let budget: RawBudget | undefined;
+      if (layer) {
+        budget = deepBudgets.get(layer);
+        if (!budget) {
+          const declared = declaredRawBytes(layer);
+          budget = new RawBudget(typeof declared === "string" ? 0 : declared);
+          deepBudgets.set(layer, budget);
+          if (typeof declared === "string") {
+            budget.reported = true;
+            return `${entry.path}: ${declared}`;
+          }
+        }
+        if (budget.reported) return null;
+      }
       try {
-        const d = await hashFrameChunks(bytes);
+        const d = budget ? await budget.hash(bytes) : await hashFrameChunks(bytes);
+        if (d === null) {
+          budget!.reported = true;
+          return `${entry.path}: the layer's blobs decompress to more than the ${budget!.declared} bytes its manifest declares (meta.raw_bytes)`;
+        }
         return d.hex === bm[2] ? null : `${entry.path}: blob decompresses to sha256:${d.hex}, not the digest in its name`;
       } catch (e) {
         return `${entry.path}: blob is not a valid zstd frame (${(e as Error).message})`;

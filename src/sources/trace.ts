@@ -25,7 +25,8 @@ import { basename, join, resolve } from "node:path";
 import { MemsnapError } from "../errors.js";
 import type { Redactor } from "../redact/types.js";
 import {
-  agentlogId, JsonNumber, JsonSyntaxError, mapStrings, parseLossless, serializeFaithful, type JsonObject, type JsonValue,
+  agentlogId, JsonBudgetError, JsonNumber, JsonSyntaxError, mapStrings, parseLossless, serializeFaithful, VALUE_COST,
+  type JsonObject, type JsonValue, type ParseLimits,
 } from "../util/canonical-agentlog.js";
 import { optStringArray, rejectUnknownKeys, reqString } from "../util/config-check.js";
 import type { Artifact, SourceKind } from "./types.js";
@@ -49,6 +50,20 @@ export const AGENTLOG_KINDS: ReadonlySet<string> = new Set([
 const ID = /^sha256:[0-9a-f]{64}$/;
 /** Longest record line memsnap parses. */
 export const MAX_RECORD_BYTES = 256 * 1024 * 1024;
+/**
+ * Memory one record may take to check: its bytes plus {@link VALUE_COST} for every value and
+ * key it holds (what the parsed tree costs, whatever the text's spelling). A record past it (a
+ * 20 MB array of ten million numbers would take gigabytes) is refused, not parsed on: a trace
+ * memsnap cannot check with bounded memory is an invalid trace.
+ */
+export const RECORD_BUDGET = 256 * 1024 * 1024;
+/** Digits the canonical form of one record's numbers may add beyond its own length (exponents written out). */
+export const EXPANSION_SLACK = 64 * 1024;
+
+/** The limits a record of `bytes` bytes is parsed under. */
+export function recordLimits(bytes: number): ParseLimits {
+  return { budget: Math.max(0, RECORD_BUDGET - bytes), expansion: bytes + EXPANSION_SLACK };
+}
 
 export class TraceRecordError extends Error {
   constructor(readonly line: number, readonly why: string) {
@@ -89,8 +104,13 @@ export class TraceValidator {
     }
     let v: JsonValue = null;
     try {
-      v = parseLossless(text);
+      v = parseLossless(text, recordLimits(line.length));
     } catch (e) {
+      if (e instanceof JsonBudgetError) {
+        fail(e.what === "budget"
+          ? `record is over the ${RECORD_BUDGET / 1024 / 1024} MiB memory budget for checking one record (its bytes plus ${VALUE_COST} per value: too many values)`
+          : `record's numbers would expand past ${e.limit} digits in canonical form (exponents like 1e4000)`);
+      }
       fail(`not valid JSON (${e instanceof JsonSyntaxError ? e.message : String(e)})`);
     }
     if (!(v instanceof Map)) return fail("a record must be a JSON object");
@@ -192,10 +212,12 @@ function invalid(file: string, e: TraceRecordError): MemsnapError {
 function completePrefix(abs: string, size: number): Promise<{ size: number; tail: number }> {
   return completeLinesPrefix(abs, size, (tail) => {
     try {
-      parseLossless(decoder.decode(tail));
+      parseLossless(decoder.decode(tail), recordLimits(tail.length));
       return true;
-    } catch {
-      return false; // a record still being written
+    } catch (e) {
+      // Over budget is a whole record that the validator then refuses; anything else is a
+      // record still being written.
+      return e instanceof JsonBudgetError;
     }
   }, MAX_RECORD_BYTES);
 }

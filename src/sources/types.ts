@@ -123,6 +123,11 @@ export interface DeepVerifyContext {
   entry: { path: string; layer: string };
   /** The artifact's bytes, hashed and checked against the index by the caller as they pass. */
   bytes: AsyncIterable<Buffer>;
+  /**
+   * The layer's manifest entry (the same object for every artifact of the layer in one verify),
+   * for the sizes it declares: a check that decompresses bounds its work by them.
+   */
+  layer?: LayerEntry;
 }
 
 /** Where a layer lives on the live agent, and how an in-place restore replaces it. */

@@ -46,10 +46,43 @@ export class JsonSyntaxError extends Error {
 /** Nesting deeper than this is refused (the parser is recursive). */
 export const MAX_DEPTH = 512;
 
-/** Parse one JSON text losslessly. Duplicate keys are an error. */
-export function parseLossless(text: string): JsonValue {
+/**
+ * What {@link parseLossless} charges against {@link ParseLimits.budget} for each value and each
+ * object key it makes: about what one costs in memory (a JsonNumber or Map and its slot, a Map
+ * entry), so the budget bounds the parsed tree's memory, however the text spends its bytes.
+ */
+export const VALUE_COST = 64;
+
+/** Bounds on what parsing one text (and then canonicalizing it) may cost. */
+export interface ParseLimits {
+  /** Bytes the parsed tree may take, counted as {@link VALUE_COST} per value and per key. */
+  budget?: number;
+  /**
+   * Digits the canonical form may add to the numbers' literals (`1e4000` adds ~4000): canonical
+   * numbers have no exponent, so a short text can stand for a long canonical form to hash.
+   */
+  expansion?: number;
+}
+
+/** A text whose parsed tree or canonical form would be over a {@link ParseLimits} bound. */
+export class JsonBudgetError extends Error {
+  constructor(readonly what: "budget" | "expansion", readonly limit: number, readonly offset: number) {
+    super(what === "budget"
+      ? `over the ${limit}-byte budget for its parsed values (${VALUE_COST} bytes per value and key) at offset ${offset}`
+      : `its numbers' canonical form would add more than ${limit} digits (exponents) at offset ${offset}`);
+  }
+}
+
+/** Parse one JSON text losslessly. Duplicate keys are an error. Throws JsonBudgetError past `limits`. */
+export function parseLossless(text: string, limits: ParseLimits = {}): JsonValue {
   let i = 0;
   const n = text.length;
+  let budget = limits.budget ?? Infinity;
+  let expansion = limits.expansion ?? Infinity;
+  const charge = (): void => {
+    budget -= VALUE_COST;
+    if (budget < 0) throw new JsonBudgetError("budget", limits.budget!, i);
+  };
   const ws = (): void => {
     while (i < n) {
       const c = text.charCodeAt(i);
@@ -109,6 +142,7 @@ export function parseLossless(text: string): JsonValue {
     if (depth > MAX_DEPTH) fail("nesting too deep");
     ws();
     if (i >= n) fail("unexpected end");
+    charge();
     const c = text[i]!;
     if (c === "{") {
       i++;
@@ -122,6 +156,7 @@ export function parseLossless(text: string): JsonValue {
         ws();
         if (text[i] !== '"') fail("expected a key");
         const at = i;
+        charge();
         const k = str();
         if (obj.has(k)) {
           i = at;
@@ -181,8 +216,15 @@ export function parseLossless(text: string): JsonValue {
     NUM.lastIndex = i;
     const m = NUM.exec(text);
     if (!m) return fail("unexpected character");
-    i += m[0].length;
-    return new JsonNumber(m[0]);
+    const lit = m[0];
+    const e = lit.search(/[eE]/);
+    if (e >= 0) {
+      // The canonical form writes the exponent out as digits (zeros or a leading `0.000…`).
+      expansion -= Math.min(Math.abs(Number(lit.slice(e + 1))), MAX_NUMBER_DIGITS + 1);
+      if (expansion < 0) throw new JsonBudgetError("expansion", limits.expansion!, i);
+    }
+    i += lit.length;
+    return new JsonNumber(lit);
   };
   const v = value(0);
   ws();
@@ -248,24 +290,48 @@ export function quote(s: string): string {
 
 const utf8 = (s: string): Buffer => Buffer.from(s, "utf8");
 
-/** The canonical JSON text of a value (see the module comment). Throws on NFC-duplicate keys. */
-export function canonicalize(v: JsonValue): string {
-  if (v === null) return "null";
-  if (v === true) return "true";
-  if (v === false) return "false";
-  if (typeof v === "string") return quote(v.normalize("NFC"));
-  if (v instanceof JsonNumber) return canonicalNumber(v.text);
-  if (Array.isArray(v)) return `[${v.map(canonicalize).join(",")}]`;
-  const entries: { key: string; bytes: Buffer; quoted: string; value: JsonValue }[] = [];
+/**
+ * Write the canonical JSON text of a value piece by piece to `out` (see the module comment):
+ * nothing but the pieces in flight is built, so hashing a big record's canonical form costs no
+ * copy of it. Throws on NFC-duplicate keys.
+ */
+export function writeCanonical(v: JsonValue, out: (piece: string) => void): void {
+  if (v === null) return out("null");
+  if (v === true) return out("true");
+  if (v === false) return out("false");
+  if (typeof v === "string") return out(quote(v.normalize("NFC")));
+  if (v instanceof JsonNumber) return out(canonicalNumber(v.text));
+  if (Array.isArray(v)) {
+    out("[");
+    for (let j = 0; j < v.length; j++) {
+      if (j > 0) out(",");
+      writeCanonical(v[j]!, out);
+    }
+    return out("]");
+  }
+  const entries: { bytes: Buffer; quoted: string; value: JsonValue }[] = [];
   for (const [k, val] of v) {
     const key = k.normalize("NFC");
-    entries.push({ key, bytes: utf8(key), quoted: quote(key), value: val });
+    entries.push({ bytes: utf8(key), quoted: quote(key), value: val });
   }
   entries.sort((a, b) => Buffer.compare(a.bytes, b.bytes) || (a.quoted < b.quoted ? -1 : a.quoted > b.quoted ? 1 : 0));
   for (let j = 1; j < entries.length; j++) {
     if (entries[j]!.quoted === entries[j - 1]!.quoted) throw new TypeError(`duplicate key ${entries[j]!.quoted} after NFC normalisation`);
   }
-  return `{${entries.map((e) => `${e.quoted}:${canonicalize(e.value)}`).join(",")}}`;
+  out("{");
+  for (let j = 0; j < entries.length; j++) {
+    const e = entries[j]!;
+    out(j > 0 ? `,${e.quoted}:` : `${e.quoted}:`);
+    writeCanonical(e.value, out);
+  }
+  out("}");
+}
+
+/** The canonical JSON text of a value (see the module comment). Throws on NFC-duplicate keys. */
+export function canonicalize(v: JsonValue): string {
+  const parts: string[] = [];
+  writeCanonical(v, (p) => { parts.push(p); });
+  return parts.join("");
 }
 
 /** Compact JSON keeping key order, key spelling and number text (for records memsnap rewrites). */
@@ -281,7 +347,21 @@ export function serializeFaithful(v: JsonValue): string {
 
 /** `sha256:` + hex SHA-256 of the canonical JSON of `payload`: an agentlog record id. */
 export function agentlogId(payload: JsonValue): string {
-  return `sha256:${createHash("sha256").update(canonicalize(payload), "utf8").digest("hex")}`;
+  // The canonical text streams into the hash in ~64 KiB pieces, never whole.
+  const h = createHash("sha256");
+  let parts: string[] = [];
+  let pending = 0;
+  writeCanonical(payload, (p) => {
+    parts.push(p);
+    pending += p.length;
+    if (pending >= 1 << 16) {
+      h.update(parts.join(""), "utf8");
+      parts = [];
+      pending = 0;
+    }
+  });
+  if (pending > 0) h.update(parts.join(""), "utf8");
+  return `sha256:${h.digest("hex")}`;
 }
 
 /** Rewrite every string value (not keys) under `v` with `fn`; returns the new value and whether anything changed. */

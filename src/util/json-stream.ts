@@ -13,6 +13,10 @@
  * decodes and validates it. Only the unconsumed tail (at most one value in progress, bounded by
  * `maxValueBytes`) is kept between chunks, so memory is bounded whatever the document's size.
  *
+ * The members kept (all but the streamed arrays) are bounded together too, by
+ * `maxRetainedBytes` of their text: a value each under `maxValueBytes` does not let a document
+ * of many such members grow the result without bound.
+ *
  * Whatever JSON.parse rejects is rejected here too (JsonStreamError, with the byte offset);
  * a streamed key given twice is rejected as well. Callbacks run while parsing, so a document
  * that turns out invalid later may already have delivered some elements.
@@ -35,9 +39,15 @@ export interface StreamJsonOptions {
   arrays: Record<string, (item: unknown, index: number) => void>;
   /** Largest single element or other member value, in bytes (default 16 MiB); larger -> JsonStreamError. */
   maxValueBytes?: number;
+  /**
+   * Most bytes of text, all together, of the members kept in the result (every member but the
+   * streamed arrays; a repeated key counts each time), default 64 MiB; more -> JsonStreamError.
+   */
+  maxRetainedBytes?: number;
 }
 
 const DEFAULT_MAX_VALUE_BYTES = 16 * 1024 * 1024;
+const DEFAULT_MAX_RETAINED_BYTES = 64 * 1024 * 1024;
 
 // Bytes.
 const TAB = 0x09;
@@ -97,6 +107,9 @@ function endOfString(buf: Buffer, i: number, len: number): number {
 class StreamParser {
   private readonly arrays: Map<string, (item: unknown, index: number) => void>;
   private readonly maxValueBytes: number;
+  private readonly maxRetainedBytes: number;
+  /** Bytes of text of the members kept so far. */
+  private retained = 0;
   private readonly result: Record<string, unknown> = {};
   private readonly seenStreamed = new Set<string>();
 
@@ -128,6 +141,9 @@ class StreamParser {
     const max = opts.maxValueBytes ?? DEFAULT_MAX_VALUE_BYTES;
     if (!(max >= 1)) throw new RangeError(`maxValueBytes must be a positive number, got ${max}`);
     this.maxValueBytes = max;
+    const retained = opts.maxRetainedBytes ?? DEFAULT_MAX_RETAINED_BYTES;
+    if (!(retained >= 1)) throw new RangeError(`maxRetainedBytes must be a positive number, got ${retained}`);
+    this.maxRetainedBytes = retained;
   }
 
   push(chunk: Uint8Array): void {
@@ -263,6 +279,10 @@ class StreamParser {
         }
         case MEMBER: {
           if (!this.scan()) return;
+          this.retained += this.pos - this.tokStart;
+          if (this.retained > this.maxRetainedBytes) {
+            throw new JsonStreamError(`members other than the streamed arrays take more than maxRetainedBytes (${this.maxRetainedBytes}) in all; the one`, this.base + this.tokStart);
+          }
           this.set(this.key, this.parseToken("value"));
           this.state = OBJ_AFTER;
           break;

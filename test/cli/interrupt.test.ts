@@ -49,7 +49,7 @@ else { require("node:fs").writeFileSync(${JSON.stringify(marker)}, String(proces
     const snap = await runCli(["snapshot", "-c", "memsnap.json", "--out", "b.memsnap", "--no-encrypt"], { cwd: d });
     expect(snap.code, snap.stderr).toBe(0);
     const t0 = Date.now();
-    const { child, done } = startCli(["restore", "b.memsnap", "--to", "restored"], { cwd: d, env: { MEMSNAP_ALLOW_PLUGINS: "1" } });
+    const { child, done } = startCli(["restore", "b.memsnap", "--to", "restored"], { cwd: d, env: { MEMSNAP_ALLOW_PLUGINS: JSON.stringify([[process.execPath, plugin]]) } });
     await until(() => existsSync(marker) && readFileSync(marker, "utf8") !== "");
     const pid = Number(readFileSync(marker, "utf8"));
     child.kill("SIGINT");

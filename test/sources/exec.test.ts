@@ -14,7 +14,8 @@ import { fileURLToPath } from "node:url";
 import { afterEach, describe, expect, it, vi } from "vitest";
 import { isMemsnapError, parseConfig, restoreToDir, snapshot, SOURCE_KINDS, verifyBundle } from "../../src/index.js";
 import type { RedactionReport, Redactor } from "../../src/redact/types.js";
-import { ALLOW_PLUGINS_ENV, PLUGIN_PROTOCOL, PLUGIN_RECORD } from "../../src/sources/exec.js";
+import { ALLOW_PLUGINS_ENV, parseAllowedPlugins, PLUGIN_PROTOCOL, PLUGIN_RECORD } from "../../src/sources/exec.js";
+import { reseal } from "../helpers/reseal.js";
 import type { Artifact, SourceKind } from "../../src/sources/types.js";
 import { tempDir } from "../helpers/cli.js";
 import tar from "tar-stream";
@@ -54,6 +55,11 @@ const KV = fileURLToPath(new URL("../../examples/plugins/kv-json-store.mjs", imp
 const SCHEMAS = fileURLToPath(new URL("../../docs/schemas/", import.meta.url));
 const NODE = process.execPath;
 const sha = (b: Buffer | string): string => createHash("sha256").update(b).digest("hex");
+
+/** Let restore run exactly these whole commands (MEMSNAP_ALLOW_PLUGINS as a JSON list). */
+function allow(...commands: (string[] | { command: string[]; cwd?: string })[]): void {
+  process.env[ALLOW_PLUGINS_ENV] = JSON.stringify(commands);
+}
 
 afterEach(() => {
   delete process.env[ALLOW_PLUGINS_ENV];
@@ -160,7 +166,7 @@ describe("exec: the kv-json-store example plugin", () => {
     expect(r.manifest.index!.find((e) => e.path === "kv/kv-store.json")!.kind).toBe("json");
     const v = await verifyBundle(r.path, { deep: true });
     expect(v.findings).toEqual([]);
-    process.env[ALLOW_PLUGINS_ENV] = "1";
+    allow([NODE, KV]);
     const to = join(a.dir, "restored");
     await restoreToDir(r.path, to);
     for (const e of r.manifest.index!) expect(sha(readFileSync(join(to, e.path))), e.path).toBe(e.sha256);
@@ -176,12 +182,21 @@ describe("exec: the kv-json-store example plugin", () => {
     const to = join(a.dir, "restored");
     const e = await restoreToDir(r.path, to).then(() => null, (x: unknown) => x);
     expect(isMemsnapError(e, "MEMSNAP_PLUGIN_UNTRUSTED")).toBe(true);
-    expect((e as Error).message).toContain(`${NODE} ${KV} restore`);
+    expect((e as Error).message).toContain(`${JSON.stringify([NODE, KV])} + "restore"`);
     expect(existsSync(to)).toBe(false);
     expect(readdirSync(a.dir).filter((n) => n.includes("staging"))).toEqual([]);
+    const untrusted = async (): Promise<void> => {
+      expect(isMemsnapError(await restoreToDir(r.path, to).catch((x: unknown) => x), "MEMSNAP_PLUGIN_UNTRUSTED")).toBe(true);
+      expect(existsSync(to)).toBe(false);
+    };
     process.env[ALLOW_PLUGINS_ENV] = "/usr/bin/something-else";
-    expect(isMemsnapError(await restoreToDir(r.path, to).catch((x: unknown) => x), "MEMSNAP_PLUGIN_UNTRUSTED")).toBe(true);
+    await untrusted();
+    // The first word alone (as the old syntax had it) no longer admits a command.
     process.env[ALLOW_PLUGINS_ENV] = `/usr/bin/other:${NODE}`;
+    await untrusted();
+    allow([NODE, KV, "--extra"], [NODE]);
+    await untrusted();
+    allow([NODE, KV]);
     await restoreToDir(r.path, to);
     expect(JSON.parse(readFileSync(join(to, "kv", "store.json"), "utf8"))).toEqual({ k: 1 });
   });
@@ -209,7 +224,7 @@ describe("exec: the kv-json-store example plugin", () => {
 else process.stdout.write(JSON.stringify({ protocol: "${PLUGIN_PROTOCOL}", ok: false, error: "store is locked" }) + "\\n");`);
     const r = await snap(a, { command: [NODE, p] });
     expect(r.manifest.layers[0]!.meta).toMatchObject({ entries: 0 });
-    process.env[ALLOW_PLUGINS_ENV] = "1";
+    allow([NODE, p]);
     const to = join(a.dir, "restored");
     const e = await restoreToDir(r.path, to).then(() => null, (x: unknown) => x as Error);
     expect(isMemsnapError(e, "MEMSNAP_PLUGIN_FAILED")).toBe(true);
@@ -224,7 +239,7 @@ describe("exec: restore failures", () => {
     const p = join(a.dir, "slow.mjs");
     writeFileSync(p, `if (process.argv[2] === "capture") process.stdout.write(Buffer.alloc(1024)); else setInterval(() => {}, 1000);`);
     const r = await snap(a, { command: [NODE, p], timeout_ms: 600 });
-    process.env[ALLOW_PLUGINS_ENV] = "1";
+    allow([NODE, p]);
     const to = join(a.dir, "restored");
     const e = await restoreToDir(r.path, to).then(() => null, (x: unknown) => x);
     expect(isMemsnapError(e, "MEMSNAP_PLUGIN_TIMEOUT")).toBe(true);
@@ -236,9 +251,100 @@ describe("exec: restore failures", () => {
     const p = join(a.dir, "chatty.mjs");
     writeFileSync(p, `if (process.argv[2] === "capture") process.stdout.write(Buffer.alloc(1024)); else console.log("done!");`);
     const r = await snap(a, { command: [NODE, p] });
-    process.env[ALLOW_PLUGINS_ENV] = "1";
+    allow([NODE, p]);
     const e = await restoreToDir(r.path, join(a.dir, "restored")).then(() => null, (x: unknown) => x);
     expect(isMemsnapError(e, "MEMSNAP_PLUGIN_PROTOCOL")).toBe(true);
+  });
+});
+
+// ------------------------------------------------------------------------------ a bundle does not choose the code
+
+describe("exec: the command a restore runs comes from this host, never from the bundle", () => {
+  /** A real bundle of the cat plugin, and the bundle with its recorded plugin changed (resealed). */
+  async function tampered(a: Agent, change: (plugin: Record<string, unknown>) => void): Promise<{ src: Record<string, unknown>; path: string }> {
+    const src = await catSource(a, [{ name: "x.txt", data: Buffer.from("x") }]);
+    const r = await snap(a, src);
+    const path = await reseal(r.path, (m) => change((m.layers[0]!.meta as { plugin: Record<string, unknown> }).plugin), join(a.dir, "tampered.memsnap"));
+    return { src, path };
+  }
+
+  it("a recorded `node -e <code>` never runs: not with the first word allowed (the old syntax), nor with 1, nor with the real plugin allowed", async () => {
+    const a = agent();
+    const pwned = join(a.dir, "pwned");
+    const { src, path } = await tampered(a, (p) => {
+      p.command = [NODE, "-e", `require('fs').writeFileSync(${JSON.stringify(pwned)}, '')`];
+    });
+    const to = join(a.dir, "restored");
+    for (const env of [NODE, "1", "all", JSON.stringify([src.command]), JSON.stringify([[NODE]])]) {
+      process.env[ALLOW_PLUGINS_ENV] = env;
+      const e = await restoreToDir(path, to).then(() => null, (x: unknown) => x as Error);
+      expect(isMemsnapError(e, "MEMSNAP_PLUGIN_UNTRUSTED"), `${env}: ${String(e)}`).toBe(true);
+      expect((e as { hint?: string }).hint).toMatch(/whole command/);
+      expect(existsSync(pwned), env).toBe(false);
+      expect(existsSync(to)).toBe(false);
+    }
+  });
+
+  it("the cwd the bundle records is not used: the plugin runs in the restored layer's directory", async () => {
+    const a = agent();
+    const outside = join(a.dir, "outside");
+    mkdirSync(outside);
+    const { src, path } = await tampered(a, (p) => {
+      p.cwd = outside;
+    });
+    allow(src.command as string[]);
+    const to = join(a.dir, "restored");
+    await restoreToDir(path, to); // the cat plugin writes request.json into its cwd
+    expect(readdirSync(outside)).toEqual([]);
+    expect(JSON.parse(readFileSync(join(to, "kv", "request.json"), "utf8")).argv).toEqual(["restore"]);
+  });
+
+  it("an allow-list entry may name the directory the plugin runs in", async () => {
+    const a = agent();
+    const src = await catSource(a, [{ name: "x.txt", data: Buffer.from("x") }]);
+    const r = await snap(a, src);
+    const work = join(a.dir, "work");
+    mkdirSync(work);
+    allow({ command: src.command as string[], cwd: work });
+    await restoreToDir(r.path, join(a.dir, "restored"));
+    expect(JSON.parse(readFileSync(join(work, "request.json"), "utf8")).request).toMatchObject({ op: "restore", layer: "kv" });
+  });
+
+  it("a recorded command that differs from the allowed one in any argument is refused, and neither runs", async () => {
+    // [change, and whether the plugin's first word alone is also tried as the allow-list]
+    const changes: [(c: string[]) => string[], boolean][] = [
+      [(c) => [...c, "--evil"], true], [(c) => [c[0]!, `${c[1]!} `], true], [(c) => c.slice(0, 1), false],
+    ];
+    for (const [change, firstWord] of changes) {
+      const a = agent();
+      const reqOut = join(a.dir, "ran.json");
+      const { src, path } = await tampered(a, (p) => {
+        p.command = change(p.command as string[]);
+      });
+      for (const env of [JSON.stringify([src.command]), ...(firstWord ? [NODE] : [])]) {
+        process.env[ALLOW_PLUGINS_ENV] = env;
+        process.env.REQ_OUT = reqOut;
+        try {
+          const e = await restoreToDir(path, join(a.dir, "restored")).then(() => null, (x: unknown) => x);
+          expect(isMemsnapError(e, "MEMSNAP_PLUGIN_UNTRUSTED"), String(e)).toBe(true);
+        } finally {
+          delete process.env.REQ_OUT;
+        }
+        expect(existsSync(reqOut), env).toBe(false);
+      }
+    }
+  });
+
+  it("MEMSNAP_ALLOW_PLUGINS: whole commands as JSON, one-word commands as a list; 1/all and malformed values allow nothing", () => {
+    expect(parseAllowedPlugins(undefined)).toEqual({ allowed: [] });
+    expect(parseAllowedPlugins(" ")).toEqual({ allowed: [] });
+    expect(parseAllowedPlugins("/usr/local/bin/kv:/opt/p")).toEqual({ allowed: [{ command: ["/usr/local/bin/kv"] }, { command: ["/opt/p"] }] });
+    expect(parseAllowedPlugins('[["node","/opt/kv.mjs"],{"command":["/opt/p","--x"],"cwd":"/srv"}]')).toEqual({
+      allowed: [{ command: ["node", "/opt/kv.mjs"] }, { command: ["/opt/p", "--x"], cwd: "/srv" }],
+    });
+    for (const bad of ["1", "all", "TRUE", "[", "{}", '["node"]', "[[]]", '[[""]]', '[{"command":["x"],"cwd":"rel"}]', '[{"command":["x"],"env":{}}]', "[[1]]"]) {
+      expect(parseAllowedPlugins(bad), bad).toHaveProperty("error");
+    }
   });
 });
 
@@ -263,7 +369,7 @@ describe("exec: the protocol", () => {
     const r = await snap(a, src);
     expect(r.manifest.layers[0]!.meta).toMatchObject({ entries: 2, bytes: big.length, directories_skipped: 1 });
     const to = join(a.dir, "restored");
-    process.env[ALLOW_PLUGINS_ENV] = "1";
+    allow(src.command as string[]);
     await restoreToDir(r.path, to);
     expect(readFileSync(join(to, "kv", "d", "big.bin")).equals(big)).toBe(true);
     expect(readFileSync(join(to, "kv", "e.txt")).length).toBe(0);
@@ -275,7 +381,7 @@ describe("exec: the protocol", () => {
     const r = await snap(a, src);
     const reqOut = join(a.dir, "restore-req.json");
     process.env.REQ_OUT = reqOut;
-    process.env[ALLOW_PLUGINS_ENV] = "1";
+    allow(src.command as string[]);
     try {
       await restoreToDir(r.path, join(a.dir, "restored"));
     } finally {

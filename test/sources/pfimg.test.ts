@@ -12,6 +12,7 @@ import { isMemsnapError, parseConfig, restoreToDir, snapshot, verifyBundle, type
 import { pfimgSource } from "../../src/sources/pfimg.js";
 import type { Artifact } from "../../src/sources/types.js";
 import type { Redactor } from "../../src/redact/types.js";
+import { reseal } from "../helpers/reseal.js";
 import { blobPath, generatePfimgStore, imagePath, PF_MEDIA_TYPE, writeBlob, writeImage } from "../helpers/pfimg-store.js";
 
 const require = createRequire(import.meta.url);
@@ -299,6 +300,8 @@ describe("pfimg: deep verify, materialize, redaction scan", () => {
     // Re-label the files layer as pfimg so the pfimg deep check runs on it.
     config.sources[0]!.impl = { ...config.sources[0]!.impl, kind: "pfimg" };
     const r = await snapshot({ config, out: join(dir, "x.memsnap") });
+    // The raw size every pfimg capture declares (deep verify decompresses within it).
+    await reseal(r.path, (m) => { m.layers[0]!.meta = { ...m.layers[0]!.meta, raw_bytes: 1 << 30 }; });
     const rep = await verifyBundle(r.path, { deep: true });
     expect(rep.ok).toBe(false);
     expect(rep.findings.map((f) => f.code)).toEqual(["MEMSNAP_DEEP_VERIFY_FAILED"]);
@@ -310,7 +313,7 @@ describe("pfimg: deep verify, materialize, redaction scan", () => {
     const dir = tmp();
     const store = join(dir, "store");
     const g = generatePfimgStore({ root: store, forks: 0 });
-    const layer = { name: "pf", kind: "pfimg", schema_version: 1, artifacts: 0, bytes: 0 };
+    const layer = { name: "pf", kind: "pfimg", schema_version: 1, artifacts: 0, bytes: 0, meta: { raw_bytes: 1 << 30 } };
     await pfimgSource.materialize!(store, { ...layer });
     const m = JSON.parse(readFileSync(imagePath(store, g.rootId), "utf8"));
     writeFileSync(blobPath(store, m.effects.ledger), zstd.compress(Buffer.from("{}")));
@@ -372,5 +375,74 @@ describe("pfimg: deep verify, materialize, redaction scan", () => {
     expect(hits).toHaveLength(1);
     expect(hits[0]!.artifact).toMatch(/^pf\/blobs\/sha256\/[0-9a-f]{2}\/[0-9a-f]{64}\.zst$/);
     expect(existsSync(join(store, hits[0]!.artifact.slice(3)))).toBe(true);
+  });
+});
+
+describe("pfimg: a blob decompresses only as far as the layer declares (meta.raw_bytes)", () => {
+  /** 128 MiB of zeros in ~4 KB: the frame a decompression bomb repeats. */
+  const zeroFrame = zstd.compress(Buffer.alloc(128 * 1024 * 1024));
+
+  /**
+   * A bundle whose pfimg layer holds `blob` under the name of `named`'s digest, declaring
+   * `raw_bytes` (undefined: no meta at all). Made as an attacker would: the blob is captured by a
+   * files layer (which checks nothing of it) and the manifest relabelled pfimg and resealed.
+   */
+  async function bombBundle(dir: string, blob: Buffer, named: Buffer, rawBytes: number | undefined): Promise<string> {
+    const hex = sha(named);
+    mkdirSync(join(dir, "store", "blobs", "sha256", hex.slice(0, 2)), { recursive: true });
+    writeFileSync(join(dir, "store", "blobs", "sha256", hex.slice(0, 2), `${hex}.zst`), blob);
+    const config = parseConfig({ agent: "a", redaction: { enabled: false }, sources: [{ kind: "files", name: "pf", path: "store" }] }, null, dir);
+    const r = await snapshot({ config, out: join(dir, "files.memsnap") });
+    return reseal(r.path, (m) => {
+      m.layers[0]!.kind = "pfimg";
+      m.layers[0]!.meta = rawBytes === undefined ? undefined : { raw_bytes: rawBytes, blobs: 1 };
+      if (rawBytes === undefined) delete m.layers[0]!.meta;
+    }, join(dir, "hostile.memsnap"));
+  }
+
+  it("concatenated zero frames (0.3 MB, ~9 GiB out) are stopped at the declared size: MEMSNAP_UNSAFE_BUNDLE, restore and verify --deep", async () => {
+    const dir = tmp();
+    const bomb = Buffer.concat(Array.from({ length: 73 }, () => zeroFrame));
+    expect(bomb.length).toBeLessThan(400_000);
+    const path = await bombBundle(dir, bomb, Buffer.from("anything"), 1024 * 1024);
+    const t0 = Date.now();
+    const to = join(dir, "restored");
+    const e = await restoreToDir(path, to).then(() => null, (x: unknown) => x);
+    expectErr(e, "MEMSNAP_UNSAFE_BUNDLE", /decompress to more than the 1048576 bytes its manifest declares/);
+    expect(existsSync(to)).toBe(false);
+    const v = await verifyBundle(path, { deep: true });
+    expect(v.findings.map((f) => [f.code, f.message])).toEqual([
+      ["MEMSNAP_DEEP_VERIFY_FAILED", expect.stringMatching(/decompress to more than the 1048576 bytes its manifest declares/)],
+    ]);
+    // A loose bound: it fails in a second or two; unbounded, this takes a minute or more.
+    expect(Date.now() - t0).toBeLessThan(20_000);
+  }, 60_000);
+
+  it("a blob that matches its name but is bigger than the layer declares is refused; one within it restores", async () => {
+    const dir = tmp();
+    const content = Buffer.from("x".repeat(8192));
+    const path = await bombBundle(dir, zstd.compress(content), content, 100);
+    expectErr(await restoreToDir(path, join(dir, "r1")).catch((x: unknown) => x), "MEMSNAP_UNSAFE_BUNDLE", /more than the 100 bytes/);
+    const ok = await reseal(path, (m) => { (m.layers[0]!.meta as { raw_bytes: number }).raw_bytes = 8192; }, join(dir, "honest.memsnap"));
+    // Within the budget the layer is checked as before: a lone blob is not a store with images, but its digest is right.
+    await restoreToDir(ok, join(dir, "r2"));
+    expect(readFileSync(join(dir, "r2", "pf", "blobs", "sha256", sha(content).slice(0, 2), `${sha(content)}.zst`)).length).toBeGreaterThan(0);
+  });
+
+  it("a layer that declares no raw size is refused before anything is decompressed (restore), and reported once (verify --deep)", async () => {
+    const dir = tmp();
+    const content = Buffer.from("hello");
+    const path = await bombBundle(dir, zstd.compress(content), content, undefined);
+    expectErr(await restoreToDir(path, join(dir, "r")).catch((x: unknown) => x), "MEMSNAP_UNSAFE_BUNDLE", /does not declare the layer's raw size/);
+    const v = await verifyBundle(path, { deep: true });
+    expect(v.findings.map((f) => [f.code, f.message])).toEqual([
+      ["MEMSNAP_DEEP_VERIFY_FAILED", expect.stringMatching(/does not declare the layer's raw size/)],
+    ]);
+  });
+
+  it("a blob whose content is not its name, within the budget, is MEMSNAP_ARTIFACT_HASH_MISMATCH", async () => {
+    const dir = tmp();
+    const path = await bombBundle(dir, zstd.compress(Buffer.from("other")), Buffer.from("named"), 1000);
+    expectErr(await restoreToDir(path, join(dir, "r")).catch((x: unknown) => x), "MEMSNAP_ARTIFACT_HASH_MISMATCH", /not its name/);
   });
 });

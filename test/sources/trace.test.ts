@@ -15,9 +15,9 @@ import type { RedactionReport, Redactor } from "../../src/redact/types.js";
 import { LineSplitter, TraceValidator, validateTrace } from "../../src/sources/trace.js";
 import type { Artifact, SourceKind } from "../../src/sources/types.js";
 import {
-  agentlogId, canonicalize, canonicalNumber, JsonNumber, parseLossless, serializeFaithful,
+  agentlogId, canonicalize, canonicalNumber, JsonBudgetError, JsonNumber, parseLossless, serializeFaithful, VALUE_COST,
 } from "../../src/util/canonical-agentlog.js";
-import { tempDir } from "../helpers/cli.js";
+import { REPO, runCli, tempDir } from "../helpers/cli.js";
 
 // ------------------------------------------------------------------------------ redactor stub
 
@@ -439,6 +439,64 @@ describe("trace: deep verify", () => {
       message: expect.stringMatching(/^t\/bad\.agentlog: line 2: record id sha256:[0-9a-f]{64} does not match its payload/),
     }]);
     expect(v.checks.find((x) => x.name === "artifacts")?.status).toBe("passed");
+  });
+});
+
+describe("trace: a record is checked within a memory budget, not per value", () => {
+  const MAXRSS = join(REPO, "test", "helpers", "maxrss.cjs");
+  const head = (payload: string): string => `{"version":"0.1","id":"sha256:${"0".repeat(64)}","kind":"metadata","ts":1,"parent":null,"payload":${payload}}`;
+
+  it("values past the budget, and numbers whose canonical form runs long, are refused by the parser", () => {
+    expect(() => parseLossless("[0,0,0,0]", { budget: 4 * VALUE_COST })).toThrow(JsonBudgetError);
+    expect(parseLossless("[0,0,0]", { budget: 4 * VALUE_COST })).toHaveLength(3);
+    expect(() => parseLossless('{"a":1,"b":2}', { budget: 4 * VALUE_COST })).toThrow(JsonBudgetError); // keys count too
+    expect(() => parseLossless("[1e3000,1e3000]", { expansion: 5000 })).toThrow(/canonical form would add more than 5000 digits/);
+    expect(() => parseLossless("[1e3000]", { expansion: 5000 })).not.toThrow();
+    const v = new TraceValidator();
+    const small = rec("metadata", { big: 1 }, null, { payloadText: '{"big":1e4000}', canonical: `{"big":1${"0".repeat(4000)}}` });
+    expect(v.check(Buffer.from(small.line), 1).id).toBe(small.id); // one long number in a small record is fine
+    expect(() => new TraceValidator().check(Buffer.from(head(`[${"1e4000,".repeat(2000)}1]`)), 1)).toThrow(/would expand past/);
+  });
+
+  /** `memsnap verify --deep --json` on a bundle whose trace layer holds `text`: its findings and peak RSS. */
+  async function deepVerify(text: string): Promise<{ code: number | null; findings: { code: string; message: string }[]; rssMiB: number; ms: number }> {
+    const a = agent();
+    mkdirSync(join(a.dir, "raw"));
+    writeFileSync(join(a.dir, "raw", "t.agentlog"), text);
+    const c = parseConfig({ agent: "a1", redaction: { enabled: false }, sources: [{ kind: "files", name: "t", path: "raw" }] }, null, a.dir);
+    c.sources[0]!.impl = { ...SOURCE_KINDS.files!, kind: "trace", schemaVersion: 1 } as SourceKind<{ name: string }>;
+    const r = await snapshot({ config: c, out: join(a.out, "b.memsnap") });
+    const t0 = Date.now();
+    const res = await runCli(["verify", r.path, "--deep", "--json"], { env: { NODE_OPTIONS: `--require=${MAXRSS}` }, timeoutMs: 120_000 });
+    const ms = Date.now() - t0;
+    const kib = /memsnap-test-maxrss-kib=(\d+)/.exec(res.stderr);
+    expect(kib, res.stderr).not.toBeNull();
+    const out = JSON.parse(res.stdout) as { findings: { code: string; message: string }[] };
+    return { code: res.code, findings: out.findings, rssMiB: Number(kib![1]) / 1024, ms };
+  }
+
+  it("verify --deep refuses a 20 MB record of ten million array elements with bounded memory", async () => {
+    const r = await deepVerify(`${head(`{"a":[${"0,".repeat(10_000_000)}0]}`)}\n`);
+    expect(r.code).toBe(3);
+    expect(r.findings).toEqual([{ code: "MEMSNAP_DEEP_VERIFY_FAILED", path: "t/t.agentlog", message: expect.stringMatching(/line 1: record is over the 256 MiB memory budget/) }]);
+    // Unbounded, this record took ~0.9 GiB (a 120 MB one 3.7 GiB); within the budget ~0.3 GiB.
+    expect(r.rssMiB).toBeLessThan(600);
+  }, 180_000);
+
+  it("verify --deep refuses 120,000 numbers like 1e4000 (0.8 MB) with bounded memory", async () => {
+    const r = await deepVerify(`${head(`{"a":[${"1e4000,".repeat(120_000)}0]}`)}\n`);
+    expect(r.code).toBe(3);
+    expect(r.findings).toEqual([{ code: "MEMSNAP_DEEP_VERIFY_FAILED", path: "t/t.agentlog", message: expect.stringMatching(/line 1: record's numbers would expand past \d+ digits/) }]);
+    // Unbounded: ~1.5 GiB.
+    expect(r.rssMiB).toBeLessThan(200);
+  }, 180_000);
+
+  it("a record over the budget is MEMSNAP_TRACE_INVALID at capture, also as the unterminated last line", async () => {
+    const a = agent();
+    const many = `${head(`[${"1e4000,".repeat(2000)}1]`)}`;
+    const m = rec("metadata", { agent: "demo" }, null);
+    writeFileSync(join(a.dir, "traces", "s.agentlog"), `${m.line}\n${many}`);
+    await expect(snap(a)).rejects.toMatchObject({ code: "MEMSNAP_TRACE_INVALID", message: expect.stringMatching(/line 2: record's numbers would expand past/) });
   });
 });
 
