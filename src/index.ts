@@ -13,7 +13,7 @@ export { snapshot, storePath, MANIFEST_INDEX_MAX, type SnapshotOptions, type Sna
 export { verifyBundle, reportError as verifyError, type VerifyReport, type Check, type CheckStatus } from "./verify.js";
 export { restoreToDir, type RestoreToDirOptions, type RestoreToDirResult } from "./restore/to-dir.js";
 export { generateIdentity, identityFileText, parseIdentities, parseRecipients, recipientFingerprint, scryptMaxLogN, DEFAULT_SCRYPT_MAX_LOG_N, SCRYPT_MAX_LOG_N_ENV } from "./pipeline/age.js";
-export { loadIdentities, loadRecipients, loadPassphrase } from "./keys.js";
+export { loadIdentities, loadRecipients, loadPassphrase, onKeyFileWarning, type KeyFileWarning } from "./keys.js";
 export { resolveStore } from "./store/paths.js";
 export { SOURCE_KINDS, sourceKind } from "./sources/registry.js";
 export type { SourceKind, Artifact, LayerCapture, CaptureContext } from "./sources/types.js";
