@@ -45,7 +45,6 @@ import type { Artifact, CaptureContext, SourceKind } from "./types.js";
 import { escapeName, fileArtifact, fingerprintOf, SMALL_FILE, sourceError, walkFiles, walkNotices, type FoundFile } from "./walk.js";
 import { readAhead } from "./prefetch.js";
 import { CompactStats } from "../util/native-fs.js";
-import { currentUmask, restoredMode } from "../util/umask.js";
 
 export interface GitConfig {
   kind: "git";
@@ -833,7 +832,6 @@ async function applyWorktree(dir: string, layer: string, worktree: string | null
     await pruneEmpty(dir, rel);
   }
   if (worktree) {
-    const umask = currentUmask();
     for (const rel of await listFiles(worktree)) {
       const art = `${layer}/${WORKTREE_DIR}/${rel}`;
       const why = worktreePathProblem(rel);
@@ -846,8 +844,7 @@ async function applyWorktree(dir: string, layer: string, worktree: string | null
         await rm(dest, { recursive: true });
       }
       await rename(join(worktree, ...rel.split("/")), dest).catch((e: unknown) => { throw destinationError(e, dest); });
-      // As git checks a file out: 0777 or 0666 by the executable bit, less the umask.
-      await chmod(dest, restoredMode(doc.executable.includes(rel) ? 0o777 : 0o666, umask)).catch((e: unknown) => { throw destinationError(e, dest); });
+      await chmod(dest, doc.executable.includes(rel) ? 0o700 : 0o600).catch((e: unknown) => { throw destinationError(e, dest); });
     }
   }
 }
