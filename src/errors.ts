@@ -35,7 +35,7 @@ export const ERROR_CODES = {
   MEMSNAP_VERIFY_FAILED: { class: "integrity", meaning: "verify found one or more problems (each is listed)" },
   MEMSNAP_DEEP_VERIFY_FAILED: { class: "integrity", meaning: "a layer's deep check failed on an artifact" },
   MEMSNAP_SIGNATURE_INVALID: { class: "integrity", meaning: "the manifest's signature does not verify (the manifest or the payload it commits to changed)" },
-  MEMSNAP_SIGNATURE_REQUIRED: { class: "key", meaning: "restore --require-signature was given and the bundle is unsigned" },
+  MEMSNAP_SIGNATURE_REQUIRED: { class: "key", meaning: "--trust (or restore --require-signature) was given and the bundle is unsigned" },
   MEMSNAP_SIGNATURE_UNTRUSTED: { class: "key", meaning: "the bundle is signed by a key not given with --trust" },
   MEMSNAP_IDENTITY_REQUIRED: { class: "key", meaning: "the bundle is encrypted and no identity or passphrase was given" },
   MEMSNAP_IDENTITY_INVALID: { class: "key", meaning: "the identity file or recipient could not be parsed" },
@@ -69,7 +69,7 @@ export const ERROR_CODES = {
   MEMSNAP_DEST_EXISTS: { class: "destination", meaning: "the output file already exists" },
   MEMSNAP_UNSAFE_PATH: { class: "unsafe", meaning: "a bundle entry would write outside its target or is not a regular file" },
   MEMSNAP_JOURNAL_UNTRUSTED: { class: "unsafe", meaning: "the restore journal (.memsnap/journal.json) names a path or a step that an in-place restore under this config does not produce: recover changed nothing" },
-  MEMSNAP_UNSAFE_BUNDLE: { class: "unsafe", meaning: "a bundle exceeds its own declared sizes (zstd/tar bomb, entry longer than declared, oversized manifest)" },
+  MEMSNAP_UNSAFE_BUNDLE: { class: "unsafe", meaning: "a bundle exceeds its own declared sizes (zstd/tar bomb, entry longer than declared, oversized manifest) or asks for an scrypt work factor over the cap" },
   MEMSNAP_INTERRUPTED: { class: "interrupted", meaning: "the command was stopped by SIGINT or SIGTERM before it finished; nothing half-done was left (no partial bundle, the live state untouched)" },
 } as const satisfies Record<string, { class: ErrorClass; meaning: string }>;
 

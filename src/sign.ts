@@ -12,6 +12,7 @@ import { createHash, createPrivateKey, createPublicKey, generateKeyPairSync, sig
 import { readFile } from "node:fs/promises";
 import { MemsnapError } from "./errors.js";
 import { computeSeal, type Manifest } from "./format/manifest.js";
+import { readKeyFile } from "./keys.js";
 
 export const PUBKEY_PREFIX = "memsnap-ed25519:";
 
@@ -61,9 +62,8 @@ export function generateSigningKey(): { privatePem: string; publicKey: string } 
 
 /** Load a signing key file (PKCS#8 PEM). Throws MEMSNAP_IDENTITY_INVALID. */
 export async function loadSigningKey(path: string): Promise<KeyObject> {
-  let text = "";
+  const text = await readKeyFile(path, "signing key", true);
   try {
-    text = await readFile(path, "utf8");
     const key = createPrivateKey(text);
     if (key.asymmetricKeyType !== "ed25519") throw new Error(`a ${key.asymmetricKeyType} key, not ed25519`);
     return key;

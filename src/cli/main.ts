@@ -1,6 +1,6 @@
 /** The memsnap command-line program. It uses only the library's public entry. */
 import { Command, CommanderError } from "commander";
-import { ERROR_CODES, MemsnapError, TOOL_VERSION } from "../index.js";
+import { ERROR_CODES, MemsnapError, onKeyFileWarning, TOOL_VERSION } from "../index.js";
 import { registerInit } from "./commands/init.js";
 import { registerInspect } from "./commands/inspect.js";
 import { registerKeygen } from "./commands/keygen.js";
@@ -11,9 +11,10 @@ import { registerStore } from "./commands/store.js";
 import { registerVerify } from "./commands/verify.js";
 import type { GlobalOpts } from "./common.js";
 import { EXIT_CODE_MEANINGS, EXIT_CODES } from "./exit-codes.js";
-import { reportError } from "./output.js";
+import { commandWarning, reportError, resetCommandWarnings } from "./output.js";
 
 let pipesGuarded = false;
+let keyWarningsHeard = false;
 
 /**
  * A reader that goes away (`memsnap list | head -1`, `memsnap --help | true`) closes our
@@ -35,6 +36,11 @@ function guardClosedPipes(): void {
 /** Run the CLI with `argv` (without node and script); resolves with the exit code. */
 export async function main(argv: string[]): Promise<number> {
   guardClosedPipes();
+  resetCommandWarnings();
+  if (!keyWarningsHeard) {
+    keyWarningsHeard = true;
+    onKeyFileWarning(commandWarning); // an identity, passphrase or signing key file open to others
+  }
   const program = new Command();
   const global = (): GlobalOpts => ({ json: !!program.opts().json });
   program

@@ -35,8 +35,27 @@ export function redactionLine(report: Record<string, unknown>): string {
   return `${policy}: ${s.total} value${s.total === 1 ? "" : "s"} replaced by [REDACTED:<rule>] in ${listSome(s.artifacts)} (${s.rules.join(", ")})${kept}`;
 }
 
-/** Print a JSON result object on stdout. */
+/** Warnings of the command so far that are not a layer's (a key file open to others): `{path, message}`. */
+const commandWarnings: { path: string; message: string }[] = [];
+
+/** Report a warning now on stderr, and in the `warnings` of the command's JSON output. */
+export function commandWarning(w: { path: string; message: string }): void {
+  if (commandWarnings.some((x) => x.path === w.path && x.message === w.message)) return;
+  commandWarnings.push(w);
+  process.stderr.write(`memsnap: warning: ${w.message}\n`);
+}
+
+/** Forget the warnings of an earlier command (main() runs more than once in one process in tests). */
+export function resetCommandWarnings(): void {
+  commandWarnings.length = 0;
+}
+
+/** Print a JSON result object on stdout (with the command's warnings added to its `warnings`). */
 export function printJson(obj: unknown): void {
+  if (commandWarnings.length && obj !== null && typeof obj === "object" && !Array.isArray(obj)) {
+    const o = obj as Record<string, unknown>;
+    obj = { ...o, warnings: [...(Array.isArray(o.warnings) ? o.warnings : []), ...commandWarnings] };
+  }
   process.stdout.write(JSON.stringify(obj, null, 2) + "\n");
 }
 

@@ -38,8 +38,40 @@ const NONCE_LEN = 16;
 /** Largest header we buffer before giving up. */
 const HEADER_MAX = 64 * 1024;
 const DEFAULT_SCRYPT_LOG_N = 18;
-/** Highest scrypt work factor we write or accept (the same cap as typage). */
+/** Highest scrypt work factor we write or accept at all (the same cap as typage). */
 const MAX_SCRYPT_LOG_N = 20;
+/**
+ * Highest scrypt work factor opened unless the caller raises it: 2^18 (N·r·128 = 256 MiB of
+ * memory, about half a second), what memsnap and the age CLI write. A header is read before
+ * anything authenticates it, so its work factor is the bundle's to choose: 2^20 cost 4.9 s and
+ * 1 GiB before the MAC failed.
+ */
+export const DEFAULT_SCRYPT_MAX_LOG_N = 18;
+/** The environment variable that raises {@link DEFAULT_SCRYPT_MAX_LOG_N} (up to 2^20). */
+export const SCRYPT_MAX_LOG_N_ENV = "MEMSNAP_SCRYPT_MAX_LOG_N";
+
+/**
+ * The scrypt work factor (log2 N) a decryption accepts: `given` when set, else
+ * $MEMSNAP_SCRYPT_MAX_LOG_N, else 2^18 (a string is parsed as decimal digits). Throws
+ * MEMSNAP_USAGE for a value that is not an integer 1..20.
+ */
+export function scryptMaxLogN(given?: number | string, env: NodeJS.ProcessEnv = process.env): number {
+  const num = (v: string): number => (/^[0-9]{1,3}$/.test(v.trim()) ? Number(v.trim()) : NaN);
+  const raw = typeof given === "string" ? num(given) : given ?? (env[SCRYPT_MAX_LOG_N_ENV] ? num(env[SCRYPT_MAX_LOG_N_ENV]!) : DEFAULT_SCRYPT_MAX_LOG_N);
+  if (!Number.isInteger(raw) || raw < 1 || raw > MAX_SCRYPT_LOG_N) {
+    const what = given !== undefined ? "--scrypt-max-log-n" : SCRYPT_MAX_LOG_N_ENV;
+    throw new MemsnapError("MEMSNAP_USAGE", `${what} must be an integer from 1 to ${MAX_SCRYPT_LOG_N}, got ${given ?? env[SCRYPT_MAX_LOG_N_ENV]}`, {
+      hint: `the work factor is a power of two: ${DEFAULT_SCRYPT_MAX_LOG_N} (the default) opens 2^${DEFAULT_SCRYPT_MAX_LOG_N}, 20 opens 2^20 (1 GiB of memory)`,
+    });
+  }
+  return raw;
+}
+
+/** What scrypt at work factor 2^logN (r = 8) needs in memory, for messages. */
+function scryptMemory(logN: number): string {
+  const mib = (128 * 8 * 2 ** logN) / (1024 * 1024);
+  return mib >= 1024 ? `${mib / 1024} GiB` : `${mib} MiB`;
+}
 const SCRYPT_LABEL = "age-encryption.org/v1/scrypt";
 const ARMOR_BEGIN = "-----BEGIN AGE ENCRYPTED FILE-----";
 
@@ -469,15 +501,26 @@ function unwrapX25519(st: StanzaIn, id: { key: KeyObject; recipient: Buffer }): 
   return openFileKey(wrap, st.body);
 }
 
-/** The file key from the (only) scrypt stanza for `passphrase`, or null when it does not open it. */
-async function unwrapScrypt(st: StanzaIn, passphrase: string): Promise<Uint8Array | null> {
+/**
+ * The file key from the (only) scrypt stanza for `passphrase`, or null when it does not open
+ * it. A work factor over `maxLogN` is MEMSNAP_UNSAFE_BUNDLE before any scrypt work is done.
+ */
+async function unwrapScrypt(st: StanzaIn, passphrase: string, maxLogN: number): Promise<Uint8Array | null> {
   const [, saltB64, logNStr] = st.args;
   if (st.args.length !== 3 || saltB64 === undefined || logNStr === undefined || !/^[1-9][0-9]*$/.test(logNStr)) throw new HeaderMalformed("invalid scrypt stanza");
   const salt = b64Strict(saltB64);
   if (salt === null || salt.length !== 16) throw new HeaderMalformed("invalid scrypt stanza");
   if (st.body.length !== 16 + TAG) throw new HeaderMalformed("invalid scrypt stanza body");
   const logN = Number(logNStr);
-  if (logN > MAX_SCRYPT_LOG_N) throw new HeaderMalformed(`scrypt work factor 2^${logN} is too high (max 2^${MAX_SCRYPT_LOG_N})`);
+  if (logN > maxLogN) {
+    const big = logN > 64 ? `${logNStr.length > 12 ? `${logNStr.slice(0, 12)}…` : logNStr}` : String(logN);
+    throw new MemsnapError("MEMSNAP_UNSAFE_BUNDLE",
+      `the bundle's passphrase stanza asks for an scrypt work factor of 2^${big}${logN <= 64 ? ` (${scryptMemory(logN)} of memory)` : ""}, over the limit of 2^${maxLogN} (${scryptMemory(maxLogN)}); nothing was decrypted`, {
+        hint: logN > MAX_SCRYPT_LOG_N
+          ? `memsnap opens work factors up to 2^${MAX_SCRYPT_LOG_N} at most; memsnap and age write 2^${DEFAULT_SCRYPT_LOG_N}: this bundle was not written by either, or was altered`
+          : `memsnap and age write 2^${DEFAULT_SCRYPT_LOG_N}; if you trust this bundle, raise the limit with --scrypt-max-log-n ${logN} (or ${SCRYPT_MAX_LOG_N_ENV}=${logN})`,
+      });
+  }
   return openFileKey(await scryptKey(passphrase, salt, logN), st.body);
 }
 
@@ -488,13 +531,13 @@ async function unwrapScrypt(st: StanzaIn, passphrase: string): Promise<Uint8Arra
  * one. This replaces typage's Decrypter, whose module graph took ~70-100 ms to load on every
  * restore and keyed verify; interoperability with the real `age` binary is tested both ways.
  */
-export async function openAgeHeader(header: Buffer, identities: string[], passphrases: string[]): Promise<Uint8Array> {
+export async function openAgeHeader(header: Buffer, identities: string[], passphrases: string[], maxLogN: number = scryptMaxLogN()): Promise<Uint8Array> {
   const { stanzas, macInput, mac } = parseHeader(header);
   const hasScrypt = stanzas.some((st) => st.args[0] === "scrypt");
   if (hasScrypt && stanzas.length !== 1) throw new HeaderMalformed("an scrypt stanza must be the only one in the header");
   let fileKey: Uint8Array | null = null;
   if (hasScrypt) {
-    for (const p of passphrases) if ((fileKey = await unwrapScrypt(stanzas[0]!, p)) !== null) break;
+    for (const p of passphrases) if ((fileKey = await unwrapScrypt(stanzas[0]!, p, maxLogN)) !== null) break;
   } else {
     const ids = identities.map(x25519Identity);
     outer: for (const st of stanzas) {
@@ -694,6 +737,8 @@ class AgeDecryptStream extends Transform {
   constructor(
     private readonly identities: string[],
     private readonly passphrases: string[],
+    /** The highest scrypt work factor opened (see scryptMaxLogN). */
+    private readonly maxLogN: number,
   ) {
     super();
   }
@@ -820,7 +865,7 @@ class AgeDecryptStream extends Transform {
     const header = Buffer.from(this.headerBuf.subarray(0, this.headerLen));
     let fileKey: Uint8Array;
     try {
-      fileKey = await openAgeHeader(header, this.identities, this.passphrases);
+      fileKey = await openAgeHeader(header, this.identities, this.passphrases, this.maxLogN);
     } catch (e) {
       if (e instanceof MemsnapError) throw e;
       const msg = errMessage(e);
@@ -922,6 +967,13 @@ class AgeDecryptStream extends Transform {
   }
 }
 
+/** The keys a decryption is given, and the highest scrypt work factor it opens (see scryptMaxLogN). */
+export interface AgeDecryptOptions {
+  identities?: string[];
+  passphrases?: string[];
+  scryptMaxLogN?: number;
+}
+
 /** How many payload bytes {@link openAgePrefix} needs at most (the longest header plus the nonce). */
 export const AGE_PREFIX_MAX = HEADER_MAX + NONCE_LEN;
 export const AGE_SEALED_CHUNK = SEALED_CHUNK;
@@ -932,8 +984,8 @@ export { DAMAGED_HINT as AGE_DAMAGED_HINT };
  * `whole` when `prefix` is the entire file): returns the STREAM payload key and the offset of
  * the first sealed chunk. Errors as {@link createAgeDecryptor}'s.
  */
-export function openAgePrefix(prefix: Buffer, whole: boolean, opts: { identities?: string[]; passphrases?: string[] }): Promise<{ key: Buffer; offset: number }> {
-  return new AgeDecryptStream([...(opts.identities ?? [])], [...(opts.passphrases ?? [])]).openPrefix(prefix, whole);
+export async function openAgePrefix(prefix: Buffer, whole: boolean, opts: AgeDecryptOptions): Promise<{ key: Buffer; offset: number }> {
+  return new AgeDecryptStream([...(opts.identities ?? [])], [...(opts.passphrases ?? [])], scryptMaxLogN(opts.scryptMaxLogN)).openPrefix(prefix, whole);
 }
 
 /**
@@ -948,7 +1000,9 @@ export function openAgePrefix(prefix: Buffer, whole: boolean, opts: { identities
  * @throws MEMSNAP_DECRYPT_FAILED if no identity/passphrase matches, the header is
  *   malformed or its MAC fails, a chunk does not authenticate, the file is truncated
  *   (header, nonce, inside a chunk or at a chunk boundary), or data follows the final chunk.
+ * @throws MEMSNAP_UNSAFE_BUNDLE if a passphrase is tried on an scrypt stanza whose work
+ *   factor is over `scryptMaxLogN` (default 2^18; see {@link scryptMaxLogN}).
  */
-export function createAgeDecryptor(opts: { identities?: string[]; passphrases?: string[] }): Transform {
-  return new AgeDecryptStream([...(opts.identities ?? [])], [...(opts.passphrases ?? [])]);
+export function createAgeDecryptor(opts: AgeDecryptOptions): Transform {
+  return new AgeDecryptStream([...(opts.identities ?? [])], [...(opts.passphrases ?? [])], scryptMaxLogN(opts.scryptMaxLogN));
 }

@@ -33,6 +33,8 @@ const collectEntries = heapPacer(16 * 1024 * 1024);
 export interface Keys {
   identities?: string[];
   passphrases?: string[];
+  /** The highest scrypt work factor (log2 N) a passphrase is tried on; default $MEMSNAP_SCRYPT_MAX_LOG_N, else 18. */
+  scryptMaxLogN?: number;
 }
 
 /** What an entry handler is told about the entry. */

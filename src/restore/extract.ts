@@ -20,6 +20,7 @@ import { checkEntryName, conflictingEntry } from "./safe-path.js";
 import { sourceKind } from "../sources/registry.js";
 import { isSpoolName } from "../sources/types.js";
 import { SmallFileWriter } from "./small-writes.js";
+import { currentUmask, restoredMode } from "../util/umask.js";
 import { RestoreSpool } from "./spool.js";
 
 /** Entries up to this size are written with synchronous calls. */
@@ -61,7 +62,7 @@ export interface ExtractOptions {
 
 /**
  * The index's permission bits and mtime for the files a restore wrote in layers whose kind
- * `restoresAttributes`, applied once every file is written and the early writeback has
+ * `restoresAttributes`, applied once every file is written (and every layer materialized) and the early writeback has
  * settled: a chmod or utimes of a file whose pages are being written back waits for it (20,000
  * notes: 8 s of kernel time done while the restore's syncfs ran, 0.1 s after it).
  */
@@ -100,18 +101,25 @@ export class RestoredAttributes {
     this.#mtimes[i] = Date.parse(a.mtime);
   }
 
-  /** Set them (MEMSNAP_DEST_* when a file refuses). */
+  /**
+   * Set them (MEMSNAP_DEST_* when a file refuses). A mode is the captured permission bits less
+   * the process umask (see restoredMode): a bundle cannot make a file more open than the
+   * restoring user's umask allows. A file its layer's materialize removed (an SQLite side file
+   * a bundle carried) is skipped.
+   */
   apply(): void {
+    const umask = currentUmask();
     for (let i = 0; i < this.#paths.length; i++) {
       const rel = this.#paths[i]!;
       const p = join(this.#roots[this.#root[i]!]!, ...rel.slice(rel.indexOf("/") + 1).split("/"));
       try {
-        if (this.#modes[i]! >= 0) chmodSync(p, this.#modes[i]!);
+        if (this.#modes[i]! >= 0) chmodSync(p, restoredMode(this.#modes[i]!, umask));
         const t = this.#mtimes[i]!;
         // Seconds as a double land a few hundred ns either side of the millisecond; half a
         // microsecond more keeps the file's mtime in the millisecond the index records.
         if (Number.isFinite(t)) utimesSync(p, (t + 0.0005) / 1000, (t + 0.0005) / 1000);
       } catch (e) {
+        if ((e as NodeJS.ErrnoException).code === "ENOENT") continue;
         throw destinationError(e, p);
       }
     }

@@ -42,6 +42,7 @@ import { KvIndexWriter } from "./kv-index-writer.js";
 import { kvPageFingerprint } from "../pipeline/incremental.js";
 import { readBlocks, type ReadBlock } from "./kv-blocks.js";
 import { collectNow } from "../util/gc.js";
+import { currentUmask, restoredMode } from "../util/umask.js";
 
 export interface KvShape {
   n_layers: number;
@@ -858,6 +859,7 @@ async function materializeKv(dir: string, layer: LayerEntry, verified?: Verified
     }
     spool.slots.clear(); // the names are no longer needed
   }
+  const umask = currentUmask();
   const zeroBufs = new Map<number, Buffer>();
   const cache = new Map<number, Buffer>();
   /** Contents whose bytes were already checked against their SHA-256 in this rebuild. */
@@ -1004,8 +1006,7 @@ async function materializeKv(dir: string, layer: LayerEntry, verified?: Verified
         if (!st || st.size !== f.bytes) throw restoreBad(`${layer.name}/${f.artifact!} is missing or has the wrong size`, f.artifact!);
         await rename(from, target);
       }
-      // Never setuid, setgid or sticky, and within the umask (as every kind restores modes).
-      await chmod(target, f.mode & 0o777 & ~process.umask());
+      await chmod(target, restoredMode(f.mode, umask)); // never setuid, setgid or sticky; within the umask
       const t = new Date(f.mtime);
       if (!Number.isNaN(t.getTime())) await utimes(target, t, t);
     }

@@ -690,6 +690,8 @@ class LiveRead {
 export const sqliteSource: SourceKind<SqliteConfig> = {
   kind: "sqlite",
   schemaVersion: 1,
+  // A restored database gets its captured mode (less the umask) and mtime, set after materialize.
+  restoresAttributes: true,
   parseConfig(raw, where) {
     rejectUnknownKeys(raw, ["kind", "name", "path", "include", "exclude", "busy_timeout_ms", "live_read"], where);
     return {

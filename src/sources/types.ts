@@ -181,9 +181,10 @@ export interface SourceKind<C extends { name: string } = { name: string }> {
    */
   distinctPaths?: boolean;
   /**
-   * True when each artifact is restored as the file `<layer root>/<path>` and nothing rewrites
-   * it after: the restore gives it the index's mode (permission bits, `& 0o777`: never setuid,
-   * setgid or sticky) and mtime, as `tar -x` does.
+   * True when each artifact is restored as the file `<layer root>/<path>` (which the kind's
+   * materialize may change in place: the attributes are set after it): the restore gives it the
+   * index's mode, less the umask (`mode & 0o777 & ~umask`: never setuid, setgid or sticky), and
+   * mtime, as `tar -x` does.
    */
   restoresAttributes?: boolean;
   /**

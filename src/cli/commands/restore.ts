@@ -1,6 +1,6 @@
 import type { Command } from "commander";
 import {
-  MemsnapError, listSome, loadConfig, loadIdentities, loadPassphrase, loadTrusted, parseDuration, recoverAgent, resolveStore, restoreInPlace, restoreToDir, runHook,
+  MemsnapError, listSome, loadConfig, scryptMaxLogN, loadIdentities, loadPassphrase, loadTrusted, parseDuration, recoverAgent, resolveStore, restoreInPlace, restoreToDir, runHook,
   summarizeRedaction, type Manifest, type RedactedSummary, type RestorePlan,
 } from "../../index.js";
 import { fmtBytes, fmtRate, printJson, Progress } from "../output.js";
@@ -19,6 +19,7 @@ interface RestoreOpts {
   dryRun?: boolean;
   requireSignature?: boolean;
   trust: string[];
+  scryptMaxLogN?: string;
 }
 
 /**
@@ -70,7 +71,8 @@ export function registerRestore(program: Command, global: () => GlobalOpts): voi
     .option("--wait <duration>", "wait this long for the agent's lock (e.g. 30s, 2m) instead of failing at once")
     .option("--dry-run", "print what would change and touch nothing")
     .option("--require-signature", "refuse unsigned bundles and bundles not signed by a --trust key")
-    .option("--trust <pubkey|file>", "trusted signing public key (memsnap-ed25519:… or a file of them; repeatable)", collect, [])
+    .option("--trust <pubkey|file>", "require a valid signature by this public key, as verify --trust does (memsnap-ed25519:… or a file of them; repeatable)", collect, [])
+    .option("--scrypt-max-log-n <n>", "open a passphrase bundle whose scrypt work factor is up to 2^n (default 18, or $MEMSNAP_SCRYPT_MAX_LOG_N; at most 20)")
     .addHelpText("after", `
 BUNDLE is a path, or a snapshot id (or unique prefix of one) from \`memsnap list\`, looked up in
 the store (--store, else the config's; in place, only the config's agent's snapshots unless --as-agent).
@@ -85,7 +87,10 @@ Examples:
       const g = global();
       const identities = await loadIdentities(o.identity);
       const passphrase = await loadPassphrase(o.passphraseFile);
-      const keys = { identities, passphrases: passphrase ? [passphrase] : [] };
+      const keys = {
+        identities, passphrases: passphrase ? [passphrase] : [],
+        ...(o.scryptMaxLogN !== undefined ? { scryptMaxLogN: scryptMaxLogN(o.scryptMaxLogN) } : {}),
+      };
       const sigPolicy = { requireSignature: !!o.requireSignature, trusted: await loadTrusted(o.trust) };
       const progress = new Progress("restore", !g.json && process.stderr.isTTY === true);
       if (o.to) {
