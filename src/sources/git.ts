@@ -717,7 +717,9 @@ function headSpec(layer: LayerEntry): HeadSpec {
     oid = head.oid;
   }
   const branch = meta.branch;
-  if (branch !== null && branch !== undefined && (typeof branch !== "string" || branch === "" || /[\0\n\s]/.test(branch))) {
+  // git's own ref-name rules (check-ref-format): a name with `..` or a leading `-` would
+  // leave refs/ or be taken for an option.
+  if (branch !== null && branch !== undefined && (typeof branch !== "string" || branch === "" || /[\0-\x20\x7f~^:?*[\\]|\.\.|@\{|\/\/|^[-/.]|\/\.|[/.]$|\.lock(\/|$)/.test(branch))) {
     throw bad("meta.branch is not a branch name");
   }
   if (meta.detached === true || typeof branch !== "string") {
