@@ -10,7 +10,10 @@
  *                          files are not captured), byte for byte before redaction
  *
  * `.git/config`, hooks, the index, reflogs and lock files are never captured: the bundle
- * carries objects and refs only, and restore builds a fresh `.git`.
+ * carries objects and refs only, and restore builds a fresh `.git` (in place, it then keeps
+ * the live repository's own config, hooks/ and info/: keepLiveRepoFiles). A symlink of the
+ * checked-out tree is written as a plain file holding its target, with core.symlinks=false:
+ * restore creates no link a bundle asks for (materialize returns a note saying so).
  *
  * Every git command runs with execFile/spawn (never a shell) and an environment that drops
  * inherited GIT_* variables, ignores the system config, and overrides config a memdir could
