@@ -61,7 +61,7 @@ export const ERROR_CODES = {
   MEMSNAP_PLUGIN_PROTOCOL: { class: "source", meaning: "a source plugin broke the plugin protocol (malformed tar stream, an entry outside its layer or not a regular file, a bad response)" },
   MEMSNAP_PLUGIN_UNTRUSTED: { class: "unsafe", meaning: "restoring the layer would run the plugin command recorded in the bundle, and MEMSNAP_ALLOW_PLUGINS does not allow it" },
   MEMSNAP_AGENT_MISMATCH: { class: "usage", meaning: "the bundle belongs to another tenant/agent than the config (use --as-agent)" },
-  MEMSNAP_LOCKED: { class: "locked", meaning: "another memsnap process holds the agent's lock" },
+  MEMSNAP_LOCKED: { class: "locked", meaning: "another memsnap process holds the agent's lock, or (in-place restore) another process holds a live file open or works inside a live directory" },
   MEMSNAP_HOOK_REFUSED: { class: "locked", meaning: "the before_restore hook failed or timed out (the agent was not made ready): the in-place restore did not start" },
   MEMSNAP_DEST_UNWRITABLE: { class: "destination", meaning: "the destination cannot be written (permissions, missing directory)" },
   MEMSNAP_DEST_FULL: { class: "destination", meaning: "the destination file system is full" },

@@ -24,7 +24,7 @@ export const EXIT_CODE_MEANINGS: Record<number, string> = {
   4: "key failure: no identity given, or it does not open the bundle",
   5: "malformed or unsupported bundle (truncated, not a bundle, newer format)",
   6: "source unreadable, missing, invalid, or changed during capture",
-  7: "locked by another memsnap process, or the before_restore hook refused",
+  7: "locked by another memsnap process or by a process using live files, or the before_restore hook refused",
   8: "destination not writable, full, exists, or not empty",
   9: "unsafe bundle: an entry would escape its target",
   130: "interrupted by SIGINT or SIGTERM; nothing half-done is left",

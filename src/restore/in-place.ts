@@ -31,6 +31,8 @@ import { LayerMaterializer } from "./materialize.js";
 import { listFiles } from "./live-files.js";
 import { backupName, checkJournal, journalScope, newJournal, recoverJournal, rollForward, stagingName, writeJournal, cleanup, type Swap } from "./journal.js";
 import { Protected, realish, type LiveRoot, type PathProblem } from "./live-guard.js";
+import { checkBundleKey } from "./key-check.js";
+import { processesUsing, refuseLiveProcesses, type LiveProcess } from "./live-procs.js";
 import { acquireLock, type AgentLock } from "./lock.js";
 import { checkManifest, checkManifestFindings, enforceSignature, type SignaturePolicy } from "./preflight.js";
 import { planRestore, type RestorePlan } from "./plan.js";
@@ -56,6 +58,8 @@ export interface RestoreInPlaceOptions extends SignaturePolicy {
    * restore with nothing changed. Not called for a dry run.
    */
   beforeRestore?: (layers: string[]) => Promise<void>;
+  /** Restore even while other processes hold live files open or work inside a live directory (./live-procs.ts). */
+  ignoreOpenFiles?: boolean;
 }
 
 export interface RestoreInPlaceResult {
@@ -71,6 +75,10 @@ export interface RestoreInPlaceResult {
    * restore ran with (a state source at `.` captures it), which a restore never writes.
    */
   kept: string[];
+  /** A dry run: the processes that use live files the restore would replace (it would refuse while they do). */
+  processes?: LiveProcess[];
+  /** What the user should know of how a layer was restored (git: symlinks written as plain files). */
+  notes: string[];
   durationMs: number;
 }
 
@@ -239,6 +247,8 @@ export async function restoreInPlace(bundle: string, config: MemsnapConfig, opts
       hint: "pass --identity FILE (an age identity file) or --passphrase-file FILE",
     });
   }
+  // A key that does not open the bundle fails here, before the lock, the hook and the safety snapshot.
+  await checkBundleKey(layout, manifest, keys);
   const selected = await selectLayers(manifest, config, opts.only);
   const protect = new Protected(config);
   checkTargets(selected, protect);
@@ -250,13 +260,15 @@ export async function restoreInPlace(bundle: string, config: MemsnapConfig, opts
   let bases = needed === null ? null : await openBases(bundle, manifest, needed);
   if (opts.dryRun) {
     const plan = await planRestore(layout, manifest, config, selected, keys, opts.signal);
-    return { manifest, layers: selected.map((s) => s.layer.name), swaps: 0, bytes: 0, safetySnapshot: null, recovered: null, plan, kept: [], durationMs: performance.now() - t0 };
+    const processes = await processesUsing(selected.map((s) => s.target));
+    return { manifest, layers: selected.map((s) => s.layer.name), swaps: 0, bytes: 0, safetySnapshot: null, recovered: null, plan, processes, kept: [], notes: [], durationMs: performance.now() - t0 };
   }
   const lock: AgentLock = await acquireLock(config.baseDir, { waitMs: opts.waitMs ?? 0, command: "restore" });
   try {
     crashPoint("restore:locked");
     const rec = await recoverJournal(config);
     await opts.beforeRestore?.(selected.map((s) => s.layer.name));
+    if (!opts.ignoreOpenFiles) refuseLiveProcesses(await processesUsing(selected.map((s) => s.target)));
     let safety: SnapshotResult | null = null;
     if (opts.safetySnapshot !== false) {
       if (!opts.store) throw new MemsnapError("MEMSNAP_USAGE", "a safety snapshot needs a store", { hint: "pass --store, or --no-safety-snapshot" });
@@ -306,6 +318,7 @@ export async function restoreInPlace(bundle: string, config: MemsnapConfig, opts
       // Each selected layer is materialized in its staging as soon as extraction has moved
       // past it (./materialize.ts); nothing is swapped before every layer is done.
       const bySelected = new Map(selected.map((s) => [s.layer.name, s]));
+      const notes: string[] = [];
       const stagedRoots = (): Set<string> => new Set(selected.map((s) => roots.get(s.layer.name)!.staged));
       // Writeback of what is staged starts while later layers extract (see EarlySync).
       const early = new EarlySync(stagedRoots);
@@ -315,7 +328,8 @@ export async function restoreInPlace(bundle: string, config: MemsnapConfig, opts
         const dir = roots.get(name)!.staged;
         opts.signal?.throwIfAborted();
         await mkdir(dir, { recursive: true });
-        await s.source.impl.materialize?.(dir, s.layer, verified, opts.signal);
+        notes.push(...((await s.source.impl.materialize?.(dir, s.layer, verified, opts.signal)) ?? []));
+        await s.target.keepLive?.(dir);
         early.kick();
       });
       // A layer with references to a base is complete only once the base has been read.
@@ -365,7 +379,7 @@ export async function restoreInPlace(bundle: string, config: MemsnapConfig, opts
       const bytes = r.entries.bytes((name) => roots.has(name.split("/")[0]!));
       return {
         manifest, layers: selected.map((s) => s.layer.name), swaps: journal.swaps.length, bytes, safetySnapshot: safety,
-        recovered: rec?.action ?? null, kept, durationMs: performance.now() - t0,
+        recovered: rec?.action ?? null, kept, notes, durationMs: performance.now() - t0,
       };
     } catch (e) {
       // Before the swap phase the live state is untouched: remove staging and the journal.

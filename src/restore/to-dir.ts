@@ -34,6 +34,8 @@ export interface RestoreToDirResult {
   artifacts: number;
   bytes: number;
   durationMs: number;
+  /** What the user should know of how a layer was restored (git: symlinks written as plain files). */
+  notes: string[];
 }
 
 async function isEmptyOrAbsent(dir: string): Promise<boolean> {
@@ -97,6 +99,7 @@ export async function restoreToDir(bundle: string, to: string, opts: RestoreToDi
   // Turn each layer's raw artifacts into their live form (a git repo from its bundle, …) as
   // soon as extraction has moved past it; see ./materialize.ts.
   const layers = new Map(manifest.layers.map((l) => [l.name, l]));
+  const notes: string[] = [];
   const mat = new LayerMaterializer(async (name, verified) => {
     if (!selected(name)) return;
     const layer = layers.get(name);
@@ -106,7 +109,7 @@ export async function restoreToDir(bundle: string, to: string, opts: RestoreToDi
     debugStep(t0, `layer ${name} materializing`);
     opts.signal?.throwIfAborted();
     await mkdir(dir, { recursive: true });
-    await impl.materialize(dir, layer, verified, opts.signal);
+    notes.push(...((await impl.materialize(dir, layer, verified, opts.signal)) ?? []));
     debugStep(t0, `layer ${name} materialized`);
     early.kick();
   });
@@ -159,7 +162,7 @@ export async function restoreToDir(bundle: string, to: string, opts: RestoreToDi
       artifacts = 0;
       for (let i = 0; i < r.entries.length; i++) if (mine(r.entries.name(i))) artifacts++;
     }
-    return { path: target, manifest, artifacts, bytes: r.entries.bytes(partial ? mine : undefined), durationMs: performance.now() - t0 };
+    return { path: target, manifest, artifacts, bytes: r.entries.bytes(partial ? mine : undefined), durationMs: performance.now() - t0, notes };
   } catch (e) {
     await rm(staging, { recursive: true, force: true });
     throw interruptedOr(e, opts.signal, "restore interrupted", "nothing was restored");

@@ -422,9 +422,10 @@ export interface HeadSpec {
  * Make `dir` a repository holding the bundle's objects and refs, HEAD as `head`, the work
  * tree and index checked out from HEAD. `dir` must hold nothing but what the caller put there.
  */
-export async function isoMaterialize(dir: string, bundle: string | null, head: HeadSpec, artifact: string): Promise<void> {
+export async function isoMaterialize(dir: string, bundle: string | null, head: HeadSpec, artifact: string): Promise<{ count: number; paths: string[] }> {
   const git = await loadIsoGit();
   const fs = nodeFs;
+  const links = { count: 0, paths: [] as string[] };
   const branch = head.ref?.startsWith("refs/heads/") ? head.ref.slice(11) : "main";
   await git.init({ fs, dir, defaultBranch: branch });
   if (bundle) {
@@ -455,7 +456,45 @@ export async function isoMaterialize(dir: string, bundle: string | null, head: H
   }
   if (head.ref) await git.writeRef({ fs, dir, ref: "HEAD", value: head.ref, symbolic: true, force: true });
   else if (head.oid) await git.writeRef({ fs, dir, ref: "HEAD", value: head.oid, force: true });
-  if (head.oid) await git.checkout({ fs, dir, ref: "HEAD", force: true, noUpdateHead: true });
+  if (head.oid) {
+    const noLinks = plainFileLinks(dir, links);
+    await git.checkout({ fs: noLinks, dir, ref: "HEAD", force: true, noUpdateHead: true });
+    // As git does with core.symlinks=false: `git status` then takes those files for the links.
+    if (links.count) await git.setConfig({ fs, dir, path: "core.symlinks", value: false });
+  }
+  return links;
+}
+
+/**
+ * A file system for isomorphic-git's checkout that writes each symlink of the tree as a plain
+ * file holding its target (git's core.symlinks=false): restore creates no link a bundle asks
+ * for. Those files are reported to the index as links (lstat's mode), so the index keeps the
+ * tree's mode 120000 for them, as git's own does without symlinks.
+ */
+function plainFileLinks(dir: string, links: { count: number; paths: string[] }): PromiseFsClient {
+  const p = nodeFs.promises;
+  const written = new Set<string>();
+  const root = dir.endsWith("/") ? dir : `${dir}/`;
+  const lstat = async (path: string, opts?: unknown): Promise<nodeFs.Stats> => {
+    const st = await p.lstat(path, opts as nodeFs.StatOptions) as nodeFs.Stats;
+    if (!written.has(String(path)) || !st.isFile()) return st;
+    const fake = Object.assign(Object.create(Object.getPrototypeOf(st) as object) as nodeFs.Stats, st);
+    fake.mode = 0o120000 | 0o777;
+    return fake;
+  };
+  return {
+    promises: {
+      ...p,
+      lstat,
+      symlink: async (target: string, path: string): Promise<void> => {
+        const at = String(path);
+        await p.writeFile(at, String(target), { mode: 0o644, flag: "wx" });
+        written.add(at);
+        links.count++;
+        if (links.paths.length < 5) links.paths.push(at.startsWith(root) ? at.slice(root.length) : at);
+      },
+    } as unknown as PromiseFsClient["promises"],
+  };
 }
 
 /**

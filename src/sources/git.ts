@@ -10,7 +10,10 @@
  *                          files are not captured), byte for byte before redaction
  *
  * `.git/config`, hooks, the index, reflogs and lock files are never captured: the bundle
- * carries objects and refs only, and restore builds a fresh `.git`.
+ * carries objects and refs only, and restore builds a fresh `.git` (in place, it then keeps
+ * the live repository's own config, hooks/ and info/: keepLiveRepoFiles). A symlink of the
+ * checked-out tree is written as a plain file holding its target, with core.symlinks=false:
+ * restore creates no link a bundle asks for (materialize returns a note saying so).
  *
  * Every git command runs with execFile/spawn (never a shell) and an environment that drops
  * inherited GIT_* variables, ignores the system config, and overrides config a memdir could
@@ -26,8 +29,8 @@
  */
 import { execFile, spawn, type ChildProcessWithoutNullStreams } from "node:child_process";
 import { createHash } from "node:crypto";
-import { accessSync, constants, createReadStream, createWriteStream, lstatSync, statSync, type Stats } from "node:fs";
-import { chmod, lstat, mkdir, mkdtemp, readdir, readFile, rename, rm, rmdir, stat, unlink } from "node:fs/promises";
+import { accessSync, constants, createReadStream, promises as fsPromises, createWriteStream, lstatSync, statSync, type Stats } from "node:fs";
+import { chmod, cp, lstat, mkdir, mkdtemp, readdir, readFile, rename, rm, rmdir, stat, unlink, writeFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { basename, delimiter, dirname, join, resolve } from "node:path";
 import { Readable } from "node:stream";
@@ -37,7 +40,7 @@ import type { LayerEntry } from "../format/manifest.js";
 import type { Redactor } from "../redact/types.js";
 import { optBool, rejectUnknownKeys, reqString } from "../util/config-check.js";
 import {
-  commitFacts, emptyScan, isoMaterialize, isoRepoFacts, isoScanObjects, isoStatus, isoVerifyBundle, isoWriteBundle,
+  commitFacts, emptyScan, isoMaterialize, loadIsoGit, isoRepoFacts, isoScanObjects, isoStatus, isoVerifyBundle, isoWriteBundle,
   parseWorktreeDoc, readBundleHeader, scanObject, SCAN_MAX_BYTES, worktreePathProblem,
   type BundleHeader, type HeadFacts, type HeadSpec, type HistoryScan, type StatusEntry, type WorktreeDoc,
 } from "./git-iso.js";
@@ -717,7 +720,9 @@ function headSpec(layer: LayerEntry): HeadSpec {
     oid = head.oid;
   }
   const branch = meta.branch;
-  if (branch !== null && branch !== undefined && (typeof branch !== "string" || branch === "" || /[\0\n\s]/.test(branch))) {
+  // git's own ref-name rules (check-ref-format): a name with `..` or a leading `-` would
+  // leave refs/ or be taken for an option.
+  if (branch !== null && branch !== undefined && (typeof branch !== "string" || branch === "" || /[\0-\x20\x7f~^:?*[\\]|\.\.|@\{|\/\/|^[-/.]|\/\.|[/.]$|\.lock(\/|$)/.test(branch))) {
     throw bad("meta.branch is not a branch name");
   }
   if (meta.detached === true || typeof branch !== "string") {
@@ -727,7 +732,57 @@ function headSpec(layer: LayerEntry): HeadSpec {
   return { ref: branch.startsWith("refs/") ? branch : `refs/heads/${branch}`, oid };
 }
 
-async function materializeGit(dir: string, bundle: string | null, head: HeadSpec, objectFormat: string, artifact: string): Promise<void> {
+/** How many symlinks the checked-out tree holds, and the first few of their paths. */
+export interface LinksWritten {
+  count: number;
+  paths: string[];
+}
+
+/**
+ * The symlinks (mode 120000) of HEAD's tree, streamed from `git ls-tree -r -z` (one record in
+ * memory at a time, whatever the tree's size).
+ */
+function symlinksInHead(g: GitCtx, artifact: string): Promise<LinksWritten> {
+  return new Promise((res, rej) => {
+    const child = spawn("git", ["ls-tree", "-r", "-z", "--full-tree", "HEAD"], { cwd: g.cwd, env: g.env, stdio: ["ignore", "pipe", "pipe"], windowsHide: true });
+    const out: LinksWritten = { count: 0, paths: [] };
+    let rest = Buffer.alloc(0);
+    let err = "";
+    const record = (rec: Buffer): void => {
+      if (rec.subarray(0, 7).toString("latin1") !== "120000 ") return;
+      out.count++;
+      if (out.paths.length < 5) out.paths.push(rec.subarray(rec.indexOf(9) + 1).toString("utf8"));
+    };
+    child.stdout.on("data", (b: Buffer) => {
+      let buf = rest.length ? Buffer.concat([rest, b]) : b;
+      for (let nul = buf.indexOf(0); nul >= 0; nul = buf.indexOf(0)) {
+        record(buf.subarray(0, nul));
+        buf = buf.subarray(nul + 1);
+      }
+      rest = Buffer.from(buf);
+    });
+    child.stderr.on("data", (b: Buffer) => { if (err.length < 64 * 1024) err += b.toString("utf8"); });
+    child.on("error", (e) => rej(new MemsnapError("MEMSNAP_INTERNAL", `cannot run git to restore ${artifact}: ${e.message}`, {
+      path: artifact, cause: e, hint: "install git, or set MEMSNAP_GIT_IMPL=isomorphic",
+    })));
+    child.on("close", (code) => {
+      if (code === 0) res(out);
+      else rej(new MemsnapError("MEMSNAP_DEEP_VERIFY_FAILED", `restoring ${artifact}: git ls-tree failed: ${said(err)}`, {
+        path: artifact, hint: "the git bundle in this snapshot is damaged; run 'memsnap verify --deep' and use another snapshot",
+      }));
+    });
+  });
+}
+
+/** The note a restore prints when the checked-out tree held symlinks (written as plain files). */
+export function linksNote(layer: string, links: LinksWritten): string {
+  const some = links.paths.map((p) => JSON.stringify(p)).join(", ") + (links.count > links.paths.length ? ", …" : "");
+  return `git layer ${layer}: ${links.count} symlink${links.count === 1 ? "" : "s"} in the checked-out tree (${some}) ` +
+    `${links.count === 1 ? "was" : "were"} restored as plain files holding the link target, and the repository has core.symlinks=false ` +
+    "(restore creates no link a bundle asks for); to have links again: git config core.symlinks true, then git checkout -- PATH";
+}
+
+async function materializeGit(dir: string, bundle: string | null, head: HeadSpec, objectFormat: string, artifact: string): Promise<LinksWritten> {
   const init: GitCtx = { cwd: dir, env: gitEnv() };
   let g: GitCtx = { cwd: dir, env: gitEnv({ GIT_DIR: join(dir, ".git"), GIT_WORK_TREE: dir }) };
   const run = async (args: string[], ctx: GitCtx, damaged: boolean): Promise<void> => {
@@ -748,13 +803,102 @@ async function materializeGit(dir: string, bundle: string | null, head: HeadSpec
   // A fresh .git: no template (no hooks, no info/), the default config git writes, nothing from the bundle.
   await run(["init", "-q", "--template=", ...(objectFormat !== "sha1" ? [`--object-format=${objectFormat}`] : []), dir], init, false);
   // The user's own filter drivers (git-lfs, …) must not run on checkout either: files come back as the blobs hold them.
-  g = { ...g, env: gitEnv({ GIT_DIR: join(dir, ".git"), GIT_WORK_TREE: dir }, await neutralizeFilters(dir, g)) };
+  const filters = await neutralizeFilters(dir, g);
+  g = { ...g, env: gitEnv({ GIT_DIR: join(dir, ".git"), GIT_WORK_TREE: dir }, filters) };
   if (bundle) {
     await run(["fetch", "-q", "--no-write-fetch-head", "--update-head-ok", "--no-tags", bundle, "refs/*:refs/*"], g, true);
   }
   if (head.ref) await run(["symbolic-ref", "HEAD", head.ref], g, true);
   else if (head.oid) await run(["update-ref", "--no-deref", "HEAD", head.oid], g, true);
-  if (head.oid) await run(["reset", "-q", "--hard", "HEAD"], g, true);
+  const links: LinksWritten = head.oid ? await symlinksInHead(g, artifact) : { count: 0, paths: [] };
+  // A symlink in the tree is checked out as a plain file holding its target (as git does on a
+  // file system without links): restore creates no link a bundle asks for, wherever it points.
+  // The repository keeps core.symlinks=false so that `git status` sees those files as the links.
+  if (links.count) await run(["config", "core.symlinks", "false"], g, false);
+  const checkout: GitCtx = { ...g, env: gitEnv({ GIT_DIR: join(dir, ".git"), GIT_WORK_TREE: dir }, [...filters, ["core.symlinks", "false"]]) };
+  if (head.oid) await run(["reset", "-q", "--hard", "HEAD"], checkout, true);
+  return links;
+}
+
+// ------------------------------------------------------------------------------ in place: what the live repository keeps
+
+/** Keys of the rebuilt repository's config that say how it is laid out on disk: they win over the live config's. */
+const FORMAT_KEYS = /^(core\.repositoryformatversion|core\.symlinks|extensions\..+)$/i;
+/** The extensions isomorphic-git may find in a live config (it writes none itself). */
+const ISO_EXTENSIONS = ["objectformat", "compatobjectformat", "refstorage", "worktreeconfig", "partialclone", "preciousobjects", "noop"];
+
+/** `git config --file FILE args…` (never a repository's config: only the file named). */
+async function configFile(file: string, args: string[], ok: number[] = [0]): Promise<Buffer> {
+  let r: GitResult;
+  try {
+    r = await runGit(["config", "--file", file, ...args], { cwd: dirname(file), env: gitEnv() });
+  } catch (e) {
+    throw new MemsnapError("MEMSNAP_INTERNAL", `cannot run git config on ${file}: ${(e as Error).message}`, { path: file, cause: e, hint: "install git, or set MEMSNAP_GIT_IMPL=isomorphic" });
+  }
+  if (!ok.includes(r.code)) {
+    throw new MemsnapError("MEMSNAP_DEST_UNWRITABLE", `git config --file ${file} ${args[0]} failed: ${said(r.stderr)}`, {
+      path: file, hint: "check the live repository's .git/config (git config --list in it)",
+    });
+  }
+  return r.stdout;
+}
+
+/**
+ * In-place restore of a git layer: the repository rebuilt in `staged` keeps the live
+ * repository's own `.git/config` (remotes, user identity, …), `.git/hooks/` and `.git/info/`
+ * (exclude): a bundle never carries them (restore builds a fresh `.git`), and losing them
+ * broke the next `git commit`. The config's layout keys (core.repositoryformatversion,
+ * extensions.*, core.symlinks) are the rebuilt repository's, which describe how it was
+ * written. Only a live `.git` that is a real directory is read (a `gitdir:` file keeps its
+ * config elsewhere); links under hooks/ and info/ are the live repository's own and are
+ * copied as links. Called on staging, before anything live changes.
+ */
+export async function keepLiveRepoFiles(root: string, staged: string): Promise<void> {
+  const live = join(root, ".git");
+  const dest = join(staged, ".git");
+  if (!(await lstat(live).catch(() => null))?.isDirectory() || !(await lstat(dest).catch(() => null))?.isDirectory()) return;
+  for (const name of ["hooks", "info"]) {
+    const from = join(live, name);
+    if (!(await lstat(from).catch(() => null))) continue;
+    const to = join(dest, name);
+    await rm(to, { recursive: true, force: true });
+    await cp(from, to, { recursive: true, verbatimSymlinks: true, preserveTimestamps: true, errorOnExist: true, force: false })
+      .catch((e: unknown) => { throw destinationError(e, to); });
+  }
+  const liveConfig = join(live, "config");
+  const st = await lstat(liveConfig).catch(() => null);
+  if (!st?.isFile()) return;
+  const fresh = join(dest, "config");
+  const tmp = `${fresh}.memsnap-live`;
+  await writeFile(tmp, await readFile(liveConfig), { mode: st.mode & 0o777 }).catch((e: unknown) => { throw destinationError(e, tmp); });
+  if (gitImpl() === "git") {
+    const layout: Array<[string, string]> = [];
+    for (const rec of (await configFile(fresh, ["-z", "--get-regexp", FORMAT_KEYS.source], [0, 1])).toString("utf8").split("\0")) {
+      const nl = rec.indexOf("\n");
+      if (nl > 0) layout.push([rec.slice(0, nl), rec.slice(nl + 1)]);
+    }
+    await configFile(tmp, ["--remove-section", "extensions"], [0, 128]);
+    await configFile(tmp, ["--unset-all", "core.symlinks"], [0, 5]);
+    for (const [k, v] of layout) await configFile(tmp, [k, v]);
+  } else {
+    const git = await loadIsoGit();
+    const fs = { promises: fsPromises };
+    const get = (g: string, path: string): Promise<unknown> => git.getConfig({ fs, gitdir: g, path });
+    const version = await get(dest, "core.repositoryformatversion");
+    const symlinks = await get(dest, "core.symlinks");
+    // isomorphic-git edits `<gitdir>/config`: the copy is edited in a scratch gitdir beside it.
+    const scratch = await mkdtemp(join(dest, ".memsnap-config-"));
+    try {
+      await rename(tmp, join(scratch, "config"));
+      for (const x of ISO_EXTENSIONS) await git.setConfig({ fs, gitdir: scratch, path: `extensions.${x}`, value: undefined });
+      await git.setConfig({ fs, gitdir: scratch, path: "core.repositoryformatversion", value: version === undefined ? undefined : String(version) });
+      await git.setConfig({ fs, gitdir: scratch, path: "core.symlinks", value: symlinks === undefined ? undefined : String(symlinks) });
+      await rename(join(scratch, "config"), tmp);
+    } finally {
+      await rm(scratch, { recursive: true, force: true });
+    }
+  }
+  await rename(tmp, fresh).catch((e: unknown) => { throw destinationError(e, fresh); });
 }
 
 function unsafe(artifact: string, why: string): MemsnapError {
@@ -1003,8 +1147,10 @@ export const gitSource: SourceKind<GitConfig> = {
   },
 
   async liveTarget(cfg, baseDir) {
-    // The whole memdir is replaced by the rebuilt repository (a fresh .git: never the bundle's config or hooks).
-    return { root: resolve(baseDir, cfg.path), mode: "dir" };
+    // The whole memdir is replaced by the rebuilt repository: a fresh .git (never the bundle's
+    // config or hooks) that keeps the live repository's own config, hooks and info/.
+    const root = resolve(baseDir, cfg.path);
+    return { root, mode: "dir", keepLive: (staged: string) => keepLiveRepoFiles(root, staged) };
   },
 
   async planLayer(cfg, baseDir, layer) {
@@ -1033,6 +1179,8 @@ export const gitSource: SourceKind<GitConfig> = {
     if (names.includes(WORKTREE_DOC_ARTIFACT)) {
       const parsed = parseWorktreeDoc(await readFile(join(dir, WORKTREE_DOC_ARTIFACT)));
       if (typeof parsed === "string") {
+        // A path that leaves the work tree or names .git is an attack, not damage.
+        if (/ holds an unsafe path /.test(parsed)) throw unsafe(art(WORKTREE_DOC_ARTIFACT), parsed);
         throw new MemsnapError("MEMSNAP_DEEP_VERIFY_FAILED", `${art(WORKTREE_DOC_ARTIFACT)}: ${parsed}`, {
           path: art(WORKTREE_DOC_ARTIFACT), hint: "the snapshot's git layer is damaged; use another snapshot",
         });
@@ -1055,10 +1203,11 @@ export const gitSource: SourceKind<GitConfig> = {
       const worktree = names.includes(WORKTREE_DIR) ? join(aside, WORKTREE_DIR) : null;
       if (worktree) await rename(join(dir, WORKTREE_DIR), worktree);
       await rm(join(dir, WORKTREE_DOC_ARTIFACT), { force: true });
-      if (gitImpl() === "git") await materializeGit(dir, bundle, head, objectFormat, art(BUNDLE_ARTIFACT));
+      let links: LinksWritten;
+      if (gitImpl() === "git") links = await materializeGit(dir, bundle, head, objectFormat, art(BUNDLE_ARTIFACT));
       else {
         try {
-          await isoMaterialize(dir, bundle, head, art(BUNDLE_ARTIFACT));
+          links = await isoMaterialize(dir, bundle, head, art(BUNDLE_ARTIFACT));
         } catch (e) {
           if (e instanceof MemsnapError) throw e;
           throw new MemsnapError("MEMSNAP_DEEP_VERIFY_FAILED", `restoring ${art(BUNDLE_ARTIFACT)} with isomorphic-git failed: ${(e as Error).message}`, {
@@ -1067,6 +1216,7 @@ export const gitSource: SourceKind<GitConfig> = {
         }
       }
       await applyWorktree(dir, layer.name, worktree, doc);
+      return links.count ? [linksNote(layer.name, links)] : [];
     } finally {
       await rm(aside, { recursive: true, force: true });
     }

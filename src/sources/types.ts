@@ -140,6 +140,12 @@ export interface LiveTarget {
   owns?: (rel: string) => boolean;
   /** files mode: live siblings removed along with a restored file (SQLite `-wal`/`-shm`). */
   companions?: (rel: string) => string[];
+  /**
+   * Called on a layer's staged root once it is materialized, before anything live changes:
+   * carries over from the live root what the live copy keeps across a restore (git: the
+   * repository's own .git/config, hooks and info/, which no bundle holds).
+   */
+  keepLive?: (staged: string) => Promise<void>;
 }
 
 /** A kind of source: config parsing, capture, and the checks only it knows. */
@@ -159,9 +165,11 @@ export interface SourceKind<C extends { name: string } = { name: string }> {
    * before a restore publishes it. Throws a MemsnapError naming the artifact on failure.
    * `verified`, when given, maps payload paths (`<layer>/<path>`) to the SHA-256 their bytes
    * were checked against on extraction, so a kind need not hash them again. `signal`, when
-   * given, aborts a step that may run long (a plugin's restore): it then throws.
+   * given, aborts a step that may run long (a plugin's restore): it then throws. It may
+   * resolve with notes for the user (git: symlinks written as plain files), which the restore
+   * returns as `notes`.
    */
-  materialize?(dir: string, layer: LayerEntry, verified?: VerifiedLookup, signal?: AbortSignal): Promise<void>;
+  materialize?(dir: string, layer: LayerEntry, verified?: VerifiedLookup, signal?: AbortSignal): Promise<void | string[]>;
   /**
    * True when the layer holds process memory (CRIU pages), which cannot be redacted: a
    * plaintext bundle with such a layer is refused (MEMSNAP_PLAINTEXT_PROCESS_MEMORY) before

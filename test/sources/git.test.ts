@@ -553,7 +553,7 @@ describe("git source: damaged, busy and odd repositories", () => {
     await expectCode(snap(base, { source: { path: "file" } }), "MEMSNAP_SOURCE_INVALID", /not a directory/);
   });
 
-  itGit("symlinks in the work tree are skipped and counted; the tracked ones come back from the bundle", async () => {
+  itGit("symlinks in the work tree are skipped and counted; the tracked ones come back from the bundle as plain files holding their target", async () => {
     const base = tempDir("memsnap-git-links-");
     const root = initRepo(join(base, "memdir"));
     writeFiles(root, { "a.md": "a\n" });
@@ -563,8 +563,133 @@ describe("git source: damaged, busy and odd repositories", () => {
     const { layer, out } = await snap(base);
     expect(layer.meta!.worktree).toMatchObject({ untracked: 0, skipped: { symlinks: 1 } });
     const restored = await restore(out);
-    expect(lstatSync(join(restored, "tracked-link")).isSymbolicLink()).toBe(true);
+    expect(lstatSync(join(restored, "tracked-link")).isFile()).toBe(true);
+    expect(readFileSync(join(restored, "tracked-link"), "utf8")).toBe("a.md");
     expect(existsSync(join(restored, "untracked-link"))).toBe(false);
+    expect(statusSummary(restored)).toEqual({});
+  });
+});
+
+/** Every symlink under `dir` (the .git directory included), as relative paths. */
+function linksUnder(dir: string, rel = ""): string[] {
+  const out: string[] = [];
+  for (const e of readdirSync(join(dir, rel), { withFileTypes: true })) {
+    const r = rel ? `${rel}/${e.name}` : e.name;
+    if (e.isSymbolicLink()) out.push(r);
+    else if (e.isDirectory()) out.push(...linksUnder(dir, r));
+  }
+  return out;
+}
+
+/** A repository whose history holds symlinks to /etc, to ../../x and, in a subdirectory, to /tmp. */
+function repoWithLinks(base: string): string {
+  const root = initRepo(join(base, "memdir"));
+  writeFiles(root, { "a.md": "a\n", "sub/b.md": "b\n" });
+  symlinkSync("/etc", join(root, "etc"));
+  symlinkSync("../../x", join(root, "up"));
+  symlinkSync("/tmp", join(root, "sub", "tmp"));
+  commitAll(root, "links");
+  writeFiles(root, { "a.md": "a, edited\n" });
+  return root;
+}
+
+describe("git source: symlinks in a restored repository (issue 35, item 7)", () => {
+  for (const impl of ["git", "isomorphic"] as const) {
+    itGit(`restore --to creates no symlink: each is a plain file holding its target, core.symlinks=false, git status clean, and a note (${impl})`, async () => {
+      const base = tempDir("memsnap-git-histlinks-");
+      const root = repoWithLinks(base);
+      const { out } = await snap(base);
+      const to = join(tempDir("memsnap-git-histlinks-to-"), "r");
+      const r = await withImpl(impl, () => restoreToDir(out, to));
+      const restored = join(to, LAYER);
+      expect(linksUnder(to)).toEqual([]);
+      expect(readFileSync(join(restored, "etc"), "utf8")).toBe("/etc");
+      expect(readFileSync(join(restored, "up"), "utf8")).toBe("../../x");
+      expect(readFileSync(join(restored, "sub", "tmp"), "utf8")).toBe("/tmp");
+      expect(readFileSync(join(restored, "a.md"), "utf8")).toBe("a, edited\n");
+      expect(git(restored, ["config", "core.symlinks"]).trim()).toBe("false");
+      expect(statusSummary(restored)).toEqual({ "a.md": "modified" });
+      git(restored, ["fsck", "--full", "--no-progress"]);
+      expect(r.notes).toHaveLength(1);
+      expect(r.notes[0]).toMatch(/^git layer mem: 3 symlinks in the checked-out tree \("etc", "sub\/tmp", "up"\)|^git layer mem: 3 symlinks/);
+      expect(r.notes[0]).toContain("core.symlinks=false");
+    });
+  }
+
+  itGit("a repository without symlinks keeps git's default (no core.symlinks, no note)", async () => {
+    const base = tempDir("memsnap-git-nolinks-");
+    const root = initRepo(join(base, "memdir"));
+    writeFiles(root, { "a.md": "a\n" });
+    commitAll(root, "one");
+    const { out } = await snap(base);
+    const to = join(tempDir("memsnap-git-nolinks-to-"), "r");
+    const r = await restoreToDir(out, to);
+    expect(r.notes).toEqual([]);
+    expect(git(join(to, LAYER), ["config", "core.symlinks"], { allowFail: true }).trim()).toBe("");
+  });
+});
+
+describe("git source: in-place restore keeps the live repository's own .git (issue 35, items 13 and 7)", () => {
+  /** Run git as a user would, with no identity in the environment and an empty HOME: only the repository's config can help. */
+  function bareGit(cwd: string, args: string[], home: string): { code: number | null; out: string } {
+    const env: NodeJS.ProcessEnv = {};
+    for (const [k, v] of Object.entries(process.env)) if (!k.startsWith("GIT_") && !/^(EMAIL|HOME|XDG_CONFIG_HOME)$/.test(k)) env[k] = v;
+    const r = spawnSync("git", args, { cwd, env: { ...env, HOME: home, GIT_CONFIG_NOSYSTEM: "1" }, encoding: "utf8" });
+    return { code: r.status, out: r.stdout + r.stderr };
+  }
+
+  for (const impl of ["git", "isomorphic"] as const) itGit(`config (identity, remote), hooks and info/exclude survive; git commit works after; no symlink is created (${impl})`, async () => {
+    const base = tempDir("memsnap-git-keep-");
+    const root = repoWithLinks(base);
+    const home = tempDir("memsnap-git-home-");
+    const marker = join(base, "hook-ran");
+    git(root, ["config", "user.name", "Grace Hopper"]);
+    git(root, ["config", "user.email", "grace@example.com"]);
+    git(root, ["remote", "add", "origin", "https://example.com/agent-memory.git"]);
+    writeFiles(root, { ".git/hooks/pre-commit": `#!/bin/sh\necho live-hook >> '${marker}'\n`, ".git/info/exclude": "scratch/\n" });
+    chmodSync(join(root, ".git/hooks/pre-commit"), 0o755);
+    writeFileSync(join(base, "memsnap.json"), JSON.stringify({ agent: "keeper", redaction: { enabled: false }, sources: [{ kind: "git", name: LAYER, path: "memdir" }] }));
+    const bundle = join(base, "b.memsnap");
+    const env = impl === "isomorphic" ? { MEMSNAP_GIT_IMPL: "isomorphic" } : {};
+    expectOk(await runCli(["snapshot", "-c", join(base, "memsnap.json"), "--out", bundle], { cwd: base, env }));
+    // The live repository moves on.
+    writeFiles(root, { "later.md": "later\n" });
+    commitAll(root, "later");
+    const r = await runCli(["restore", bundle, "-c", join(base, "memsnap.json"), "--store", join(base, "store")], { cwd: base, env: { ...env, HOME: home } });
+    expectOk(r);
+    expect(r.stderr).toMatch(/memsnap: note: git layer mem: 3 symlinks .*restored as plain files/);
+    expect(linksUnder(root)).toEqual([]);
+    expect(readFileSync(join(root, "etc"), "utf8")).toBe("/etc");
+    expect(existsSync(join(root, "later.md"))).toBe(false);
+    // The live repository's own .git pieces.
+    expect(bareGit(root, ["config", "user.name"], home).out.trim()).toBe("Grace Hopper");
+    expect(bareGit(root, ["config", "user.email"], home).out.trim()).toBe("grace@example.com");
+    expect(bareGit(root, ["remote", "get-url", "origin"], home).out.trim()).toBe("https://example.com/agent-memory.git");
+    expect(bareGit(root, ["config", "core.symlinks"], home).out.trim()).toBe("false");
+    expect(readFileSync(join(root, ".git/info/exclude"), "utf8")).toBe("scratch/\n");
+    expect(isExec(join(root, ".git/hooks/pre-commit"))).toBe(true);
+    writeFiles(root, { "scratch/tmp.md": "excluded by info/exclude\n" });
+    expect(bareGit(root, ["status", "--porcelain"], home).out).toBe(" M a.md\n");
+    // git commit works without an identity in the environment, and runs the live hook.
+    const c = bareGit(root, ["commit", "-q", "-am", "after restore"], home);
+    expect(c.code, c.out).toBe(0);
+    expect(bareGit(root, ["log", "-1", "--format=%an <%ae>"], home).out.trim()).toBe("Grace Hopper <grace@example.com>");
+    expect(readFileSync(marker, "utf8")).toBe("live-hook\n");
+    git(root, ["fsck", "--full", "--no-progress"]);
+  });
+
+  itGit("a live repository with no config of its own to keep (a gitdir file) restores as before", async () => {
+    const base = tempDir("memsnap-git-keep-wt-");
+    const main = initRepo(join(base, "main"));
+    writeFiles(main, { "a.md": "a\n" });
+    commitAll(main, "one");
+    git(main, ["worktree", "add", "-q", join(base, "memdir"), "-b", "side"]);
+    writeFileSync(join(base, "memsnap.json"), JSON.stringify({ agent: "keeper", redaction: { enabled: false }, sources: [{ kind: "git", name: LAYER, path: "memdir" }] }));
+    const bundle = join(base, "b.memsnap");
+    expectOk(await runCli(["snapshot", "-c", join(base, "memsnap.json"), "--out", bundle], { cwd: base }));
+    expectOk(await runCli(["restore", bundle, "-c", join(base, "memsnap.json"), "--no-safety-snapshot"], { cwd: base }));
+    expect(lstatSync(join(base, "memdir", ".git")).isDirectory()).toBe(true);
+    expect(readFileSync(join(base, "memdir", "a.md"), "utf8")).toBe("a\n");
   });
 });
 
@@ -686,7 +811,10 @@ describe("git source: restore refuses hostile layers", () => {
     await expectCode(gitSource.materialize!(await layerDir({ "worktree/.git/config": "[core]\n\thooksPath = /tmp\n" }), layer(emptyMeta)), "MEMSNAP_UNSAFE_PATH", /\.git/);
     await expectCode(gitSource.materialize!(await layerDir({ "worktree/sub/.GIT/hooks/x": "x" }), layer(emptyMeta)), "MEMSNAP_UNSAFE_PATH");
     await expectCode(gitSource.materialize!(await layerDir({ ".git/config": "x" }), layer(emptyMeta)), "MEMSNAP_UNSAFE_PATH", /not an artifact/);
-    await expectCode(gitSource.materialize!(await layerDir({ "worktree-deleted.json": doc({ deleted: ["../outside"] }) }), layer(emptyMeta)), "MEMSNAP_DEEP_VERIFY_FAILED", /unsafe path/);
+    await expectCode(gitSource.materialize!(await layerDir({ "worktree-deleted.json": doc({ deleted: ["../outside"] }) }), layer(emptyMeta)), "MEMSNAP_UNSAFE_PATH", /unsafe path/);
+    await expectCode(gitSource.materialize!(await layerDir({ "worktree-deleted.json": doc({ deleted: [".git/config"] }) }), layer(emptyMeta)), "MEMSNAP_UNSAFE_PATH", /'\.git' segment/);
+    await expectCode(gitSource.materialize!(await layerDir({ "worktree-deleted.json": doc({ executable: ["/etc/passwd"] }) }), layer(emptyMeta)), "MEMSNAP_UNSAFE_PATH", /absolute path/);
+    await expectCode(gitSource.materialize!(await layerDir({ "worktree-deleted.json": "{not json" }), layer(emptyMeta)), "MEMSNAP_DEEP_VERIFY_FAILED", /not valid JSON/);
     await expectCode(gitSource.materialize!(await layerDir({}), layer({ head: { oid: "nothex" }, branch: "main" })), "MEMSNAP_MANIFEST_CORRUPT");
     await expectCode(gitSource.materialize!(await layerDir({}), layer({ head: { oid: "a".repeat(40) }, branch: "main", detached: false })), "MEMSNAP_INDEX_MISMATCH");
   });
@@ -707,8 +835,12 @@ describe("git source: restore refuses hostile layers", () => {
       writeFileSync(join(d, "repo.bundle"), readFileSync(join(dir, "repo.bundle")));
       return d;
     };
-    await expectCode(gitSource.materialize!(await copy({ "worktree/link/evil.txt": "x" }), l), "MEMSNAP_UNSAFE_PATH", /symlink/);
-    await expectCode(gitSource.materialize!(await copy({ "worktree-deleted.json": doc({ deleted: ["link/victim.txt"] }) }), l), "MEMSNAP_UNSAFE_PATH", /symlink/);
+    // The tracked link is checked out as a plain file (core.symlinks=false): a file under it
+    // conflicts with that file, and a deletion under it names nothing.
+    await expectCode(gitSource.materialize!(await copy({ "worktree/link/evil.txt": "x" }), l), "MEMSNAP_UNSAFE_PATH", /conflicts with the file/);
+    const d = await copy({ "worktree-deleted.json": doc({ deleted: ["link/victim.txt"] }) });
+    await gitSource.materialize!(d, l);
+    expect(lstatSync(join(d, "link")).isFile()).toBe(true);
     expect(readFileSync(join(outside, "victim.txt"), "utf8")).toBe("keep me\n");
     expect(existsSync(join(outside, "evil.txt"))).toBe(false);
   });

@@ -3,6 +3,7 @@ import {
   MemsnapError, listSome, loadConfig, scryptMaxLogN, loadIdentities, loadPassphrase, loadTrusted, parseDuration, recoverAgent, resolveStore, restoreInPlace, restoreToDir, runHook,
   summarizeRedaction, type Manifest, type RedactedSummary, type RestorePlan,
 } from "../../index.js";
+import { describeProcess, type LiveProcess } from "../../restore/live-procs.js";
 import { fmtBytes, fmtRate, printJson, Progress } from "../output.js";
 import { bundleArg, collect, defaultStore, errorJson, hook, type GlobalOpts, withAbort } from "../common.js";
 
@@ -20,6 +21,7 @@ interface RestoreOpts {
   requireSignature?: boolean;
   trust: string[];
   scryptMaxLogN?: string;
+  ignoreOpenFiles?: boolean;
 }
 
 /**
@@ -39,7 +41,7 @@ function redactedIn(m: Manifest, layers: readonly string[]): RedactedSummary {
 
 const redactedJson = (r: RedactedSummary): { total: number; artifacts: string[]; rules: string[] } => ({ total: r.total, artifacts: r.artifacts, rules: r.rules });
 
-function printPlan(plan: RestorePlan, redacted: RedactedSummary): void {
+function printPlan(plan: RestorePlan, redacted: RedactedSummary, procs: readonly LiveProcess[]): void {
   const out: string[] = [`plan for restoring ${plan.snapshot_id} in place (nothing was changed):`];
   for (const l of plan.layers) {
     out.push(`  ${l.layer} (${l.kind}) → ${l.target}  ${fmtBytes(l.bytes)}`);
@@ -53,6 +55,10 @@ function printPlan(plan: RestorePlan, redacted: RedactedSummary): void {
   }
   if (!plan.file_level) out.push("  (file-level changes need the key: pass --identity)");
   if (redacted.total) out.push(`  note: ${redactedNote(redacted, null)}`);
+  if (procs.length) {
+    out.push(`  ${procs.length} process${procs.length === 1 ? " uses" : "es use"} live files this restore would replace (it would refuse; stop ${procs.length === 1 ? "it" : "them"}, or pass --ignore-open-files):`);
+    for (const p of procs) out.push(`    ${describeProcess(p)}`);
+  }
   process.stdout.write(out.join("\n") + "\n");
 }
 
@@ -73,6 +79,7 @@ export function registerRestore(program: Command, global: () => GlobalOpts): voi
     .option("--require-signature", "refuse unsigned bundles and bundles not signed by a --trust key")
     .option("--trust <pubkey|file>", "require a valid signature by this public key, as verify --trust does (memsnap-ed25519:… or a file of them; repeatable)", collect, [])
     .option("--scrypt-max-log-n <n>", "open a passphrase bundle whose scrypt work factor is up to 2^n (default 18, or $MEMSNAP_SCRYPT_MAX_LOG_N; at most 20)")
+    .option("--ignore-open-files", "restore in place even while other processes hold live files open or work inside a live directory (their later writes are lost)")
     .addHelpText("after", `
 BUNDLE is a path, or a snapshot id (or unique prefix of one) from \`memsnap list\`, looked up in
 the store (--store, else the config's; in place, only the config's agent's snapshots unless --as-agent).
@@ -110,10 +117,11 @@ Examples:
         if (g.json) {
           printJson({
             ok: true, path: r.path, snapshot_id: r.manifest.snapshot_id, artifacts: r.artifacts, bytes: r.bytes, duration_ms: Math.round(r.durationMs),
-            redacted: redactedJson(redacted),
+            redacted: redactedJson(redacted), notes: r.notes,
           });
         } else {
           process.stdout.write(`restored ${r.manifest.snapshot_id} into ${r.path}\n  ${r.artifacts} artifacts, ${fmtBytes(r.bytes)}, every hash checked, in ${(r.durationMs / 1000).toFixed(2)} s (${fmtRate(r.bytes, r.durationMs)})\n`);
+          for (const n of r.notes) process.stderr.write(`memsnap: note: ${n}\n`);
           if (redacted.total) process.stderr.write(`memsnap: note: ${redactedNote(redacted, null)}\n`);
         }
         return;
@@ -125,7 +133,7 @@ Examples:
       try {
         r = await withAbort((signal) => restoreInPlace(bundle, config, {
         ...sigPolicy, keys, only: o.only, asAgent: !!o.asAgent, safetySnapshot: o.safetySnapshot, store: resolveStore(o.store, config.store),
-        ...(o.wait ? { waitMs: parseDuration(o.wait) } : {}), dryRun: !!o.dryRun, signal,
+        ...(o.wait ? { waitMs: parseDuration(o.wait) } : {}), dryRun: !!o.dryRun, signal, ignoreOpenFiles: !!o.ignoreOpenFiles,
         onProgress: (b, t) => progress.update(b, t),
         beforeRestore: async (layers) => {
           const h = await runHook(config.hooks, "before_restore", { bundle, tenant: config.tenant, agent: config.agent, layers }, config.baseDir);
@@ -156,11 +164,12 @@ Examples:
             ? { id: r.safetySnapshot.id, path: r.safetySnapshot.path, encrypted: r.safetySnapshot.manifest.payload.encryption !== null }
             : null,
           recovered: r.recovered, plan: r.plan ?? null, duration_ms: Math.round(r.durationMs), redacted: redactedJson(redacted),
+          ...(r.processes ? { processes: r.processes } : {}), notes: r.notes, kept: r.kept,
         });
         return;
       }
       if (r.plan) {
-        printPlan(r.plan, redacted);
+        printPlan(r.plan, redacted, r.processes ?? []);
         return;
       }
       if (r.recovered) process.stdout.write(`finished an interrupted restore first (${r.recovered})\n`);
@@ -173,6 +182,8 @@ Examples:
       }
       process.stdout.write(`restored ${r.manifest.snapshot_id} in place: ${r.layers.join(", ")} (${r.swaps} swaps, ${fmtBytes(r.bytes)}, every hash checked) in ${(r.durationMs / 1000).toFixed(2)} s\n`);
       if (redacted.total) process.stderr.write(`memsnap: warning: ${redactedNote(redacted, r.safetySnapshot ?? null)}\n`);
+      for (const n of r.notes) process.stderr.write(`memsnap: note: ${n}\n`);
+      for (const k of r.kept) process.stderr.write(`memsnap: note: kept the live ${k}: a restore never writes the config it runs with (the bundle's copy was left out)\n`);
       if (r.safetySnapshot && r.safetySnapshot.manifest.payload.encryption === null) {
         process.stderr.write(
           `memsnap: warning: the safety snapshot ${r.safetySnapshot.id} is not encrypted and not redacted: it keeps the live files as they were, ` +
