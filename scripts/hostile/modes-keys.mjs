@@ -99,7 +99,7 @@ export default function ({ bundle, container, sha, tarOf, compress }) {
       files: names.map((f) => ({ path: f, bytes: f.length + 1, mode: SPECIAL_MODES[f], mtime: "2024-06-01T12:00:00.000Z", artifact: `files/${f}` })),
     }));
     return bundle([...names.map((f) => ({ name: `kv/files/${f}`, data: `${f}\n` })), { name: "kv/kv-index.json", data: kvIndex, kind: "json" }], {
-      layer: { name: "kv", kind: "kv", schema_version: 2, meta: { format: "memsnap", dtype: "bf16", page_bytes: 8192, index_sha256: sha(kvIndex), shuffle: { applied: false, elem_bytes: 2 } } },
+      layer: { name: "kv", kind: "kv", schema_version: 2, meta: { format: "memsnap", dtype: "bf16", page_bytes: 8192, index_sha256: sha(kvIndex), bytes_total: 0, shuffle: { applied: false, elem_bytes: 2 } } },
       encrypt,
     });
   };
