@@ -209,7 +209,7 @@ static void record(walk_t *w, const uint8_t *b, long c, long local, double P, do
     if (t < 0 || t == 10 || t == 11) { w->S[S_CELLS] = CELLS_UNPARSED; return; }
     double len = t < 12 ? SERIAL_FIXED[(int)t] : floor((t - 12) / 2);
     if (off + len > P) { w->S[S_CELLS] = CELLS_UNPARSED; return; }
-    if (t >= 13 && fmod(t, 2) == 1) {
+    if (t >= 12) { /* TEXT (odd) and BLOB (even) */
       w->S[S_CELLS_SCANNED]++;
       if (len > 0) {
         long n = (long)w->S[S_BATCH_N];

@@ -152,9 +152,14 @@ class MemsnapRedactor implements Redactor {
     return processText(this.engine, text, looksLikeJson(text), false, (rule, red) => this.report_.add(artifact, rule, red));
   }
 
-  async scanText(text: string, artifact: string): Promise<void> {
+  async scanText(text: string, artifact: string): Promise<number> {
     this.report_.scanned(Buffer.byteLength(text));
-    await processText(this.engine, text, looksLikeJson(text), true, (rule) => this.report_.add(artifact, rule, false));
+    let n = 0;
+    await processText(this.engine, text, looksLikeJson(text), true, (rule) => {
+      n++;
+      this.report_.add(artifact, rule, false);
+    });
+    return n;
   }
 
   /** Redact a whole text the way {@link redactArtifact} redacts a stream (JSON-aware with `json`). */

@@ -39,8 +39,11 @@ export interface Redactor {
   clean?(bytes: Uint8Array): boolean;
   /** Rewrite every match in `text` (idempotent) and record the hits against `artifact` (a payload path). */
   redactText(text: string, artifact: string): Promise<string>;
-  /** Find matches without rewriting and record them against `artifact` as unredacted. */
-  scanText(text: string, artifact: string): Promise<void>;
+  /**
+   * Find matches without rewriting and record them against `artifact` as unredacted; resolves
+   * to the number found (memsnap's redactor; other implementations may resolve to nothing).
+   */
+  scanText(text: string, artifact: string): Promise<number | void>;
   /**
    * Redact a text artifact as it streams, spooling the result to a temp file; returns an
    * artifact over the rewritten bytes (its size is the rewritten size). JSON and JSONL

@@ -19,7 +19,7 @@
  * - `live_begin` opens a read-only connection (kept under a handle number), starts a read
  *   transaction (`BEGIN` + a read) and decides whether the database file itself can be
  *   captured: journal mode, an empty `-wal`, and with `redact` no redaction candidate in any
- *   TEXT cell and none in the file's stale bytes (free pages, unallocated and freed space in
+ *   TEXT or BLOB cell and none in the file's stale bytes (free pages, unallocated and freed space in
  *   b-tree pages, the tails of overflow pages). With `hold` and a yes, the transaction stays
  *   open; otherwise it ends (and with `hold` the connection closes). Without `hold` (a
  *   look-ahead while another database streams) the connection stays open without a
@@ -70,10 +70,10 @@ export interface CheckResult {
 
 /** What the live read's redaction scan found (counts, never content). */
 export interface LiveScanStats {
-  /** Tables whose TEXT cells were scanned (every real table but sqlite_schema: ordinary, shadow and sqlite_stat*). */
+  /** Tables whose TEXT and BLOB cells were scanned (every real table but sqlite_schema: ordinary, shadow and sqlite_stat*). */
   tables: number;
   cells_scanned: number;
-  /** Bytes of TEXT (UTF-8) scanned. */
+  /** Bytes of TEXT (UTF-8) and BLOB cells scanned. */
   text_bytes: number;
   /** Cells (or, when the scan stops, chunks of cells) the pre-filter flagged; the scan stops at the first. */
   candidates: number;
@@ -268,7 +268,7 @@ function payloadBound(db, name) {
   }
 }
 
-// Scan every TEXT cell with the pre-filter. A table's TEXT is joined in SQL (group_concat with
+// Scan every TEXT and BLOB cell with the pre-filter. A table's TEXT (and BLOBs, as text) is joined in SQL (group_concat with
 // a newline between cells) and tested as one string, in one piece when the table's payload
 // is small and otherwise in rowid ranges of at most CHUNK_MAX bytes (dbstat's largest row
 // bounds a range's size). Every scanner is a regex without anchors or negative look-arounds,
@@ -308,9 +308,11 @@ async function scanCells(h, st) {
   };
   for (const t of scanTargets(db)) {
     st.tables++;
-    const text = t.cols.map((c) => "CASE WHEN typeof(" + qi(c) + ")='text' THEN " + qi(c) + " END");
+    // TEXT as it is, a BLOB as the text its bytes read as (NULs kept, invalid UTF-8 as U+FFFD:
+    // every ASCII byte shows as itself, which is all an anchor needs).
+    const text = t.cols.map((c) => "CASE typeof(" + qi(c) + ") WHEN 'text' THEN " + qi(c) + " WHEN 'blob' THEN CAST(" + qi(c) + " AS TEXT) END");
     const rowText = text.length === 1 ? text[0] : "concat_ws(char(10), " + text.join(", ") + ")";
-    const nText = t.cols.map((c) => "(typeof(" + qi(c) + ")='text')").join(" + ");
+    const nText = t.cols.map((c) => "(typeof(" + qi(c) + ") IN ('text', 'blob'))").join(" + ");
     const lower = new Set(t.cols.map((c) => c.toLowerCase()));
     const rid = t.wr ? null : ["rowid", "_rowid_", "oid"].find((a) => !lower.has(a));
     const T = qi(t.name);
@@ -362,12 +364,13 @@ async function scanCells(h, st) {
 }
 
 
-// ---- the TEXT of every cell, read from the pages (the fast path of the cell scan)
+// ---- the TEXT and BLOB values of every cell, read from the pages (the fast path of the cell scan)
 //
 // While the stale-byte scan walks the file, every b-tree page that holds records (table
 // leaves, index leaves and interior index pages: WITHOUT ROWID tables and indexes live in
 // index b-trees) is parsed: each cell's record header gives the byte ranges of its TEXT values
-// (serial type odd and >= 13), local or continued on overflow pages (the chain is followed
+// (serial type odd and >= 13) and BLOB values (even and >= 12: a secret in a BLOB reaches the
+// bundle as surely as one in TEXT; the copy path then redacts or reports it), local or continued on overflow pages (the chain is followed
 // with preads). The values are joined with a newline in batches of under 64 KiB (young strings
 // for V8; 1 MiB batches cost 0.4 CPU-s more per bench snapshot in GC), decoded as UTF-8 (as SQL
 // returns them) and tested with the pre-filter: the same test scanCells makes on
@@ -470,7 +473,8 @@ function record(cs, b, c, local, P, ovfl) {
     if (t < 0 || t === 10 || t === 11) { cs.state = "unparsed"; return; }
     const len = t < 12 ? SERIAL_FIXED[t] : Math.floor((t - 12) / 2);
     if (off + len > P) { cs.state = "unparsed"; return; }
-    if (t >= 13 && (t & 1) === 1) {
+    if (t >= 12) {
+      // TEXT (odd) and BLOB (even): a BLOB's bytes are tested as the text they read as
       cs.st.cells_scanned++;
       if (len > 0) {
         if (off + len <= local && cs.n + len + 1 <= TEXT_BATCH) {
