@@ -27,6 +27,7 @@ import { sourceChanged, sourceError } from "../sources/walk.js";
 import { configInvalid, isPlainObject, optBool, optStringArray, rejectUnknownKeys } from "../util/config-check.js";
 import { compileAllow, type AllowMatcher } from "./allow.js";
 import { Engine } from "./engine.js";
+import { escapedCandidate, hidingEscapeAt } from "./json.js";
 import { candidate } from "./prefilter.js";
 import { ReportBuilder } from "./report.js";
 import { ALL_RULE_IDS, MEMSNAP_RULES, SECRETLINT_RULE_IDS } from "./rules.js";
@@ -89,7 +90,7 @@ const JSON_MAX = 16 << 20;
 function looksLikeJson(text: string): boolean {
   const t = text.trim();
   if (t.length < 2 || t.length > JSON_MAX || !((t[0] === "{" && t.endsWith("}")) || (t[0] === "[" && t.endsWith("]")))) return false;
-  if (!candidate(t)) return false;
+  if (!candidate(t) && !escapedCandidate(t)) return false;
   try {
     JSON.parse(t);
     return true;
@@ -176,7 +177,7 @@ class MemsnapRedactor implements Redactor {
     // 20,000 notes makes 20,000 calls.)
     if (a.size > SMALL_TEXT) return this.redactStream(a, payloadPath, null);
     const whole = await readWhole(a, payloadPath);
-    if (!this.clean(whole)) return this.redactStream(a, payloadPath, whole);
+    if (!this.clean(whole) || hidingEscapeAt(whole) >= 0) return this.redactStream(a, payloadPath, whole);
     this.report_.scanned(whole.length);
     return {
       path: a.path, kind: a.kind, size: whole.length, mode: a.mode, mtime: a.mtime,
@@ -324,6 +325,7 @@ class MemsnapRedactor implements Redactor {
   private async scanFileNatively(a: Artifact, file: string, payloadPath: string): Promise<string | null> {
     const native = nativePrefilter();
     if (native?.scanFile === undefined) return null;
+    if (native.scanFileJson !== true) return null; // an older addon: it would not stop at a JSON escape
     let fh: FileHandle;
     try {
       fh = await open(file, "r");
@@ -334,7 +336,7 @@ class MemsnapRedactor implements Redactor {
     try {
       const digest = Buffer.alloc(32);
       const [errno, at, got] = await new Promise<[number, number, number]>((res) => {
-        native.scanFile!(fh.fd, a.size, digest, (e, hit, n) => res([e, hit, n]));
+        native.scanFile!(fh.fd, a.size, digest, (e, hit, n) => res([e, hit, n]), true);
       });
       if (errno !== 0) {
         const code = getSystemErrorName(-errno);

@@ -12,6 +12,13 @@
  *
  * Matches inside a string are widened to whole escape sequences (`\"`, `\n`, `\u0041`), and the
  * replacement `[REDACTED:rule]` needs no escaping, so the string stays a valid JSON string.
+ *
+ * Escaped text: a JSON writer may escape any character (`"g\u0068p_…"` is `"ghp_…"`, and
+ * `https:\/\/…` a URL), which hides a secret from rules that read the bytes. A unit whose
+ * escapes decode to a candidate is a unit too ({@link escapedCandidate}), a line that holds one
+ * is a region ({@link escapedLines}), and the rules run on each unit that holds an escape a
+ * second time, decoded ({@link decodeJsonEscapes}), with their matches mapped back onto the
+ * escaped text; the escaped form is what is replaced.
  */
 import { candidate } from "./prefilter.js";
 
@@ -86,7 +93,7 @@ export function jsonUnits(line: string, state: JsonState): Unit[] {
     gapFrom = s.closed ? s.c1 + 1 : s.c1;
     if (!isValue.has(i)) {
       const text = line.slice(s.c0, s.c1);
-      if (candidate(text)) units.push({ text, base: s.c0, a: 0, b: text.length, json: true });
+      if (candidate(text) || escapedCandidate(text)) units.push({ text, base: s.c0, a: 0, b: text.length, json: true });
     }
     if (!s.closed || s.q0 < 0) continue;
     const colon = skipWs(line, s.c1 + 1);
@@ -96,7 +103,7 @@ export function jsonUnits(line: string, state: JsonState): Unit[] {
     isValue.add(i + 1);
     const end = v.closed ? v.c1 + 1 : v.c1;
     const text = line.slice(s.q0, end);
-    if (candidate(text)) units.push({ text, base: s.q0, a: v.c0 - s.q0, b: v.c1 - s.q0, json: true });
+    if (candidate(text) || escapedCandidate(text)) units.push({ text, base: s.q0, a: v.c0 - s.q0, b: v.c1 - s.q0, json: true });
   }
   gap(line.length);
   return units;
@@ -144,4 +151,123 @@ const ESCAPE = /\\([nrtbf])|\\[\s\S]/g;
 export function escapeView(text: string): string {
   if (!text.includes("\\")) return text;
   return text.replace(ESCAPE, (m, c: string | undefined) => (c === undefined ? m : c === "n" || c === "r" ? "\r\n" : "  "));
+}
+
+// ------------------------------------------------------------------------------ escaped text
+
+/**
+ * A JSON escape that can hide what a rule looks for: `\/`, and a `\uXXXX` that stands for a
+ * printable ASCII character (`g\u0068p_…` is `ghp_…`) or for a character JS counts as
+ * whitespace (a separator between a key and its `=`). Other escapes (`\"`, `\n`, `\u00e9`,
+ * `\u001b`) stand for characters no pre-filter anchor or its context is made of, so a text
+ * without one of these is a candidate decoded only if it is one as it is (the rules, once a
+ * text is a candidate, still see every escape decoded: {@link decodeJsonEscapes}).
+ */
+export const HIDING_ESCAPE = /\\(?:\/|u(?:00[2-7][0-9A-Fa-f]|000[9A-Da-d]|00[Aa]0|1680|200[0-9Aa]|202[89Ff]|205[Ff]|3000|[Ff][Ee][Ff][Ff]))/;
+const HIDING_ESCAPE_G = new RegExp(HIDING_ESCAPE.source, "g");
+
+/** Does `text` hold a {@link HIDING_ESCAPE}? */
+export function hasHidingEscape(text: string): boolean {
+  return text.includes("\\") && HIDING_ESCAPE.test(text);
+}
+
+const HEX = (c: number): number => (c >= 0x30 && c <= 0x39 ? c - 0x30 : c >= 0x41 && c <= 0x46 ? c - 0x37 : c >= 0x61 && c <= 0x66 ? c - 0x57 : -1);
+
+/**
+ * The first offset in `b` at or after `from` where a {@link HIDING_ESCAPE} starts, or -1: the
+ * same test on bytes (UTF-8, or any ASCII-compatible encoding), without a string.
+ */
+export function hidingEscapeAt(b: Uint8Array, from = 0): number {
+  const buf = Buffer.isBuffer(b) ? b : Buffer.from(b.buffer, b.byteOffset, b.byteLength);
+  for (let p = buf.indexOf(0x5c, from); p >= 0; p = buf.indexOf(0x5c, p + 1)) {
+    const c = buf[p + 1];
+    if (c === 0x2f) return p;
+    if (c !== 0x75 || p + 6 > buf.length) continue;
+    const h = [HEX(buf[p + 2]!), HEX(buf[p + 3]!), HEX(buf[p + 4]!), HEX(buf[p + 5]!)];
+    if (h.some((x) => x < 0)) continue;
+    const u = (h[0]! << 12) | (h[1]! << 8) | (h[2]! << 4) | h[3]!;
+    if ((u >= 0x20 && u <= 0x7f) || (u >= 0x09 && u <= 0x0d) || u === 0xa0 || u === 0x1680 || (u >= 0x2000 && u <= 0x200a) ||
+      u === 0x2028 || u === 0x2029 || u === 0x202f || u === 0x205f || u === 0x3000 || u === 0xfeff) return p;
+  }
+  return -1;
+}
+
+export interface Decoded {
+  /** The text with every JSON escape replaced by the character it stands for. */
+  text: string;
+  /** at[i]: the offset in the escaped text of decoded character i; at[text.length]: the escaped text's length. */
+  at: Int32Array;
+}
+
+const SIMPLE: Record<string, string> = { '"': '"', "\\": "\\", "/": "/", b: "\b", f: "\f", n: "\n", r: "\r", t: "\t" };
+
+/**
+ * Decode the JSON escapes of `text` (a string's content, or a line of JSON: outside strings a
+ * valid document has no backslash), mapping each decoded character back to where it came
+ * from. An escape that is not valid JSON stays as it is. Null when there is nothing to decode.
+ */
+export function decodeJsonEscapes(text: string): Decoded | null {
+  if (!text.includes("\\")) return null;
+  const out: string[] = [];
+  const at: number[] = [];
+  let i = 0;
+  let plain = 0; // start of the run of plain characters not yet copied
+  const flush = (to: number): void => {
+    if (to > plain) {
+      out.push(text.slice(plain, to));
+      for (let k = plain; k < to; k++) at.push(k);
+    }
+  };
+  let any = false;
+  while (i < text.length) {
+    const k = text.indexOf("\\", i);
+    if (k < 0) break;
+    const c = text[k + 1];
+    if (c === "u" && /^[0-9A-Fa-f]{4}$/.test(text.slice(k + 2, k + 6))) {
+      flush(k);
+      out.push(String.fromCharCode(parseInt(text.slice(k + 2, k + 6), 16)));
+      at.push(k);
+      i = plain = k + 6;
+      any = true;
+    } else if (c !== undefined && SIMPLE[c] !== undefined) {
+      flush(k);
+      out.push(SIMPLE[c]!);
+      at.push(k);
+      i = plain = k + 2;
+      any = true;
+    } else {
+      i = k + 1;
+    }
+  }
+  if (!any) return null;
+  flush(text.length);
+  at.push(text.length);
+  return { text: out.join(""), at: Int32Array.from(at) };
+}
+
+/** Is `text` a pre-filter candidate once its JSON escapes are decoded (and not already as it is)? */
+export function escapedCandidate(text: string): boolean {
+  if (!hasHidingEscape(text)) return false;
+  const d = decodeJsonEscapes(text);
+  return d !== null && candidate(d.text);
+}
+
+/**
+ * Lines of `text` before `end` that are a candidate only once their JSON escapes are decoded,
+ * as regions (whole lines, [line start, newline)), for the JSON region plan.
+ */
+export function escapedLines(text: string, end: number): Array<{ start: number; end: number }> {
+  const out: Array<{ start: number; end: number }> = [];
+  if (!text.includes("\\")) return out;
+  HIDING_ESCAPE_G.lastIndex = 0;
+  for (let m = HIDING_ESCAPE_G.exec(text); m && m.index < end; m = HIDING_ESCAPE_G.exec(text)) {
+    const ls = text.lastIndexOf("\n", m.index) + 1;
+    let le = text.indexOf("\n", m.index);
+    if (le < 0 || le > end) le = end;
+    const line = text.slice(ls, le);
+    const d = decodeJsonEscapes(line);
+    if (d !== null && candidate(d.text)) out.push({ start: ls, end: le });
+    HIDING_ESCAPE_G.lastIndex = le + 1;
+  }
+  return out;
 }

@@ -1,10 +1,12 @@
 /**
  * The redaction contract between the snapshot pipeline, the sources, and the redactor.
  *
- * Text artifacts memsnap owns (memory files, JSON/JSONL, SQLite TEXT cells in the copy) are
- * rewritten in the bundle: each match becomes `[REDACTED:<rule>]`. Content that cannot be
- * rewritten without breaking it (git history, content-addressed layers) is scanned and its
- * findings recorded as unredacted. The live files are never touched. The report never holds
+ * Text artifacts memsnap owns (memory files, JSON/JSONL, SQLite TEXT cells and BLOB cells
+ * that are text, in the copy) are rewritten in the bundle: each match becomes
+ * `[REDACTED:<rule>]`, also where a JSON writer escaped it (`"g\u0068p_…"`: the escaped form
+ * is replaced). Content that cannot be rewritten without breaking it (git history,
+ * content-addressed layers, binary SQLite BLOBs) is scanned and its findings recorded as
+ * unredacted. The live files are never touched. The report never holds
  * a secret or a hash of one.
  */
 import type { Artifact } from "../sources/types.js";
