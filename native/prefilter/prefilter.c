@@ -339,10 +339,9 @@ static int hex(int c) { return c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <=
 /*
  * The first backslash in [from, to) that starts a JSON escape which can hide a secret from the
  * scan (src/redact/json.ts, HIDING_ESCAPE / hidingEscapeAt): `\/`, or `\uXXXX` for printable
- * ASCII or a character JS counts as whitespace; -1 if none. Reads up to 5 bytes past a
- * backslash, no further than `end`.
+ * ASCII or a character JS counts as whitespace; -1 if none. An escape must end by `end`.
  */
-static long hiding_escape(bytes b, long from, long to, long end) {
+long memsnap_hiding_escape(const uint8_t *b, long from, long to, long end) {
   for (long p = from; p < to; p++) {
     const uint8_t *q = memchr(b + p, '\\', (size_t)(to - p));
     if (!q) return -1;
@@ -390,7 +389,7 @@ static void scan_file_execute(napi_env env, void *data) {
     if (base + len < end) goto out; /* shorter than size: the caller says so */
     int64_t lo = a > SF_MARGIN ? a - SF_MARGIN : 0;
     long hit = scan(buf, (long)(lo - base), (long)(a - base), (long)(end - base));
-    if (hit < 0 && w->json) hit = hiding_escape(buf, (long)(a - base), (long)(b - base), (long)(end - base));
+    if (hit < 0 && w->json) hit = memsnap_hiding_escape(buf, (long)(a - base), (long)(b - base), (long)(end - base));
     if (hit >= 0) {
       w->at = base + hit;
       goto out;

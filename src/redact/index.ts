@@ -137,14 +137,15 @@ class MemsnapRedactor implements Redactor {
     this.report_ = new ReportBuilder(policy);
   }
 
+  /** The pre-filter, on the text and on the text its JSON escapes decode to (`g\u0068p_…`: ./json.ts). */
   candidate(text: string): boolean {
-    return candidate(text);
+    return candidate(text) || escapedCandidate(text);
   }
 
-  /** The native pre-filter's negative test on the bytes themselves (./native.ts); false without it. */
+  /** The native pre-filter's negative test on the bytes themselves (./native.ts), and no JSON escape that can hide a secret; false without it. */
   clean(bytes: Uint8Array): boolean {
     const native = nativePrefilter();
-    return native !== null && native.scan(bytes, 0, bytes.length) === -1;
+    return native !== null && native.scan(bytes, 0, bytes.length) === -1 && hidingEscapeAt(bytes) < 0;
   }
 
   /** A text that is one JSON document (a JSON column, a tool result) is redacted string by string, so it stays valid. */
@@ -177,7 +178,7 @@ class MemsnapRedactor implements Redactor {
     // 20,000 notes makes 20,000 calls.)
     if (a.size > SMALL_TEXT) return this.redactStream(a, payloadPath, null);
     const whole = await readWhole(a, payloadPath);
-    if (!this.clean(whole) || hidingEscapeAt(whole) >= 0) return this.redactStream(a, payloadPath, whole);
+    if (!this.clean(whole)) return this.redactStream(a, payloadPath, whole);
     this.report_.scanned(whole.length);
     return {
       path: a.path, kind: a.kind, size: whole.length, mode: a.mode, mtime: a.mtime,

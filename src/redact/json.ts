@@ -20,6 +20,7 @@
  * second time, decoded ({@link decodeJsonEscapes}), with their matches mapped back onto the
  * escaped text; the escaped form is what is replaced.
  */
+import { ESCAPES_JS } from "./escapes-js.js";
 import { candidate } from "./prefilter.js";
 
 /** Tokenizer state at a line start that continues a line cut mid-way: 0 outside a string, 1 inside, 2 inside right after a backslash. */
@@ -171,27 +172,6 @@ export function hasHidingEscape(text: string): boolean {
   return text.includes("\\") && HIDING_ESCAPE.test(text);
 }
 
-const HEX = (c: number): number => (c >= 0x30 && c <= 0x39 ? c - 0x30 : c >= 0x41 && c <= 0x46 ? c - 0x37 : c >= 0x61 && c <= 0x66 ? c - 0x57 : -1);
-
-/**
- * The first offset in `b` at or after `from` where a {@link HIDING_ESCAPE} starts, or -1: the
- * same test on bytes (UTF-8, or any ASCII-compatible encoding), without a string.
- */
-export function hidingEscapeAt(b: Uint8Array, from = 0): number {
-  const buf = Buffer.isBuffer(b) ? b : Buffer.from(b.buffer, b.byteOffset, b.byteLength);
-  for (let p = buf.indexOf(0x5c, from); p >= 0; p = buf.indexOf(0x5c, p + 1)) {
-    const c = buf[p + 1];
-    if (c === 0x2f) return p;
-    if (c !== 0x75 || p + 6 > buf.length) continue;
-    const h = [HEX(buf[p + 2]!), HEX(buf[p + 3]!), HEX(buf[p + 4]!), HEX(buf[p + 5]!)];
-    if (h.some((x) => x < 0)) continue;
-    const u = (h[0]! << 12) | (h[1]! << 8) | (h[2]! << 4) | h[3]!;
-    if ((u >= 0x20 && u <= 0x7f) || (u >= 0x09 && u <= 0x0d) || u === 0xa0 || u === 0x1680 || (u >= 0x2000 && u <= 0x200a) ||
-      u === 0x2028 || u === 0x2029 || u === 0x202f || u === 0x205f || u === 0x3000 || u === 0xfeff) return p;
-  }
-  return -1;
-}
-
 export interface Decoded {
   /** The text with every JSON escape replaced by the character it stands for. */
   text: string;
@@ -199,7 +179,19 @@ export interface Decoded {
   at: Int32Array;
 }
 
-const SIMPLE: Record<string, string> = { '"': '"', "\\": "\\", "/": "/", b: "\b", f: "\f", n: "\n", r: "\r", t: "\t" };
+// eslint-disable-next-line @typescript-eslint/no-implied-eval -- the source is a constant of this package
+const ESCAPES = new Function(ESCAPES_JS)() as {
+  hidingEscapeAt(b: Uint8Array, from?: number, end?: number): number;
+  decode(text: string): Decoded | null;
+};
+
+/**
+ * The first offset in `b` at or after `from` (and before `end`) where a {@link HIDING_ESCAPE}
+ * starts, or -1: the same test on bytes (UTF-8, or any ASCII-compatible encoding).
+ */
+export function hidingEscapeAt(b: Uint8Array, from = 0, end = b.length): number {
+  return ESCAPES.hidingEscapeAt(b, from, end);
+}
 
 /**
  * Decode the JSON escapes of `text` (a string's content, or a line of JSON: outside strings a
@@ -207,42 +199,7 @@ const SIMPLE: Record<string, string> = { '"': '"', "\\": "\\", "/": "/", b: "\b"
  * from. An escape that is not valid JSON stays as it is. Null when there is nothing to decode.
  */
 export function decodeJsonEscapes(text: string): Decoded | null {
-  if (!text.includes("\\")) return null;
-  const out: string[] = [];
-  const at: number[] = [];
-  let i = 0;
-  let plain = 0; // start of the run of plain characters not yet copied
-  const flush = (to: number): void => {
-    if (to > plain) {
-      out.push(text.slice(plain, to));
-      for (let k = plain; k < to; k++) at.push(k);
-    }
-  };
-  let any = false;
-  while (i < text.length) {
-    const k = text.indexOf("\\", i);
-    if (k < 0) break;
-    const c = text[k + 1];
-    if (c === "u" && /^[0-9A-Fa-f]{4}$/.test(text.slice(k + 2, k + 6))) {
-      flush(k);
-      out.push(String.fromCharCode(parseInt(text.slice(k + 2, k + 6), 16)));
-      at.push(k);
-      i = plain = k + 6;
-      any = true;
-    } else if (c !== undefined && SIMPLE[c] !== undefined) {
-      flush(k);
-      out.push(SIMPLE[c]!);
-      at.push(k);
-      i = plain = k + 2;
-      any = true;
-    } else {
-      i = k + 1;
-    }
-  }
-  if (!any) return null;
-  flush(text.length);
-  at.push(text.length);
-  return { text: out.join(""), at: Int32Array.from(at) };
+  return ESCAPES.decode(text);
 }
 
 /** Is `text` a pre-filter candidate once its JSON escapes are decoded (and not already as it is)? */

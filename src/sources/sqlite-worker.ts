@@ -37,7 +37,9 @@
 import { createRequire } from "node:module";
 import { Worker } from "node:worker_threads";
 import { MemsnapError } from "../errors.js";
+import { ESCAPES_JS } from "../redact/escapes-js.js";
 import { FINDERS_JS } from "../redact/finders-js.js";
+import { HIDING_ESCAPE } from "../redact/json.js";
 import { NATIVE_PREFILTER_PATH, nativePrefilter } from "../redact/native.js";
 import { MAIN_ALTERNATIVES } from "../redact/prefilter.js";
 
@@ -185,17 +187,29 @@ function ordinaryTables(db) {
 // The redaction pre-filter (src/redact/prefilter.ts): candidate(t) is "any scanner matches",
 // tested with the very finders the redactor runs (built from the same source).
 const FINDERS = workerData.finders ? new Function("ALT", workerData.finders.js)(workerData.finders.alt) : [];
-function candidate(t) {
+function rawCandidate(t) {
   for (const f of FINDERS) if (f.cursor(t)(0) >= 0) return true;
   return false;
 }
+// The production redactor's candidate() (src/redact/index.ts) is also true for a text whose
+// JSON escapes decode to a candidate ("ghp_…": src/redact/json.ts, escapedCandidate),
+// with the same code (src/redact/escapes-js.ts) and regex.
+const ESC = workerData.escapes ? new Function(workerData.escapes.js)() : null;
+const HIDING = workerData.escapes ? new RegExp(workerData.escapes.hiding) : null;
+function candidate(t) {
+  if (rawCandidate(t)) return true;
+  if (ESC === null || t.indexOf("\\") < 0 || !HIDING.test(t)) return false;
+  const d = ESC.decode(t);
+  return d !== null && rawCandidate(d.text);
+}
 // The native pre-filter (src/redact/native.ts), when built: scan(bytes, a, e) is -1 only when
-// candidate() is false on those bytes as UTF-8 text and as a latin1 view, so it answers the
-// common "no" without decoding; any other answer goes to candidate().
+// the finders find nothing in those bytes as UTF-8 text and as a latin1 view; with no JSON
+// escape that can hide a secret either, candidate() is false, so the common "no" is answered
+// without decoding; any other answer goes to candidate().
 const NATIVE = workerData.prefilterPath ? require(workerData.prefilterPath) : null;
 /** candidate() of b[a, e) decoded by \`decode\` ("utf8Slice" or "latin1Slice"). */
 function candidateIn(b, a, e, decode) {
-  if (NATIVE !== null && NATIVE.scan(b, a, e) === -1) return false;
+  if (NATIVE !== null && NATIVE.scan(b, a, e) === -1 && (ESC === null || ESC.hidingEscapeAt(b, a, e) < 0)) return false;
   const s = b[decode](a, e);
   collectScanned(s.length);
   return candidate(s);
@@ -983,6 +997,7 @@ export class SqliteWorker {
     this.#worker = new Worker(WORKER_SOURCE, { eval: true, execArgv: [], resourceLimits: { maxYoungGenerationSizeMb: 16 }, workerData: {
       bsqlPath: betterSqlitePath(),
       finders: { js: FINDERS_JS, alt: { ...MAIN_ALTERNATIVES } },
+      escapes: { js: ESCAPES_JS, hiding: HIDING_ESCAPE.source },
       prefilterPath: nativePrefilter() === null ? null : NATIVE_PREFILTER_PATH,
       walk: opts.walk ?? "native",
     } });

@@ -5,10 +5,13 @@
  * escape test (JS and the native scanFile), the redactor on whole texts and streams, and the
  * real pipeline: a `files` layer (a small JSONL, a big one scanned where it lies, a JSONL
  * named .log), a `state` file, plaintext (payload decompressed with the real zstd binary) and
- * encrypted.
+ * encrypted; a SQLite TEXT cell (the live read's page walks, native and JS, and its stale-byte
+ * scan see the escape; the copy redacts it); a git blob (reported).
  */
 import { spawnSync } from "node:child_process";
-import { mkdirSync, openSync, closeSync, readFileSync, writeFileSync } from "node:fs";
+import { closeSync, mkdirSync, openSync, readFileSync, writeFileSync } from "node:fs";
+import { open } from "node:fs/promises";
+import { createRequire } from "node:module";
 import { join } from "node:path";
 import fc from "fast-check";
 import { afterAll, describe, expect, it } from "vitest";
@@ -16,6 +19,8 @@ import { generateIdentity, parseConfig, restoreToDir, snapshot } from "../../src
 import { decodeJsonEscapes, hasHidingEscape, hidingEscapeAt, HIDING_ESCAPE } from "../../src/redact/json.js";
 import { nativePrefilter } from "../../src/redact/native.js";
 import type { RedactionReport } from "../../src/redact/types.js";
+import { emptyScan, scanObject } from "../../src/sources/git-iso.js";
+import { SqliteWorker, type LiveBeginResult } from "../../src/sources/sqlite-worker.js";
 import { readBundle } from "../helpers/cli.js";
 import { requireTool } from "../helpers/tools.js";
 import { redactBytes, redactor, removeTempDirs, tempDir } from "./helpers/redactor.js";
@@ -200,4 +205,66 @@ describe("snapshot with escaped secrets in files and state layers", () => {
     expect(leaks(readFileSync(join(out, "mem", "traces", "small.jsonl"), "utf8"))).toBe(false);
     expect(leaks(readFileSync(join(out, "mem", "events.log"), "utf8"))).toBe(false);
   }, 120_000);
+});
+
+// ------------------------------------------------------------------------------ SQLite cells, git history
+
+describe("escaped secrets in SQLite TEXT cells and in git history", () => {
+  interface Db { prepare(s: string): { run(...a: unknown[]): unknown; get(...a: unknown[]): unknown }; exec(s: string): void; close(): void }
+  const Database = createRequire(import.meta.url)("better-sqlite3") as new (p: string, o?: { readonly?: boolean }) => Db;
+
+  function makeDb(path: string, deleted = false): void {
+    const db = new Database(path);
+    db.exec("CREATE TABLE calls (id INTEGER PRIMARY KEY, tool TEXT, result TEXT)");
+    const ins = db.prepare("INSERT INTO calls (tool, result) VALUES (?, ?)");
+    for (let i = 0; i < 50; i++) ins.run("shell", `{"exit":0,"stdout":"caf\\u00e9 line ${i}\\n"}`);
+    ins.run("gh", `{"exit":0,"stdout":"${ESCAPED}\\n"}`);
+    if (deleted) db.exec("DELETE FROM calls WHERE tool = 'gh'");
+    db.close();
+  }
+
+  it("the live read's scan (native and JS page walks alike) sends the database to the copy, which redacts the cell and keeps it valid JSON", async (ctx) => {
+    if (!requireTool(["zstd"], ctx)) return;
+    const dir = tempDir("memsnap-json-escape-db-");
+    makeDb(join(dir, "mem.db"));
+    makeDb(join(dir, "stale.db"), true);
+    for (const walk of ["native", "js"] as const) {
+      const w = new SqliteWorker({ walk });
+      try {
+        for (const [f, reason] of [["mem.db", "redaction_candidate"], ["stale.db", "stale_candidate"]]) {
+          const fh = await open(join(dir, f!), "r");
+          try {
+            const r = await w.call<LiveBeginResult>({ op: "live_begin", handle: 1, src: join(dir, f!), fd: fh.fd, busyTimeoutMs: 2000, redact: true, hold: false });
+            await w.call({ op: "live_release", handle: 1 });
+            expect(r.reason, `${walk} ${f}`).toBe(reason);
+          } finally {
+            await fh.close();
+          }
+        }
+      } finally {
+        await w.close();
+      }
+    }
+    const config = parseConfig({ agent: "json-escape-db", sources: [{ kind: "sqlite", name: "db", path: "mem.db" }] }, null, dir);
+    const res = await snapshot({ config, out: join(dir, "db.memsnap") });
+    const rep = res.manifest.redaction as unknown as RedactionReport;
+    expect(rep.redacted["db/mem.db"]?.["@secretlint/secretlint-rule-github"], JSON.stringify(rep)).toBe(1);
+    const t = spawnSync("zstd", ["-dc"], { input: readBundle(res.path).payload, maxBuffer: 1 << 30 });
+    expect(leaks(t.stdout.toString("latin1"))).toBe(false);
+    await restoreToDir(res.path, join(dir, "out"));
+    const db = new Database(join(dir, "out", "db", "mem.db"), { readonly: true });
+    try {
+      const row = db.prepare("SELECT result FROM calls WHERE tool = 'gh'").get() as { result: string };
+      expect(JSON.parse(row.result).stdout).toMatch(/^\[REDACTED:[^\]]+\]\n$/);
+    } finally {
+      db.close();
+    }
+  }, 60_000);
+
+  it("a git blob with an escaped token is reported as unredacted", async () => {
+    const r = await redactor();
+    const st = emptyScan();
+    await scanObject("blob", Buffer.from(`{"auth":"${ESCAPED}"}\n`), r, "memory/repo.bundle", st);
+    expect(r.report().unredacted["memory/repo.bundle"]?.["@secretlint/secretlint-rule-github"]).toBe(1);
+  });
 });
