@@ -334,12 +334,15 @@ typedef struct {
   int err;
 } scan_file_t;
 
+/* The ASCII characters a \uXXXX escape may hide (see hiding_escape): letters, digits, _ - . : = / @ \ " ' and JS whitespace. */
+static uint8_t HIDES[128];
+
 static int hex(int c) { return c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1; }
 
 /*
  * The first backslash in [from, to) that starts a JSON escape which can hide a secret from the
- * scan (src/redact/json.ts, HIDING_ESCAPE / hidingEscapeAt): `\/`, or `\uXXXX` for printable
- * ASCII or a character JS counts as whitespace; -1 if none. An escape must end by `end`.
+ * scan (src/redact/escapes-js.ts, hidingEscapeAt): `\/`, or `\uXXXX` for a letter, a digit, one of
+ * `_ - . : = / @ \ " '` or a character JS counts as whitespace; -1 if none. An escape must end by `end`.
  */
 long memsnap_hiding_escape(const uint8_t *b, long from, long to, long end) {
   for (long p = from; p < to; p++) {
@@ -351,7 +354,7 @@ long memsnap_hiding_escape(const uint8_t *b, long from, long to, long end) {
     int h0 = hex(b[p + 2]), h1 = hex(b[p + 3]), h2 = hex(b[p + 4]), h3 = hex(b[p + 5]);
     if (h0 < 0 || h1 < 0 || h2 < 0 || h3 < 0) continue;
     unsigned u = (unsigned)(h0 << 12 | h1 << 8 | h2 << 4 | h3);
-    if ((u >= 0x20 && u <= 0x7f) || (u >= 0x09 && u <= 0x0d) || u == 0xa0 || u == 0x1680 || (u >= 0x2000 && u <= 0x200a) ||
+    if (u < 0x80 ? HIDES[u] : u == 0xa0 || u == 0x1680 || (u >= 0x2000 && u <= 0x200a) ||
         u == 0x2028 || u == 0x2029 || u == 0x202f || u == 0x205f || u == 0x3000 || u == 0xfeff) return p;
   }
   return -1;
@@ -493,6 +496,9 @@ static napi_value ScanFile(napi_env env, napi_callback_info info) {
 
 static napi_value Init(napi_env env, napi_value exports) {
   for (unsigned i = 0; i < N_TRIGGERS; i++) IS_TRIGGER[TRIGGERS[i]] = 1;
+  for (int c = 0; c < 128; c++)
+    HIDES[c] = (c >= '0' && c <= '9') || (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= 0x09 && c <= 0x0d) ||
+               (c != 0 && strchr("_-.:=/@\\\"' ", c) != NULL);
 #if defined(__SSE2__)
   init_vectors();
 #endif

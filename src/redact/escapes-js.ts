@@ -4,12 +4,16 @@
  * ./json.ts runs: both build it with `new Function(ESCAPES_JS)()` and get
  *
  *  - `hidingEscapeAt(bytes, from, end)`: the first offset in [from, end) of a backslash that
- *    starts `\/`, or a `\uXXXX` for a printable ASCII character (`g\u0068p_…` is `ghp_…`) or a
- *    character JS counts as whitespace (a separator between a key and its `=`); -1 if none.
+ *    starts `\/`, or a `\uXXXX` for a character that pre-filter matches and their contexts are
+ *    made of (letters, digits, `_ - . : = / @ \ " '`: `g\u0068p_…` is `ghp_…`) or one JS counts
+ *    as whitespace (a separator between a key and its `=`); -1 if none.
  *    An escape must end by `end`. The same test as the native
  *    `hiding_escape` (native/prefilter/prefilter.c) and the regex `HIDING_ESCAPE` (./json.ts).
- *    Other escapes (`\"`, `\n`, `\u00e9`, `\u001b`) stand for characters that no pre-filter
- *    anchor or its context is made of.
+ *    Other escapes (`\"`, `\n`, `\u00e9`, `\u001b`, `\u003c`) stand for characters that no
+ *    pre-filter match is made of (but a URL's user-info, which may hold any character and
+ *    matches escaped as well as decoded), so a text without one is a candidate decoded only
+ *    if it is one as it is.
+ *  - `decodeText(text)`: `decode(text).text` (or `text`), without the offsets.
  *  - `decode(text)`: `{ text, at }` with every JSON escape of `text` decoded and `at[i]` the
  *    offset in `text` of decoded character i (`at[length]` = `text.length`), or null when
  *    nothing decodes. An escape that is not valid JSON stays as it is.
@@ -20,8 +24,15 @@ export const ESCAPES_JS: string = String.raw`"use strict";
 function hexv(c) {
   return c >= 0x30 && c <= 0x39 ? c - 0x30 : c >= 0x41 && c <= 0x46 ? c - 0x37 : c >= 0x61 && c <= 0x66 ? c - 0x57 : -1;
 }
+// The characters pre-filter matches and their contexts are made of: letters, digits,
+// _ - . : = / @ \ " ' and whitespace (JS \s).
+const ALPHABET = new Uint8Array(128);
+for (const c of "_-.:=/@\\\"' ") ALPHABET[c.charCodeAt(0)] = 1;
+for (let c = 0x30; c <= 0x39; c++) ALPHABET[c] = 1;
+for (let c = 0x41; c <= 0x5a; c++) ALPHABET[c] = ALPHABET[c + 0x20] = 1;
+for (let c = 0x09; c <= 0x0d; c++) ALPHABET[c] = 1;
 function hiding(u) {
-  return (u >= 0x20 && u <= 0x7f) || (u >= 0x09 && u <= 0x0d) || u === 0xa0 || u === 0x1680 || (u >= 0x2000 && u <= 0x200a) ||
+  return u < 0x80 ? ALPHABET[u] === 1 : u === 0xa0 || u === 0x1680 || (u >= 0x2000 && u <= 0x200a) ||
     u === 0x2028 || u === 0x2029 || u === 0x202f || u === 0x205f || u === 0x3000 || u === 0xfeff;
 }
 function hidingEscapeAt(b, from, end) {
@@ -77,5 +88,11 @@ function decode(text) {
   at.push(text.length);
   return { text: out.join(""), at: Int32Array.from(at) };
 }
-return { hidingEscapeAt, decode };
+const ESCAPE = /\\(?:u([0-9A-Fa-f]{4})|(["\\\/bfnrt]))/g;
+// decode(text).text, without the offsets (for a yes/no on the decoded text).
+function decodeText(text) {
+  if (text.indexOf("\\") < 0) return text;
+  return text.replace(ESCAPE, (m, hex, c) => (hex !== undefined ? String.fromCharCode(parseInt(hex, 16)) : SIMPLE[c]));
+}
+return { hidingEscapeAt, decode, decodeText };
 `;

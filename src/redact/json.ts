@@ -157,14 +157,15 @@ export function escapeView(text: string): string {
 // ------------------------------------------------------------------------------ escaped text
 
 /**
- * A JSON escape that can hide what a rule looks for: `\/`, and a `\uXXXX` that stands for a
- * printable ASCII character (`g\u0068p_…` is `ghp_…`) or for a character JS counts as
- * whitespace (a separator between a key and its `=`). Other escapes (`\"`, `\n`, `\u00e9`,
- * `\u001b`) stand for characters no pre-filter anchor or its context is made of, so a text
- * without one of these is a candidate decoded only if it is one as it is (the rules, once a
- * text is a candidate, still see every escape decoded: {@link decodeJsonEscapes}).
+ * A JSON escape that can hide what a rule looks for (./escapes-js.ts, where the bytes version
+ * is): `\/`, and a `\uXXXX` that stands for a letter, a digit, one of `_ - . : = / @ \ " '`
+ * (`g\u0068p_…` is `ghp_…`) or a character JS counts as whitespace (a separator between a key
+ * and its `=`). Other escapes (`\"`, `\n`, `\u00e9`, `\u001b`, Go's `\u003c`) stand for
+ * characters no pre-filter match is made of, so a text without one of these is a candidate
+ * decoded only if it is one as it is (the rules, once a text is a candidate, still see every
+ * escape decoded: {@link decodeJsonEscapes}).
  */
-export const HIDING_ESCAPE = /\\(?:\/|u(?:00[2-7][0-9A-Fa-f]|000[9A-Da-d]|00[Aa]0|1680|200[0-9Aa]|202[89Ff]|205[Ff]|3000|[Ff][Ee][Ff][Ff]))/;
+export const HIDING_ESCAPE = /\\(?:\/|u(?:00(?:2[027dDeEfF]|3[0-9aAdD]|4[0-9A-Fa-f]|5[0-9aAcCfF]|6[1-9A-Fa-f]|7[0-9aA])|000[9A-Da-d]|00[Aa]0|1680|200[0-9Aa]|202[89Ff]|205[Ff]|3000|[Ff][Ee][Ff][Ff]))/;
 const HIDING_ESCAPE_G = new RegExp(HIDING_ESCAPE.source, "g");
 
 /** Does `text` hold a {@link HIDING_ESCAPE}? */
@@ -183,6 +184,7 @@ export interface Decoded {
 const ESCAPES = new Function(ESCAPES_JS)() as {
   hidingEscapeAt(b: Uint8Array, from?: number, end?: number): number;
   decode(text: string): Decoded | null;
+  decodeText(text: string): string;
 };
 
 /**
@@ -204,9 +206,7 @@ export function decodeJsonEscapes(text: string): Decoded | null {
 
 /** Is `text` a pre-filter candidate once its JSON escapes are decoded (and not already as it is)? */
 export function escapedCandidate(text: string): boolean {
-  if (!hasHidingEscape(text)) return false;
-  const d = decodeJsonEscapes(text);
-  return d !== null && candidate(d.text);
+  return hasHidingEscape(text) && candidate(ESCAPES.decodeText(text));
 }
 
 /**
@@ -221,9 +221,7 @@ export function escapedLines(text: string, end: number): Array<{ start: number; 
     const ls = text.lastIndexOf("\n", m.index) + 1;
     let le = text.indexOf("\n", m.index);
     if (le < 0 || le > end) le = end;
-    const line = text.slice(ls, le);
-    const d = decodeJsonEscapes(line);
-    if (d !== null && candidate(d.text)) out.push({ start: ls, end: le });
+    if (candidate(ESCAPES.decodeText(text.slice(ls, le)))) out.push({ start: ls, end: le });
     HIDING_ESCAPE_G.lastIndex = le + 1;
   }
   return out;

@@ -199,8 +199,7 @@ const HIDING = workerData.escapes ? new RegExp(workerData.escapes.hiding) : null
 function candidate(t) {
   if (rawCandidate(t)) return true;
   if (ESC === null || t.indexOf("\\") < 0 || !HIDING.test(t)) return false;
-  const d = ESC.decode(t);
-  return d !== null && rawCandidate(d.text);
+  return rawCandidate(ESC.decodeText(t));
 }
 // The native pre-filter (src/redact/native.ts), when built: scan(bytes, a, e) is -1 only when
 // the finders find nothing in those bytes as UTF-8 text and as a latin1 view; with no JSON

@@ -59,15 +59,22 @@ describe("decodeJsonEscapes", () => {
 
 describe("the escape test", () => {
   it("hidingEscapeAt (bytes) agrees with HIDING_ESCAPE (strings), and the native scanFile stops where they do", async () => {
-    const pieces = ["\\u0068", "\\/", "\\u00A0", "\\u2028", "\\u00e9", "\\u001b", "\\n", '\\"', "\\\\", "\\u20", "x", " ", "\\u3000", "\\uFEFF", "\\u007f", "\\u0009"];
-    fc.assert(fc.property(fc.array(fc.constantFrom(...pieces), { maxLength: 12 }), (parts) => {
+    const pieces = ["\\u0068", "\\/", "\\u00A0", "\\u2028", "\\u00e9", "\\u001b", "\\u003c", "\\u0026", "\\u005C", "\\u0027", "\\n", '\\"', "\\\\", "\\u20", "x", " ", "\\u3000", "\\uFEFF", "\\u007f", "\\u0009"];
+    const anyEscape = fc.integer({ min: 0, max: 0xffff }).map((u) => "\\u" + u.toString(16).padStart(4, "0")[u % 2 ? "toUpperCase" : "toLowerCase"]());
+    const ascii = fc.integer({ min: 0, max: 0x7f }).map((u) => "\\u00" + u.toString(16).padStart(2, "0"));
+    fc.assert(fc.property(fc.array(fc.oneof(fc.constantFrom(...pieces), anyEscape, ascii), { maxLength: 12 }), (parts) => {
       const s = parts.join("");
       const at = hidingEscapeAt(Buffer.from(s));
       const m = HIDING_ESCAPE.exec(s);
       expect(at).toBe(m ? m.index : -1);
       expect(hasHidingEscape(s)).toBe(m !== null);
     }));
-    expect(hidingEscapeAt(Buffer.from(String.raw`caf\u00e9 \u001b[0m "q\"" \\n`))).toBe(-1);
+    expect(hidingEscapeAt(Buffer.from(String.raw`caf\u00e9 \u001b[0m \u003cb\u003e\u0026 "q\"" \\n`))).toBe(-1);
+    // exactly these characters: letters, digits, _ - . : = / @ \ " ' and JS whitespace
+    const hides = (u: number): boolean => hidingEscapeAt(Buffer.from("\\u" + u.toString(16).padStart(4, "0"))) === 0;
+    for (let u = 0; u < 0x80; u++) expect(hides(u), u.toString(16)).toBe(/[A-Za-z0-9_\-.:=/@\\"'\s]/.test(String.fromCharCode(u)));
+    for (const u of [0xa0, 0x1680, 0x2000, 0x200a, 0x2028, 0x2029, 0x202f, 0x205f, 0x3000, 0xfeff]) expect(hides(u)).toBe(true);
+    for (const u of [0x80, 0xe9, 0x2019, 0x4e2d, 0xd83d]) expect(hides(u)).toBe(false);
 
     const native = nativePrefilter();
     if (native?.scanFile === undefined) return;
@@ -83,7 +90,7 @@ describe("the escape test", () => {
         closeSync(fd);
       }
     };
-    const filler = '{"role":"tool","content":"caf\\u00e9 \\u001b[0m ok \\"quoted\\" line\\n"}\n'.repeat(40_000); // ~2.6 MB, several 1 MiB blocks
+    const filler = '{"role":"tool","content":"caf\\u00e9 \\u001b[0m \\u003cb\\u003e ok \\"quoted\\" line\\n"}\n'.repeat(40_000); // ~2.6 MB, several 1 MiB blocks
     for (const where of [0, 1 << 20, filler.length]) {
       const text = filler.slice(0, where) + `{"t":"${ESCAPED}"}\n` + filler.slice(where);
       expect(await scanFile(text, false)).toBe(-1); // nothing a byte scan sees
@@ -91,6 +98,11 @@ describe("the escape test", () => {
       expect(at).toBe(Buffer.byteLength(filler.slice(0, where)) + 7);
     }
     expect(await scanFile(filler, true)).toBe(-1);
+    // the native test decides each escape as the JS one does
+    for (const u of [...Array.from({ length: 0x80 }, (_, i) => i), 0xa0, 0xe9, 0x1680, 0x2000, 0x200a, 0x200b, 0x2028, 0x2029, 0x202f, 0x205f, 0x3000, 0xfeff, 0xfffe]) {
+      const esc = "\\u" + u.toString(16).padStart(4, "0");
+      expect(await scanFile(`{"k":"a${esc}b"}\n`, true), esc).toBe(hidingEscapeAt(Buffer.from(`{"k":"a${esc}b"}\n`)));
+    }
   }, 60_000);
 });
 
