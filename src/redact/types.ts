@@ -31,7 +31,10 @@ export interface RedactionReport {
 }
 
 export interface Redactor {
-  /** Cheap, synchronous pre-filter: false means `text` certainly holds no secret any rule matches. */
+  /**
+   * Cheap, synchronous pre-filter: false means `text` certainly holds no secret any rule
+   * matches, as it is or with its JSON escapes decoded (`g\u0068p_…`).
+   */
   candidate(text: string): boolean;
   /**
    * Optional, cheaper still: true means no rule can match in the text `bytes` decode to as UTF-8

@@ -50,7 +50,8 @@
  *   test, in SQL (each table's TEXT and BLOBs, cast to text, joined with newlines by `group_concat`, in pieces of at
  *   most 8 MB; a join can only add matches), whose verdict stands (`live_scan.cells_via` says
  *   which one decided). The test is the memsnap pre-filter (src/redact/prefilter.ts,
- *   built in the worker from the same finder source; the native scan of src/redact/native.ts,
+ *   built in the worker from the same finder source, on the text and on the text its JSON
+ *   escapes decode to, src/redact/escapes-js.ts; the native scan of src/redact/native.ts,
  *   when built, runs first on the raw bytes and only its "maybe" is decoded), which is exactly `candidate()` of the
  *   production redactor: the scan relies on `Redactor.candidate` being that pre-filter (a
  *   Redactor whose candidate() flags more would need `"live_read": false`). Not scanned, as on
