@@ -551,8 +551,9 @@ const ZERO = Buffer.alloc(65536);
 // cost (~0.15 CPU-s per bench snapshot to run and ~0.2 CPU-s of JIT compiling, per isolate).
 // It decides only "no": a stale region it does not clear comes back here for the finders (then
 // the walk resumes at the next region), and so does cell text, at the end of its page.
-// workerData.walk === "js" keeps the JS walk (tests compare the two).
-const WALK = NATIVE !== null && typeof NATIVE.sqliteWalk === "function" && workerData.walk !== "js" ? NATIVE.sqliteWalk : null;
+// workerData.walk === "js" keeps the JS walk (tests compare the two). An addon built before
+// its version 2 (BLOB values, JSON escapes) would clear what this walk does not: not used.
+const WALK = NATIVE !== null && typeof NATIVE.sqliteWalk === "function" && NATIVE.sqliteWalkVersion >= 2 && workerData.walk !== "js" ? NATIVE.sqliteWalk : null;
 // Indices into the state array the walk shares with JS (S_* in sqlite_walk.c).
 const W_PS = 0, W_USABLE = 1, W_PAGE_COUNT = 2, W_CELLS = 3, W_BATCH_N = 4, W_STALE_BYTES = 5, W_FREE_PAGES = 6,
   W_TEXT_BYTES = 7, W_CELLS_SCANNED = 8, W_PEND_BYTES = 9, W_AT_PO = 10, W_AT_REGION = 11, W_REGION_A = 12,
