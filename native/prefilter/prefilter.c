@@ -304,9 +304,9 @@ static napi_value Scan(napi_env env, napi_callback_info info) {
 /* ------------------------------------------------------------------ scanFile */
 
 /*
- * scanFile(fd, size, digest, callback): on a libuv pool thread, read the file's first `size`
+ * scanFile(fd, size, digest, callback[, json]): on a libuv pool thread, read the file's first `size`
  * bytes in order, SHA-256 them into `digest` (32 bytes), and scan them for a trigger as the
- * stream redactor would: callback(errno, at, bytesRead), `at` -1 when nothing in the file could
+ * stream redactor would (with `json`, a JSON escape that can hide one is a trigger too): callback(errno, at, bytesRead), `at` -1 when nothing in the file could
  * match, else an offset at or before which the JS path must look (the digest is then not
  * written). bytesRead short of `size`: the file ended early (nothing is decided).
  *
@@ -326,12 +326,39 @@ typedef struct {
   napi_async_work work;
   napi_ref refs[2]; /* digest, callback */
   int fd;
+  int json; /* also stop at a JSON escape that can hide a secret (hiding_escape) */
   int64_t size;
   uint8_t *digest;
   int64_t got;
   int64_t at;
   int err;
 } scan_file_t;
+
+/* The ASCII characters a \uXXXX escape may hide (see hiding_escape): letters, digits, _ - . : = / @ \ " ' and JS whitespace. */
+static uint8_t HIDES[128];
+
+static int hex(int c) { return c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1; }
+
+/*
+ * The first backslash in [from, to) that starts a JSON escape which can hide a secret from the
+ * scan (src/redact/escapes-js.ts, hidingEscapeAt): `\/`, or `\uXXXX` for a letter, a digit, one of
+ * `_ - . : = / @ \ " '` or a character JS counts as whitespace; -1 if none. An escape must end by `end`.
+ */
+long memsnap_hiding_escape(const uint8_t *b, long from, long to, long end) {
+  for (long p = from; p < to; p++) {
+    const uint8_t *q = memchr(b + p, '\\', (size_t)(to - p));
+    if (!q) return -1;
+    p = q - b;
+    if (p + 1 < end && b[p + 1] == '/') return p;
+    if (p + 6 > end || b[p + 1] != 'u') continue;
+    int h0 = hex(b[p + 2]), h1 = hex(b[p + 3]), h2 = hex(b[p + 4]), h3 = hex(b[p + 5]);
+    if (h0 < 0 || h1 < 0 || h2 < 0 || h3 < 0) continue;
+    unsigned u = (unsigned)(h0 << 12 | h1 << 8 | h2 << 4 | h3);
+    if (u < 0x80 ? HIDES[u] : u == 0xa0 || u == 0x1680 || (u >= 0x2000 && u <= 0x200a) ||
+        u == 0x2028 || u == 0x2029 || u == 0x202f || u == 0x205f || u == 0x3000 || u == 0xfeff) return p;
+  }
+  return -1;
+}
 
 static void scan_file_execute(napi_env env, void *data) {
   (void)env;
@@ -365,6 +392,7 @@ static void scan_file_execute(napi_env env, void *data) {
     if (base + len < end) goto out; /* shorter than size: the caller says so */
     int64_t lo = a > SF_MARGIN ? a - SF_MARGIN : 0;
     long hit = scan(buf, (long)(lo - base), (long)(a - base), (long)(end - base));
+    if (hit < 0 && w->json) hit = memsnap_hiding_escape(buf, (long)(a - base), (long)(b - base), (long)(end - base));
     if (hit >= 0) {
       w->at = base + hit;
       goto out;
@@ -411,8 +439,8 @@ static void scan_file_complete(napi_env env, napi_status status, void *data) {
 }
 
 static napi_value ScanFile(napi_env env, napi_callback_info info) {
-  size_t argc = 4;
-  napi_value argv[4];
+  size_t argc = 5;
+  napi_value argv[5];
   if (napi_get_cb_info(env, info, &argc, argv, NULL, NULL) != napi_ok || argc < 4) {
     napi_throw_type_error(env, NULL, "scanFile(fd, size, digest, callback): four arguments expected");
     return NULL;
@@ -447,6 +475,9 @@ static napi_value ScanFile(napi_env env, napi_callback_info info) {
     return NULL;
   }
   w->fd = fd;
+  bool json = false;
+  if (argc >= 5) napi_get_value_bool(env, argv[4], &json);
+  w->json = json;
   w->size = (int64_t)size;
   w->digest = (uint8_t *)dp;
   napi_create_reference(env, argv[2], 1, &w->refs[0]);
@@ -465,6 +496,9 @@ static napi_value ScanFile(napi_env env, napi_callback_info info) {
 
 static napi_value Init(napi_env env, napi_value exports) {
   for (unsigned i = 0; i < N_TRIGGERS; i++) IS_TRIGGER[TRIGGERS[i]] = 1;
+  for (int c = 0; c < 128; c++)
+    HIDES[c] = (c >= '0' && c <= '9') || (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= 0x09 && c <= 0x0d) ||
+               (c != 0 && strchr("_-.:=/@\\\"' ", c) != NULL);
 #if defined(__SSE2__)
   init_vectors();
 #endif
@@ -477,6 +511,9 @@ static napi_value Init(napi_env env, napi_value exports) {
   napi_set_named_property(env, exports, "scan", fn);
   napi_create_function(env, "scanFile", NAPI_AUTO_LENGTH, ScanFile, NULL, &fn);
   napi_set_named_property(env, exports, "scanFile", fn);
+  napi_value yes;
+  napi_get_boolean(env, true, &yes);
+  napi_set_named_property(env, exports, "scanFileJson", yes); /* scanFile takes `json` (a fifth argument) */
   napi_value simd;
 #if defined(__SSE2__)
   napi_get_boolean(env, true, &simd);

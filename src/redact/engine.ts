@@ -3,7 +3,7 @@
  * batch of regions), then the allow-list, then overlap resolution. Pure: no report, no I/O.
  */
 import type { AllowMatcher } from "./allow.js";
-import { escapeView, jsonUnits, snapToEscapes, type JsonState, type Unit } from "./json.js";
+import { decodeJsonEscapes, escapeView, jsonUnits, snapToEscapes, type JsonState, type Unit } from "./json.js";
 import { secretlintCandidate } from "./prefilter.js";
 import { applyFindings, resolveOverlaps, type Candidate, type Finding, type MemsnapRule } from "./rules.js";
 import type { SecretlintScanner } from "./secretlint.js";
@@ -24,6 +24,9 @@ export interface Redacted {
   /** Every finding of every pass (for the counts). */
   findings: Finding[];
 }
+
+/** A unit with an escape that decoding changes beyond {@link escapeView}: the rules read it decoded too. */
+const DECODE = /\\[u\/]/;
 
 /** Already-redacted spans; a match that touches one is dropped, so a second pass finds nothing new. */
 const MARKER = /\[REDACTED:[^\]\s]{1,200}\]/g;
@@ -67,36 +70,47 @@ export class Engine {
       if (reg.json) for (const u of jsonUnits(reg.text, reg.state ?? 0)) units.push({ u, r });
       else units.push({ u: { text: reg.text, base: 0, a: 0, b: reg.text.length, json: false }, r });
     });
-    // the rules see escapes as whitespace (same offsets); replacements and allow-lists use the text
-    const views = units.map(({ u }) => escapeView(u.text));
+    // What the rules read: each unit's text with its escapes as whitespace (same offsets), and
+    // for a unit with `\u` or `\/` escapes also its decoded text (./json.ts: `g\u0068p_…` is
+    // a GitHub token), whose matches are mapped back onto the escaped text and widened to whole
+    // escapes. Replacements use the escaped text; allow-lists see the text the rules matched.
+    const scans: Array<{ unit: number; view: string; text: string; at: Int32Array | null }> = [];
+    units.forEach(({ u }, i) => {
+      scans.push({ unit: i, view: escapeView(u.text), text: u.text, at: null });
+      if (DECODE.test(u.text)) {
+        const d = decodeJsonEscapes(u.text);
+        if (d) scans.push({ unit: i, view: d.text, text: d.text, at: d.at });
+      }
+    });
     let sl: Candidate[][] = [];
-    const slUnits: number[] = [];
+    const slScans: number[] = [];
     if (this.secretlint) {
-      units.forEach(({ u }, i) => {
-        if (secretlintCandidate(u.text)) slUnits.push(i);
+      scans.forEach((sc, i) => {
+        if (secretlintCandidate(sc.text)) slScans.push(i);
       });
-      sl = await this.secretlint.scan(slUnits.map((i) => views[i]!));
+      sl = await this.secretlint.scan(slScans.map((i) => scans[i]!.view));
     }
     const perRegion: Candidate[][] = regions.map(() => []);
     let k = 0;
-    units.forEach(({ u, r }, i) => {
-      const view = views[i]!;
+    scans.forEach(({ unit, view, text, at }, i) => {
+      const { u, r } = units[unit]!;
       const cands: Candidate[] = [];
       for (const rule of this.rules) rule.find(view, cands);
-      if (slUnits[k] === i) cands.push(...sl[k++]!);
+      if (slScans[k] === i) cands.push(...sl[k++]!);
       if (cands.length === 0) return;
       const markers: Array<[number, number]> = [];
       MARKER.lastIndex = 0;
       for (let m = MARKER.exec(view); m; m = MARKER.exec(view)) markers.push([m.index, m.index + m[0].length]);
       const out = perRegion[r]!;
+      const raw = (p: number): number => (at ? at[p]! : p);
       for (const c of cands) {
         if (markers.some(([s, e]) => c.start < e && s < c.end)) continue;
-        if (this.allow(u.text.slice(c.start, c.end), u.text.slice(c.ctxStart, c.ctxEnd))) continue;
-        let s = Math.max(c.start, u.a);
-        let e = Math.min(c.end, u.b);
+        if (this.allow(text.slice(c.start, c.end), text.slice(c.ctxStart, c.ctxEnd))) continue;
+        let s = Math.max(raw(c.start), u.a);
+        let e = Math.min(raw(c.end), u.b);
         if (e <= s) continue;
-        if (u.json) [s, e] = snapToEscapes(u.text, u.a, u.b, s, e);
-        out.push({ ...c, start: s + u.base, end: e + u.base, ctxStart: c.ctxStart + u.base, ctxEnd: c.ctxEnd + u.base });
+        if (u.json || at) [s, e] = snapToEscapes(u.text, u.a, u.b, s, e);
+        out.push({ ...c, start: s + u.base, end: e + u.base, ctxStart: raw(c.ctxStart) + u.base, ctxEnd: raw(c.ctxEnd) + u.base });
       }
     });
     return perRegion.map(resolveOverlaps);

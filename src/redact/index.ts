@@ -27,6 +27,7 @@ import { sourceChanged, sourceError } from "../sources/walk.js";
 import { configInvalid, isPlainObject, optBool, optStringArray, rejectUnknownKeys } from "../util/config-check.js";
 import { compileAllow, type AllowMatcher } from "./allow.js";
 import { Engine } from "./engine.js";
+import { escapedCandidate, hidingEscapeAt } from "./json.js";
 import { candidate } from "./prefilter.js";
 import { ReportBuilder } from "./report.js";
 import { ALL_RULE_IDS, MEMSNAP_RULES, SECRETLINT_RULE_IDS } from "./rules.js";
@@ -89,7 +90,7 @@ const JSON_MAX = 16 << 20;
 function looksLikeJson(text: string): boolean {
   const t = text.trim();
   if (t.length < 2 || t.length > JSON_MAX || !((t[0] === "{" && t.endsWith("}")) || (t[0] === "[" && t.endsWith("]")))) return false;
-  if (!candidate(t)) return false;
+  if (!candidate(t) && !escapedCandidate(t)) return false;
   try {
     JSON.parse(t);
     return true;
@@ -136,14 +137,15 @@ class MemsnapRedactor implements Redactor {
     this.report_ = new ReportBuilder(policy);
   }
 
+  /** The pre-filter, on the text and on the text its JSON escapes decode to (`g\u0068p_…`: ./json.ts). */
   candidate(text: string): boolean {
-    return candidate(text);
+    return candidate(text) || escapedCandidate(text);
   }
 
-  /** The native pre-filter's negative test on the bytes themselves (./native.ts); false without it. */
+  /** The native pre-filter's negative test on the bytes themselves (./native.ts), and no JSON escape that can hide a secret; false without it. */
   clean(bytes: Uint8Array): boolean {
     const native = nativePrefilter();
-    return native !== null && native.scan(bytes, 0, bytes.length) === -1;
+    return native !== null && native.scan(bytes, 0, bytes.length) === -1 && hidingEscapeAt(bytes) < 0;
   }
 
   /** A text that is one JSON document (a JSON column, a tool result) is redacted string by string, so it stays valid. */
@@ -152,9 +154,14 @@ class MemsnapRedactor implements Redactor {
     return processText(this.engine, text, looksLikeJson(text), false, (rule, red) => this.report_.add(artifact, rule, red));
   }
 
-  async scanText(text: string, artifact: string): Promise<void> {
+  async scanText(text: string, artifact: string): Promise<number> {
     this.report_.scanned(Buffer.byteLength(text));
-    await processText(this.engine, text, looksLikeJson(text), true, (rule) => this.report_.add(artifact, rule, false));
+    let n = 0;
+    await processText(this.engine, text, looksLikeJson(text), true, (rule) => {
+      n++;
+      this.report_.add(artifact, rule, false);
+    });
+    return n;
   }
 
   /** Redact a whole text the way {@link redactArtifact} redacts a stream (JSON-aware with `json`). */
@@ -319,6 +326,7 @@ class MemsnapRedactor implements Redactor {
   private async scanFileNatively(a: Artifact, file: string, payloadPath: string): Promise<string | null> {
     const native = nativePrefilter();
     if (native?.scanFile === undefined) return null;
+    if (native.scanFileJson !== true) return null; // an older addon: it would not stop at a JSON escape
     let fh: FileHandle;
     try {
       fh = await open(file, "r");
@@ -329,7 +337,7 @@ class MemsnapRedactor implements Redactor {
     try {
       const digest = Buffer.alloc(32);
       const [errno, at, got] = await new Promise<[number, number, number]>((res) => {
-        native.scanFile!(fh.fd, a.size, digest, (e, hit, n) => res([e, hit, n]));
+        native.scanFile!(fh.fd, a.size, digest, (e, hit, n) => res([e, hit, n]), true);
       });
       if (errno !== 0) {
         const code = getSystemErrorName(-errno);

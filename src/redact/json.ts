@@ -12,7 +12,15 @@
  *
  * Matches inside a string are widened to whole escape sequences (`\"`, `\n`, `\u0041`), and the
  * replacement `[REDACTED:rule]` needs no escaping, so the string stays a valid JSON string.
+ *
+ * Escaped text: a JSON writer may escape any character (`"g\u0068p_…"` is `"ghp_…"`, and
+ * `https:\/\/…` a URL), which hides a secret from rules that read the bytes. A unit whose
+ * escapes decode to a candidate is a unit too ({@link escapedCandidate}), a line that holds one
+ * is a region ({@link escapedLines}), and the rules run on each unit that holds an escape a
+ * second time, decoded ({@link decodeJsonEscapes}), with their matches mapped back onto the
+ * escaped text; the escaped form is what is replaced.
  */
+import { ESCAPES_JS } from "./escapes-js.js";
 import { candidate } from "./prefilter.js";
 
 /** Tokenizer state at a line start that continues a line cut mid-way: 0 outside a string, 1 inside, 2 inside right after a backslash. */
@@ -86,7 +94,7 @@ export function jsonUnits(line: string, state: JsonState): Unit[] {
     gapFrom = s.closed ? s.c1 + 1 : s.c1;
     if (!isValue.has(i)) {
       const text = line.slice(s.c0, s.c1);
-      if (candidate(text)) units.push({ text, base: s.c0, a: 0, b: text.length, json: true });
+      if (candidate(text) || escapedCandidate(text)) units.push({ text, base: s.c0, a: 0, b: text.length, json: true });
     }
     if (!s.closed || s.q0 < 0) continue;
     const colon = skipWs(line, s.c1 + 1);
@@ -96,7 +104,7 @@ export function jsonUnits(line: string, state: JsonState): Unit[] {
     isValue.add(i + 1);
     const end = v.closed ? v.c1 + 1 : v.c1;
     const text = line.slice(s.q0, end);
-    if (candidate(text)) units.push({ text, base: s.q0, a: v.c0 - s.q0, b: v.c1 - s.q0, json: true });
+    if (candidate(text) || escapedCandidate(text)) units.push({ text, base: s.q0, a: v.c0 - s.q0, b: v.c1 - s.q0, json: true });
   }
   gap(line.length);
   return units;
@@ -144,4 +152,77 @@ const ESCAPE = /\\([nrtbf])|\\[\s\S]/g;
 export function escapeView(text: string): string {
   if (!text.includes("\\")) return text;
   return text.replace(ESCAPE, (m, c: string | undefined) => (c === undefined ? m : c === "n" || c === "r" ? "\r\n" : "  "));
+}
+
+// ------------------------------------------------------------------------------ escaped text
+
+/**
+ * A JSON escape that can hide what a rule looks for (./escapes-js.ts, where the bytes version
+ * is): `\/`, and a `\uXXXX` that stands for a letter, a digit, one of `_ - . : = / @ \ " '`
+ * (`g\u0068p_…` is `ghp_…`) or a character JS counts as whitespace (a separator between a key
+ * and its `=`). Other escapes (`\"`, `\n`, `\u00e9`, `\u001b`, Go's `\u003c`) stand for
+ * characters no pre-filter match is made of, so a text without one of these is a candidate
+ * decoded only if it is one as it is (the rules, once a text is a candidate, still see every
+ * escape decoded: {@link decodeJsonEscapes}).
+ */
+export const HIDING_ESCAPE = /\\(?:\/|u(?:00(?:2[027dDeEfF]|3[0-9aAdD]|4[0-9A-Fa-f]|5[0-9aAcCfF]|6[1-9A-Fa-f]|7[0-9aA])|000[9A-Da-d]|00[Aa]0|1680|200[0-9Aa]|202[89Ff]|205[Ff]|3000|[Ff][Ee][Ff][Ff]))/;
+const HIDING_ESCAPE_G = new RegExp(HIDING_ESCAPE.source, "g");
+
+/** Does `text` hold a {@link HIDING_ESCAPE}? */
+export function hasHidingEscape(text: string): boolean {
+  return text.includes("\\") && HIDING_ESCAPE.test(text);
+}
+
+export interface Decoded {
+  /** The text with every JSON escape replaced by the character it stands for. */
+  text: string;
+  /** at[i]: the offset in the escaped text of decoded character i; at[text.length]: the escaped text's length. */
+  at: Int32Array;
+}
+
+// eslint-disable-next-line @typescript-eslint/no-implied-eval -- the source is a constant of this package
+const ESCAPES = new Function(ESCAPES_JS)() as {
+  hidingEscapeAt(b: Uint8Array, from?: number, end?: number): number;
+  decode(text: string): Decoded | null;
+  decodeText(text: string): string;
+};
+
+/**
+ * The first offset in `b` at or after `from` (and before `end`) where a {@link HIDING_ESCAPE}
+ * starts, or -1: the same test on bytes (UTF-8, or any ASCII-compatible encoding).
+ */
+export function hidingEscapeAt(b: Uint8Array, from = 0, end = b.length): number {
+  return ESCAPES.hidingEscapeAt(b, from, end);
+}
+
+/**
+ * Decode the JSON escapes of `text` (a string's content, or a line of JSON: outside strings a
+ * valid document has no backslash), mapping each decoded character back to where it came
+ * from. An escape that is not valid JSON stays as it is. Null when there is nothing to decode.
+ */
+export function decodeJsonEscapes(text: string): Decoded | null {
+  return ESCAPES.decode(text);
+}
+
+/** Is `text` a pre-filter candidate once its JSON escapes are decoded (and not already as it is)? */
+export function escapedCandidate(text: string): boolean {
+  return hasHidingEscape(text) && candidate(ESCAPES.decodeText(text));
+}
+
+/**
+ * Lines of `text` before `end` that are a candidate only once their JSON escapes are decoded,
+ * as regions (whole lines, [line start, newline)), for the JSON region plan.
+ */
+export function escapedLines(text: string, end: number): Array<{ start: number; end: number }> {
+  const out: Array<{ start: number; end: number }> = [];
+  if (!text.includes("\\")) return out;
+  HIDING_ESCAPE_G.lastIndex = 0;
+  for (let m = HIDING_ESCAPE_G.exec(text); m && m.index < end; m = HIDING_ESCAPE_G.exec(text)) {
+    const ls = text.lastIndexOf("\n", m.index) + 1;
+    let le = text.indexOf("\n", m.index);
+    if (le < 0 || le > end) le = end;
+    if (candidate(ESCAPES.decodeText(text.slice(ls, le)))) out.push({ start: ls, end: le });
+    HIDING_ESCAPE_G.lastIndex = le + 1;
+  }
+  return out;
 }

@@ -9,13 +9,18 @@
  * speed; offsets are byte offsets); only regions are decoded as UTF-8, and bytes outside the
  * regions are passed on as they are, so text without a candidate costs about one scan.
  *
+ * JSON escapes: a line whose `\uXXXX` / `\/` escapes decode to a candidate is a region too
+ * (./json.ts, escapedLines), in any text (a .jsonl, a .log of JSON lines, a note with pasted
+ * JSON), and the rules read such regions decoded as well (./engine.ts); so a piece the native
+ * pre-filter clears still goes through the view when it holds such an escape.
+ *
  * Bytes that are not text are never rewritten: an artifact with a NUL byte in its first
  * 8000 bytes (what git calls binary), and any region holding a NUL byte or invalid UTF-8,
  * pass through unchanged, and what the rules find in them is counted as unredacted.
  */
 import { isUtf8 } from "node:buffer";
 import type { Engine, Redacted, RegionText } from "./engine.js";
-import { jsonEndState, type JsonState } from "./json.js";
+import { escapedLines, hidingEscapeAt, jsonEndState, type JsonState } from "./json.js";
 import { nativePrefilter } from "./native.js";
 import { planRegions, type RegionPlan } from "./regions.js";
 import type { Finding } from "./rules.js";
@@ -41,7 +46,7 @@ export type CountFn = (rule: string, redacted: boolean) => void;
 
 /** Redact (or, with `scanOnly`, only scan) a whole string. */
 export async function processText(engine: Engine, text: string, json: boolean, scanOnly: boolean, count: CountFn): Promise<string> {
-  const plan = planRegions(text, true, !json);
+  const plan = withEscapedLines(planRegions(text, true, !json), text);
   if (plan.regions.length === 0) return text;
   const regions: RegionText[] = plan.regions.map((r) => ({ text: text.slice(r.start, r.end), json }));
   if (scanOnly) {
@@ -59,6 +64,24 @@ export async function processText(engine: Engine, text: string, json: boolean, s
     at = r.end;
   });
   return at === 0 && out === "" ? text : out + text.slice(at);
+}
+
+/**
+ * The plan plus the lines before its cut that are candidates only with their JSON escapes
+ * decoded (./json.ts, escapedLines: JSON written by any encoder, in a .json file or a .log),
+ * merged in (regions stay sorted and disjoint).
+ */
+function withEscapedLines(plan: RegionPlan, text: string): RegionPlan {
+  const extra = escapedLines(text, plan.cut);
+  if (extra.length === 0) return plan;
+  const all = [...plan.regions, ...extra].sort((a, b) => a.start - b.start || a.end - b.end);
+  const regions: RegionPlan["regions"] = [];
+  for (const r of all) {
+    const last = regions[regions.length - 1];
+    if (last && r.start <= last.end) last.end = Math.max(last.end, r.end);
+    else regions.push({ ...r });
+  }
+  return { regions, cut: plan.cut };
 }
 
 export interface StreamOptions {
@@ -165,9 +188,9 @@ export class StreamRedactor {
       this.first = false;
       this.binary = buf.subarray(0, BINARY_SNIFF).includes(0);
     }
-    if (nativePrefilter()?.scan(buf, 0, buf.length) === -1) {
-      // No scanner can match anywhere in the piece (./native.ts): what planRegions would say
-      // of it (no regions), without a view or the JS finders.
+    if (nativePrefilter()?.scan(buf, 0, buf.length) === -1 && hidingEscapeAt(buf) < 0) {
+      // No scanner can match anywhere in the piece (./native.ts), nor behind a JSON escape:
+      // what planRegions would say of it (no regions), without a view or the JS finders.
       await this.passThrough(buf, final);
       return;
     }
@@ -180,6 +203,7 @@ export class StreamRedactor {
       plan = planRegions(view, true, windows);
       forced = true;
     }
+    plan = withEscapedLines(plan, view);
     const state0 = this.state;
     await this.processPiece(buf, plan, state0);
     this.opts.scanned(plan.cut);

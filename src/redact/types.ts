@@ -1,10 +1,12 @@
 /**
  * The redaction contract between the snapshot pipeline, the sources, and the redactor.
  *
- * Text artifacts memsnap owns (memory files, JSON/JSONL, SQLite TEXT cells in the copy) are
- * rewritten in the bundle: each match becomes `[REDACTED:<rule>]`. Content that cannot be
- * rewritten without breaking it (git history, content-addressed layers) is scanned and its
- * findings recorded as unredacted. The live files are never touched. The report never holds
+ * Text artifacts memsnap owns (memory files, JSON/JSONL, SQLite TEXT cells and BLOB cells
+ * that are text, in the copy) are rewritten in the bundle: each match becomes
+ * `[REDACTED:<rule>]`, also where a JSON writer escaped it (`"g\u0068p_…"`: the escaped form
+ * is replaced). Content that cannot be rewritten without breaking it (git history,
+ * content-addressed layers, binary SQLite BLOBs) is scanned and its findings recorded as
+ * unredacted. The live files are never touched. The report never holds
  * a secret or a hash of one.
  */
 import type { Artifact } from "../sources/types.js";
@@ -29,7 +31,10 @@ export interface RedactionReport {
 }
 
 export interface Redactor {
-  /** Cheap, synchronous pre-filter: false means `text` certainly holds no secret any rule matches. */
+  /**
+   * Cheap, synchronous pre-filter: false means `text` certainly holds no secret any rule
+   * matches, as it is or with its JSON escapes decoded (`g\u0068p_…`).
+   */
   candidate(text: string): boolean;
   /**
    * Optional, cheaper still: true means no rule can match in the text `bytes` decode to as UTF-8
@@ -39,8 +44,11 @@ export interface Redactor {
   clean?(bytes: Uint8Array): boolean;
   /** Rewrite every match in `text` (idempotent) and record the hits against `artifact` (a payload path). */
   redactText(text: string, artifact: string): Promise<string>;
-  /** Find matches without rewriting and record them against `artifact` as unredacted. */
-  scanText(text: string, artifact: string): Promise<void>;
+  /**
+   * Find matches without rewriting and record them against `artifact` as unredacted; resolves
+   * to the number found (memsnap's redactor; other implementations may resolve to nothing).
+   */
+  scanText(text: string, artifact: string): Promise<number | void>;
   /**
    * Redact a text artifact as it streams, spooling the result to a temp file; returns an
    * artifact over the rewritten bytes (its size is the rewritten size). JSON and JSONL

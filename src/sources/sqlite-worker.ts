@@ -19,7 +19,7 @@
  * - `live_begin` opens a read-only connection (kept under a handle number), starts a read
  *   transaction (`BEGIN` + a read) and decides whether the database file itself can be
  *   captured: journal mode, an empty `-wal`, and with `redact` no redaction candidate in any
- *   TEXT cell and none in the file's stale bytes (free pages, unallocated and freed space in
+ *   TEXT or BLOB cell and none in the file's stale bytes (free pages, unallocated and freed space in
  *   b-tree pages, the tails of overflow pages). With `hold` and a yes, the transaction stays
  *   open; otherwise it ends (and with `hold` the connection closes). Without `hold` (a
  *   look-ahead while another database streams) the connection stays open without a
@@ -37,7 +37,9 @@
 import { createRequire } from "node:module";
 import { Worker } from "node:worker_threads";
 import { MemsnapError } from "../errors.js";
+import { ESCAPES_JS } from "../redact/escapes-js.js";
 import { FINDERS_JS } from "../redact/finders-js.js";
+import { HIDING_ESCAPE } from "../redact/json.js";
 import { NATIVE_PREFILTER_PATH, nativePrefilter } from "../redact/native.js";
 import { MAIN_ALTERNATIVES } from "../redact/prefilter.js";
 
@@ -70,10 +72,10 @@ export interface CheckResult {
 
 /** What the live read's redaction scan found (counts, never content). */
 export interface LiveScanStats {
-  /** Tables whose TEXT cells were scanned (every real table but sqlite_schema: ordinary, shadow and sqlite_stat*). */
+  /** Tables whose TEXT and BLOB cells were scanned (every real table but sqlite_schema: ordinary, shadow and sqlite_stat*). */
   tables: number;
   cells_scanned: number;
-  /** Bytes of TEXT (UTF-8) scanned. */
+  /** Bytes of TEXT (UTF-8) and BLOB cells scanned. */
   text_bytes: number;
   /** Cells (or, when the scan stops, chunks of cells) the pre-filter flagged; the scan stops at the first. */
   candidates: number;
@@ -185,17 +187,28 @@ function ordinaryTables(db) {
 // The redaction pre-filter (src/redact/prefilter.ts): candidate(t) is "any scanner matches",
 // tested with the very finders the redactor runs (built from the same source).
 const FINDERS = workerData.finders ? new Function("ALT", workerData.finders.js)(workerData.finders.alt) : [];
-function candidate(t) {
+function rawCandidate(t) {
   for (const f of FINDERS) if (f.cursor(t)(0) >= 0) return true;
   return false;
 }
+// The production redactor's candidate() (src/redact/index.ts) is also true for a text whose
+// JSON escapes decode to a candidate ("ghp_…": src/redact/json.ts, escapedCandidate),
+// with the same code (src/redact/escapes-js.ts) and regex.
+const ESC = workerData.escapes ? new Function(workerData.escapes.js)() : null;
+const HIDING = workerData.escapes ? new RegExp(workerData.escapes.hiding) : null;
+function candidate(t) {
+  if (rawCandidate(t)) return true;
+  if (ESC === null || t.indexOf("\\") < 0 || !HIDING.test(t)) return false;
+  return rawCandidate(ESC.decodeText(t));
+}
 // The native pre-filter (src/redact/native.ts), when built: scan(bytes, a, e) is -1 only when
-// candidate() is false on those bytes as UTF-8 text and as a latin1 view, so it answers the
-// common "no" without decoding; any other answer goes to candidate().
+// the finders find nothing in those bytes as UTF-8 text and as a latin1 view; with no JSON
+// escape that can hide a secret either, candidate() is false, so the common "no" is answered
+// without decoding; any other answer goes to candidate().
 const NATIVE = workerData.prefilterPath ? require(workerData.prefilterPath) : null;
 /** candidate() of b[a, e) decoded by \`decode\` ("utf8Slice" or "latin1Slice"). */
 function candidateIn(b, a, e, decode) {
-  if (NATIVE !== null && NATIVE.scan(b, a, e) === -1) return false;
+  if (NATIVE !== null && NATIVE.scan(b, a, e) === -1 && (ESC === null || ESC.hidingEscapeAt(b, a, e) < 0)) return false;
   const s = b[decode](a, e);
   collectScanned(s.length);
   return candidate(s);
@@ -268,7 +281,7 @@ function payloadBound(db, name) {
   }
 }
 
-// Scan every TEXT cell with the pre-filter. A table's TEXT is joined in SQL (group_concat with
+// Scan every TEXT and BLOB cell with the pre-filter. A table's TEXT (and BLOBs, as text) is joined in SQL (group_concat with
 // a newline between cells) and tested as one string, in one piece when the table's payload
 // is small and otherwise in rowid ranges of at most CHUNK_MAX bytes (dbstat's largest row
 // bounds a range's size). Every scanner is a regex without anchors or negative look-arounds,
@@ -308,9 +321,11 @@ async function scanCells(h, st) {
   };
   for (const t of scanTargets(db)) {
     st.tables++;
-    const text = t.cols.map((c) => "CASE WHEN typeof(" + qi(c) + ")='text' THEN " + qi(c) + " END");
+    // TEXT as it is, a BLOB as the text its bytes read as (NULs kept, invalid UTF-8 as U+FFFD:
+    // every ASCII byte shows as itself, which is all an anchor needs).
+    const text = t.cols.map((c) => "CASE typeof(" + qi(c) + ") WHEN 'text' THEN " + qi(c) + " WHEN 'blob' THEN CAST(" + qi(c) + " AS TEXT) END");
     const rowText = text.length === 1 ? text[0] : "concat_ws(char(10), " + text.join(", ") + ")";
-    const nText = t.cols.map((c) => "(typeof(" + qi(c) + ")='text')").join(" + ");
+    const nText = t.cols.map((c) => "(typeof(" + qi(c) + ") IN ('text', 'blob'))").join(" + ");
     const lower = new Set(t.cols.map((c) => c.toLowerCase()));
     const rid = t.wr ? null : ["rowid", "_rowid_", "oid"].find((a) => !lower.has(a));
     const T = qi(t.name);
@@ -362,12 +377,13 @@ async function scanCells(h, st) {
 }
 
 
-// ---- the TEXT of every cell, read from the pages (the fast path of the cell scan)
+// ---- the TEXT and BLOB values of every cell, read from the pages (the fast path of the cell scan)
 //
 // While the stale-byte scan walks the file, every b-tree page that holds records (table
 // leaves, index leaves and interior index pages: WITHOUT ROWID tables and indexes live in
 // index b-trees) is parsed: each cell's record header gives the byte ranges of its TEXT values
-// (serial type odd and >= 13), local or continued on overflow pages (the chain is followed
+// (serial type odd and >= 13) and BLOB values (even and >= 12: a secret in a BLOB reaches the
+// bundle as surely as one in TEXT; the copy path then redacts or reports it), local or continued on overflow pages (the chain is followed
 // with preads). The values are joined with a newline in batches of under 64 KiB (young strings
 // for V8; 1 MiB batches cost 0.4 CPU-s more per bench snapshot in GC), decoded as UTF-8 (as SQL
 // returns them) and tested with the pre-filter: the same test scanCells makes on
@@ -470,7 +486,8 @@ function record(cs, b, c, local, P, ovfl) {
     if (t < 0 || t === 10 || t === 11) { cs.state = "unparsed"; return; }
     const len = t < 12 ? SERIAL_FIXED[t] : Math.floor((t - 12) / 2);
     if (off + len > P) { cs.state = "unparsed"; return; }
-    if (t >= 13 && (t & 1) === 1) {
+    if (t >= 12) {
+      // TEXT (odd) and BLOB (even): a BLOB's bytes are tested as the text they read as
       cs.st.cells_scanned++;
       if (len > 0) {
         if (off + len <= local && cs.n + len + 1 <= TEXT_BATCH) {
@@ -534,8 +551,9 @@ const ZERO = Buffer.alloc(65536);
 // cost (~0.15 CPU-s per bench snapshot to run and ~0.2 CPU-s of JIT compiling, per isolate).
 // It decides only "no": a stale region it does not clear comes back here for the finders (then
 // the walk resumes at the next region), and so does cell text, at the end of its page.
-// workerData.walk === "js" keeps the JS walk (tests compare the two).
-const WALK = NATIVE !== null && typeof NATIVE.sqliteWalk === "function" && workerData.walk !== "js" ? NATIVE.sqliteWalk : null;
+// workerData.walk === "js" keeps the JS walk (tests compare the two). An addon built before
+// its version 2 (BLOB values, JSON escapes) would clear what this walk does not: not used.
+const WALK = NATIVE !== null && typeof NATIVE.sqliteWalk === "function" && NATIVE.sqliteWalkVersion >= 2 && workerData.walk !== "js" ? NATIVE.sqliteWalk : null;
 // Indices into the state array the walk shares with JS (S_* in sqlite_walk.c).
 const W_PS = 0, W_USABLE = 1, W_PAGE_COUNT = 2, W_CELLS = 3, W_BATCH_N = 4, W_STALE_BYTES = 5, W_FREE_PAGES = 6,
   W_TEXT_BYTES = 7, W_CELLS_SCANNED = 8, W_PEND_BYTES = 9, W_AT_PO = 10, W_AT_REGION = 11, W_REGION_A = 12,
@@ -979,6 +997,7 @@ export class SqliteWorker {
     this.#worker = new Worker(WORKER_SOURCE, { eval: true, execArgv: [], resourceLimits: { maxYoungGenerationSizeMb: 16 }, workerData: {
       bsqlPath: betterSqlitePath(),
       finders: { js: FINDERS_JS, alt: { ...MAIN_ALTERNATIVES } },
+      escapes: { js: ESCAPES_JS, hiding: HIDING_ESCAPE.source },
       prefilterPath: nativePrefilter() === null ? null : NATIVE_PREFILTER_PATH,
       walk: opts.walk ?? "native",
     } });

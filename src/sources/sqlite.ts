@@ -32,7 +32,7 @@
  *   grows meanwhile. A `-wal` with frames (committed content not yet in the file) takes the
  *   copy below.
  * - with redaction on (`ctx.redactor`), the worker finds no redaction candidate, in the same
- *   read transaction, (a) in any TEXT cell of any table (ordinary, shadow and `sqlite_stat*`
+ *   read transaction, (a) in any TEXT or BLOB cell of any table (ordinary, shadow and `sqlite_stat*`
  *   tables, all columns), and (b) in the file's stale bytes,
  *   which a copy would drop but a file holds: free pages (the freelist) and pages past the
  *   database's end whole, in b-tree pages the unallocated space and freed blocks, and the
@@ -43,18 +43,19 @@
  *   and drops the stale bytes; so does a UTF-16 database (its stale text does not show in a
  *   latin1 view). (a) and (b) are one walk over the file's pages: every b-tree page that holds
  *   records (table leaves, and index pages, where WITHOUT ROWID tables and index keys live)
- *   is parsed, and the TEXT values of its cells (followed onto their overflow pages) are
+ *   is parsed, and the TEXT and BLOB values of its cells (followed onto their overflow pages) are
  *   joined with newlines in batches of ~1 MiB, decoded as UTF-8 and tested; this is a superset
  *   of the table cells (the schema's SQL and index keys are tested too) at memory speed. The
  *   walk can only say no: a hit, or a page it cannot parse, sends the database to the exact
- *   test, in SQL (each table's TEXT joined with newlines by `group_concat`, in pieces of at
+ *   test, in SQL (each table's TEXT and BLOBs, cast to text, joined with newlines by `group_concat`, in pieces of at
  *   most 8 MB; a join can only add matches), whose verdict stands (`live_scan.cells_via` says
  *   which one decided). The test is the memsnap pre-filter (src/redact/prefilter.ts,
- *   built in the worker from the same finder source; the native scan of src/redact/native.ts,
+ *   built in the worker from the same finder source, on the text and on the text its JSON
+ *   escapes decode to, src/redact/escapes-js.ts; the native scan of src/redact/native.ts,
  *   when built, runs first on the raw bytes and only its "maybe" is decoded), which is exactly `candidate()` of the
  *   production redactor: the scan relies on `Redactor.candidate` being that pre-filter (a
  *   Redactor whose candidate() flags more would need `"live_read": false`). Not scanned, as on
- *   the copy path: BLOB cells, contentless FTS indexes (listed in
+ *   the copy path: contentless FTS indexes (listed in
  *   `redaction.skipped`). Stale bytes are NOT scanned without redaction: like a file copy,
  *   a live read then keeps deleted rows that still sit in free space.
  * The worker then runs `PRAGMA quick_check` and the row counts in the same transaction while
@@ -89,12 +90,17 @@
  * worker, as do VACUUM and the checks. The copy is a rollback-journal database; the
  * `-wal`/`-shm`/`-journal` files are never captured.
  *
- * Redaction on the copy path (when `ctx.redactor` is present) rewrites TEXT cells IN THE COPY,
+ * Redaction on the copy path (when `ctx.redactor` is present) rewrites TEXT cells (and BLOB cells that are text) IN THE COPY,
  * never the live database, on the main thread where the redactor lives, in bounded slices:
  * - ordinary tables (not `sqlite_%`, not shadow tables): rows are streamed with `.iterate()`
  *   in key order (rowid, or the PRIMARY KEY of a WITHOUT ROWID table) and resumed by keyset
  *   (`WHERE key > last`), so each slice holds at most a few thousand rows; every TEXT value
- *   goes through `redactor.candidate()` and only candidates through `redactText()`. Changed
+ *   goes through `redactor.candidate()` and only candidates through `redactText()`. So does
+ *   every BLOB value that is text (valid UTF-8, no control character but tab and line breaks:
+ *   JSON or notes stored as bytes; written back as a BLOB); a binary BLOB (an embedding, a
+ *   serialized object) is never rewritten, only scanned (`scanText()`), and what the rules find
+ *   in it is reported as unredacted, which refuses a plaintext bundle without
+ *   `--allow-unredacted`, as git history does (`redaction.blob_cells` counts them). Changed
  *   cells are written with one UPDATE by key per cell, a batch per transaction.
  *   Triggers are dropped for the rewrite and recreated after (an audit trigger would copy the
  *   old value elsewhere), foreign keys and CHECK constraints are not enforced, and a value
@@ -113,7 +119,7 @@
  * index's divider keys are copies of indexed TEXT values and are not rewritten when the leaf
  * entries change; pages that were split keep stale bytes in their unallocated area); the
  * rebuild writes every page from the redacted rows. The test greps the bundled bytes for this.
- * Not redacted: BLOB cells, the schema SQL, and the skipped tables above.
+ * Not redacted: binary BLOB cells (reported, see above), the schema SQL, and the skipped tables above.
  * Then `PRAGMA quick_check` must be `ok` on the final copy.
  *
  * The layer meta records per database: `method`; the source's `journal_mode`, `page_size`,
@@ -123,6 +129,7 @@
  * redaction `redaction.scrub: "none"` and `redaction.live_scan`); for a copy taken although
  * live reads are on, `live_read_skipped`.
  */
+import { isUtf8 } from "node:buffer";
 import { randomBytes } from "node:crypto";
 import { createWriteStream } from "node:fs";
 import { mkdtemp, open, rm, stat, type FileHandle } from "node:fs/promises";
@@ -194,9 +201,18 @@ export interface SqliteRedactionStats {
   /** How old bytes are scrubbed from the copy; `none` for a `live_read` (no candidate in any cell or in the stale bytes). */
   scrub: "secure_delete+vacuum" | "none";
   tables: number;
+  /** TEXT cells (and, on the copy path, BLOB cells: see `blob_cells`) read. */
   cells_scanned: number;
   candidates: number;
   cells_redacted: number;
+  /**
+   * The copy path's BLOB cells: `scanned`; `redacted`, those that are text (valid UTF-8 without
+   * control characters but tab and line breaks) and were rewritten as TEXT cells are (the cell
+   * stays a BLOB); `unredacted`, binary ones in which a rule matched: they are kept byte for
+   * byte (rewriting could corrupt an embedding or a serialized object) and their findings are
+   * in the report's `unredacted`, so a plaintext snapshot is refused without `--allow-unredacted`.
+   */
+  blob_cells?: { scanned: number; redacted: number; unredacted: number };
   fts_rebuilt: string[];
   fts_optimized: string[];
   stat4_cleared: boolean;
@@ -383,7 +399,7 @@ export async function redactSqliteCopy(
   const db = new Database(path, { fileMustExist: true });
   const stats: SqliteRedactionStats = {
     scrub: "secure_delete+vacuum", tables: 0, cells_scanned: 0, candidates: 0, cells_redacted: 0,
-    fts_rebuilt: [], fts_optimized: [], stat4_cleared: false, skipped: [],
+    blob_cells: { scanned: 0, redacted: 0, unredacted: 0 }, fts_rebuilt: [], fts_optimized: [], stat4_cleared: false, skipped: [],
   };
   const changedTables = new Set<string>();
   const dropped: { triggers: Array<{ name: string; sql: string }> | null } = { triggers: null }; // set once dropped
@@ -502,7 +518,7 @@ async function redactTable(
   const nk = keys.length;
   const keyList = keys.join(", ");
   const ph = keys.map(() => "?").join(", ");
-  const sel = `SELECT ${keyList}, ${cols.map((c) => `CASE WHEN typeof(${qi(c.name)}) = 'text' THEN ${qi(c.name)} END`).join(", ")} FROM ${qi(target.name)}`;
+  const sel = `SELECT ${keyList}, ${cols.map((c) => `CASE WHEN typeof(${qi(c.name)}) IN ('text', 'blob') THEN ${qi(c.name)} END`).join(", ")} FROM ${qi(target.name)}`;
   const first = db.prepare(`${sel} ORDER BY ${keyList}`).raw(true);
   const next = db.prepare(`${sel} WHERE (${keyList}) > (${ph}) ORDER BY ${keyList}`).raw(true);
   const updates = new Map<number, BsStatement>();
@@ -516,9 +532,11 @@ async function redactTable(
   };
   let last: unknown[] | null = null;
   let changed = 0;
+  const blobs = stats.blob_cells!;
   for (;;) {
     signal?.throwIfAborted();
-    const batch: Array<{ key: unknown[]; col: number; text: string }> = [];
+    const batch: Array<{ key: unknown[]; col: number; text: string; blob: boolean }> = [];
+    const binary: string[] = [];
     let batchBytes = 0;
     let rows = 0;
     let bytes = 0;
@@ -529,33 +547,53 @@ async function redactTable(
       last = key;
       for (let i = 0; i < cols.length; i++) {
         const v = row[nk + i];
-        if (typeof v !== "string") continue;
-        stats.cells_scanned++;
-        bytes += v.length;
-        if (redactor.candidate(v)) {
-          batch.push({ key, col: i, text: v });
-          batchBytes += v.length;
+        if (typeof v === "string") {
+          stats.cells_scanned++;
+          bytes += v.length;
+          if (redactor.candidate(v)) {
+            batch.push({ key, col: i, text: v, blob: false });
+            batchBytes += v.length;
+          }
+          continue;
         }
+        if (!Buffer.isBuffer(v)) continue;
+        blobs.scanned++;
+        bytes += v.length;
+        if (v.length === 0 || redactor.clean?.(v) === true) continue;
+        const text = v.toString("utf8");
+        if (!redactor.candidate(text)) continue;
+        if (isTextBlob(v)) {
+          batch.push({ key, col: i, text, blob: true });
+        } else {
+          binary.push(text);
+        }
+        batchBytes += v.length;
       }
       if (++rows >= SLICE_ROWS || bytes >= SLICE_BYTES || batch.length >= BATCH_CELLS || batchBytes >= BATCH_BYTES) {
         more = true;
         break; // closes the iterator, so the connection is free for the UPDATEs
       }
     }
-    stats.candidates += batch.length;
-    const writes: Array<{ key: unknown[]; col: number; text: string }> = [];
+    stats.candidates += batch.length + binary.length;
+    // A binary BLOB is scanned, not rewritten: its findings are reported as unredacted.
+    for (const text of binary) {
+      if (((await redactor.scanText(text, artifact)) ?? 0) > 0) blobs.unredacted++;
+    }
+    const writes: Array<{ key: unknown[]; col: number; value: string | Buffer }> = [];
     for (const c of batch) {
       const out = await redactor.redactText(c.text, artifact);
-      if (out !== c.text) writes.push({ key: c.key, col: c.col, text: out });
+      if (out === c.text) continue;
+      writes.push({ key: c.key, col: c.col, value: c.blob ? Buffer.from(out, "utf8") : out });
+      if (c.blob) blobs.redacted++;
+      else stats.cells_redacted++;
     }
     if (writes.length) {
       db.transaction(() => {
         beforeWrite();
         for (const w of writes) {
-          if (writeCell(updateOf(w.col), w.text, w.key)) changed++;
+          if (writeCell(updateOf(w.col), w.value, w.key)) changed++;
         }
       })();
-      stats.cells_redacted += writes.length;
     }
     if (!more) break;
     await yieldToLoop();
@@ -563,11 +601,25 @@ async function redactTable(
   return changed;
 }
 
+/**
+ * A BLOB that is text: valid UTF-8 with no control character but tab, line feed and carriage
+ * return (JSON or notes stored as bytes). Such a BLOB is redacted as a TEXT cell is; any other
+ * (NULs, length prefixes, floats) is binary, and is only scanned.
+ */
+export function isTextBlob(b: Buffer): boolean {
+  for (let i = 0; i < b.length; i++) {
+    const c = b[i]!;
+    if ((c < 0x20 && c !== 0x09 && c !== 0x0a && c !== 0x0d) || c === 0x7f) return false;
+  }
+  return isUtf8(b);
+}
+
 /** UPDATE one cell; a value colliding with a UNIQUE/PRIMARY KEY constraint gets a `#n` suffix. */
-function writeCell(stmt: BsStatement, text: string, key: unknown[]): boolean {
+function writeCell(stmt: BsStatement, value: string | Buffer, key: unknown[]): boolean {
   for (let n = 1; ; n++) {
     try {
-      return stmt.run(n === 1 ? text : `${text}#${n}`, ...key).changes > 0;
+      const v = n === 1 ? value : typeof value === "string" ? `${value}#${n}` : Buffer.concat([value, Buffer.from(`#${n}`)]);
+      return stmt.run(v, ...key).changes > 0;
     } catch (e) {
       const code = String((e as { code?: unknown }).code ?? "");
       if (!code.startsWith("SQLITE_CONSTRAINT") || n >= 1000) throw e;
