@@ -8,7 +8,8 @@
 // (exit 3). Both are refused by parseManifest, before a key is asked for or a byte is written.
 import { compress } from "zstd-napi";
 import { computeSeal } from "../../dist/index.js";
-import { HOSTILE_ID, sha, tarOf } from "../lib/hostile-bundle.mjs";
+import { spawnSync } from "node:child_process";
+import { HOSTILE_ID, sha, tarOf, victimRecipient } from "../lib/hostile-bundle.mjs";
 
 const ok = { name: "memory/ok.md", data: "harmless\n" };
 const memory = { name: "memory", kind: "files" };
@@ -38,6 +39,24 @@ function deepManifest(container, depth, encrypted) {
   const body = rawBody(payload, indexBytes, encrypted);
   const text = JSON.stringify({ ...body, redaction: "@DEEP@", seal }).replace('"@DEEP@"', `${'{"a":'.repeat(depth)}1${"}".repeat(depth)}`);
   return container(payload, Buffer.from(text + "\n"), { encrypted });
+}
+
+/**
+ * A sealed bundle whose payload index (the last payload member) has a snapshot_id that is an
+ * array nested `depth` levels: the manifest is fine, the payload index is what is hostile.
+ */
+function deepIndexId(container, depth, encrypted) {
+  const indexBytes = Buffer.from(`{"artifacts":[],"format":"memsnap-index","snapshot_id":${"[".repeat(depth)}${"]".repeat(depth)}}`);
+  const tar = tarOf([{ name: ".memsnap/index.json", data: indexBytes }]);
+  let payload = compress(tar);
+  if (encrypted) {
+    const r = spawnSync("age", ["-r", victimRecipient()], { input: payload });
+    if (r.status !== 0) throw new Error(`age failed: ${r.stderr}`);
+    payload = r.stdout;
+  }
+  const body = { ...rawBody(payload, indexBytes, encrypted) };
+  body.payload.tar_size = tar.length;
+  return container(payload, Buffer.from(JSON.stringify({ ...body, seal: computeSeal(body) }, null, 1) + "\n"), { encrypted });
 }
 
 /** A meta value nesting `depth` objects. */
@@ -140,6 +159,14 @@ export default function ({ bundle, container }) {
       file: "manifest-deep-meta.memsnap",
       bytes: bundle([ok], { layer: { ...memory, meta: { deep: nested(70) } } }),
       ...corrupt, note: "a layer meta nested 70 levels (sealed): over the 64-level cap",
+    },
+    {
+      file: "payload-index-deep-id.memsnap", bytes: deepIndexId(container, 200_000, false), exit: 3, code: "MEMSNAP_INDEX_MISMATCH",
+      note: "the payload index's snapshot_id is an array nested 200,000 deep (naming it in the finding overflowed the stack)",
+    },
+    {
+      file: "payload-index-deep-id-enc.memsnap", bytes: deepIndexId(container, 200_000, true), exit: 3, code: "MEMSNAP_INDEX_MISMATCH", key: true,
+      note: "encrypted: the payload index's snapshot_id is an array nested 200,000 deep",
     },
     {
       file: "created-at-not-time.memsnap",

@@ -377,7 +377,9 @@ export function compareWithIndex(manifest: Manifest, r: PayloadReadResult): Find
   }
   const snapshotId = index ? index.snapshot_id : r.indexCheck!.snapshotId;
   if (snapshotId !== manifest.snapshot_id) {
-    findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: `the payload index belongs to snapshot ${String(snapshotId)}`, path: INDEX_PATH });
+    // (not String(): the id is the bundle's, and an array nested 200,000 deep overflows its join)
+    const named = typeof snapshotId === "string" ? snapshotId.slice(0, 64) : `of type ${Array.isArray(snapshotId) ? "array" : typeof snapshotId}`;
+    findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: `the payload index belongs to snapshot ${named}`, path: INDEX_PATH });
   }
   // The manifest's own copy (plaintext bundles) must be the same document: same canonical bytes.
   if (manifest.index && (index
