@@ -42,21 +42,37 @@ function deepManifest(container, depth, encrypted) {
 }
 
 /**
- * A sealed bundle whose payload index (the last payload member) has a snapshot_id that is an
- * array nested `depth` levels: the manifest is fine, the payload index is what is hostile.
+ * A sealed bundle whose payload tar holds `entries` and, last, the index written by hand as
+ * `indexText` (a hostile payload index: what no builder's canonical JSON would write). With
+ * `manifestIndex` a plaintext manifest carries that index copy instead of the payload's.
  */
-function deepIndexId(container, depth, encrypted) {
-  const indexBytes = Buffer.from(`{"artifacts":[],"format":"memsnap-index","snapshot_id":${"[".repeat(depth)}${"]".repeat(depth)}}`);
-  const tar = tarOf([{ name: ".memsnap/index.json", data: indexBytes }]);
+function rawIndexBundle(container, { entries = [], indexText, encrypted, manifestIndex = [], layers }) {
+  const indexBytes = Buffer.from(indexText);
+  const tar = tarOf([...entries, { name: ".memsnap/index.json", data: indexBytes }]);
   let payload = compress(tar);
   if (encrypted) {
     const r = spawnSync("age", ["-r", victimRecipient()], { input: payload });
     if (r.status !== 0) throw new Error(`age failed: ${r.stderr}`);
     payload = r.stdout;
   }
-  const body = { ...rawBody(payload, indexBytes, encrypted) };
+  const body = rawBody(payload, indexBytes, encrypted);
   body.payload.tar_size = tar.length;
+  const bytes = entries.reduce((n, e) => n + Buffer.byteLength(e.data), 0);
+  body.payload.artifacts = entries.length;
+  body.payload.bytes = bytes;
+  body.layers = layers ?? [{ name: "memory", kind: "files", schema_version: 1, artifacts: entries.length, bytes }];
+  if (!encrypted) body.index = manifestIndex;
   return container(payload, Buffer.from(JSON.stringify({ ...body, seal: computeSeal(body) }, null, 1) + "\n"), { encrypted });
+}
+
+const deepArray = (depth) => `${"[".repeat(depth)}${"]".repeat(depth)}`;
+/** A payload index of one artifact for `ok` with `field` replaced by raw JSON text. */
+function indexWith(field, raw) {
+  const f = {
+    kind: '"file"', layer: '"memory"', mode: "420", mtime: '"2026-01-01T00:00:00.000Z"', path: `"${ok.name}"`, sha256: `"${sha(Buffer.from(ok.data))}"`, size: String(ok.data.length),
+  };
+  f[field] = raw;
+  return `{"artifacts":[{${Object.keys(f).sort().map((k) => `"${k}":${f[k]}`).join(",")}}],"format":"memsnap-index","snapshot_id":"${HOSTILE_ID}"}`;
 }
 
 /** A meta value nesting `depth` objects. */
@@ -160,13 +176,42 @@ export default function ({ bundle, container }) {
       bytes: bundle([ok], { layer: { ...memory, meta: { deep: nested(70) } } }),
       ...corrupt, note: "a layer meta nested 70 levels (sealed): over the 64-level cap",
     },
+    // The payload index (the only index of an encrypted bundle): read after the entries, so its
+    // fields are checked as it streams, before they are used.
     {
-      file: "payload-index-deep-id.memsnap", bytes: deepIndexId(container, 200_000, false), exit: 3, code: "MEMSNAP_INDEX_MISMATCH",
-      note: "the payload index's snapshot_id is an array nested 200,000 deep (naming it in the finding overflowed the stack)",
+      file: "payload-index-deep-id.memsnap",
+      bytes: rawIndexBundle(container, { indexText: `{"artifacts":[],"format":"memsnap-index","snapshot_id":${deepArray(200_000)}}`, encrypted: false }),
+      exit: 3, code: "MEMSNAP_INDEX_MISMATCH", note: "the payload index's snapshot_id is an array nested 200,000 deep (naming it in the finding overflowed the stack)",
     },
     {
-      file: "payload-index-deep-id-enc.memsnap", bytes: deepIndexId(container, 200_000, true), exit: 3, code: "MEMSNAP_INDEX_MISMATCH", key: true,
-      note: "encrypted: the payload index's snapshot_id is an array nested 200,000 deep",
+      file: "payload-index-deep-id-enc.memsnap",
+      bytes: rawIndexBundle(container, { indexText: `{"artifacts":[],"format":"memsnap-index","snapshot_id":${deepArray(200_000)}}`, encrypted: true }),
+      exit: 3, code: "MEMSNAP_INDEX_MISMATCH", key: true, note: "encrypted: the payload index's snapshot_id is an array nested 200,000 deep",
+    },
+    {
+      file: "payload-index-deep-size-enc.memsnap",
+      bytes: rawIndexBundle(container, { entries: [ok], indexText: indexWith("size", deepArray(200_000)), encrypted: true }),
+      exit: 3, code: "MEMSNAP_INDEX_MISMATCH", key: true, note: "encrypted: an index artifact's size is an array nested 200,000 deep (a stack overflow, reported as a corrupt payload)",
+    },
+    {
+      file: "payload-index-deep-mtime-enc.memsnap",
+      bytes: rawIndexBundle(container, { entries: [ok], indexText: indexWith("mtime", deepArray(200_000)), encrypted: true }),
+      exit: 3, code: "MEMSNAP_INDEX_MISMATCH", key: true, note: "encrypted: an index artifact's mtime is an array nested 200,000 deep (Date.parse of it overflowed the stack)",
+    },
+    {
+      file: "payload-index-dotdot-enc.memsnap",
+      bytes: rawIndexBundle(container, {
+        entries: [ok], encrypted: true,
+        indexText: indexWith("path", `"${ok.name}"`).replace('"artifacts":[{', `"artifacts":[{"kind":"file","layer":"memory","mode":420,"mtime":"2026-01-01T00:00:00.000Z","path":"memory/../../outside.fifo","sha256":"${"0".repeat(64)}","size":0},{`),
+      }),
+      ...unsafe, key: true, note: "encrypted: the payload index lists memory/../../outside.fifo (an in-place dry run listed it as a file to add; test/format/manifest-names.test.ts runs that dry run)",
+    },
+    {
+      file: "payload-index-layer-mismatch-enc.memsnap",
+      bytes: bundle([ok, { name: "notes/b.md", data: "b\n" }], {
+        layers: [memory, { name: "notes", kind: "files" }], encrypt: true, indexFor: (e, a) => (e.name === ok.name ? { ...a, layer: "notes" } : a),
+      }),
+      ...unsafe, key: true, note: "encrypted: an index entry whose layer is another declared layer (restore set its mode and mtime under that layer's directory)",
     },
     {
       file: "created-at-not-time.memsnap",

@@ -373,3 +373,21 @@ describe("verify over a store holding a 200,000-deep manifest", () => {
     expect(jsonOf(inspect.stdout).error.code).toBe("MEMSNAP_MANIFEST_CORRUPT");
   });
 });
+
+describe("an in-place dry run of a bundle whose payload index lists a path outside its layer", () => {
+  it("payload-index-dotdot-enc.memsnap: refused (exit 9); the dry run used to list memory/../../outside.fifo as a file it would add", () => {
+    const root = mkdtempSync(join(work, "dry-"));
+    const agent = join(root, "agent");
+    mkdirSync(join(agent, "memory"), { recursive: true });
+    writeFileSync(join(agent, "memory", "ok.md"), "harmless\n");
+    const config = join(agent, "memsnap.json");
+    writeFileSync(config, JSON.stringify({ agent: "victim", store: join(root, "store"), sources: [{ kind: "files", name: "memory", path: "memory" }] }));
+    const r = spawnSync(process.execPath, [BIN, "restore", join(HOSTILE, "payload-index-dotdot-enc.memsnap"), "-c", config, "--dry-run", "-i", VICTIM_KEY, "--json"], {
+      encoding: "utf8", timeout: 60_000,
+    });
+    expect(r.status, `${r.stdout} ${r.stderr}`).toBe(9);
+    expect(jsonOf(r.stdout).error.code).toBe("MEMSNAP_UNSAFE_PATH");
+    expect(readdirSync(root).sort()).toEqual(["agent"]);
+    expect(readFileSync(join(agent, "memory", "ok.md"), "utf8")).toBe("harmless\n");
+  });
+});

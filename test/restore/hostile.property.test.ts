@@ -138,7 +138,9 @@ describe("hostile bundles (property)", () => {
         bytes = build(s.entries, {
           layers: s.layers, id: s.id, encrypt: s.encrypt,
           indexFor: s.indexEdit === 1 ? (_e: unknown, a: Record<string, unknown>) => ({ ...a, layer: "ghost" })
-            : s.indexEdit === 2 ? (_e: unknown, a: Record<string, unknown>) => ({ ...a, size: (a.size as number) + 1 }) : undefined,
+            : s.indexEdit === 2 ? (_e: unknown, a: Record<string, unknown>) => ({ ...a, size: (a.size as number) + 1 })
+              : s.indexEdit === 3 ? (_e: unknown, a: Record<string, unknown>) => ({ ...a, layer: s.layers[s.layers.length - 1]!.name })
+                : s.indexEdit === 4 ? (_e: unknown, a: Record<string, unknown>) => ({ ...a, mode: 0o7777, mtime: "not a time" }) : undefined,
           mutate: (b: Record<string, any>) => { applyEdits(b, s.edits); },
         }) as Buffer;
       } catch {
