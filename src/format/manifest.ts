@@ -169,7 +169,8 @@ export function indexHash(doc: IndexDocument): string {
  * nested data) is MEMSNAP_SOURCE_INVALID: no reader would accept it.
  */
 export function encodeManifest(m: Manifest): Buffer {
-  if (valueDepthOver(m, MANIFEST_MAX_DEPTH)) {
+  // (the index, a flat list of flat entries that may be long, is left out of the walk)
+  if (Object.entries(m).some(([k, v]) => k !== "index" && valueDepthOver(v, MANIFEST_MAX_DEPTH - 1))) {
     const l = m.layers.find((x) => valueDepthOver(x.meta, MANIFEST_MAX_DEPTH - 3));
     throw new MemsnapError("MEMSNAP_SOURCE_INVALID", `${l ? `layer ${l.name}: its meta` : "the manifest"} nests more than ${MANIFEST_MAX_DEPTH} levels deep in the manifest`, {
       hint: "a manifest nests at most 64 levels; the source's data (e.g. a KV dump's engine object) is nested too deeply to record",
