@@ -27,7 +27,7 @@ export const ERROR_CODES = {
   MEMSNAP_CONFIG_INVALID: { class: "usage", meaning: "memsnap.json is not valid JSON or has a bad value" },
   MEMSNAP_CONFIG_UNKNOWN_KEY: { class: "usage", meaning: "memsnap.json has a key memsnap does not know" },
   MEMSNAP_SEAL_MISMATCH: { class: "integrity", meaning: "the manifest seal does not match the manifest" },
-  MEMSNAP_MANIFEST_CORRUPT: { class: "integrity", meaning: "the manifest is not valid JSON or misses required fields" },
+  MEMSNAP_MANIFEST_CORRUPT: { class: "integrity", meaning: "the manifest is not valid JSON, misses required fields, or has a field outside its grammar (ids, kinds, times, nesting)" },
   MEMSNAP_PAYLOAD_HASH_MISMATCH: { class: "integrity", meaning: "the payload bytes do not hash to the manifest's SHA-256 or size" },
   MEMSNAP_ARTIFACT_HASH_MISMATCH: { class: "integrity", meaning: "an artifact's bytes do not match its indexed size or SHA-256" },
   MEMSNAP_BASE_MISMATCH: { class: "integrity", meaning: "an incremental bundle's base is not the bundle it was taken against (another seal or agent)" },

@@ -9,7 +9,8 @@
  */
 import { createHash } from "node:crypto";
 import { MemsnapError } from "../errors.js";
-import { canonicalJson } from "../util/canonical-json.js";
+import { checkEntryName } from "../restore/safe-path.js";
+import { canonicalJson, jsonDepthOver, valueDepthOver } from "../util/canonical-json.js";
 
 export const FORMAT_NAME = "memsnap";
 /**
@@ -33,6 +34,20 @@ export const MANIFEST_MAX_BYTES = 64 * 1024 * 1024;
 export type CreatedBy = "cli" | "schedule" | "pre-restore" | "api";
 export const CREATED_BY: readonly CreatedBy[] = ["cli", "schedule", "pre-restore", "api"];
 export const ID_PATTERN = /^[a-z0-9_-]{1,64}$/;
+/** A layer's name: the first path segment of its artifacts, and a directory in the target. */
+export const LAYER_NAME_PATTERN = /^[a-z0-9][a-z0-9_-]{0,63}$/;
+/** A layer's kind (a source kind; one this memsnap does not know is MEMSNAP_UNSUPPORTED_LAYER). */
+export const KIND_PATTERN = /^[a-z0-9][a-z0-9_-]{0,63}$/;
+/** A snapshot id: a ULID, 26 Crockford base32 characters, the first 0-7 (48 bits of time). */
+export const SNAPSHOT_ID_PATTERN = /^[0-7][0-9A-HJKMNP-TV-Z]{25}$/;
+/** `created_at`: an ISO-8601 UTC time as Date.toISOString writes it. */
+const TIME_PATTERN = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d{1,9})?Z$/;
+/**
+ * How deeply a manifest may nest arrays and objects (the document itself is level 1; memsnap
+ * writes under 10). Deeper text is refused before it is parsed, so nothing that walks a
+ * manifest (the seal, inspect, list, meta readers) can be made to recurse without bound.
+ */
+export const MANIFEST_MAX_DEPTH = 64;
 
 /** One artifact of the index: where it lives in the payload and what its bytes hash to. */
 export interface IndexEntry {
@@ -148,14 +163,36 @@ export function indexHash(doc: IndexDocument): string {
   return sha256hex(encodeIndex(doc));
 }
 
-/** Serialize a manifest for storage (stable key order, trailing newline). */
+/**
+ * Serialize a manifest for storage (stable key order, trailing newline). A manifest nested
+ * deeper than {@link MANIFEST_MAX_DEPTH} (a layer's meta that holds a source's own deeply
+ * nested data) is MEMSNAP_SOURCE_INVALID: no reader would accept it.
+ */
 export function encodeManifest(m: Manifest): Buffer {
+  // (the index, a flat list of flat entries that may be long, is left out of the walk)
+  if (Object.entries(m).some(([k, v]) => k !== "index" && valueDepthOver(v, MANIFEST_MAX_DEPTH - 1))) {
+    const l = m.layers.find((x) => valueDepthOver(x.meta, MANIFEST_MAX_DEPTH - 3));
+    throw new MemsnapError("MEMSNAP_SOURCE_INVALID", `${l ? `layer ${l.name}: its meta` : "the manifest"} nests more than ${MANIFEST_MAX_DEPTH} levels deep in the manifest`, {
+      hint: "a manifest nests at most 64 levels; the source's data (e.g. a KV dump's engine object) is nested too deeply to record",
+    });
+  }
   return Buffer.from(JSON.stringify(JSON.parse(canonicalJson(m)), null, 1) + "\n", "utf8");
 }
 
 function corrupt(msg: string): MemsnapError {
   return new MemsnapError("MEMSNAP_MANIFEST_CORRUPT", `manifest: ${msg}`, {
     hint: "the bundle is damaged; take a new snapshot or use another copy",
+  });
+}
+
+/**
+ * A manifest name that would become a path in the target (a layer name, an index entry's
+ * path) is refused as MEMSNAP_UNSAFE_PATH, the code the same name gets when it is found in the
+ * payload: a plaintext and an encrypted bundle carrying the same attack answer alike.
+ */
+function unsafeName(msg: string, path: string): MemsnapError {
+  return new MemsnapError("MEMSNAP_UNSAFE_PATH", `manifest: ${msg}`, {
+    path, hint: "this bundle was not written by memsnap or was tampered with; nothing was read from it or written",
   });
 }
 
@@ -170,6 +207,7 @@ const isCount = (v: unknown): v is number => Number.isSafeInteger(v) && (v as nu
  * every field (MEMSNAP_MANIFEST_CORRUPT). The seal is checked separately by {@link checkSeal}.
  */
 export function parseManifest(bytes: Buffer): Manifest {
+  if (jsonDepthOver(bytes, MANIFEST_MAX_DEPTH)) throw corrupt(`nested more than ${MANIFEST_MAX_DEPTH} levels deep`);
   let raw: unknown;
   try {
     raw = JSON.parse(bytes.toString("utf8"));
@@ -195,16 +233,24 @@ export function parseManifest(bytes: Buffer): Manifest {
   for (const k of ["snapshot_id", "created_at", "host", "tenant", "agent", "seal"] as const) {
     if (typeof m[k] !== "string") throw corrupt(`${k} is missing or not a string`);
   }
+  if (!SNAPSHOT_ID_PATTERN.test(m.snapshot_id)) throw corrupt(`snapshot_id ${JSON.stringify(m.snapshot_id.slice(0, 40))} is not a ULID`);
+  if (!TIME_PATTERN.test(m.created_at) || !Number.isFinite(Date.parse(m.created_at))) throw corrupt("created_at is not an ISO-8601 UTC time");
   if (!ID_PATTERN.test(m.tenant) || !ID_PATTERN.test(m.agent)) throw corrupt("tenant or agent id is not [a-z0-9_-]{1,64}");
   if (!CREATED_BY.includes(m.created_by)) throw corrupt("created_by is not one of " + CREATED_BY.join(", "));
   if (m.label !== null && typeof m.label !== "string") throw corrupt("label is not a string or null");
-  if (m.parent !== null && typeof m.parent !== "string") throw corrupt("parent is not a string or null");
+  if (m.parent !== null && (typeof m.parent !== "string" || !SNAPSHOT_ID_PATTERN.test(m.parent))) throw corrupt("parent is not a ULID or null");
   if (!isObj(m.tool) || typeof m.tool.name !== "string" || typeof m.tool.version !== "string") throw corrupt("tool is malformed");
   if (!isObj(m.redaction)) throw corrupt("redaction is not an object");
   if (!Array.isArray(m.layers)) throw corrupt("layers is not an array");
+  const layerNames = new Set<string>();
   for (const l of m.layers) {
     if (!isObj(l) || typeof l.name !== "string" || typeof l.kind !== "string" || !isCount(l.schema_version)
       || !isCount(l.artifacts) || !isCount(l.bytes)) throw corrupt("a layer entry is malformed");
+    if (!LAYER_NAME_PATTERN.test(l.name)) throw unsafeName(`layer name ${JSON.stringify(l.name.slice(0, 80))} is not [a-z0-9][a-z0-9_-]{0,63}`, l.name);
+    if (layerNames.has(l.name)) throw unsafeName(`layer ${l.name} is listed twice`, l.name);
+    layerNames.add(l.name);
+    if (!KIND_PATTERN.test(l.kind)) throw corrupt(`layer ${l.name}: kind ${JSON.stringify(l.kind.slice(0, 80))} is not [a-z0-9][a-z0-9_-]{0,63}`);
+    if (l.meta !== undefined && !isObj(l.meta)) throw corrupt(`layer ${l.name}: meta is not an object`);
   }
   const p = m.payload;
   if (!isObj(p)) throw corrupt("payload is missing");
@@ -220,7 +266,7 @@ export function parseManifest(bytes: Buffer): Manifest {
     if (!Array.isArray(m.bases)) throw corrupt("bases is not an array");
     const ids = new Set<string>();
     for (const b of m.bases) {
-      if (!isObj(b) || typeof b.snapshot_id !== "string" || !/^[0-9A-HJKMNP-TV-Z]{26}$/.test(b.snapshot_id)
+      if (!isObj(b) || typeof b.snapshot_id !== "string" || !SNAPSHOT_ID_PATTERN.test(b.snapshot_id)
         || typeof b.seal !== "string" || !/^sha256:[0-9a-f]{64}$/.test(b.seal)) throw corrupt("a base entry is malformed");
       if (ids.has(b.snapshot_id) || b.snapshot_id === m.snapshot_id) throw corrupt(`base ${b.snapshot_id} is listed twice or is the bundle itself`);
       ids.add(b.snapshot_id);
@@ -236,6 +282,10 @@ export function parseManifest(bytes: Buffer): Manifest {
     for (const e of m.index) {
       if (!isObj(e) || typeof e.path !== "string" || typeof e.layer !== "string" || typeof e.kind !== "string"
         || !isCount(e.size) || !isHex64(e.sha256)) throw corrupt("an index entry is malformed");
+      // Where the entry would be written: a safe path under the layer the entry names.
+      checkEntryName(e.path, layerNames);
+      if (!layerNames.has(e.layer)) throw unsafeName(`index entry ${JSON.stringify(e.path)} names layer ${JSON.stringify(e.layer.slice(0, 80))}, which is not in the manifest`, e.path);
+      if (!e.path.startsWith(`${e.layer}/`)) throw unsafeName(`index entry ${JSON.stringify(e.path)} is not under its layer ${e.layer}`, e.path);
       if (version >= 2 && e.ref !== undefined && !m.bases?.some((b) => b.snapshot_id === e.ref)) throw corrupt(`index entry ${e.path} references a bundle that is not a base`);
     }
   }

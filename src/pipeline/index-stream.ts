@@ -27,6 +27,35 @@ const END = Buffer.from('}],"format":"', "utf8");
 const ELEMENT_MAX = 1 << 20;
 
 /** What the streamed index held besides its artifacts. */
+/**
+ * Why an index artifact (from the payload, so from the bundle) cannot be used, or null: a field
+ * of another type than memsnap writes (`unsafe: false`; a value such as an array nested 200,000
+ * deep would otherwise reach String() in a message, Date.parse or a chmod), or a path that is not
+ * under the layer the entry names (`unsafe: true`: restore applies the entry's mode and mtime
+ * under that layer's directory). With `segments`, also each segment of the path: no empty, `.`
+ * or `..` segment and no NUL (for readers that use the index's paths without matching them to
+ * payload entries, whose names are checked as they are read).
+ */
+export function artifactProblem(a: unknown, segments: boolean): { unsafe: boolean; message: string } | null {
+  if (typeof a !== "object" || a === null || Array.isArray(a) || typeof (a as IndexEntry).path !== "string") {
+    return { unsafe: false, message: "an artifact is not an object with a path" };
+  }
+  const e = a as IndexEntry;
+  const named = JSON.stringify(e.path.slice(0, 200));
+  if (typeof e.layer !== "string" || typeof e.kind !== "string" || !Number.isSafeInteger(e.size) || e.size < 0 || typeof e.sha256 !== "string"
+    || (e.mtime !== undefined && typeof e.mtime !== "string") || (e.mode !== undefined && typeof e.mode !== "number")
+    || (e.ref !== undefined && typeof e.ref !== "string")) {
+    return { unsafe: false, message: `artifact ${named} is malformed` };
+  }
+  if (!e.path.startsWith(`${e.layer}/`)) {
+    return { unsafe: true, message: `index entry ${named} is not under the layer it names (${JSON.stringify(e.layer.slice(0, 80))})` };
+  }
+  if (segments && (e.path.includes("\0") || e.path.split("/").some((x) => x === "" || x === "." || x === ".."))) {
+    return { unsafe: true, message: `index entry ${named} is not a relative path of plain segments` };
+  }
+  return null;
+}
+
 export interface IndexTail {
   format: unknown;
   snapshot_id: unknown;
@@ -170,6 +199,15 @@ export class IndexComparer {
     }
     if (typeof a !== "object" || a === null || Array.isArray(a) || typeof a.path !== "string") {
       this.#parseError = "an artifact is not an object with a path";
+      return;
+    }
+    const problem = artifactProblem(a, true);
+    if (problem?.unsafe) {
+      this.#twice.push({ code: "MEMSNAP_UNSAFE_PATH", message: problem.message, path: a.path });
+      return;
+    }
+    if (problem) {
+      this.#parseError = problem.message;
       return;
     }
     const j = this.#entries.position(a.path);

@@ -20,7 +20,7 @@ import { encodeIndex, indexHash, INDEX_PATH, refOf, type IndexDocument, type Ind
 import { AGE_PREFIX_MAX, openAgePrefix } from "./age.js";
 import { PayloadDecoder, type ScannedBatch } from "./decoder.js";
 import { EntryTable } from "./entry-table.js";
-import { IndexComparer } from "./index-stream.js";
+import { artifactProblem, IndexComparer } from "./index-stream.js";
 import { OP_DATA, OP_END, OP_START } from "./tar-scan.js";
 
 /** Identities and passphrases that may open an encrypted bundle. */
@@ -319,8 +319,19 @@ export async function readPayload(
         try {
           const doc = JSON.parse(bytes.toString("utf8")) as IndexDocument;
           if (doc.format !== "memsnap-index" || !Array.isArray(doc.artifacts)) throw new Error("not an index document");
+          // Its readers (a dry run's plan, diff) use the paths as they are: each is checked first.
+          for (const a of doc.artifacts) {
+            const problem = artifactProblem(a, true);
+            if (problem?.unsafe) {
+              throw new MemsnapError("MEMSNAP_UNSAFE_PATH", `the payload index: ${problem.message}`, {
+                path: INDEX_PATH, hint: "this bundle was not written by memsnap or was tampered with; do not restore it",
+              });
+            }
+            if (problem) throw new Error(problem.message);
+          }
           index = doc;
         } catch (e) {
+          if (e instanceof MemsnapError) throw e;
           findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: `the payload index does not parse: ${(e as Error).message}`, path: INDEX_PATH });
         }
         continue;
@@ -379,7 +390,9 @@ export function compareWithIndex(manifest: Manifest, r: PayloadReadResult): Find
   }
   const snapshotId = index ? index.snapshot_id : r.indexCheck!.snapshotId;
   if (snapshotId !== manifest.snapshot_id) {
-    findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: `the payload index belongs to snapshot ${String(snapshotId)}`, path: INDEX_PATH });
+    // (not String(): the id is the bundle's, and an array nested 200,000 deep overflows its join)
+    const named = typeof snapshotId === "string" ? snapshotId.slice(0, 64) : `of type ${Array.isArray(snapshotId) ? "array" : typeof snapshotId}`;
+    findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: `the payload index belongs to snapshot ${named}`, path: INDEX_PATH });
   }
   // The manifest's own copy (plaintext bundles) must be the same document: same canonical bytes.
   if (manifest.index && (index

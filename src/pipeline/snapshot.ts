@@ -25,7 +25,7 @@ import { MemsnapError, destinationError, interruptedOr } from "../errors.js";
 import { BundleWriter } from "../format/container.js";
 import { BLOCK, encodeEntryHeader, padding } from "../format/tar-header.js";
 import {
-  computeSeal, encodeManifest, INDEX_PATH, MANIFEST_VERSION, MANIFEST_VERSION_FULL, MANIFEST_VERSION_INCREMENTAL, PAYLOAD_MEMBER_ENCRYPTED, PAYLOAD_MEMBER_PLAIN,
+  computeSeal, encodeManifest, INDEX_PATH, MANIFEST_VERSION, SNAPSHOT_ID_PATTERN, MANIFEST_VERSION_FULL, MANIFEST_VERSION_INCREMENTAL, PAYLOAD_MEMBER_ENCRYPTED, PAYLOAD_MEMBER_PLAIN,
   type CreatedBy, type IndexEntry, type LayerEntry, type Manifest, type RecipientInfo,
 } from "../format/manifest.js";
 import { createRedactor } from "../redact/index.js";
@@ -315,6 +315,9 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
     throw new MemsnapError("MEMSNAP_USAGE", `a label is 1 to ${LABEL_MAX} characters on one line, without control characters: got ${JSON.stringify(opts.label.length > 40 ? `${opts.label.slice(0, 40)}…` : opts.label)} (${opts.label.length} characters)`, {
       hint: "e.g. --label before-upgrade; `memsnap list` shows it and `prune --keep-label` matches it",
     });
+  }
+  if (opts.parent != null && !SNAPSHOT_ID_PATTERN.test(opts.parent)) {
+    throw new MemsnapError("MEMSNAP_USAGE", `parent ${JSON.stringify(opts.parent.slice(0, 40))} is not a snapshot id (a ULID)`, { hint: "pass the parent's snapshot id, or null" });
   }
   const encrypted = recipients.length > 0 || !!opts.passphrase;
   const memory = cfg.sources.filter((s) => s.impl.processMemory).map((s) => s.cfg.name);

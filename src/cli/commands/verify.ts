@@ -1,6 +1,6 @@
 import type { Command } from "commander";
 import {
-  bundlePaths, ERROR_CODES, loadIdentities, loadPassphrase, loadTrusted, MemsnapError, verifyBundle, verifyError,
+  bundlePaths, ERROR_CODES, isMemsnapError, loadIdentities, loadPassphrase, loadTrusted, MemsnapError, verifyBundle, verifyError,
   type VerifyReport,
 } from "../../index.js";
 import { printJson, Progress } from "../output.js";
@@ -33,6 +33,23 @@ const without = (path: string, message: string): string => (message.startsWith(`
 const reportJson = (r: VerifyReport) => ({
   ok: r.ok, path: r.path, snapshot_id: r.manifest?.snapshot_id ?? null, encrypted: r.encrypted, checks: r.checks, findings: r.findings,
 });
+
+/**
+ * One bundle of several: a failure that is not a finding (a bug, whatever the bundle's bytes
+ * made of it) is reported as that bundle's MEMSNAP_INTERNAL finding, and the next one runs.
+ * An interrupt still stops the whole run.
+ */
+async function verifyOne(path: string, opts: Parameters<typeof verifyBundle>[1]): Promise<VerifyReport> {
+  try {
+    return await verifyBundle(path, opts);
+  } catch (e) {
+    if (isMemsnapError(e) || opts?.signal?.aborted) throw e;
+    return {
+      ok: false, path, manifest: null, encrypted: null, checks: [{ name: "verify", status: "failed", detail: String((e as Error)?.message ?? e) }],
+      findings: [{ code: "MEMSNAP_INTERNAL", message: `verify failed unexpectedly: ${String((e as Error)?.message ?? e)}` }],
+    };
+  }
+}
 
 export function registerVerify(program: Command, global: () => GlobalOpts): void {
   program
@@ -99,7 +116,7 @@ Examples:
       await withAbort(async (signal) => {
         for (const path of paths) {
           signal.throwIfAborted();
-          const r = await verifyBundle(path, { ...opts, signal });
+          const r = await verifyOne(path, { ...opts, signal });
           results.push(r);
           if (!r.ok) failures.push(verifyError(r));
           if (global().json) continue;
