@@ -4,11 +4,11 @@
 // refusal is exit 9 before the first live byte changes: the whole tree (and the directory a live
 // link points to) is byte-identical afterwards, with no staging left and no journal.
 import { spawnSync } from "node:child_process";
-import { createHash } from "node:crypto";
-import { existsSync, lstatSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, readlinkSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
+import { tree } from "../helpers/tree.js";
 
 const BIN = new URL("../../bin/memsnap.js", import.meta.url).pathname;
 const FIX = new URL("../../fixtures/hostile/", import.meta.url).pathname;
@@ -20,25 +20,6 @@ function cli(args: string[]) {
   return { code: r.status, stdout: r.stdout, stderr: r.stderr };
 }
 
-/** Every node under `dir` (type, mode, bytes or link target), `.memsnap`'s lock aside. */
-function tree(dir: string): Record<string, string> {
-  const out: Record<string, string> = {};
-  const walk = (d: string, rel: string): void => {
-    for (const n of readdirSync(d).sort()) {
-      const p = join(d, n);
-      const r = rel ? `${rel}/${n}` : n;
-      if (r === ".memsnap/lock") continue;
-      const st = lstatSync(p);
-      if (st.isSymbolicLink()) out[r] = `link ${readlinkSync(p)}`;
-      else if (st.isDirectory()) {
-        out[r] = `dir ${(st.mode & 0o7777).toString(8)}`;
-        walk(p, r);
-      } else out[r] = `file ${(st.mode & 0o7777).toString(8)} ${createHash("sha256").update(readFileSync(p)).digest("hex")}`;
-    }
-  };
-  walk(dir, "");
-  return out;
-}
 
 interface Victim { home: string; agent: string; config: string; outside: string }
 

@@ -4,11 +4,11 @@
 // refused with MEMSNAP_JOURNAL_UNTRUSTED (exit 9) and nothing is touched, by `recover` and by
 // every command that recovers first. A killed restore's scratch beside staging is removed.
 import { spawnSync } from "node:child_process";
-import { createHash } from "node:crypto";
-import { cpSync, existsSync, lstatSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, readlinkSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
+import { cpSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
+import { tree } from "../helpers/tree.js";
 
 const BIN = new URL("../../bin/memsnap.js", import.meta.url).pathname;
 const work = mkdtempSync(join(tmpdir(), "memsnap-recover-journal-"));
@@ -19,24 +19,6 @@ function cli(args: string[], env: Record<string, string> = {}) {
   return { code: r.status, signal: r.signal, stdout: r.stdout, stderr: r.stderr };
 }
 
-function tree(dir: string): Record<string, string> {
-  const out: Record<string, string> = {};
-  const walk = (d: string, rel: string): void => {
-    for (const n of readdirSync(d).sort()) {
-      const p = join(d, n);
-      const r = rel ? `${rel}/${n}` : n;
-      if (n === "lock" && rel.endsWith(".memsnap")) continue;
-      const st = lstatSync(p);
-      if (st.isSymbolicLink()) out[r] = `link ${readlinkSync(p)}`;
-      else if (st.isDirectory()) {
-        out[r] = "dir";
-        walk(p, r);
-      } else out[r] = `file ${createHash("sha256").update(readFileSync(p)).digest("hex")}`;
-    }
-  };
-  walk(dir, "");
-  return out;
-}
 
 const TAG = "abcdefabcdef-0";
 
