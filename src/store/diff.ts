@@ -13,6 +13,7 @@
  * snapshot's index (its payload read whole and compared, as verify does) before git sees them.
  */
 import { spawn } from "node:child_process";
+import { createRequire } from "node:module";
 import { mkdtemp, open, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -46,7 +47,12 @@ export interface GitDiff {
 }
 
 export interface SqliteDiff {
-  databases: Record<string, Record<string, { from: number; to: number }>>;
+  /**
+   * Per database (its path in the layer), per table: the row counts in A and B (from the layer
+   * meta) and, when the database changed, the rows added, removed and changed by rowid (tables
+   * with a rowid in both copies), with the first changed rowids.
+   */
+  databases: Record<string, Record<string, { from: number; to: number; added?: number; removed?: number; changed?: number; changed_rowids?: string[] }>>;
 }
 
 export interface LayerDiff {
@@ -68,7 +74,7 @@ export interface LayerDiff {
  */
 export async function indexOf(s: StoredSnapshot, keys: Keys): Promise<IndexEntry[]> {
   if (s.manifest.index) return s.manifest.index;
-  return (await readSnapshot(s, keys, new Map())).index;
+  return (await readSnapshot(s, keys, null)).index;
 }
 
 function needKey(s: StoredSnapshot, keys: Keys, what: string): void {
@@ -86,10 +92,13 @@ function checked(id: string, manifest: Manifest, r: Awaited<ReturnType<typeof re
   }
 }
 
+/** Which payload entries to write out, and where: a temp file, or undefined to skip. */
+type Want = (name: string) => string | undefined;
+
 /** A handler that writes the wanted entries (payload name → temp file) and skips the others. */
-function writer(want: ReadonlyMap<string, string>, written: Set<string>): EntryHandler {
+function writer(want: Want, written: Set<string>): EntryHandler {
   return async (info, chunks) => {
-    const to = want.get(info.name);
+    const to = want(info.name);
     if (to === undefined || written.has(to)) return;
     written.add(to);
     const fh = await open(to, "wx", 0o600);
@@ -105,27 +114,26 @@ function writer(want: ReadonlyMap<string, string>, written: Set<string>): EntryH
  * Read a snapshot's payload once: its checked index, and the artifacts in `want` (payload name
  * → temp file path) written out, those an incremental snapshot references read from its base.
  */
-async function readSnapshot(s: StoredSnapshot, keys: Keys, want: ReadonlyMap<string, string>): Promise<{ index: IndexEntry[]; written: Set<string> }> {
+async function readSnapshot(s: StoredSnapshot, keys: Keys, want: Want | null): Promise<{ index: IndexEntry[]; written: Set<string> }> {
   const written = new Set<string>();
-  needKey(s, keys, want.size ? "looking inside its layers" : "its file list");
+  needKey(s, keys, want ? "looking inside its layers" : "its file list");
   const layout = await readLayout(s.path);
-  const r = await readPayload(layout, s.manifest, keys, writer(want, written));
+  const r = await readPayload(layout, s.manifest, keys, writer(want ?? (() => undefined), written));
   checked(s.id, s.manifest, r);
   if (!r.index) throw new MemsnapError("MEMSNAP_INDEX_MISMATCH", `snapshot ${s.id} has no readable index`, { hint: "the bundle is damaged; run memsnap verify on it" });
   const index = r.index.artifacts;
   // Wanted artifacts whose bytes are in a base (references never chain).
   const byBase = new Map<string, Map<string, IndexEntry>>();
   for (const e of index) {
-    if (e.ref === undefined || !want.has(e.path)) continue;
+    if (e.ref === undefined || !want || want(e.path) === undefined) continue;
     if (!byBase.has(e.ref)) byBase.set(e.ref, new Map());
     byBase.get(e.ref)!.set(e.path, e);
   }
   for (const [id, refs] of byBase) {
     const [base] = await openBases(s.path, s.manifest, new Set([id]));
     if (!base) throw new MemsnapError("MEMSNAP_BASE_MISSING", `snapshot ${s.id} references base ${id}, which it does not declare`, { hint: "the bundle is damaged; run memsnap verify on it" });
-    const sub = new Map([...refs.keys()].map((p) => [p, want.get(p)!]));
-    const found = new Set<string>();
-    const rb = await readPayload(base.layout, base.manifest, keys, writer(sub, written), {
+        const found = new Set<string>();
+    const rb = await readPayload(base.layout, base.manifest, keys, writer((n) => (refs.has(n) ? want!(n) : undefined), written), {
       onEntry: (e) => {
         const w = refs.get(e.name);
         if (!w) return;
@@ -159,31 +167,55 @@ function headOf(x: Record<string, unknown>): string | null {
 
 /** Per-layer differences between two snapshots (A → B), looking inside git and SQLite layers. */
 export async function diffSnapshots(a: StoredSnapshot, b: StoredSnapshot, keys: Keys): Promise<LayerDiff[]> {
-  const gitLayers = [...new Set([...a.manifest.layers, ...b.manifest.layers].filter((l) => l.kind === "git").map((l) => l.name))];
+  const kinds = [...a.manifest.layers, ...b.manifest.layers];
+  const gitLayers = [...new Set(kinds.filter((l) => l.kind === "git").map((l) => l.name))];
+  const sqliteLayers = new Set(kinds.filter((l) => l.kind === "sqlite").map((l) => l.name));
   let dir: string | null = null;
   try {
-    if (gitLayers.length) dir = await mkdtemp(join(tmpdir(), "memsnap-diff-"));
-    // Each side's repo.bundle of every git layer, to temp files named by side and position (never by a payload path).
-    const wanted = (side: string): Map<string, string> => new Map(gitLayers.map((l, i) => [`${l}/repo.bundle`, join(dir!, `${side}${i}.bundle`)]));
-    const [wa, wb] = [wanted("a"), wanted("b")];
-    const extracted = new Set<string>();
-    // A snapshot whose index is only in its payload is read once, its bundles written as it passes.
-    const first = async (s: StoredSnapshot, w: Map<string, string>): Promise<IndexEntry[]> => {
+    if (gitLayers.length || sqliteLayers.size) dir = await mkdtemp(join(tmpdir(), "memsnap-diff-"));
+    // What each side writes out: every git layer's repo.bundle and every SQLite database, to
+    // temp files named by side and a counter (never by a payload path); `only` narrows it.
+    const side = (tag: string): { want: (only: ReadonlySet<string> | null) => Want; files: Map<string, string>; written: Set<string> } => {
+      const files = new Map<string, string>();
+      let n = 0;
+      return {
+        files, written: new Set(),
+        want: (only) => (name) => {
+          if (only && !only.has(name)) return undefined;
+          const slash = name.indexOf("/");
+          const l = name.slice(0, slash);
+          if (!(sqliteLayers.has(l) || (gitLayers.includes(l) && name === `${l}/repo.bundle`))) return undefined;
+          let f = files.get(name);
+          if (f === undefined) files.set(name, (f = join(dir!, `${tag}${n++}`)));
+          return f;
+        },
+      };
+    };
+    const [sa, sb] = [side("a"), side("b")];
+    // A snapshot whose index is only in its payload is read once, its bundles and databases written as it passes.
+    const first = async (s: StoredSnapshot, x: typeof sa): Promise<IndexEntry[]> => {
       if (s.manifest.index) return s.manifest.index;
-      const r = await readSnapshot(s, keys, w);
-      for (const f of r.written) extracted.add(f);
+      const r = await readSnapshot(s, keys, dir ? x.want(null) : null);
+      for (const f of r.written) x.written.add(f);
       return r.index;
     };
-    const [ia, ib] = [await first(a, wa), await first(b, wb)];
-    const has = (ix: IndexEntry[], p: string): IndexEntry | undefined => ix.find((e) => e.path === p);
-    // The payload of a snapshot with its index in the manifest is read only when some git
-    // layer's bundle differs (the same bytes: the same history).
-    const differs = gitLayers.filter((l) => has(ia, `${l}/repo.bundle`)?.sha256 !== has(ib, `${l}/repo.bundle`)?.sha256);
-    for (const [s, w, ix] of [[a, wa, ia], [b, wb, ib]] as const) {
-      if (!s.manifest.index || !differs.length) continue;
-      const keep = new Map([...w].filter(([p]) => differs.includes(p.slice(0, p.lastIndexOf("/"))) && has(ix, p)));
-      if (keep.size) for (const f of (await readSnapshot(s, keys, keep)).written) extracted.add(f);
+    const [ia, ib] = [await first(a, sa), await first(b, sb)];
+    const bySha = (ix: IndexEntry[]): Map<string, string> => new Map(ix.map((e) => [e.path, e.sha256]));
+    const [ha, hb] = [bySha(ia), bySha(ib)];
+    // The git layers whose bundles differ (the same bytes: the same history), and the databases in both that differ.
+    const differs = gitLayers.filter((l) => ha.get(`${l}/repo.bundle`) !== hb.get(`${l}/repo.bundle`));
+    const needed = new Set<string>(differs.map((l) => `${l}/repo.bundle`));
+    for (const e of ib) if (sqliteLayers.has(e.layer) && ha.has(e.path) && ha.get(e.path) !== e.sha256) needed.add(e.path);
+    // The payload of a snapshot with its index in the manifest is read only for those.
+    for (const [s, x, h] of [[a, sa, ha], [b, sb, hb]] as const) {
+      if (!s.manifest.index) continue;
+      const only = new Set([...needed].filter((p) => h.has(p)));
+      if (only.size) for (const f of (await readSnapshot(s, keys, x.want(only))).written) x.written.add(f);
     }
+    const got = (x: typeof sa, name: string): string | null => {
+      const f = x.files.get(name);
+      return f !== undefined && x.written.has(f) ? f : null;
+    };
     const layers = [...new Set([...a.manifest.layers, ...b.manifest.layers].map((l) => `${l.name}\0${l.kind}`))].map((k) => k.split("\0") as [string, string]);
     const out: LayerDiff[] = [];
     for (const [layer, kind] of layers) {
@@ -191,13 +223,12 @@ export async function diffSnapshots(a: StoredSnapshot, b: StoredSnapshot, keys: 
       const [xa, xb] = [meta(a.manifest, layer), meta(b.manifest, layer)];
       if (kind === "git") {
         const i = gitLayers.indexOf(layer);
-        const fa = wa.get(`${layer}/repo.bundle`)!;
-        const fb = wb.get(`${layer}/repo.bundle`)!;
-        d.git = await gitDiff(d, xa, xb, differs.includes(layer) ? { a: extracted.has(fa) ? fa : null, b: extracted.has(fb) ? fb : null, repo: join(dir!, `repo${i}.git`) } : null);
+        const bundle = `${layer}/repo.bundle`;
+        d.git = await gitDiff(d, xa, xb, differs.includes(layer) ? { a: got(sa, bundle), b: got(sb, bundle), repo: join(dir!, `repo${i}.git`) } : null);
         const oa = d.git.head.from;
         const ob = d.git.head.to;
-        const sb = (xb.head as { subject?: unknown } | undefined)?.subject;
-        d.notes.push(oa === ob ? `HEAD unchanged at ${String(oa ?? "-").slice(0, 12)}` : `HEAD ${String(oa ?? "-").slice(0, 12)} → ${String(ob ?? "-").slice(0, 12)}${typeof sb === "string" && sb ? ` (${sb})` : ""}`);
+        const subj = (xb.head as { subject?: unknown } | undefined)?.subject;
+        d.notes.push(oa === ob ? `HEAD unchanged at ${String(oa ?? "-").slice(0, 12)}` : `HEAD ${String(oa ?? "-").slice(0, 12)} → ${String(ob ?? "-").slice(0, 12)}${typeof subj === "string" && subj ? ` (${subj})` : ""}`);
       }
       if (kind === "sqlite") {
         const da = (xa.databases ?? {}) as Record<string, { tables?: Record<string, number> }>;
@@ -206,15 +237,22 @@ export async function diffSnapshots(a: StoredSnapshot, b: StoredSnapshot, keys: 
         for (const name of new Set([...Object.keys(da), ...Object.keys(db)])) {
           const ta = da[name]?.tables ?? {};
           const tb = db[name]?.tables ?? {};
-          const tables: Record<string, { from: number; to: number }> = {};
+          const tables: SqliteDiff["databases"][string] = {};
           for (const t of new Set([...Object.keys(ta), ...Object.keys(tb)])) {
             const from = typeof ta[t] === "number" ? ta[t] : 0;
             const to = typeof tb[t] === "number" ? tb[t] : 0;
             tables[t] = { from, to };
           }
+          // Both copies at hand (the database changed): rows added, removed and changed by rowid.
+          const [fa, fb] = [got(sa, `${layer}/${name}`), got(sb, `${layer}/${name}`)];
+          if (fa !== null && fb !== null) {
+            try {
+              for (const [t, r] of Object.entries(await rowDiff(fa, fb))) if (tables[t]) Object.assign(tables[t], r);
+            } catch (e) {
+              d.notes.push(`${name}: rows not compared (${(e as Error).message})`);
+            }
+          }
           sq.databases[name] = tables;
-          const parts = Object.entries(tables).map(([t, { from, to }]) => `${t} ${to - from >= 0 ? "+" : ""}${to - from}`);
-          d.notes.push(`${name}: rows ${parts.join(", ") || "(none)"}`);
         }
         d.sqlite = sq;
       }
@@ -393,4 +431,95 @@ async function gitDiff(d: LayerDiff, xa: Record<string, unknown>, xb: Record<str
     g.note = `could not look inside the bundles: ${msg}`;
   }
   return g;
+}
+
+// ------------------------------------------------------------------------------ sqlite rows
+
+interface Bs {
+  prepare(sql: string): { raw(on: boolean): { safeIntegers(on: boolean): { iterate(): IterableIterator<unknown[]> } }; all(): unknown[] };
+  pragma(s: string): unknown;
+  close(): void;
+}
+
+/** A cell as comparable text (type-tagged: 1 and '1' differ). */
+function cell(v: unknown): string {
+  if (v === null) return "n";
+  if (typeof v === "bigint") return `i${v}`;
+  if (typeof v === "number") return `r${v}`;
+  if (typeof v === "string") return `s${v.length}:${v}`;
+  if (Buffer.isBuffer(v)) return `b${v.toString("hex")}`;
+  return `?${String(v)}`;
+}
+
+/**
+ * Rows added, removed and changed by rowid in each table present (with a rowid) in both copies:
+ * two ordered scans merged, one row of each in memory at a time. The copies are private temp
+ * files; each is opened with untrusted schema off and queries only.
+ */
+async function rowDiff(fa: string, fb: string): Promise<Record<string, { added: number; removed: number; changed: number; changed_rowids: string[] }>> {
+  const Database = createRequire(import.meta.url)("better-sqlite3") as new (p: string, o: object) => Bs;
+  const open = (f: string): Bs => {
+    const db = new Database(f, { fileMustExist: true });
+    db.pragma("trusted_schema = OFF");
+    db.pragma("query_only = ON");
+    return db;
+  };
+  const [A, B] = [open(fa), open(fb)];
+  try {
+    const tables = (db: Bs): Map<string, string> => new Map((db.prepare("SELECT name, sql FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\'").all() as { name: string; sql: string | null }[])
+      .filter((t) => !/^\s*CREATE\s+VIRTUAL\b/i.test(t.sql ?? "") && !/\bWITHOUT\s+ROWID\s*[;,)]?\s*$/i.test(t.sql ?? ""))
+      .map((t) => [t.name, t.sql ?? ""]));
+    const [ta, tb] = [tables(A), tables(B)];
+    const out: Record<string, { added: number; removed: number; changed: number; changed_rowids: string[] }> = {};
+    let turn = performance.now();
+    for (const t of ta.keys()) {
+      if (!tb.has(t)) continue;
+      const q = `SELECT _rowid_, * FROM "${t.replace(/"/g, '""')}" ORDER BY _rowid_`;
+      let ia: IterableIterator<unknown[]>;
+      let ib: IterableIterator<unknown[]>;
+      try {
+        ia = A.prepare(q).raw(true).safeIntegers(true).iterate();
+        ib = B.prepare(q).raw(true).safeIntegers(true).iterate();
+      } catch {
+        continue; // no rowid to compare by
+      }
+      const r = { added: 0, removed: 0, changed: 0, changed_rowids: [] as string[] };
+      let x = ia.next();
+      let y = ib.next();
+      while (!x.done || !y.done) {
+        if (performance.now() - turn > 50) {
+          await new Promise<void>((res) => setImmediate(res));
+          turn = performance.now();
+        }
+        const kx = x.done ? null : (x.value[0] as bigint);
+        const ky = y.done ? null : (y.value[0] as bigint);
+        if (ky === null || (kx !== null && kx < ky)) {
+          r.removed++;
+          x = ia.next();
+        } else if (kx === null || ky < kx) {
+          r.added++;
+          y = ib.next();
+        } else {
+          const va = x.value as unknown[];
+          const vb = y.value as unknown[];
+          if (va.length !== vb.length || va.some((v, i) => i > 0 && cell(v) !== cell(vb[i]))) {
+            r.changed++;
+            if (r.changed_rowids.length < 100) r.changed_rowids.push(String(kx));
+          }
+          x = ia.next();
+          y = ib.next();
+        }
+      }
+      out[t] = r;
+    }
+    return out;
+  } finally {
+    for (const db of [A, B]) {
+      try {
+        db.close();
+      } catch {
+        // a statement left mid-scan by an error: the process ends it
+      }
+    }
+  }
 }

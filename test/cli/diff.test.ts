@@ -93,7 +93,7 @@ beforeAll(() => {
   writeFiles(mem, { "f.md": "phi\n" });
   commitAll(mem, "add f\u001b[31m");
   writeFiles(mem, { "u.md": "uncommitted\n" });
-  db("INSERT INTO notes (body) VALUES ('d'), ('e'); DELETE FROM tags;");
+  db("INSERT INTO notes (body) VALUES ('d'), ('e'); DELETE FROM tags; UPDATE notes SET body = 'A' WHERE id = 1;");
   writeFiles(join(work, "files"), { "x.txt": "x, longer\n", "y.txt": "new\n" });
   unlinkSync(join(work, "files", "gone.txt"));
   B = snap();
@@ -132,9 +132,14 @@ describe("memsnap diff inside layers", () => {
     expect(text.stdout).toContain("does not descend from");
   });
 
-  it("gives SQLite rows per table and files by path", () => {
+  it("gives SQLite rows per table (counts, and added, removed and changed by rowid) and files by path", () => {
     const d = diff(A, B);
-    expect(layer(d, "memory-db").sqlite!.databases).toEqual({ "memory.db": { notes: { from: 3, to: 5 }, tags: { from: 1, to: 0 } } });
+    expect(layer(d, "memory-db").sqlite!.databases).toEqual({
+      "memory.db": {
+        notes: { from: 3, to: 5, added: 2, removed: 0, changed: 1, changed_rowids: ["1"] },
+        tags: { from: 1, to: 0, added: 0, removed: 1, changed: 0, changed_rowids: [] },
+      },
+    });
     const f = layer(d, "files");
     expect(f.added.map((x) => x.path)).toEqual(["files/y.txt"]);
     expect(f.changed.map((x) => x.path)).toEqual(["files/x.txt"]);
@@ -156,7 +161,7 @@ describe("memsnap diff inside layers", () => {
     expect(out).toMatch(/^ {4}[0-9a-f]{12} add f\?\[31m$/m);
     expect(out).toMatch(/^ {4}[0-9a-f]{12} edit notes$/m);
     expect(out).not.toContain("\u001b");
-    expect(out).toContain("    notes: 3 → 5 rows (+2)\n");
+    expect(out).toContain("    notes: 3 → 5 rows (+2): 2 added, 0 removed, 1 changed by rowid\n");
     expect(out).toContain("  + files/y.txt");
   });
 
@@ -164,15 +169,18 @@ describe("memsnap diff inside layers", () => {
     const k = cli(["keygen", "-o", key]);
     expectOk(k);
     const ecfg = join(work, "enc.json");
-    writeFileSync(ecfg, JSON.stringify({ agent: "scribe-enc", store, recipients: [k.stdout.trim()], sources: [{ kind: "git", name: "memory", path: "mem" }] }));
+    writeFileSync(ecfg, JSON.stringify({ agent: "scribe-enc", store, recipients: [k.stdout.trim()], sources: [{ kind: "git", name: "memory", path: "mem" }, { kind: "sqlite", name: "memory-db", path: "db/memory.db" }] }));
     const e1 = snap(ecfg);
+    db("UPDATE notes SET body = 'B' WHERE id = 2;");
     writeFiles(mem, { "g.md": "gee, again\n", "h.md": "aitch\n" });
     commitAll(mem, "encrypted change");
     const e2 = snap(ecfg);
     const no = cli(["diff", e1, e2, "-c", ecfg]);
     expectCliError(no, 4, "MEMSNAP_IDENTITY_REQUIRED");
-    const g = layer(diff(e1, e2, ["-i", key], ecfg), "memory").git!;
+    const d = diff(e1, e2, ["-i", key], ecfg);
+    const g = layer(d, "memory").git!;
     expect(g.files).toEqual({ added: ["h.md"], changed: ["g.md"], deleted: [] });
+    expect(layer(d, "memory-db").sqlite!.databases["memory.db"]!.notes).toMatchObject({ from: 5, to: 5, changed: 1, changed_rowids: ["2"] });
     expect(g.commits.map((c) => c.subject)).toEqual(["encrypted change"]);
     expect(leftovers()).toEqual([]);
   });
@@ -198,5 +206,27 @@ describe("memsnap diff inside layers", () => {
     const g = layer(diff(i1, i3.id, [], icfg), "memory").git!;
     expect(g.files.added).toEqual(["i.md"]);
     expect(g.commits.map((c) => c.subject)).toEqual(["incremental change"]);
+  });
+
+  it("caps each list at 1000 and counts the rest", () => {
+    const big = initRepo(join(work, "big"));
+    writeFiles(big, { "seed.md": "seed\n" });
+    commitAll(big, "seed");
+    const bcfg = join(work, "big.json");
+    writeFileSync(bcfg, JSON.stringify({ agent: "scribe-big", store, sources: [{ kind: "git", name: "memory", path: "big" }] }));
+    const b1 = snap(bcfg);
+    const many: Record<string, string> = {};
+    for (let i = 0; i < 1100; i++) many[`n/${String(i).padStart(4, "0")}.md`] = `note ${i}\n`;
+    writeFiles(big, many);
+    commitAll(big, "many notes");
+    const b2 = snap(bcfg);
+    const g = layer(diff(b1, b2, [], bcfg), "memory").git!;
+    expect(g.files.added).toHaveLength(1000);
+    expect(g.files.added[999]).toBe("n/0999.md");
+    expect(g.files_total.added).toBe(1100);
+    const r = cli(["diff", b1, b2, "-c", bcfg]);
+    expectOk(r);
+    expect(r.stdout).toContain("    … and 100 more\n");
+    expect(r.stdout.endsWith("\n")).toBe(true);
   });
 });

@@ -219,7 +219,10 @@ export function diffText(a: string, b: string, diff: LayerDiff[]): string {
     if (l.sqlite) {
       for (const [db, tables] of Object.entries(l.sqlite.databases)) {
         out.push(`  ${oneLine(db)}:`);
-        for (const [t, { from, to }] of Object.entries(tables)) out.push(`    ${oneLine(t)}: ${from} → ${to} rows (${to - from >= 0 ? "+" : ""}${to - from})`);
+        for (const [t, r] of Object.entries(tables)) {
+          const by = r.changed !== undefined ? `: ${r.added} added, ${r.removed} removed, ${r.changed} changed by rowid` : "";
+          out.push(`    ${oneLine(t)}: ${r.from} → ${r.to} rows (${r.to - r.from >= 0 ? "+" : ""}${r.to - r.from})${by}`);
+        }
       }
     }
     list("+", l.added.slice(0, 50).map((x) => `${x.path} (${fmtBytes(x.size)})`), l.added.length, "  ");
