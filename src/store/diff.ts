@@ -192,10 +192,13 @@ export async function diffSnapshots(a: StoredSnapshot, b: StoredSnapshot, keys: 
       };
     };
     const [sa, sb] = [side("a"), side("b")];
-    // A snapshot whose index is only in its payload is read once, its bundles and databases written as it passes.
+    // A snapshot whose index is only in its payload is read for it, its git bundles written as
+    // they pass (they are wanted unless the history is the same); its databases, which may be
+    // large and unchanged, wait for a second pass once the index says which changed.
+    const bundles = new Set(gitLayers.map((l) => `${l}/repo.bundle`));
     const first = async (s: StoredSnapshot, x: typeof sa): Promise<IndexEntry[]> => {
       if (s.manifest.index) return s.manifest.index;
-      const r = await readSnapshot(s, keys, dir ? x.want(null) : null);
+      const r = await readSnapshot(s, keys, bundles.size ? x.want(bundles) : null);
       for (const f of r.written) x.written.add(f);
       return r.index;
     };
@@ -206,10 +209,9 @@ export async function diffSnapshots(a: StoredSnapshot, b: StoredSnapshot, keys: 
     const differs = gitLayers.filter((l) => ha.get(`${l}/repo.bundle`) !== hb.get(`${l}/repo.bundle`));
     const needed = new Set<string>(differs.map((l) => `${l}/repo.bundle`));
     for (const e of ib) if (sqliteLayers.has(e.layer) && ha.has(e.path) && ha.get(e.path) !== e.sha256) needed.add(e.path);
-    // The payload of a snapshot with its index in the manifest is read only for those.
+    // A payload is read (again) only for those not written yet.
     for (const [s, x, h] of [[a, sa, ha], [b, sb, hb]] as const) {
-      if (!s.manifest.index) continue;
-      const only = new Set([...needed].filter((p) => h.has(p)));
+      const only = new Set([...needed].filter((p) => h.has(p) && !(x.files.has(p) && x.written.has(x.files.get(p)!))));
       if (only.size) for (const f of (await readSnapshot(s, keys, x.want(only))).written) x.written.add(f);
     }
     const got = (x: typeof sa, name: string): string | null => {
