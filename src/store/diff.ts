@@ -40,8 +40,12 @@ export interface GitDiff {
   /** Committed files (HEAD tree A → HEAD tree B) by path, each list at most LIST_MAX. */
   files: { added: string[]; changed: string[]; deleted: string[] };
   files_total: { added: number; changed: number; deleted: number };
-  /** The uncommitted work-tree files captured beside the bundle (worktree/…), by path. */
-  worktree: { added: string[]; changed: string[]; removed: string[] };
+  /**
+   * The uncommitted work-tree files captured beside the bundle (worktree/…), by path: added,
+   * changed, and removed (no longer uncommitted); and `deleted`: tracked files missing from B's
+   * work tree (an uncommitted deletion) that were not missing from A's (at most LIST_MAX).
+   */
+  worktree: { added: string[]; changed: string[]; removed: string[]; deleted: string[] };
   /** Why the view inside the bundles is missing or partial, when it is. */
   note?: string;
 }
@@ -184,7 +188,7 @@ export async function diffSnapshots(a: StoredSnapshot, b: StoredSnapshot, keys: 
           if (only && !only.has(name)) return undefined;
           const slash = name.indexOf("/");
           const l = name.slice(0, slash);
-          if (!(sqliteLayers.has(l) || (gitLayers.includes(l) && name === `${l}/repo.bundle`))) return undefined;
+          if (!(sqliteLayers.has(l) || (gitLayers.includes(l) && (name === `${l}/repo.bundle` || name === `${l}/${WORKTREE_DOC}`)))) return undefined;
           let f = files.get(name);
           if (f === undefined) files.set(name, (f = join(dir!, `${tag}${n++}`)));
           return f;
@@ -195,7 +199,7 @@ export async function diffSnapshots(a: StoredSnapshot, b: StoredSnapshot, keys: 
     // A snapshot whose index is only in its payload is read for it, its git bundles written as
     // they pass (they are wanted unless the history is the same); its databases, which may be
     // large and unchanged, wait for a second pass once the index says which changed.
-    const bundles = new Set(gitLayers.map((l) => `${l}/repo.bundle`));
+    const bundles = new Set(gitLayers.flatMap((l) => [`${l}/repo.bundle`, `${l}/${WORKTREE_DOC}`]));
     const first = async (s: StoredSnapshot, x: typeof sa): Promise<IndexEntry[]> => {
       if (s.manifest.index) return s.manifest.index;
       const r = await readSnapshot(s, keys, bundles.size ? x.want(bundles) : null);
@@ -208,6 +212,7 @@ export async function diffSnapshots(a: StoredSnapshot, b: StoredSnapshot, keys: 
     // The git layers whose bundles differ (the same bytes: the same history), and the databases in both that differ.
     const differs = gitLayers.filter((l) => ha.get(`${l}/repo.bundle`) !== hb.get(`${l}/repo.bundle`));
     const needed = new Set<string>(differs.map((l) => `${l}/repo.bundle`));
+    for (const l of gitLayers) if (ha.get(`${l}/${WORKTREE_DOC}`) !== hb.get(`${l}/${WORKTREE_DOC}`)) needed.add(`${l}/${WORKTREE_DOC}`);
     for (const e of ib) if (sqliteLayers.has(e.layer) && ha.has(e.path) && ha.get(e.path) !== e.sha256) needed.add(e.path);
     // A payload is read (again) only for those not written yet.
     for (const [s, x, h] of [[a, sa, ha], [b, sb, hb]] as const) {
@@ -227,6 +232,15 @@ export async function diffSnapshots(a: StoredSnapshot, b: StoredSnapshot, keys: 
         const i = gitLayers.indexOf(layer);
         const bundle = `${layer}/repo.bundle`;
         d.git = await gitDiff(d, xa, xb, differs.includes(layer) ? { a: got(sa, bundle), b: got(sb, bundle), repo: join(dir!, `repo${i}.git`) } : null);
+        const doc = `${layer}/${WORKTREE_DOC}`;
+        if (ha.get(doc) !== hb.get(doc)) {
+          const [da, db] = [await deletedIn(got(sa, doc)), await deletedIn(got(sb, doc))];
+          if (da === null || db === null) d.notes.push(`${WORKTREE_DOC} is not readable; uncommitted deletions not compared`);
+          else {
+            const before = new Set(da);
+            d.git.worktree.deleted = db.filter((p) => !before.has(p)).slice(0, LIST_MAX);
+          }
+        }
         const oa = d.git.head.from;
         const ob = d.git.head.to;
         const subj = (xb.head as { subject?: unknown } | undefined)?.subject;
@@ -362,6 +376,29 @@ class Capped {
   }
 }
 
+/** The git layer's document of uncommitted deletions (see sources/git-iso.ts WorktreeDoc). */
+const WORKTREE_DOC = "worktree-deleted.json";
+/** The largest such document read. */
+const WORKTREE_DOC_MAX = 16 * 1024 * 1024;
+
+/** The tracked paths a worktree document lists as missing ([] without a file: none; null: unreadable). */
+async function deletedIn(file: string | null): Promise<string[] | null> {
+  if (file === null) return [];
+  try {
+    const fh = await open(file, "r");
+    try {
+      const { size } = await fh.stat();
+      if (size > WORKTREE_DOC_MAX) return null;
+      const doc = JSON.parse((await fh.readFile()).toString("utf8")) as { deleted?: unknown };
+      return Array.isArray(doc.deleted) && doc.deleted.every((p) => typeof p === "string") ? doc.deleted as string[] : null;
+    } finally {
+      await fh.close();
+    }
+  } catch {
+    return null;
+  }
+}
+
 /** The git view of one layer: worktree overlay from the index, and with both bundles, the files and commits between the HEADs. */
 async function gitDiff(d: LayerDiff, xa: Record<string, unknown>, xb: Record<string, unknown>,
   bundles: { a: string | null; b: string | null; repo: string } | null): Promise<GitDiff> {
@@ -373,6 +410,7 @@ async function gitDiff(d: LayerDiff, xa: Record<string, unknown>, xb: Record<str
     added: d.added.map((x) => wt(x.path)).filter((x): x is string => x !== null),
     changed: d.changed.map((x) => wt(x.path)).filter((x): x is string => x !== null),
     removed: d.removed.map((x) => wt(x.path)).filter((x): x is string => x !== null),
+    deleted: [] as string[],
   };
   const g: GitDiff = {
     head: { from: headOf(xa), to: headOf(xb) }, descendant: null, commits: [], commits_total: 0, commits_dropped: 0,

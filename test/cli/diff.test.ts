@@ -26,7 +26,7 @@ interface GitJson {
   commits_dropped: number;
   files: { added: string[]; changed: string[]; deleted: string[] };
   files_total: { added: number; changed: number; deleted: number };
-  worktree: { added: string[]; changed: string[]; removed: string[] };
+  worktree: { added: string[]; changed: string[]; removed: string[]; deleted: string[] };
   note?: string;
 }
 interface LayerJson {
@@ -93,6 +93,7 @@ beforeAll(() => {
   writeFiles(mem, { "f.md": "phi\n" });
   commitAll(mem, "add f\u001b[31m");
   writeFiles(mem, { "u.md": "uncommitted\n" });
+  unlinkSync(join(mem, "c.md")); // deleted, not committed
   db("INSERT INTO notes (body) VALUES ('d'), ('e'); DELETE FROM tags; UPDATE notes SET body = 'A' WHERE id = 1;");
   writeFiles(join(work, "files"), { "x.txt": "x, longer\n", "y.txt": "new\n" });
   unlinkSync(join(work, "files", "gone.txt"));
@@ -114,7 +115,7 @@ describe("memsnap diff inside layers", () => {
     expect(g.commits[0]!.oid).toBe(g.head.to);
     expect(g.commits_total).toBe(2);
     expect(g.descendant).toBe(true);
-    expect(g.worktree).toEqual({ added: ["u.md"], changed: [], removed: [] });
+    expect(g.worktree).toEqual({ added: ["u.md"], changed: [], removed: [], deleted: ["c.md"] });
     expect(g.note).toBeUndefined();
     expect(leftovers()).toEqual([]);
   });
@@ -126,7 +127,7 @@ describe("memsnap diff inside layers", () => {
     expect(g.commits_dropped).toBe(2);
     // (u.md was committed in C: no longer an uncommitted file, now a committed one)
     expect(g.files).toEqual({ added: ["b.md", "g.md", "u.md"], changed: ["a.md"], deleted: ["d/e.md", "f.md", "we\nird.md"] });
-    expect(g.worktree).toEqual({ added: [], changed: [], removed: ["u.md"] });
+    expect(g.worktree).toEqual({ added: [], changed: [], removed: ["u.md"], deleted: [] });
     const text = cli(["diff", B, C, "-c", config]);
     expectOk(text);
     expect(text.stdout).toContain("does not descend from");
@@ -156,7 +157,7 @@ describe("memsnap diff inside layers", () => {
     expect(out).toMatch(/^memory-db \(sqlite\): /m);
     expect(out).toMatch(/^files \(files\): /m);
     expect(out).toContain("  files (committed): 3 added, 1 changed, 1 deleted\n");
-    for (const l of ["    + d/e.md", "    + f.md", "    + we?ird.md", "    ~ a.md", "    - b.md", "    + u.md"]) expect(out.split("\n")).toContain(l);
+    for (const l of ["    + d/e.md", "    + f.md", "    + we?ird.md", "    ~ a.md", "    - b.md", "    + u.md", "    x c.md"]) expect(out.split("\n")).toContain(l);
     expect(out).toMatch(/^ {2}commits [0-9a-f]{12}\.\.[0-9a-f]{12}: 2$/m);
     expect(out).toMatch(/^ {4}[0-9a-f]{12} add f\?\[31m$/m);
     expect(out).toMatch(/^ {4}[0-9a-f]{12} edit notes$/m);

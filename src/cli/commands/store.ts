@@ -208,11 +208,12 @@ export function diffText(a: string, b: string, diff: LayerDiff[]): string {
         list("-", g.files.deleted, t.deleted);
       }
       const w = g.worktree;
-      if (w.added.length + w.changed.length + w.removed.length) {
-        out.push(`  uncommitted files (work tree): ${w.added.length} added, ${w.changed.length} changed, ${w.removed.length} no longer uncommitted`);
+      if (w.added.length + w.changed.length + w.removed.length + w.deleted.length) {
+        out.push(`  uncommitted (work tree): ${w.added.length} added, ${w.changed.length} changed, ${w.removed.length} no longer uncommitted, ${w.deleted.length} deleted`);
         list("+", w.added.slice(0, 50), w.added.length);
         list("~", w.changed.slice(0, 50), w.changed.length);
         list("-", w.removed.slice(0, 50), w.removed.length);
+        list("x", w.deleted.slice(0, 50), w.deleted.length);
       }
       continue;
     }
