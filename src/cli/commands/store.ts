@@ -3,7 +3,7 @@ import { existsSync } from "node:fs";
 import { dirname, join } from "node:path";
 import {
   basesOf, deleteSnapshots, diffSnapshots, exportSnapshot, findSnapshot, listSnapshots, loadConfig, loadIdentities, MemsnapError,
-  loadPassphrase, parseDuration, pruneStore, resolveStore, type MemsnapConfig, type RetentionPolicy,
+  loadPassphrase, parseDuration, pruneStore, resolveStore, type LayerDiff, type MemsnapConfig, type RetentionPolicy,
 } from "../../index.js";
 import { fmtBytes, printJson } from "../output.js";
 import { collect, type GlobalOpts } from "../common.js";
@@ -112,15 +112,7 @@ Examples:
         printJson({ ok: true, a: sa.id, b: sb.id, layers: diff });
         return;
       }
-      const out = [`${sa.id} → ${sb.id}`];
-      for (const l of diff) {
-        out.push(`${l.layer} (${l.kind}): ${l.added.length} added, ${l.changed.length} changed, ${l.removed.length} removed, ${l.unchanged} unchanged`);
-        for (const x of l.added.slice(0, 50)) out.push(`  + ${x.path} (${fmtBytes(x.size)})`);
-        for (const x of l.changed.slice(0, 50)) out.push(`  ~ ${x.path} (${fmtBytes(x.from)} → ${fmtBytes(x.to)})`);
-        for (const x of l.removed.slice(0, 50)) out.push(`  - ${x.path} (${fmtBytes(x.size)})`);
-        for (const n of l.notes) out.push(`  ${n}`);
-      }
-      process.stdout.write(out.join("\n") + "\n");
+      process.stdout.write(diffText(sa.id, sb.id, diff));
     });
 
   storeOptions(program.command("export <id>").description("copy a snapshot out of the store (an incremental one with its bases)"))
@@ -202,6 +194,59 @@ An incremental snapshot's bases are kept as long as it is.`)
         for (const p of r.orphans) process.stdout.write(`  removed leftover ${p}\n`);
       }
     });
+}
+
+/** The text of `memsnap diff`: one section per layer, ending with a newline. */
+export function diffText(a: string, b: string, diff: LayerDiff[]): string {
+  const out = [`${a} → ${b}`];
+  const list = (sign: string, items: string[], total: number, indent = "    "): void => {
+    for (const x of items) out.push(`${indent}${sign} ${oneLine(x)}`);
+    if (total > items.length) out.push(`${indent}… and ${total - items.length} more`);
+  };
+  for (const l of diff) {
+    out.push("", `${l.layer} (${l.kind}): ${l.added.length} added, ${l.changed.length} changed, ${l.removed.length} removed, ${l.unchanged} unchanged artifact(s)`);
+    for (const n of l.notes) out.push(`  ${oneLine(n)}`);
+    const g = l.git;
+    if (g) {
+      if (g.note) out.push(`  ${oneLine(g.note)}`);
+      const short = (o: string | null): string => (o ?? "-").slice(0, 12);
+      if (g.head.from !== g.head.to) {
+        out.push(`  commits ${short(g.head.from)}..${short(g.head.to)}: ${g.commits_total}`);
+        for (const c of g.commits) out.push(`    ${c.oid.slice(0, 12)} ${oneLine(c.subject)}`);
+        if (g.commits_total > g.commits.length) out.push(`    … and ${g.commits_total - g.commits.length} more`);
+        if (g.descendant === false) out.push(`  ${short(g.head.to)} does not descend from ${short(g.head.from)}: ${g.commits_dropped} commit(s) of A's history are not in B's`);
+      }
+      const t = g.files_total;
+      if (t.added + t.changed + t.deleted) {
+        out.push(`  files (committed): ${t.added} added, ${t.changed} changed, ${t.deleted} deleted`);
+        list("+", g.files.added, t.added);
+        list("~", g.files.changed, t.changed);
+        list("-", g.files.deleted, t.deleted);
+      }
+      const w = g.worktree;
+      if (w.added.length + w.changed.length + w.removed.length + w.deleted.length) {
+        out.push(`  uncommitted (work tree): ${w.added.length} added, ${w.changed.length} changed, ${w.removed.length} no longer uncommitted, ${w.deleted.length} deleted`);
+        list("+", w.added.slice(0, 50), w.added.length);
+        list("~", w.changed.slice(0, 50), w.changed.length);
+        list("-", w.removed.slice(0, 50), w.removed.length);
+        list("x", w.deleted.slice(0, 50), w.deleted.length);
+      }
+      continue;
+    }
+    if (l.sqlite) {
+      for (const [db, tables] of Object.entries(l.sqlite.databases)) {
+        out.push(`  ${oneLine(db)}:`);
+        for (const [t, r] of Object.entries(tables)) {
+          const by = r.changed !== undefined ? `: ${r.added} added, ${r.removed} removed, ${r.changed} changed by rowid` : "";
+          out.push(`    ${oneLine(t)}: ${r.from} → ${r.to} rows (${r.to - r.from >= 0 ? "+" : ""}${r.to - r.from})${by}`);
+        }
+      }
+    }
+    list("+", l.added.slice(0, 50).map((x) => `${x.path} (${fmtBytes(x.size)})`), l.added.length, "  ");
+    list("~", l.changed.slice(0, 50).map((x) => `${x.path} (${fmtBytes(x.from)} → ${fmtBytes(x.to)})`), l.changed.length, "  ");
+    list("-", l.removed.slice(0, 50).map((x) => `${x.path} (${fmtBytes(x.size)})`), l.removed.length, "  ");
+  }
+  return out.join("\n") + "\n";
 }
 
 /** A label as one table cell: control characters (a newline from an older memsnap) shown as "?". */
