@@ -393,27 +393,29 @@ export async function rekeyBundles(paths: readonly string[], opts: RekeyOptions)
   const items = await load(paths, !!opts.skipPlaintext, skipped);
   if (!items.length) return { bundles: [], skipped };
 
-  // A base rekeyed alone would break the bundles that reference it (their seal of it changes).
-  const inSet = new Set(items.map((it) => it.path));
   const dirs = [...new Set(items.map((it) => dirname(it.path)))];
-  for (const dir of dirs) {
-    const ids = new Set(items.filter((it) => dirname(it.path) === dir).map((it) => it.manifest.snapshot_id));
-    const deps = await dependentsIn(dir, ids, inSet);
-    if (deps.length) {
-      const names = deps.map((d) => `${d.id} (references ${d.base})`);
-      throw new MemsnapError("MEMSNAP_USAGE", `refusing to rekey a base alone: ${names.slice(0, 5).join(", ")}${names.length > 5 ? `, and ${names.length - 5} more` : ""} reference it; their record of its seal would no longer match`, {
-        hint: `rekey them together (memsnap rekey ${[...ids][0]} ${deps.map((d) => d.id).join(" ")} …, or --all); nothing was changed`,
-      });
-    }
-  }
-
-  // The old key must open every bundle before the first one changes (header reads only).
-  if (!opts.dryRun && items.length > 1) for (const it of items) await rekeyOne(it, { ...opts, dryRun: true }, new Map(), []);
-
   const locks: AgentLock[] = [];
   const results: RekeyResult[] = [];
   try {
+    // Under the store lock (prune and delete take it too), before anything is checked.
     if (opts.lock && !opts.dryRun) for (const dir of dirs) locks.push(await acquireLock(dir, { waitMs: 10_000, command: "rekey" }));
+
+    // A base rekeyed alone would break the bundles that reference it (their seal of it changes).
+    const inSet = new Set(items.map((it) => it.path));
+    for (const dir of dirs) {
+      const ids = new Set(items.filter((it) => dirname(it.path) === dir).map((it) => it.manifest.snapshot_id));
+      const deps = await dependentsIn(dir, ids, inSet);
+      if (deps.length) {
+        const names = deps.map((d) => `${d.id} (references ${d.base})`);
+        throw new MemsnapError("MEMSNAP_USAGE", `refusing to rekey a base alone: ${names.slice(0, 5).join(", ")}${names.length > 5 ? `, and ${names.length - 5} more` : ""} reference it; their record of its seal would no longer match`, {
+          hint: `rekey them together (memsnap rekey ${[...ids][0]} ${deps.map((d) => d.id).join(" ")} …, or --all); nothing was changed`,
+        });
+      }
+    }
+
+    // The old key must open every bundle before the first one changes (header reads only).
+    if (!opts.dryRun && items.length > 1) for (const it of items) await rekeyOne(it, { ...opts, dryRun: true }, new Map(), []);
+
     const newSeals = new Map<string, string>();
     for (const g of groups(items)) {
       const pending: Pending[] = [];

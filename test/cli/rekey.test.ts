@@ -191,6 +191,7 @@ describe("memsnap rekey over a store with an incremental chain", () => {
   let store: string;
   let cfg: string;
   let ids: string[];
+  let plainId: string;
 
   beforeAll(() => {
     if (!requireTool(["age-keygen"])) return;
@@ -207,6 +208,13 @@ describe("memsnap rekey over a store with an incremental chain", () => {
       expectOk(r);
       ids.push(jsonOut(r).id);
     }
+    // A plaintext bundle of the same agent, and another agent encrypted to another key.
+    const p = runCliSync(["snapshot", "-c", cfg, "--no-encrypt", "--json"], { cwd: w });
+    expectOk(p);
+    plainId = jsonOut(p).id;
+    const cfg2 = join(w, "second.json");
+    writeFileSync(cfg2, JSON.stringify({ agent: "second", store, recipients: [pub("other")], sources: [{ kind: "files", name: "memory", path: "memory" }] }));
+    expectOk(runCliSync(["snapshot", "-c", cfg2], { cwd: w }));
   });
 
   it("refuses a base alone, naming the bundles that reference it", (ctx) => {
@@ -224,13 +232,15 @@ describe("memsnap rekey over a store with an incremental chain", () => {
     const dir = join(store, "default", "chain");
     const before = Object.fromEntries(ids.map((id) => [id, readBundle(join(dir, `${id}.memsnap`)).manifest]));
     expect(before[ids[2]!].bases?.length).toBeGreaterThan(0);
-    // A key that opens none of them: refused before anything changes.
-    expectCliError(runCliSync(["rekey", "--all", "--store", store, "-i", key("other"), "-r", pub("new")]), 4, "MEMSNAP_DECRYPT_FAILED");
+    // The whole store: the old key does not open the other agent's bundle, so nothing changes.
+    const all = runCliSync(["rekey", "--all", "--store", store, "-i", key("old"), "-r", pub("new")]);
+    expectCliError(all, 4, "MEMSNAP_DECRYPT_FAILED");
     for (const id of ids) expect(readBundle(join(dir, `${id}.memsnap`)).manifest.seal).toBe(before[id]!.seal);
 
-    const r = runCliSync(["rekey", "--all", "--store", store, "-i", key("old"), "--replace", "-r", pub("new"), "--json"]);
+    const r = runCliSync(["rekey", "--all", "--agent", "chain", "--store", store, "-i", key("old"), "--replace", "-r", pub("new"), "--json"]);
     expectOk(r);
     expect(jsonOut(r).bundles.map((x: { id: string }) => x.id)).toEqual(ids);
+    expect(jsonOut(r).skipped).toEqual([expect.objectContaining({ id: plainId, reason: "not encrypted" })]);
     const after = Object.fromEntries(ids.map((id) => [id, readBundle(join(dir, `${id}.memsnap`)).manifest]));
     for (const id of ids) {
       expect(after[id]!.seal).not.toBe(before[id]!.seal);
@@ -238,7 +248,7 @@ describe("memsnap rekey over a store with an incremental chain", () => {
       expect(ageOpens(join(dir, `${id}.memsnap`), key("old"))).toBe(false);
     }
     expect(readdirSync(dir).filter((n) => n.includes(".tmp-"))).toEqual([]);
-    expectOk(runCliSync(["verify", "--all", "--store", store, "-i", key("new")]));
+    expectOk(runCliSync(["verify", ...ids, "--store", store, "-i", key("new")]));
     const to = join(tempDir(), "out");
     expectOk(runCliSync(["restore", ids[2]!, "--store", store, "--to", to, "-i", key("new")]));
     expect(readFileSync(join(to, "memory", "n0.md"), "utf8")).toContain("change 2");

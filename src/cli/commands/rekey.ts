@@ -17,6 +17,8 @@ interface RekeyCliOpts {
   dryRun?: boolean;
   all?: boolean;
   store?: string;
+  tenant?: string;
+  agent?: string;
 }
 
 /** `2 recipient(s): sha256:…, sha256:…` or `passphrase`. */
@@ -39,6 +41,8 @@ export function registerRekey(program: Command, global: () => GlobalOpts): void 
     .option("--sign-key <file>", "sign the new manifest with this Ed25519 key (without it, an existing signature is removed)")
     .option("--dry-run", "check the key and say what would change; write nothing")
     .option("--all", "rekey every encrypted bundle in the store (plaintext ones are skipped)")
+    .option("--tenant <id>", "with --all: only this tenant's bundles")
+    .option("--agent <id>", "with --all: only this agent's bundles")
     .option("--store <dir>", "the store for --all and for snapshot ids (default: $MEMSNAP_STORE, ./memsnap.json's store, ~/.local/share/memsnap/store)")
     .addHelpText("after", `
 Only the age header is rewritten: the same file key is wrapped for the new recipients and the
@@ -54,6 +58,7 @@ Examples:
   $ memsnap rekey snap.memsnap --passphrase-file old.pass --new-passphrase-file new.pass`)
     .action(async (refs: string[], o: RekeyCliOpts) => {
       if (o.all && refs.length) throw new MemsnapError("MEMSNAP_USAGE", "--all rekeys the whole store: give no bundles with it", { hint: "drop --all, or the bundle arguments" });
+      if (!o.all && (o.tenant || o.agent)) throw new MemsnapError("MEMSNAP_USAGE", "--tenant and --agent narrow --all", { hint: "add --all, or drop them" });
       if (!o.all && !refs.length) throw new MemsnapError("MEMSNAP_USAGE", "no bundle given", { hint: "pass bundle paths or ids, or --all for the whole store" });
       const identities = await loadIdentities(o.identity);
       const passphrase = await loadPassphrase(o.passphraseFile);
@@ -66,20 +71,25 @@ Examples:
       const newPassphrase = o.newPassphraseFile ? await loadPassphrase(o.newPassphraseFile, {}) : undefined;
       const signKey = o.signKey ? await loadSigningKey(o.signKey) : undefined;
       let paths: string[];
+      let fromStore = true;
       if (o.all) {
         const store = await defaultStore(o.store);
-        paths = await bundlePaths(store);
+        paths = await bundlePaths(store, { ...(o.tenant ? { tenant: o.tenant } : {}), ...(o.agent ? { agent: o.agent } : {}) });
         if (!paths.length) throw new MemsnapError("MEMSNAP_USAGE", `no bundles in ${store}`, { hint: "check --store (or $MEMSNAP_STORE)" });
       } else {
         paths = [];
-        for (const ref of refs) paths.push(await bundleArg(ref, () => defaultStore(o.store)));
+        for (const ref of refs) {
+          const path = await bundleArg(ref, () => defaultStore(o.store));
+          if (path === ref) fromStore = false; // a path given: its directory need not be a store's
+          paths.push(path);
+        }
       }
       const out = await rekeyBundles(paths, {
         keys: { identities, passphrases: passphrase ? [passphrase] : [] },
         add, remove: o.removeRecipient, replace: !!o.replace,
         ...(newPassphrase !== undefined ? { newPassphrase } : {}),
         ...(signKey ? { signKey } : {}),
-        dryRun: !!o.dryRun, lock: !!o.all, skipPlaintext: !!o.all,
+        dryRun: !!o.dryRun, lock: fromStore, skipPlaintext: !!o.all,
       });
       for (const r of out.bundles) {
         if (r.signature_dropped) commandWarning({ path: r.path, message: `${r.id}: its signature ${r.dry_run ? "would be" : "was"} removed (it would no longer verify); pass --sign-key to sign it again` });
