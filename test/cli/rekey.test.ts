@@ -12,7 +12,7 @@ import { appendFileSync, copyFileSync, mkdirSync, readdirSync, readFileSync, wri
 import { join } from "node:path";
 import { beforeAll, describe, expect, it } from "vitest";
 import {
-  expectCliError, expectOk, jsonOut, makeAgent, readBundle, runCliSync, tempDir, treeHashes, type Agent,
+  expectCliError, expectOk, jsonOut, makeAgent, readBundle, reseal, runCliSync, sha256, tempDir, treeHashes, writeBundle, type Agent,
 } from "../helpers/cli.js";
 import { requireTool } from "../helpers/tools.js";
 
@@ -122,6 +122,37 @@ describe("memsnap rekey", () => {
     // Removing a recipient that is not one, or the last one, is refused.
     expectCliError(cli(["rekey", b, "-i", key("other"), "--remove-recipient", pub("new")]), 2, "MEMSNAP_USAGE");
     expectCliError(cli(["rekey", b, "-i", key("other"), "--remove-recipient", pub("other")]), 2, "MEMSNAP_USAGE");
+  });
+
+  it("a header written by the age CLI: stanzas line up with the manifest's recipients, or removal refuses and --replace works", (ctx) => {
+    requireTool(["age", "age-keygen", "zstd", "tar"], ctx);
+    const b = snapshot("agecli", ["-r", pub("old")]);
+    const parts = readBundle(b);
+    writeFileSync(join(a.dir, "agecli.age"), parts.payload);
+    const twice = sh(`age -d -i "${key("old")}" agecli.age | age -r ${pub("old")} -r ${pub("other")}`);
+    expect(twice.status, twice.stderr).toBe(0);
+    const fp = (n: string) => ({ type: "x25519", fingerprint: `sha256:${sha256(pub(n)).slice(0, 16)}` });
+    const rewrite = (recipients: object[]) => writeBundle(b, "payload.tar.zst.age", twice.stdout, reseal({
+      ...parts.manifest, payload: { ...parts.manifest.payload, stored_size: twice.stdout.length, sha256: sha256(twice.stdout), encryption: { scheme: "age", recipients } },
+    }));
+    // Listed in stanza order: the other recipient's stanza is dropped, the old one's kept.
+    rewrite([fp("old"), fp("other")]);
+    expectOk(cli(["verify", b, "-i", key("other")]));
+    expectOk(cli(["rekey", b, "-i", key("old"), "--remove-recipient", pub("other")]));
+    expect(ageOpens(b, key("old"))).toBe(true);
+    expect(ageOpens(b, key("other"))).toBe(false);
+    expectOk(cli(["verify", b, "--deep", "-i", key("old")]));
+    // Listed otherwise (one recipient for two stanzas): which stanza is whose is unknown.
+    rewrite([fp("old")]);
+    const bytes = readFileSync(b);
+    const r = cli(["rekey", b, "-i", key("old"), "--remove-recipient", pub("other")]);
+    expectCliError(r, 2, "MEMSNAP_USAGE");
+    expect(r.stderr).toContain("--replace");
+    expect(readFileSync(b).equals(bytes)).toBe(true);
+    expectOk(cli(["rekey", b, "-i", key("old"), "--replace", "-r", pub("new")]));
+    expect(listWithAge(b, key("new"))).toContain("memory/MEMORY.md");
+    expect(ageOpens(b, key("old"))).toBe(false);
+    expect(ageOpens(b, key("other"))).toBe(false);
   });
 
   it("changes a passphrase: the new one opens it, the old one does not", (ctx) => {
