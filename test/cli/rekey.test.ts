@@ -8,6 +8,7 @@
  * nothing changes; a write that fails leaves the original byte for byte and no temp file.
  */
 import { spawnSync } from "node:child_process";
+import { randomBytes } from "node:crypto";
 import { appendFileSync, copyFileSync, mkdirSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { beforeAll, describe, expect, it } from "vitest";
@@ -235,6 +236,8 @@ describe("memsnap rekey over a store with an incremental chain", () => {
     ids = [];
     for (let i = 0; i < 3; i++) {
       appendFileSync(join(w, "memory", "n0.md"), `change ${i}\n`);
+      // The last one is the largest bundle of the chain (for the failing-write test).
+      if (i === 2) writeFileSync(join(w, "memory", "big.bin"), randomBytes(400_000));
       const r = runCliSync(["snapshot", "-c", cfg, "--incremental", "--json"], { cwd: w });
       expectOk(r);
       ids.push(jsonOut(r).id);
@@ -256,6 +259,22 @@ describe("memsnap rekey over a store with an incremental chain", () => {
     expectCliError(r, 2, "MEMSNAP_USAGE");
     expect(r.stderr).toContain(ids[1]);
     expect(readFileSync(path).equals(bytes)).toBe(true);
+  });
+
+  it("a write that fails on the last bundle of a chain leaves every bundle of it as it was, and no temp file", (ctx) => {
+    requireTool(["age-keygen"], ctx);
+    const dir = join(store, "default", "chain");
+    const files = ids.map((id) => join(dir, `${id}.memsnap`));
+    const bytes = files.map((f) => readFileSync(f));
+    const sizes = bytes.map((b) => b.length);
+    expect(sizes[2]).toBeGreaterThan(Math.max(sizes[0]!, sizes[1]!) + 4096);
+    const limitKiB = Math.ceil((Math.max(sizes[0]!, sizes[1]!) + 2048) / 1024);
+    const r = runCliSync(["rekey", "--all", "--agent", "chain", "--store", store, "-i", key("old"), "-r", pub("new")], { fileSizeLimitKiB: limitKiB });
+    expect(r.code, r.stderr).toBe(8);
+    expect(r.stderr).toMatch(/MEMSNAP_DEST_/);
+    expect(r.stderr).toContain(ids[2]); // the first two were written (to temp files) before it
+    files.forEach((f, i) => expect(readFileSync(f).equals(bytes[i]!)).toBe(true));
+    expect(readdirSync(dir).filter((n) => n.includes(".tmp-"))).toEqual([]);
   });
 
   it("--all rekeys bases first and updates the seals that reference them; every snapshot verifies and restores with the new key", (ctx) => {
