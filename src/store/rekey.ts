@@ -67,11 +67,11 @@ export interface RekeyOptions {
 export interface RekeyOutcome {
   bundles: RekeyResult[];
   /** Bundles left as they were, and why (plaintext ones under `skipPlaintext`). */
-  skipped: Array<{ path: string; id: string; reason: string }>;
+  skipped: Array<{ path: string; snapshot_id: string; reason: string }>;
 }
 
 export interface RekeyResult {
-  id: string;
+  snapshot_id: string;
   path: string;
   /** The recipients the bundle is encrypted to afterwards, as the manifest lists them. */
   recipients: RecipientInfo[];
@@ -229,7 +229,7 @@ async function rekeyOne(item: Item, opts: RekeyOptions, newSeals: Map<string, st
     const basesUpdated = bases.filter((b) => newSeals.has(sealKey(b.snapshot_id))).map((b) => b.snapshot_id);
     const basesNot = bases.filter((b) => !newSeals.has(sealKey(b.snapshot_id))).map((b) => b.snapshot_id);
     const base: RekeyResult = {
-      id: manifest.snapshot_id, path: item.path, recipients: p.infos, added: p.added, removed: p.removed,
+      snapshot_id: manifest.snapshot_id, path: item.path, recipients: p.infos, added: p.added, removed: p.removed,
       passphrase: p.passphrase !== undefined, signed: !!opts.signKey, signature_dropped: !opts.signKey && manifest.signature !== undefined,
       bases_updated: basesUpdated, bases_not_rekeyed: basesNot, stored_size: storedSize, sha256: "", dry_run: !!opts.dryRun,
     };
@@ -308,7 +308,7 @@ async function load(paths: readonly string[], skipPlaintext: boolean, skipped: R
     }
     if (!manifest.payload.encryption || layout.payloadMember !== PAYLOAD_MEMBER_ENCRYPTED) {
       if (skipPlaintext) {
-        skipped.push({ path: given, id: manifest.snapshot_id, reason: "not encrypted" });
+        skipped.push({ path: given, snapshot_id: manifest.snapshot_id, reason: "not encrypted" });
         continue;
       }
       throw new MemsnapError("MEMSNAP_USAGE", `${given} (${manifest.snapshot_id}) is not encrypted: rekey changes the keys of encrypted bundles, it does not encrypt`, {
@@ -425,7 +425,7 @@ export async function rekeyBundles(paths: readonly string[], opts: RekeyOptions)
       } catch (e) {
         for (const p of pending) await unlinkQuiet(p.tmp).catch(() => undefined);
         if (results.length && e instanceof MemsnapError) {
-          throw new MemsnapError(e.code, `${e.message} (nothing of ${g[0]!.manifest.snapshot_id}'s group was changed; ${results.length} bundle(s) rekeyed before it stay rekeyed: ${results.map((r) => r.id).join(", ")})`, {
+          throw new MemsnapError(e.code, `${e.message} (nothing of ${g[0]!.manifest.snapshot_id}'s group was changed; ${results.length} bundle(s) rekeyed before it stay rekeyed: ${results.map((r) => r.snapshot_id).join(", ")})`, {
             ...(e.hint ? { hint: e.hint } : {}), cause: e,
           });
         }

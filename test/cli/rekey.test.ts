@@ -259,6 +259,11 @@ describe("memsnap rekey over a store with an incremental chain", () => {
     expectCliError(r, 2, "MEMSNAP_USAGE");
     expect(r.stderr).toContain(ids[1]);
     expect(readFileSync(path).equals(bytes)).toBe(true);
+    // The last one alone is allowed, with a warning that its bases keep their keys.
+    const last = runCliSync(["rekey", ids[2]!, "--store", store, "-i", key("old"), "-r", pub("new"), "--dry-run"]);
+    expectOk(last);
+    expect(last.stderr).toMatch(/warning: .* which keep their old keys/);
+    expect(last.stdout).toContain(`would rekey ${ids[2]}`);
   });
 
   it("a write that fails on the last bundle of a chain leaves every bundle of it as it was, and no temp file", (ctx) => {
@@ -289,8 +294,8 @@ describe("memsnap rekey over a store with an incremental chain", () => {
 
     const r = runCliSync(["rekey", "--all", "--agent", "chain", "--store", store, "-i", key("old"), "--replace", "-r", pub("new"), "--json"]);
     expectOk(r);
-    expect(jsonOut(r).bundles.map((x: { id: string }) => x.id)).toEqual(ids);
-    expect(jsonOut(r).skipped).toEqual([expect.objectContaining({ id: plainId, reason: "not encrypted" })]);
+    expect(jsonOut(r).bundles.map((x: { snapshot_id: string }) => x.snapshot_id)).toEqual(ids);
+    expect(jsonOut(r).skipped).toEqual([expect.objectContaining({ snapshot_id: plainId, reason: "not encrypted" })]);
     const after = Object.fromEntries(ids.map((id) => [id, readBundle(join(dir, `${id}.memsnap`)).manifest]));
     for (const id of ids) {
       expect(after[id]!.seal).not.toBe(before[id]!.seal);

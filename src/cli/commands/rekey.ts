@@ -92,8 +92,8 @@ Examples:
         dryRun: !!o.dryRun, lock: fromStore, skipPlaintext: !!o.all,
       });
       for (const r of out.bundles) {
-        if (r.signature_dropped) commandWarning({ path: r.path, message: `${r.id}: its signature ${r.dry_run ? "would be" : "was"} removed (it would no longer verify); pass --sign-key to sign it again` });
-        if (r.bases_not_rekeyed.length) commandWarning({ path: r.path, message: `${r.id} references ${r.bases_not_rekeyed.join(", ")}, which keep their old keys: restoring it needs a key for them too` });
+        if (r.signature_dropped) commandWarning({ path: r.path, message: `${r.snapshot_id}: its signature ${r.dry_run ? "would be" : "was"} removed (it would no longer verify); pass --sign-key to sign it again` });
+        if (r.bases_not_rekeyed.length) commandWarning({ path: r.path, message: `${r.snapshot_id} references ${r.bases_not_rekeyed.join(", ")}, which keep their old keys: restoring it needs a key for them too` });
       }
       if (global().json) {
         printJson({ ok: true, dry_run: !!o.dryRun, bundles: out.bundles, skipped: out.skipped });
@@ -104,9 +104,9 @@ Examples:
           ...(r.added.length ? [`+${r.added.length}`] : []), ...(r.removed.length ? [`-${r.removed.length}`] : []),
           ...(r.bases_updated.length ? [`bases ${r.bases_updated.join(", ")} resealed`] : []), ...(r.signed ? ["signed"] : []),
         ];
-        process.stdout.write(`${r.dry_run ? "would rekey" : "rekeyed"} ${r.id}  ${describe(r)}${changes.length ? `  (${changes.join("; ")})` : ""}  ${r.path}\n`);
+        process.stdout.write(`${r.dry_run ? "would rekey" : "rekeyed"} ${r.snapshot_id}  ${describe(r)}${changes.length ? `  (${changes.join("; ")})` : ""}  ${r.path}\n`);
       }
-      for (const s of out.skipped) process.stdout.write(`skipped ${s.id}  ${s.reason}  ${s.path}\n`);
+      for (const s of out.skipped) process.stdout.write(`skipped ${s.snapshot_id}  ${s.reason}  ${s.path}\n`);
       process.stdout.write(`${out.bundles.length} bundle(s) ${o.dryRun ? "would be rekeyed (dry run: nothing written)" : "rekeyed"}${out.skipped.length ? `, ${out.skipped.length} skipped` : ""}\n`);
     });
 }
