@@ -4,6 +4,7 @@ import { ERROR_CODES, MemsnapError, onKeyFileWarning, TOOL_VERSION } from "../in
 import { registerInit } from "./commands/init.js";
 import { registerInspect } from "./commands/inspect.js";
 import { registerKeygen } from "./commands/keygen.js";
+import { registerRekey } from "./commands/rekey.js";
 import { registerRestore } from "./commands/restore.js";
 import { registerSnapshot } from "./commands/snapshot.js";
 import { registerSchedule } from "./commands/schedule.js";
@@ -67,6 +68,7 @@ ${Object.entries(EXIT_CODE_MEANINGS).map(([c, m]) => `  ${c.padStart(2)}  ${m}`)
   registerRestore(program, global);
   registerKeygen(program, global);
   registerStore(program, global);
+  registerRekey(program, global);
   registerSchedule(program, global);
   const json = argv.includes("--json");
   try {
