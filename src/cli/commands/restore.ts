@@ -161,7 +161,7 @@ Examples:
         printJson({
           ok: true, snapshot_id: r.manifest.snapshot_id, dry_run: !!o.dryRun, layers: r.layers, swaps: r.swaps, bytes: r.bytes,
           safety_snapshot: r.safetySnapshot
-            ? { id: r.safetySnapshot.id, path: r.safetySnapshot.path, encrypted: r.safetySnapshot.manifest.payload.encryption !== null }
+            ? { id: r.safetySnapshot.id, snapshot_id: r.safetySnapshot.id, path: r.safetySnapshot.path, encrypted: r.safetySnapshot.manifest.payload.encryption !== null }
             : null,
           recovered: r.recovered, plan: r.plan ?? null, duration_ms: Math.round(r.durationMs), redacted: redactedJson(redacted),
           ...(r.processes ? { processes: r.processes } : {}), notes: r.notes, kept: r.kept,
