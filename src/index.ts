@@ -32,3 +32,4 @@ export { removeOrphans } from "./store/orphans.js";
 export { runSchedule, parseCron, nextCron, printUnits, cronForInterval, type ScheduleOptions, type Cron, type UnitOptions } from "./schedule.js";
 export { summarizeRedaction, listSome, type RedactedSummary } from "./redact/report.js";
 export { runHook, parseHooks, type HooksConfig, type HookEvent, type HookResult } from "./hooks.js";
+export { catArtifact, entryOf, loadIndex, openSnapshot, pathFilter, perFileKind, selectPaths, type OpenedSnapshot, type Selection } from "./browse/index.js";
