@@ -179,6 +179,7 @@ export async function catArtifact(
       let got: { size: number; sha256: string } | null = null;
       const r = await readPayload(layout, manifest, keys, async (info, chunks) => {
         if (info.name !== want) return;
+        if (got) throw new MemsnapError("MEMSNAP_INDEX_MISMATCH", `duplicate payload entry ${want}`, { path: want, hint: "the bundle is damaged or was altered; nothing was written" });
         const h = createHash("sha256");
         const fh = await open(spool, "wx", 0o600);
         let n = 0;

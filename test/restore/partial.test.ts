@@ -239,5 +239,8 @@ describe("restore --to in the config's layout", () => {
 
   it("--layout takes config or layers only", async () => {
     expectCliError(await runCli(["restore", plain, "--to", join(tempDir(), "o"), "--layout", "flat"]), 2, "MEMSNAP_USAGE");
+    const inPlace = await runCli(["restore", plain, "-c", a.config, "--layout", "layers", "--no-safety-snapshot"], { cwd: a.dir });
+    expectCliError(inPlace, 2, "MEMSNAP_USAGE");
+    expect(inPlace.stderr).toContain("--layout applies to a restore --to DIR");
   });
 });

@@ -43,6 +43,9 @@ function table(rows: string[][], head: string[]): string {
   return [head, ...rows].map((r) => r.map((c, i) => (i === r.length - 1 ? c : c.padEnd(w[i]!))).join("  ").trimEnd()).join("\n") + "\n";
 }
 
+/** A name from a bundle as a terminal line shows it: control characters escaped (a hostile name cannot move the cursor). */
+const shown = (s: string): string => s.replace(/[\x00-\x1f\x7f-\x9f]/g, (c) => `\\x${c.charCodeAt(0).toString(16).padStart(2, "0")}`);
+
 const when = (iso: string): string => iso.replace(/\.\d+Z$/, "Z");
 
 export function registerBrowse(program: Command, global: () => GlobalOpts): void {
@@ -79,7 +82,7 @@ Examples:
         return;
       }
       const incremental = hits.some((e) => e.ref);
-      const rows = hits.map((e) => [octal(e.mode), String(e.size), when(e.mtime), e.kind, e.path, ...(incremental ? [e.ref ?? "-"] : [])]);
+      const rows = hits.map((e) => [octal(e.mode), String(e.size), when(e.mtime), shown(e.kind), shown(e.path), ...(incremental ? [e.ref ?? "-"] : [])]);
       process.stdout.write(table(rows.map((r) => (incremental ? [...r.slice(0, 4), r[5]!, r[4]!] : r)),
         ["MODE", "SIZE", "MTIME", "KIND", ...(incremental ? ["BASE"] : []), "PATH"]));
     });
@@ -152,7 +155,7 @@ Examples:
         process.stderr.write(`memsnap: no file matches ${glob} in ${snaps.length - skipped.length} snapshot(s) of ${store}\n`);
         return;
       }
-      process.stdout.write(table(found.map((f) => [f.snapshot_id, when(f.created_at), fmtBytes(f.e.size), f.e.sha256.slice(0, 12), f.e.path]),
+      process.stdout.write(table(found.map((f) => [f.snapshot_id, when(f.created_at), fmtBytes(f.e.size), f.e.sha256.slice(0, 12), shown(f.e.path)]),
         ["SNAPSHOT", "CREATED", "SIZE", "SHA256", "PATH"]));
     });
 }

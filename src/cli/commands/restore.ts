@@ -166,6 +166,9 @@ layer names (with a note) when the layout was not asked for. Without a config, o
         }
         return;
       }
+      if (o.layout !== undefined) {
+        throw new MemsnapError("MEMSNAP_USAGE", "--layout applies to a restore --to DIR; in place, each layer goes where the config puts it", { hint: "drop --layout, or pass --to DIR" });
+      }
       const config = await loadConfig(o.config);
       const bundle = await bundleArg(ref, async () => resolveStore(o.store, config.store),
         o.asAgent ? {} : { tenant: config.tenant, agent: config.agent });
