@@ -55,6 +55,29 @@ describe("restore --to --path", () => {
   });
 });
 
+describe("restore --path of an incremental snapshot", () => {
+  it("a selected file held in the base is read from it; the others are not written", async () => {
+    const b = makeAgent({ agent: "incr-partial" });
+    const st = join(b.dir, "store");
+    expectOk(await runCli(["snapshot", "-c", b.config, "--store", st, "--incremental"], { cwd: b.dir }));
+    writeFileSync(join(b.memoryDir, "MEMORY.md"), "# changed\n");
+    const second = jsonOut(await runCli(["snapshot", "-c", b.config, "--store", st, "--incremental", "--json"], { cwd: b.dir }));
+    const to = join(tempDir("memsnap-partial-incr-"), "out");
+    const r = await runCli(["--json", "restore", second.path, "--to", to, "--path", "memory/notes/2024-06-01.md", "--path", "memory/MEMORY.md", "--layout", "layers"]);
+    expectOk(r);
+    expect(jsonOut(r).artifacts).toBe(2);
+    expect(listTree(to).filter((p) => !p.startsWith(".memsnap"))).toEqual(["memory", "memory/MEMORY.md", "memory/notes", "memory/notes/2024-06-01.md"]);
+    expect(readFileSync(join(to, "memory/notes/2024-06-01.md"), "utf8")).toBe(DEFAULT_FILES["notes/2024-06-01.md"]);
+    expect(readFileSync(join(to, "memory/MEMORY.md"), "utf8")).toBe("# changed\n");
+    // In place: only the selected referenced file comes back from the base.
+    writeFileSync(join(b.memoryDir, "notes/2024-06-01.md"), "edited\n");
+    writeFileSync(join(b.memoryDir, "deep/a/b/c.txt"), "edited\n");
+    expectOk(await runCli(["restore", second.path, "-c", b.config, "--path", "memory/notes/2024-06-01.md", "--no-safety-snapshot"], { cwd: b.dir }));
+    expect(readFileSync(join(b.memoryDir, "notes/2024-06-01.md"), "utf8")).toBe(DEFAULT_FILES["notes/2024-06-01.md"]);
+    expect(readFileSync(join(b.memoryDir, "deep/a/b/c.txt"), "utf8")).toBe("edited\n");
+  });
+});
+
 describe("restore --path in place", () => {
   it("replaces only the selected files: other files of the layer, changed or new, stay as they are", async () => {
     const b = makeAgent({ agent: "inplace" });
