@@ -98,6 +98,11 @@ export interface Selection {
   layers: Set<string>;
   /** Those of them of which only some artifacts are selected. */
   partial: Set<string>;
+  /**
+   * Those of them restored file by file (files, state, trace): in place, a --path restore writes
+   * their selected files and removes nothing, even where the patterns select every file.
+   */
+  perFile: Set<string>;
   /** Whether an artifact is to be written: every artifact of a whole layer, the selected ones of a partial one. */
   want: (name: string) => boolean;
 }
@@ -138,7 +143,8 @@ export function selectPaths(manifest: Manifest, index: readonly IndexEntry[], pa
     partial.add(layer);
   }
   const layerOf = (p: string): string => p.slice(0, p.indexOf("/"));
-  return { paths, layers, partial, want: (name) => paths.has(name) || (layers.has(layerOf(name)) && !partial.has(layerOf(name))) };
+  const perFile = new Set([...layers].filter((l) => perFileKind(manifest.layers.find((x) => x.name === l)?.kind ?? "")));
+  return { paths, layers, partial, perFile, want: (name) => paths.has(name) || (layers.has(layerOf(name)) && !partial.has(layerOf(name))) };
 }
 
 /** The index entry of `path` (as `ls` shows it). Throws MEMSNAP_SOURCE_MISSING. */

@@ -387,7 +387,7 @@ export async function restoreInPlace(bundle: string, config: MemsnapConfig, opts
       crashPoint("restore:staged");
       for (const s of selected) {
         const { staged, backup } = roots.get(s.layer.name)!;
-        journal.swaps.push(...(await buildSwaps(s, staged, backup, protect, kept, selection?.partial.has(s.layer.name))));
+        journal.swaps.push(...(await buildSwaps(s, staged, backup, protect, kept, selection?.perFile.has(s.layer.name))));
       }
       // The same check recover makes, and the live tree's: no symlink or file on the way, no
       // directory where a file goes. A refusal here changes nothing live.

@@ -91,7 +91,7 @@ export async function planRestore(
         else if ((await sha256File(join(s.target.root, rel))) !== sha) p.changed.push(rel);
         else p.unchanged++;
       }
-      if (!pick?.partial.has(s.layer.name)) for (const rel of live) if (!want.has(rel)) p.removed.push(rel);
+      if (!pick?.perFile.has(s.layer.name)) for (const rel of live) if (!want.has(rel)) p.removed.push(rel);
     }
     const extra = await s.source.impl.planLayer?.(s.source.cfg, config.baseDir, s.layer);
     if (extra) p.notes.push(...extra);

@@ -97,7 +97,11 @@ describe("restore --path in place", () => {
     expect(readFileSync(join(b.memoryDir, "notes/2024-06-01.md"), "utf8")).toBe("also changed\n");
     expect(readFileSync(join(b.memoryDir, "new.md"), "utf8")).toBe("new since\n");
     expect(readFileSync(join(b.stateDir, "cursor.json"), "utf8")).toBe("{\"offset\":99}");
-    // Without --path the whole layer comes back (new.md goes): the partial restore above was the difference.
+    // Patterns that select every file of the layer still remove nothing: new.md stays.
+    expectOk(await runCli(["restore", bundle, "-c", b.config, "--path", "memory/", "--no-safety-snapshot"], { cwd: b.dir }));
+    expect(readFileSync(join(b.memoryDir, "notes/2024-06-01.md"), "utf8")).toBe(DEFAULT_FILES["notes/2024-06-01.md"]);
+    expect(readFileSync(join(b.memoryDir, "new.md"), "utf8")).toBe("new since\n");
+    // --only restores the layer whole (new.md goes): the partial restores above were the difference.
     expectOk(await runCli(["restore", bundle, "-c", b.config, "--only", "memory", "--no-safety-snapshot"], { cwd: b.dir }));
     expect(existsSync(join(b.memoryDir, "new.md"))).toBe(false);
   });
@@ -177,11 +181,11 @@ describe("restore --to in the config's layout", () => {
     expect(jsonOut(l).layout).toBe("layers");
     expect(readdirSync(to3).sort()).toEqual([".memsnap", "mem", "memory-db"]);
     expect(statSync(join(to3, "memory-db", "memory.db")).isFile()).toBe(true);
-    // No config anywhere: the layer names, and a note that says so.
+    // No config anywhere: the layer names, as the output says.
     const to4 = join(tempDir("memsnap-layout-out-"), "out");
     const n = await runCli(["restore", bundle, "--to", to4]);
     expectOk(n);
-    expect(n.stderr).toContain("under its layer name");
+    expect(n.stdout).toContain("memory-db → memory-db/");
     expect(existsSync(join(to4, "memory-db", "memory.db"))).toBe(true);
   });
 

@@ -101,7 +101,8 @@ Examples:
 --path selects files by their payload path (<layer>/<path>): an exact path, a directory prefix,
 or a glob (a pattern without / matches a name at any depth). Files, state and trace layers
 restore file by file: in place, only the selected files are replaced and nothing else in the
-layer is written or removed. A git, sqlite or kv layer is rebuilt from all of its artifacts:
+layer is written or removed (even where the patterns select every file: --only LAYER restores a
+layer whole, removing the files the snapshot lacks). A git, sqlite or kv layer is rebuilt from all of its artifacts:
 select it whole (--path <layer>/) or not at all. Every artifact's hash is still checked. For
 an encrypted bundle (or one whose manifest does not list its files) the selection needs the
 index at the end of the payload: the payload is read once for it, then again to restore.
@@ -135,20 +136,16 @@ layer names (with a note) when the layout was not asked for. Without a config, o
         }
         const explicitConfig = cmd.getOptionValueSource("config") !== "default";
         let layout: RestoreToDirOptions["layout"] = { kind: "layers" };
-        const layoutNotes: string[] = [];
-        if (o.layout !== "layers") {
-          if (explicitConfig || o.layout === "config" || existsSync(o.config)) {
-            layout = { kind: "config", config: await loadConfig(o.config), fallback: o.layout !== "config" };
-          } else {
-            layoutNotes.push("no memsnap.json here: each layer was restored under its layer name (pass -c FILE to put them where the config does)");
-          }
+        // Without a config (no -c, no ./memsnap.json) the layers go under their names, as the
+        // "layer → place" lines and --json's layout say.
+        if (o.layout !== "layers" && (explicitConfig || o.layout === "config" || existsSync(o.config))) {
+          layout = { kind: "config", config: await loadConfig(o.config), fallback: o.layout !== "config" };
         }
         const bundle = await bundleArg(ref, () => defaultStore(o.store));
         const r = await withAbort((signal) => restoreToDir(bundle, o.to!, {
           ...sigPolicy, keys, signal, only: o.only, onProgress: (b, t) => progress.update(b, t),
           ...(o.path.length ? { paths: o.path } : {}), layout,
         }));
-        r.notes.push(...layoutNotes);
         progress.done();
         const redacted = redactedIn(r.manifest, r.placed.map((p) => p.layer));
         if (g.json) {
