@@ -219,7 +219,12 @@ export async function catArtifact(
           path: want, hint: "the bundle is damaged or was altered; nothing was written",
         });
     }
-    await pipeline(createReadStream(spool), out, { end: false });
+    try {
+      await pipeline(createReadStream(spool), out, { end: false });
+    } catch (e) {
+      // A reader that went away (`memsnap cat … | head -c 100`) ends the copy, not the command.
+      if ((e as NodeJS.ErrnoException).code !== "EPIPE") throw e;
+    }
     return { entry, base: ref };
   } finally {
     await rm(dir, { recursive: true, force: true });

@@ -99,6 +99,15 @@ describe("memsnap cat", () => {
     expect(JSON.parse(r.stdout)).toEqual({ offset: 42, file: "log-7" });
   });
 
+  it("a reader that goes away early (| head -c 10) ends the copy quietly, exit 0", () => {
+    const big = makeAgent({ agent: "pipe", files: { "big.bin": Buffer.alloc(4 << 20, 7) } });
+    const bundle = join(big.dir, "b.memsnap");
+    expect(spawnSync(process.execPath, [BIN, "snapshot", "-c", big.config, "-o", bundle], { encoding: "utf8" }).status).toBe(0);
+    const r = spawnSync("bash", ["-c", `"$0" "$1" cat "$2" memory/big.bin | head -c 10 >/dev/null; echo "\${PIPESTATUS[0]}"`, process.execPath, BIN, bundle], { encoding: "utf8" });
+    expect(r.stdout.trim()).toBe("0");
+    expect(r.stderr).toBe("");
+  });
+
   it("a path the snapshot does not hold: MEMSNAP_SOURCE_MISSING, nothing on stdout", async () => {
     const r = await runCli(["cat", plain, "memory/nope.md"], { cwd: a.dir });
     expectCliError(r, 6, "MEMSNAP_SOURCE_MISSING");
