@@ -162,9 +162,10 @@ export function entryOf(manifest: Manifest, index: readonly IndexEntry[], path: 
 /**
  * Write one artifact's bytes to `out` once they are checked: the payload (or, for a reference
  * of an incremental bundle, its base's payload beside it) is streamed, the artifact's bytes
- * spooled to a private temp file (0600, in os.tmpdir(), removed after) while hashed, the
- * whole payload checked against its index, and only then is the file copied to `out`: a
- * damaged artifact writes nothing. Throws MEMSNAP_SOURCE_MISSING (no such file),
+ * spooled to a private temp file (0600, in os.tmpdir(), removed after) while hashed and
+ * compared with the index, and only then is the file copied to `out`: a damaged artifact
+ * writes nothing. With the index in the (sealed) manifest the read stops once the artifact is
+ * read; otherwise the whole payload is read and checked against its own index. Throws MEMSNAP_SOURCE_MISSING (no such file),
  * MEMSNAP_ARTIFACT_HASH_MISMATCH, the bundle's key and integrity errors.
  */
 export async function catArtifact(
@@ -183,7 +184,14 @@ export async function catArtifact(
   try {
     const read = async (layout: BundleLayout, manifest: Manifest): Promise<{ size: number; sha256: string } | null> => {
       let got: { size: number; sha256: string } | null = null;
-      const r = await readPayload(layout, manifest, keys, async (info, chunks) => {
+      // The sealed manifest index already says what the artifact's bytes must hash to: once they
+      // are read (and checked below against that entry), the rest of the payload is not needed.
+      const early = manifest === s.manifest && entry !== null && refOf(manifest, entry) === undefined;
+      const stop = new AbortController();
+      const sig = signal ? AbortSignal.any([signal, stop.signal]) : stop.signal;
+      let r;
+      try {
+        r = await readPayload(layout, manifest, keys, async (info, chunks) => {
         if (info.name !== want) return;
         if (got) throw new MemsnapError("MEMSNAP_INDEX_MISMATCH", `duplicate payload entry ${want}`, { path: want, hint: "the bundle is damaged or was altered; nothing was written" });
         const h = createHash("sha256");
@@ -193,13 +201,19 @@ export async function catArtifact(
           for await (const c of chunks) {
             h.update(c);
             n += c.length;
+            if (entry && n > entry.size) throw new MemsnapError("MEMSNAP_ARTIFACT_HASH_MISMATCH", `${want} is longer than the index declares (${entry.size} bytes)`, { path: want, hint: "the bundle is damaged or was altered; nothing was written" });
             await fh.write(c);
           }
         } finally {
           await fh.close();
         }
         got = { size: n, sha256: h.digest("hex") };
-      }, signal ? { signal } : {});
+        if (early) stop.abort();
+      }, { signal: sig });
+      } catch (e) {
+        if (stop.signal.aborted && !signal?.aborted && got) return got;
+        throw e;
+      }
       const findings = compareWithIndex(manifest, r);
       if (findings.length) throw integrityError(findings, "nothing was written");
       if (manifest === s.manifest) entry ??= r.index ? entryOf(manifest, r.index.artifacts, want) : null;

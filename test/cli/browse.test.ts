@@ -99,6 +99,21 @@ describe("memsnap cat", () => {
     expect(JSON.parse(r.stdout)).toEqual({ offset: 42, file: "log-7" });
   });
 
+  it("a plaintext bundle: reads the payload only up to the file, checked against the sealed index (damage after it does not matter, verify still finds it)", () => {
+    const e = makeAgent({ agent: "early", files: { "a.md": "hello\n", "z.bin": Buffer.from(Array.from({ length: 3_000_000 }, (_, i) => ((i * 2654435761) >>> 7) & 0xff)) } });
+    const bundle = join(e.dir, "b.memsnap");
+    expect(spawnSync(process.execPath, [BIN, "snapshot", "-c", e.config, "-o", bundle], { encoding: "utf8" }).status).toBe(0);
+    const parts = readBundle(bundle);
+    const payload = Buffer.from(parts.payload);
+    payload[payload.length - 1]! ^= 0xff; // the payload's last byte: after every file
+    const damaged = join(e.dir, "d.memsnap");
+    writeBundle(damaged, parts.payloadName, payload, parts.manifestBytes);
+    const c = spawnSync(process.execPath, [BIN, "cat", damaged, "memory/a.md"], { encoding: "utf8" });
+    expect(c.status, c.stderr).toBe(0);
+    expect(c.stdout).toBe("hello\n");
+    expect(spawnSync(process.execPath, [BIN, "verify", damaged], { encoding: "utf8" }).status).toBe(3);
+  });
+
   it("a reader that goes away early (| head -c 10) ends the copy quietly, exit 0", () => {
     const big = makeAgent({ agent: "pipe", files: { "big.bin": Buffer.alloc(4 << 20, 7) } });
     const bundle = join(big.dir, "b.memsnap");

@@ -90,12 +90,13 @@ Examples:
   keyOptions(program.command("cat <bundle> <path>").description("write one file of a snapshot to stdout, its SHA-256 and size checked first"))
     .option("--store <dir>", "store to look the snapshot id up in")
     .addHelpText("after", `
-PATH is a file as 'memsnap ls' lists it (<layer>/<path>). The payload is streamed (decrypted with
-the key when encrypted), the file's bytes are kept in a private temporary file (mode 0600, in
-$TMPDIR, removed after) while the whole payload is checked against its index, and only then
-written to stdout: a file that does not match its hash writes nothing (exit 3,
-MEMSNAP_ARTIFACT_HASH_MISMATCH). A file an incremental snapshot references is read from its
-base bundle beside it.
+PATH is a file as 'memsnap ls' lists it (<layer>/<path>). The file's bytes are kept in a
+private temporary file (mode 0600, in $TMPDIR, removed after) until their size and SHA-256 are
+checked, and only then written to stdout: a file that does not match writes nothing (exit 3,
+MEMSNAP_ARTIFACT_HASH_MISMATCH). A plaintext bundle's payload is read only up to the file (its
+hash is in the sealed manifest); an encrypted bundle's index is at the end of its payload, which
+is then read whole (decrypted with the key) and checked. A file an incremental snapshot
+references is read from its base bundle beside it.
 
 Examples:
   $ memsnap cat 01JD0K7Q memory/notes/note3.md
