@@ -33,3 +33,4 @@ export { runSchedule, parseCron, nextCron, printUnits, cronForInterval, type Sch
 export { summarizeRedaction, listSome, type RedactedSummary } from "./redact/report.js";
 export { runHook, parseHooks, type HooksConfig, type HookEvent, type HookResult } from "./hooks.js";
 export { rekeyBundles, type RekeyOptions, type RekeyResult, type RekeyOutcome } from "./store/rekey.js";
+export { catArtifact, entryOf, loadIndex, openSnapshot, pathFilter, perFileKind, selectPaths, type OpenedSnapshot, type Selection } from "./browse/index.js";
