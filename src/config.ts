@@ -32,6 +32,8 @@ export interface MemsnapConfig {
   store?: string;
   recipients: string[];
   recipientsFile?: string;
+  /** Absolute path of the Ed25519 signing key snapshot and schedule sign with (config "sign_key"). */
+  signKey?: string;
   compression: { level: number; threads?: number };
   redaction: RedactionConfig;
   hooks: HooksConfig;
@@ -40,7 +42,27 @@ export interface MemsnapConfig {
 
 export const LAYER_NAME = /^[a-z0-9][a-z0-9_-]{0,63}$/;
 
-/** Blank out `//` and block comments outside strings with spaces, so every offset stays where it was. */
+/** The first character at or after `i` that is not whitespace or inside a comment ("" at the end). */
+function nextSignificant(text: string, i: number): string {
+  while (i < text.length) {
+    const c = text[i]!;
+    if (c === " " || c === "\t" || c === "\n" || c === "\r") i++;
+    else if (c === "/" && text[i + 1] === "/") {
+      const nl = text.indexOf("\n", i);
+      i = nl < 0 ? text.length : nl;
+    } else if (c === "/" && text[i + 1] === "*") {
+      const end = text.indexOf("*/", i + 2);
+      i = end < 0 ? text.length : end + 2;
+    } else return c;
+  }
+  return "";
+}
+
+/**
+ * Blank out `//` and block comments outside strings with spaces, and a trailing comma (one
+ * followed only by whitespace and comments, then `}` or `]`), so every offset stays where it was
+ * and an error names the line and column of the file as written.
+ */
 export function stripJsonComments(text: string): string {
   let out = "";
   let inStr = false;
@@ -53,6 +75,9 @@ export function stripJsonComments(text: string): string {
     } else if (c === '"') {
       inStr = true;
       out += c;
+    } else if (c === ",") {
+      const n = nextSignificant(text, i + 1);
+      out += n === "}" || n === "]" ? " " : c;
     } else if (c === "/" && text[i + 1] === "/") {
       while (i < text.length && text[i] !== "\n") {
         out += " ";
@@ -86,7 +111,7 @@ function jsonErrorWhere(message: string, text: string): string {
 export function parseConfig(raw: unknown, file: string | null, baseDir: string): MemsnapConfig {
   const where = file ?? "config";
   if (!isPlainObject(raw)) throw configInvalid(where, "must be a JSON object");
-  rejectUnknownKeys(raw, ["$schema", "tenant", "agent", "store", "recipients", "recipients_file", "compression", "redaction", "hooks", "sources"], where);
+  rejectUnknownKeys(raw, ["$schema", "tenant", "agent", "store", "recipients", "recipients_file", "sign_key", "compression", "redaction", "hooks", "sources"], where);
   const tenant = optString(raw, "tenant", where) ?? "default";
   const agent = reqString(raw, "agent", where);
   for (const [k, v] of [["tenant", tenant], ["agent", agent]] as const) {
@@ -95,6 +120,7 @@ export function parseConfig(raw: unknown, file: string | null, baseDir: string):
   const store = optString(raw, "store", where);
   const recipients = optStringArray(raw, "recipients", where) ?? [];
   const recipientsFile = optString(raw, "recipients_file", where);
+  const signKey = optString(raw, "sign_key", where);
   let level = 3;
   let threads: number | undefined;
   if (raw.compression !== undefined) {
@@ -127,6 +153,7 @@ export function parseConfig(raw: unknown, file: string | null, baseDir: string):
     ...(store ? { store: resolve(baseDir, store) } : {}),
     recipients,
     ...(recipientsFile ? { recipientsFile: resolve(baseDir, recipientsFile) } : {}),
+    ...(signKey ? { signKey: resolve(baseDir, signKey) } : {}),
     compression: { level, ...(threads !== undefined ? { threads } : {}) },
     redaction,
     hooks,

@@ -27,8 +27,10 @@ export { readJournal, recoverJournal, journalPath, type Journal, type Swap } fro
 export { generateSigningKey, loadSigningKey, loadTrusted, checkSignature, parsePublicKey, publicKeyString, keyId, type ManifestSignature, type SignatureStatus } from "./sign.js";
 export { listSnapshots, bundlePaths, findSnapshot, exportSnapshot, deleteSnapshots, agentDir, type StoredSnapshot } from "./store/store.js";
 export { decide as decideRetention, hasRules, type RetentionPolicy, type PruneDecision } from "./store/prune.js";
-export { pruneStore, diffSnapshots, indexOf, type PruneResult, type LayerDiff } from "./store/ops.js";
+export { pruneStore, diffSnapshots, indexOf, type PruneResult, type LayerDiff, type GitDiff, type SqliteDiff } from "./store/ops.js";
 export { removeOrphans } from "./store/orphans.js";
 export { runSchedule, parseCron, nextCron, printUnits, cronForInterval, type ScheduleOptions, type Cron, type UnitOptions } from "./schedule.js";
 export { summarizeRedaction, listSome, type RedactedSummary } from "./redact/report.js";
 export { runHook, parseHooks, type HooksConfig, type HookEvent, type HookResult } from "./hooks.js";
+export { rekeyBundles, type RekeyOptions, type RekeyResult, type RekeyOutcome } from "./store/rekey.js";
+export { catArtifact, entryOf, loadIndex, openSnapshot, pathFilter, perFileKind, selectPaths, type OpenedSnapshot, type Selection } from "./browse/index.js";

@@ -8,6 +8,7 @@
  * snapshot at wake-up, `skip` waits for the next tick. SIGTERM/SIGINT abort the in-flight
  * snapshot (which removes its temp file) and stop cleanly.
  */
+import type { KeyObject } from "node:crypto";
 import type { MemsnapConfig } from "./config.js";
 import { MemsnapError, isMemsnapError } from "./errors.js";
 import { runHook } from "./hooks.js";
@@ -81,6 +82,12 @@ export interface ScheduleOptions {
   maxRuns?: number;
   /** Take incremental snapshots (unchanged artifacts referenced in earlier bundles; see pipeline/incremental.ts). */
   incremental?: boolean;
+  /** Sign each snapshot's manifest with this Ed25519 key. */
+  signKey?: KeyObject;
+  /** Take the first snapshot at start (default), not one interval (or cron time) later. */
+  runAtStart?: boolean;
+  /** Let the prune decide over every snapshot of the agent, not only those a schedule made (and expired safety snapshots). */
+  pruneAll?: boolean;
   signal: AbortSignal;
   log: (event: Record<string, unknown>) => void;
 }
@@ -103,7 +110,7 @@ export async function runSchedule(o: ScheduleOptions): Promise<{ runs: number }>
   let runs = 0;
   try {
     o.log({ event: "started", agent: `${config.tenant}/${config.agent}`, every_ms: o.everyMs ?? null, cron: o.cron?.source ?? null, jitter_ms: o.jitterMs ?? 0, missed: o.missed ?? "run-once", pid: process.pid });
-    let due = next(new Date());
+    let due = o.runAtStart === false ? next(new Date()) : new Date();
     while (!o.signal.aborted && (o.maxRuns === undefined || runs < o.maxRuns)) {
       const jitter = o.jitterMs ? Math.floor(Math.random() * o.jitterMs) : 0;
       if (!(await sleep(due.getTime() + jitter - Date.now(), o.signal))) break;
@@ -124,9 +131,9 @@ export async function runSchedule(o: ScheduleOptions): Promise<{ runs: number }>
       try {
         const r = await snapshot({
           config, store: o.store, createdBy: "schedule", label: "scheduled", recipients: o.recipients ?? config.recipients,
-          signal: o.signal, ...(o.incremental ? { incremental: true } : {}),
+          signal: o.signal, ...(o.incremental ? { incremental: true } : {}), ...(o.signKey ? { signKey: o.signKey } : {}),
         });
-        const meta = { snapshot_id: r.id, path: r.path, tenant: config.tenant, agent: config.agent, bytes: r.inputBytes, bundle_bytes: r.bundleBytes, created_by: "schedule" };
+        const meta = { snapshot_id: r.id, path: r.path, tenant: config.tenant, agent: config.agent, bytes: r.inputBytes, bundle_bytes: r.bundleBytes, created_by: "schedule", signed: r.manifest.signature !== undefined };
         o.log({
           event: "snapshot", ...meta, duration_ms: Math.round(r.durationMs),
           ...(r.incremental ? { referenced: r.incremental.referenced, bases: r.incremental.bases } : {}),
@@ -135,8 +142,14 @@ export async function runSchedule(o: ScheduleOptions): Promise<{ runs: number }>
         const h = await runHook(config.hooks, "on_created", meta, config.baseDir);
         if (h) o.log({ ...h, hook: h.event, event: "hook" });
         if (o.retention && hasRules(o.retention)) {
-          const pr = await pruneStore(o.store, o.retention, { tenant: config.tenant, agent: config.agent });
-          o.log({ event: "prune", removed: pr.flatMap((p) => p.removed), orphans: pr.flatMap((p) => p.orphans) });
+          // A schedule decides only over its own snapshots (and safety snapshots past their time)
+          // unless told otherwise; labelled and recent safety snapshots are protected either way.
+          const policy: RetentionPolicy = o.pruneAll ? o.retention : { ...o.retention, createdBy: ["schedule", "pre-restore"] };
+          const pr = await pruneStore(o.store, policy, { tenant: config.tenant, agent: config.agent });
+          o.log({
+            event: "prune", removed: pr.flatMap((p) => p.removed), orphans: pr.flatMap((p) => p.orphans),
+            removed_ids: pr.flatMap((p) => p.decisions.filter((d) => !d.keep).map((d) => d.snapshot.id)),
+          });
         }
       } catch (e) {
         if (o.signal.aborted) {
@@ -173,6 +186,12 @@ export interface UnitOptions {
   incremental?: boolean;
   /** Retention options as given (`--keep-last`, `24`, …). */
   pruneArgs: string[];
+  /** The signing key file (absolute), passed on to every snapshot. */
+  signKey?: string;
+  /** Prune over every snapshot of the agent (schedule --prune-all). */
+  pruneAll?: boolean;
+  /** Do not take a snapshot at start (systemd: schedule --no-run-at-start). */
+  noRunAtStart?: boolean;
   agent: string;
 }
 
@@ -215,13 +234,14 @@ export function printUnits(kind: "systemd" | "cron", o: UnitOptions): string {
   const q = (args: string[]): string => args.map((a) => quoteArg(a, kind)).join(" ");
   const bin = q(o.bin);
   const store = o.store ? ["--store", o.store] : [];
+  const sign = o.signKey ? ["--sign-key", o.signKey] : [];
   if (kind === "cron") {
     const when = o.cron ?? cronForInterval(o.every ?? "1h");
     const jitterS = o.jitter ? Math.floor(parseDuration(o.jitter) / 1000) : 0;
     // cron turns an unescaped % into a newline: \% is a literal % for sh.
     const sleep = jitterS > 0 ? `sleep $(( $(od -An -N2 -tu2 /dev/urandom) \\% ${jitterS + 1} )) && ` : "";
-    const snap = `${bin} ${q(["snapshot", "-c", o.configPath, ...store, "--label", "scheduled", "--wait", "5m", ...(o.incremental ? ["--incremental"] : [])])}`;
-    const prune = o.pruneArgs.length ? ` && ${bin} ${q(["prune", "-c", o.configPath, ...store, ...o.pruneArgs])}` : "";
+    const snap = `${bin} ${q(["snapshot", "-c", o.configPath, ...store, "--scheduled", "--label", "scheduled", "--wait", "5m", ...(o.incremental ? ["--incremental"] : []), ...sign])}`;
+    const prune = o.pruneArgs.length ? ` && ${bin} ${q(["prune", "-c", o.configPath, ...store, ...(o.pruneAll ? [] : ["--scheduled-only"]), ...o.pruneArgs])}` : "";
     // The log's directory may not exist yet; the redirection covers every command of the run.
     const log = `~/.local/state/memsnap-${quoteArg(o.agent, "cron")}.log`;
     return `# memsnap auto-snapshots for ${o.agent} (crontab -e; times are the host's cron time zone)\n${when} mkdir -p ~/.local/state && { ${sleep}${snap}${prune}; } >> ${log} 2>&1\n`;
@@ -229,7 +249,8 @@ export function printUnits(kind: "systemd" | "cron", o: UnitOptions): string {
   const args = q([
     "schedule", "-c", o.configPath, ...(o.every ? ["--every", o.every] : ["--cron", o.cron ?? ""]),
     ...(o.jitter && parseDuration(o.jitter) > 0 ? ["--jitter", o.jitter] : []), ...(o.missed && o.missed !== "run-once" ? ["--missed", o.missed] : []),
-    ...store, ...(o.incremental ? ["--incremental"] : []), ...o.pruneArgs,
+    ...store, ...(o.incremental ? ["--incremental"] : []), ...sign, ...(o.noRunAtStart ? ["--no-run-at-start"] : []),
+    ...(o.pruneAll ? ["--prune-all"] : []), ...o.pruneArgs,
   ]);
   return `# ~/.config/systemd/user/memsnap-${o.agent}.service — then: systemctl --user daemon-reload && systemctl --user enable --now memsnap-${o.agent}
 [Unit]

@@ -262,7 +262,9 @@ export function reportError(r: VerifyReport): MemsnapError {
   const code = codes.length === 1 || classes.size === 1 ? codes[0]! : "MEMSNAP_VERIFY_FAILED";
   const first = r.findings[0]!;
   const msg = r.findings.length === 1 ? first.message : `${r.findings.length} problems found, first: ${first.message}`;
-  const hint = code === "MEMSNAP_BASE_MISSING"
+  const hint = code === "MEMSNAP_SOURCE_MISSING"
+    ? "no file is at that path: check it (nothing is wrong with any bundle)"
+    : code === "MEMSNAP_BASE_MISSING"
     // nothing is wrong with the bundle itself: a base it needs was not copied along
     ? "copy the base bundle next to it (memsnap export copies a snapshot with its bases); the bundle itself may be intact"
     : code === "MEMSNAP_SIGNATURE_REQUIRED" || code === "MEMSNAP_SIGNATURE_UNTRUSTED"

@@ -92,21 +92,34 @@ describe("config: library", () => {
     expect(JSON.parse(out)).toEqual({ a: "x // not a comment /* nor this */", b: "quote \" // still a string", c: 1 });
   });
 
+  it("stripJsonComments blanks trailing commas (before } or ], past whitespace and comments), never one in a string or between values", () => {
+    const text = `{\n  "a": [1, 2, /* x */\n  ],\n  "b": "x,}", "c": { "d": 1 , // y\n  },\n}`;
+    const out = stripJsonComments(text);
+    expect(out).toHaveLength(text.length);
+    expect(out.split("\n")).toHaveLength(text.split("\n").length);
+    expect(JSON.parse(out)).toEqual({ a: [1, 2], b: "x,}", c: { d: 1 } });
+    // a doubled comma is still an error
+    expect(() => JSON.parse(stripJsonComments("[1,,]"))).toThrow();
+  });
+
   it("loadConfig: a missing file is MEMSNAP_CONFIG_NOT_FOUND, bad JSON MEMSNAP_CONFIG_INVALID, commented JSON loads", async () => {
     const d = tempDir();
     const missing = await loadConfig(join(d, "nope.json")).catch((e: unknown) => e);
     expect(isMemsnapError(missing, "MEMSNAP_CONFIG_NOT_FOUND")).toBe(true);
-    writeFileSync(join(d, "bad.json"), '{ "agent": "x", "sources": [ ], }');
+    writeFileSync(join(d, "bad.json"), '{ "agent": "x", "sources": [ ] ] }');
     const bad = await loadConfig(join(d, "bad.json")).catch((e: unknown) => e);
     expect(isMemsnapError(bad, "MEMSNAP_CONFIG_INVALID")).toBe(true);
     expect((bad as Error).message).toMatch(/not valid JSON/);
     writeFileSync(join(d, "ok.json"), '// hi\n{ /* agent */ "agent": "x", "sources": [{ "kind": "files", "name": "m", "path": "m" }] }\n');
     const ok = await loadConfig(join(d, "ok.json"));
     expect(ok.agent).toBe("x");
-    // A trailing comma after a long comment is named by the line and column of the file as written.
-    writeFileSync(join(d, "comma.json"), `{\n  // ${"a long comment ".repeat(20)}\n  "agent": "x",\n  "sources": [],\n}\n`);
+    // A JSON error after a long comment is named by the line and column of the file as written.
+    writeFileSync(join(d, "comma.json"), `{\n  // ${"a long comment ".repeat(20)}\n  "agent": "x"\n  "sources": [],\n}\n`);
     const comma = await loadConfig(join(d, "comma.json")).catch((e: unknown) => e);
-    expect((comma as Error).message).toMatch(/at line 5, column 1$/);
+    expect((comma as Error).message).toMatch(/at line 4, column 3$/);
+    // Trailing commas are accepted, as in other JSON-with-comments configs.
+    writeFileSync(join(d, "trailing.json"), `{\n  "agent": "x", // c\n  "sources": [{ "kind": "files", "name": "m", "path": "m", }, /* c */ ],\n}\n`);
+    expect((await loadConfig(join(d, "trailing.json"))).sources).toHaveLength(1);
     expect(ok.baseDir).toBe(d);
     expect(ok.file).toBe(join(d, "ok.json"));
   });

@@ -1,4 +1,5 @@
 import { existsSync } from "node:fs";
+import { resolve } from "node:path";
 import { findSnapshot, isMemsnapError, loadConfig, MemsnapError, resolveStore, runHook, type HookEvent, type HooksConfig } from "../index.js";
 
 /** Helpers shared by the CLI commands. */
@@ -45,10 +46,16 @@ const ID_REF = /^[0-9a-hjkmnp-tv-z]{6,26}$/i;
 /**
  * A bundle argument: a path, or (when no such file exists) a snapshot id or unique id prefix
  * in `store`, as `memsnap list` shows them; `filter` limits the lookup to one tenant/agent.
- * Throws MEMSNAP_SOURCE_MISSING when it is neither, MEMSNAP_USAGE for an ambiguous prefix.
+ * Throws MEMSNAP_SOURCE_MISSING ("no such file: PATH") when it is neither, MEMSNAP_USAGE for an ambiguous prefix.
  */
 export async function bundleArg(ref: string, storeOf: () => Promise<string>, filter: { tenant?: string; agent?: string } = {}): Promise<string> {
-  if (existsSync(ref) || !ID_REF.test(ref)) return ref;
+  if (existsSync(ref)) return ref;
+  if (!ID_REF.test(ref)) {
+    // A mistyped path is not a damaged bundle: say what happened before anything reads it.
+    throw new MemsnapError("MEMSNAP_SOURCE_MISSING", `no such file: ${resolve(ref)}`, {
+      path: resolve(ref), hint: "check the bundle path (memsnap list shows the store's bundles, by id and path)",
+    });
+  }
   const store = await storeOf();
   try {
     return (await findSnapshot(store, ref, filter)).path;

@@ -1,9 +1,11 @@
 /** The memsnap command-line program. It uses only the library's public entry. */
 import { Command, CommanderError } from "commander";
 import { ERROR_CODES, MemsnapError, onKeyFileWarning, TOOL_VERSION } from "../index.js";
+import { registerBrowse } from "./commands/browse.js";
 import { registerInit } from "./commands/init.js";
 import { registerInspect } from "./commands/inspect.js";
 import { registerKeygen } from "./commands/keygen.js";
+import { registerRekey } from "./commands/rekey.js";
 import { registerRestore } from "./commands/restore.js";
 import { registerSnapshot } from "./commands/snapshot.js";
 import { registerSchedule } from "./commands/schedule.js";
@@ -65,8 +67,10 @@ ${Object.entries(EXIT_CODE_MEANINGS).map(([c, m]) => `  ${c.padStart(2)}  ${m}`)
   registerInspect(program, global);
   registerVerify(program, global);
   registerRestore(program, global);
+  registerBrowse(program, global);
   registerKeygen(program, global);
   registerStore(program, global);
+  registerRekey(program, global);
   registerSchedule(program, global);
   const json = argv.includes("--json");
   try {

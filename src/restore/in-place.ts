@@ -35,12 +35,19 @@ import { checkBundleKey } from "./key-check.js";
 import { processesUsing, refuseLiveProcesses, type LiveProcess } from "./live-procs.js";
 import { acquireLock, type AgentLock } from "./lock.js";
 import { checkManifest, checkManifestFindings, enforceSignature, type SignaturePolicy } from "./preflight.js";
+import { loadIndex, selectPaths } from "../browse/index.js";
 import { planRestore, type RestorePlan } from "./plan.js";
 
 export interface RestoreInPlaceOptions extends SignaturePolicy {
   keys?: Keys;
   /** Restore only these layers (by name). */
   only?: string[];
+  /**
+   * Restore only the artifacts these patterns select (payload paths, see browse/index.ts
+   * pathFilter). Of a layer only partly selected (files, state, trace) the selected files are
+   * written and no live file is removed; other kinds only whole.
+   */
+  paths?: string[];
   /** Restore a bundle of another tenant/agent into this agent. */
   asAgent?: boolean;
   /** Take the automatic safety snapshot first (default true). */
@@ -130,7 +137,7 @@ export async function selectLayers(manifest: Manifest, config: MemsnapConfig, on
  * touched. The config file this restore runs with is owned by no layer: never replaced, never
  * removed (its path goes to `kept` when the bundle has a copy).
  */
-async function buildSwaps(sel: SelectedLayer, staged: string, backup: string, protect: Protected, kept: string[]): Promise<Swap[]> {
+async function buildSwaps(sel: SelectedLayer, staged: string, backup: string, protect: Protected, kept: string[], partial = false): Promise<Swap[]> {
   const { target, layer } = sel;
   if (target.mode === "dir") return [{ layer: layer.name, target: target.root, staged, backup }];
   const realRoot = realish(target.root);
@@ -154,6 +161,8 @@ async function buildSwaps(sel: SelectedLayer, staged: string, backup: string, pr
     swaps.push({ layer: layer.name, target: join(target.root, rel), staged: join(staged, rel), backup: join(backup, rel) });
     for (const c of target.companions?.(rel) ?? []) removals.add(c);
   }
+  // restore --path of part of a layer: the selected files are written, nothing else is touched.
+  if (partial) return swaps;
   for (const rel of await listFiles(target.root)) {
     if (!have.has(rel) && target.owns?.(rel)) {
       removals.add(rel);
@@ -249,17 +258,28 @@ export async function restoreInPlace(bundle: string, config: MemsnapConfig, opts
   }
   // A key that does not open the bundle fails here, before the lock, the hook and the safety snapshot.
   await checkBundleKey(layout, manifest, keys);
-  const selected = await selectLayers(manifest, config, opts.only);
+  // --path: which artifacts, from the index (the manifest's, else a first read of the payload).
+  const selection = opts.paths?.length
+    ? selectPaths(manifest, await loadIndex({ path: bundle, layout, manifest }, keys, opts.signal), opts.paths, opts.only)
+    : null;
+  const selected = await selectLayers(manifest, config, selection ? [...selection.layers] : opts.only);
+  for (const s of selected) {
+    if (selection?.partial.has(s.layer.name) && s.target.mode !== "files") {
+      throw new MemsnapError("MEMSNAP_USAGE", `--path selects part of layer ${s.layer.name}, which is restored in place only whole`, {
+        hint: `select the whole layer (--path ${s.layer.name}/), or restore the files with --to DIR`,
+      });
+    }
+  }
   const protect = new Protected(config);
   checkTargets(selected, protect);
   // An incremental bundle's bases are checked before anything is touched. A partial restore
   // (--only) needs only those its layers reference: known here from a plaintext index, else
   // once the bundle's own payload is read (into staging: still before anything live is touched).
-  const partial = opts.only?.length ? new Set(selected.map((s) => s.layer.name)) : null;
+  const partial = opts.only?.length || selection ? new Set(selected.map((s) => s.layer.name)) : null;
   const needed = partial ? basesNeeded(manifest, partial) : undefined;
   let bases = needed === null ? null : await openBases(bundle, manifest, needed);
   if (opts.dryRun) {
-    const plan = await planRestore(layout, manifest, config, selected, keys, opts.signal);
+    const plan = await planRestore(layout, manifest, config, selected, keys, opts.signal, selection ?? undefined);
     const processes = await processesUsing(selected.map((s) => s.target));
     return { manifest, layers: selected.map((s) => s.layer.name), swaps: 0, bytes: 0, safetySnapshot: null, recovered: null, plan, processes, kept: [], notes: [], durationMs: performance.now() - t0 };
   }
@@ -335,19 +355,21 @@ export async function restoreInPlace(bundle: string, config: MemsnapConfig, opts
       // A layer with references to a base is complete only once the base has been read.
       const deferred = new Set(manifest.layers.filter((l) => referencedIn(manifest, l) > 0).map((l) => l.name));
       const refs = new References();
+      const wanted = selection ? new References() : refs; // the references --path selects
       const attributes = new RestoredAttributes();
       let r;
       try {
         r = await extractPayload(layout, manifest, (layer) => roots.get(layer)?.staged ?? null, {
           keys, onLayerDone: (l) => { if (!deferred.has(l)) mat.layerDone(l); }, entries: mat.verified,
-          onEntry: (e) => early.bytes(e.size), onRef: refs.add, attributes,
+          onEntry: (e) => early.bytes(e.size), attributes,
+          onRef: (a) => { refs.add(a); if (selection?.want(a.path) ?? true) wanted.add(a); }, ...(selection ? { want: selection.want } : {}),
           ...(opts.signal ? { signal: opts.signal } : {}), ...(opts.onProgress ? { onProgress: opts.onProgress } : {}),
         });
         checkReferencedLayers(manifest, refs);
-        if (refs.count) {
+        if (wanted.count) {
           let done = r.entries.bytes();
-          bases ??= await openBases(bundle, manifest, refs.basesIn(partial ?? undefined));
-          await extractReferenced(bases, refs, (layer) => roots.get(layer)?.staged ?? null, {
+          bases ??= await openBases(bundle, manifest, wanted.basesIn(partial ?? undefined));
+          await extractReferenced(bases, wanted, (layer) => roots.get(layer)?.staged ?? null, {
             keys, ...(opts.signal ? { signal: opts.signal } : {}), verified: mat.verified, ...(partial ? { layers: partial } : {}),
             onProgress: (n) => { done += n; early.bytes(n); opts.onProgress?.(done, manifest.payload.bytes); }, attributes,
           });
@@ -365,7 +387,7 @@ export async function restoreInPlace(bundle: string, config: MemsnapConfig, opts
       crashPoint("restore:staged");
       for (const s of selected) {
         const { staged, backup } = roots.get(s.layer.name)!;
-        journal.swaps.push(...(await buildSwaps(s, staged, backup, protect, kept)));
+        journal.swaps.push(...(await buildSwaps(s, staged, backup, protect, kept, selection?.perFile.has(s.layer.name))));
       }
       // The same check recover makes, and the live tree's: no symlink or file on the way, no
       // directory where a file goes. A refusal here changes nothing live.
@@ -376,7 +398,7 @@ export async function restoreInPlace(bundle: string, config: MemsnapConfig, opts
       swapping = true;
       crashPoint("restore:journal-swapping");
       await rollForward(config.baseDir, journal, checked, swapFailure);
-      const bytes = r.entries.bytes((name) => roots.has(name.split("/")[0]!));
+      const bytes = r.entries.bytes((name) => roots.has(name.split("/")[0]!) && (!selection || selection.want(name)));
       return {
         manifest, layers: selected.map((s) => s.layer.name), swaps: journal.swaps.length, bytes, safetySnapshot: safety,
         recovered: rec?.action ?? null, kept, notes, durationMs: performance.now() - t0,

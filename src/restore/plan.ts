@@ -7,6 +7,7 @@ import type { BundleLayout } from "../format/container.js";
 import type { IndexEntry, Manifest } from "../format/manifest.js";
 import { readPayload, type Keys } from "../pipeline/read-payload.js";
 import type { SelectedLayer } from "./in-place.js";
+import type { Selection } from "../browse/index.js";
 import { listFiles } from "./live-files.js";
 import { lstatOrNull, parentProblem, Protected, realish } from "./live-guard.js";
 
@@ -42,6 +43,8 @@ async function sha256File(path: string): Promise<string> {
  */
 export async function planRestore(
   layout: BundleLayout, manifest: Manifest, config: MemsnapConfig, selected: SelectedLayer[], keys: Keys, signal?: AbortSignal,
+  /** restore --path: only the selected artifacts; a partly selected layer removes nothing. */
+  pick?: Selection,
 ): Promise<RestorePlan> {
   let index: IndexEntry[] | null = manifest.index ?? null;
   if (!index && (manifest.payload.encryption === null || keys.identities?.length || keys.passphrases?.length)) {
@@ -58,7 +61,7 @@ export async function planRestore(
     if (s.target.mode === "dir") p.notes.push(`replaces the directory ${s.target.root}`);
     if (index && s.target.mode === "files") {
       const prefix = `${s.layer.name}/`;
-      const want = new Map(index.filter((e) => e.layer === s.layer.name).map((e) => [e.path.slice(prefix.length), e.sha256]));
+      const want = new Map(index.filter((e) => e.layer === s.layer.name && (!pick || pick.want(e.path))).map((e) => [e.path.slice(prefix.length), e.sha256]));
       const realRoot = realish(s.target.root);
       const isProtected = (rel: string): boolean => protect.covers(join(s.target.root, rel), join(realRoot, rel));
       const live = (await listFiles(s.target.root)).filter((rel) => (s.target.owns?.(rel) ?? true) && !isProtected(rel));
@@ -88,7 +91,7 @@ export async function planRestore(
         else if ((await sha256File(join(s.target.root, rel))) !== sha) p.changed.push(rel);
         else p.unchanged++;
       }
-      for (const rel of live) if (!want.has(rel)) p.removed.push(rel);
+      if (!pick?.perFile.has(s.layer.name)) for (const rel of live) if (!want.has(rel)) p.removed.push(rel);
     }
     const extra = await s.source.impl.planLayer?.(s.source.cfg, config.baseDir, s.layer);
     if (extra) p.notes.push(...extra);

@@ -18,6 +18,9 @@ import { checkManifest, checkManifestFindings, enforceSignature, type SignatureP
 import { sourceKind } from "../sources/registry.js";
 import { extractPayload, RestoredAttributes } from "./extract.js";
 import { LayerMaterializer } from "./materialize.js";
+import { loadIndex, selectPaths } from "../browse/index.js";
+import type { MemsnapConfig } from "../config.js";
+import { arrange, layerPlaces } from "./layout.js";
 import { basesNeeded, checkReferencedLayers, extractReferenced, openBases, References } from "./bases.js";
 
 export interface RestoreToDirOptions extends SignaturePolicy {
@@ -26,6 +29,20 @@ export interface RestoreToDirOptions extends SignaturePolicy {
   onProgress?: (bytes: number, total: number) => void;
   /** Restore only these layers (by name); the others are read and checked, not written. */
   only?: string[];
+  /**
+   * Restore only the artifacts these patterns select (payload paths, see browse/index.ts
+   * pathFilter); a layer rebuilt from all of its artifacts (git, sqlite, kv, …) only whole.
+   */
+  paths?: string[];
+  /**
+   * Where each layer goes in `to`: by default (`layers`) under its layer name; with a config,
+   * where the config's source path puts it, relative to `to` (see ./layout.ts).
+   */
+  layout?: { kind: "layers" } | {
+    kind: "config"; config: MemsnapConfig;
+    /** Where the config cannot place the layers (a layer it has no source for, paths that overlap): fall back to the layer names with a note instead of MEMSNAP_USAGE. */
+    fallback?: boolean;
+  };
 }
 
 export interface RestoreToDirResult {
@@ -36,6 +53,10 @@ export interface RestoreToDirResult {
   durationMs: number;
   /** What the user should know of how a layer was restored (git: symlinks written as plain files). */
   notes: string[];
+  /** Where each restored layer was put, relative to `path` (a file layer's root; "." for the top). */
+  placed: { layer: string; path: string }[];
+  /** The layout used: `config` unless none was asked for or the config could not place the layers. */
+  layout: "config" | "layers";
 }
 
 async function isEmptyOrAbsent(dir: string): Promise<boolean> {
@@ -71,10 +92,26 @@ export async function restoreToDir(bundle: string, to: string, opts: RestoreToDi
       hint: "pass --identity FILE (an age identity file) or --passphrase-file FILE",
     });
   }
-  const partial = opts.only?.length ? new Set(opts.only) : null;
-  for (const name of partial ?? []) {
+  for (const name of opts.only ?? []) {
     if (!manifest.layers.some((l) => l.name === name)) {
       throw new MemsnapError("MEMSNAP_USAGE", `--only ${name}: the bundle has no such layer`, { hint: `its layers: ${manifest.layers.map((l) => l.name).join(", ")}` });
+    }
+  }
+  // --path: which artifacts, from the index (the manifest's, else a first read of the payload).
+  const selection = opts.paths?.length
+    ? selectPaths(manifest, await loadIndex({ path: bundle, layout, manifest }, opts.keys ?? {}, opts.signal), opts.paths, opts.only)
+    : null;
+  const partial = selection ? selection.layers : opts.only?.length ? new Set(opts.only) : null;
+  const want = selection?.want;
+  // The config layout: every selected layer's place in `to`, checked before anything is written.
+  const notes: string[] = [];
+  let places = null;
+  if (opts.layout?.kind === "config") {
+    try {
+      places = await layerPlaces(manifest, opts.layout.config, target, [...(partial ?? manifest.layers.map((l) => l.name))]);
+    } catch (e) {
+      if (!opts.layout.fallback || !(e instanceof MemsnapError) || e.code !== "MEMSNAP_USAGE") throw e;
+      notes.push(`${e.message.replace(/^restore --to in the config's layout: /, "")}: each layer was restored under its layer name instead (--layout layers)`);
     }
   }
   const selected = (layer: string): boolean => !partial || partial.has(layer);
@@ -99,7 +136,6 @@ export async function restoreToDir(bundle: string, to: string, opts: RestoreToDi
   // Turn each layer's raw artifacts into their live form (a git repo from its bundle, …) as
   // soon as extraction has moved past it; see ./materialize.ts.
   const layers = new Map(manifest.layers.map((l) => [l.name, l]));
-  const notes: string[] = [];
   const mat = new LayerMaterializer(async (name, verified) => {
     if (!selected(name)) return;
     const layer = layers.get(name);
@@ -116,19 +152,21 @@ export async function restoreToDir(bundle: string, to: string, opts: RestoreToDi
   // A layer with references to a base is complete only once the base has been read.
   const deferred = new Set(manifest.layers.filter((l) => referencedIn(manifest, l) > 0).map((l) => l.name));
   const refs = new References();
+  const wanted = want ? new References() : refs; // the references --path selects
   const attributes = new RestoredAttributes();
   try {
     let r;
     try {
       r = await extractPayload(layout, manifest, (layer) => (selected(layer) ? join(staging, layer) : null), {
         ...opts, onLayerDone: (l) => { if (!deferred.has(l)) mat.layerDone(l); }, entries: mat.verified,
-        onEntry: (e) => early.bytes(e.size), onRef: refs.add, attributes,
+        onEntry: (e) => early.bytes(e.size), onRef: (a) => { refs.add(a); if (!want || want(a.path)) wanted.add(a); }, attributes,
+        ...(want ? { want } : {}),
       });
       checkReferencedLayers(manifest, refs);
-      if (refs.count) {
+      if (wanted.count) {
         let done = r.entries.bytes();
-        bases ??= await openBases(bundle, manifest, refs.basesIn(partial ?? undefined));
-        await extractReferenced(bases, refs, (layer) => (selected(layer) ? join(staging, layer) : null), {
+        bases ??= await openBases(bundle, manifest, wanted.basesIn(partial ?? undefined));
+        await extractReferenced(bases, wanted, (layer) => (selected(layer) ? join(staging, layer) : null), {
           ...(opts.keys ? { keys: opts.keys } : {}), ...(opts.signal ? { signal: opts.signal } : {}), verified: mat.verified, ...(partial ? { layers: partial } : {}),
           onProgress: (n) => { done += n; early.bytes(n); opts.onProgress?.(done, manifest.payload.bytes); }, attributes,
         });
@@ -145,6 +183,8 @@ export async function restoreToDir(bundle: string, to: string, opts: RestoreToDi
     // One syncfs for the whole tree instead of an fsync per file.
     await early.settle();
     attributes.apply(); // modes and mtimes, synced with the rest
+    // The config layout: the layers moved from their names to their places (after the modes are set on the names).
+    const placed = places ? await arrange(staging, places) : [...layers.keys()].filter(selected).map((l) => ({ layer: l, path: l }));
     // An empty directory made for the restore keeps its permissions (staging is made 0700).
     const made = await stat(target).catch(() => null);
     if (made?.isDirectory()) await chmod(staging, made.mode & 0o7777).catch((e: unknown) => { throw destinationError(e, staging); });
@@ -156,13 +196,13 @@ export async function restoreToDir(bundle: string, to: string, opts: RestoreToDi
     await rename(staging, target).catch((e: unknown) => { throw destinationError(e, target); });
     await fsyncDir(dirname(target));
     // (the referenced artifacts were recorded in the same table as the bundle's own)
-    const mine = (name: string): boolean => selected(name.slice(0, name.indexOf("/")));
+    const mine = (name: string): boolean => selected(name.slice(0, name.indexOf("/"))) && (!want || want(name));
     let artifacts = r.entries.length;
     if (partial) {
       artifacts = 0;
       for (let i = 0; i < r.entries.length; i++) if (mine(r.entries.name(i))) artifacts++;
     }
-    return { path: target, manifest, artifacts, bytes: r.entries.bytes(partial ? mine : undefined), durationMs: performance.now() - t0, notes };
+    return { path: target, manifest, artifacts, bytes: r.entries.bytes(partial ? mine : undefined), durationMs: performance.now() - t0, notes, placed, layout: places ? "config" : "layers" };
   } catch (e) {
     await rm(staging, { recursive: true, force: true });
     throw interruptedOr(e, opts.signal, "restore interrupted", "nothing was restored");

@@ -116,6 +116,19 @@ describe("verify: several bundles", () => {
     expect(r.stdout).toContain("4 bundle(s): 1 verified, 3 failed");
   });
 
+  it("a path that does not exist among several is that one's failure, said as no such file; the others are verified", () => {
+    const missing = join(work, "no-such.memsnap");
+    const r = cli(["verify", plain.path, missing, "--json"]);
+    expect(r.code).toBe(6);
+    const out = JSON.parse(r.stdout) as { bundles: { path: string; ok: boolean; findings: { code: string; message: string }[] }[] };
+    expect(out.bundles.map((b) => b.ok)).toEqual([true, false]);
+    expect(out.bundles[1]!.findings.map((f) => f.code)).toEqual(["MEMSNAP_SOURCE_MISSING"]);
+    expect(out.bundles[1]!.findings[0]!.message).toMatch(/no such file/i);
+    const text = cli(["verify", plain.path, missing]);
+    expect(text.stderr).toMatch(/no file is at that path/);
+    expect(text.stderr).not.toMatch(/damaged/);
+  });
+
   it("usage: no bundle, bundles with --all, an empty store", () => {
     for (const args of [["verify"], ["verify", "--all", plain.path], ["verify", "--all", "--store", join(work, "empty")]]) {
       const r = cli(args);

@@ -382,7 +382,7 @@ describe("git source: CLI", () => {
     const v = await runCli(["verify", "--deep", "--json", "s.memsnap"], { cwd: base });
     expectOk(v);
     expect(JSON.stringify(jsonOut(v))).toContain("deep");
-    expectOk(await runCli(["restore", "s.memsnap", "--to", "out"], { cwd: base }));
+    expectOk(await runCli(["restore", "s.memsnap", "--to", "out", "--layout", "layers"], { cwd: base }));
     expectSameRepo(join(base, "out", LAYER), src);
   });
 });

@@ -88,7 +88,7 @@ describe("store operations", () => {
 
   it("prune --dry-run lists decisions with their rule; prune applies them; concurrent prunes and snapshots are safe", async () => {
     for (let i = 0; i < 4; i++) json(["snapshot", ...cfg]);
-    const dry = json<{ agents: { decisions: { id: string; keep: boolean; reasons: string[] }[] }[] }>(["prune", ...cfg, "--keep-last", "2", "--dry-run"]);
+    const dry = json<{ agents: { decisions: { id: string; keep: boolean; reasons: string[] }[] }[] }>(["prune", ...cfg, "--keep-last", "2", "--prune-label", "*", "--dry-run"]);
     const ds = dry.agents[0]!.decisions;
     expect(ds.filter((d) => d.keep).map((d) => d.reasons[d.reasons.length - 1])).toEqual(["last 1/2", "last 2/2"]);
     expect(ds.filter((d) => !d.keep)).toHaveLength(3);
@@ -96,7 +96,7 @@ describe("store operations", () => {
     // three processes at once: two prunes and a snapshot; all succeed, and the store ends consistent
     const run = (args: string[]) => new Promise<number | null>((res) => spawn(process.execPath, [BIN, ...args], { cwd: work, stdio: "ignore" }).on("exit", res));
     const codes = await Promise.all([
-      run(["prune", ...cfg, "--keep-last", "2"]), run(["prune", ...cfg, "--keep-last", "2"]), run(["snapshot", ...cfg, "--wait", "30s"]),
+      run(["prune", ...cfg, "--keep-last", "2", "--prune-label", "*"]), run(["prune", ...cfg, "--keep-last", "2", "--prune-label", "*"]), run(["snapshot", ...cfg, "--wait", "30s"]),
     ]);
     expect(codes).toEqual([0, 0, 0]);
     const left = readdirSync(agentStore).filter((n) => /^[0-9A-Z]{26}\.memsnap$/.test(n));
@@ -246,7 +246,10 @@ describe("schedule", () => {
     expect(lines[lines.length - 1]!.event).toBe("stopped");
     expect(lines.some((l) => l.event === "prune")).toBe(true);
     expect(lines.every((l) => typeof l.ts === "string")).toBe(true);
-    expect(readdirSync(agentStore).filter((n) => /^[0-9A-Z]{26}\.memsnap$/.test(n)).length).toBeLessThanOrEqual(4);
+    // the schedule prunes only its own snapshots: keep-last 3, and one more if SIGTERM came between a snapshot and its prune
+    const listed = json<{ snapshots: { created_by: string }[] }>(["list", ...cfg]).snapshots;
+    expect(listed.filter((x) => x.created_by === "schedule").length).toBeLessThanOrEqual(4);
+    expect(listed.filter((x) => x.created_by === "cli").length).toBeGreaterThanOrEqual(2); // the manual ones are untouched
     expect(readdirSync(agentStore).filter((n) => n.startsWith("."))).toEqual([".memsnap"]); // no partial files
   });
 });

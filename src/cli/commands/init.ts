@@ -23,7 +23,9 @@ Examples:
       const dir = resolve(home ?? ".");
       const d = await detectAgent(dir);
       const agent = o.agent ?? basename(dir).toLowerCase().replace(/[^a-z0-9_-]+/g, "-").slice(0, 64);
-      const text = renderConfig(d, { agent, tenant: o.tenant, recipients: o.recipient });
+      const rendered = renderConfig(d, { agent, tenant: o.tenant, recipients: o.recipient });
+      // A text file (and what --print writes to a terminal) ends with a newline.
+      const text = rendered.endsWith("\n") ? rendered : `${rendered}\n`;
       const out = resolve(o.out ?? join(dir, "memsnap.json"));
       if (!o.print) {
         let fh;

@@ -1,7 +1,8 @@
 import type { Command } from "commander";
+import { existsSync } from "node:fs";
 import {
   MemsnapError, listSome, loadConfig, scryptMaxLogN, loadIdentities, loadPassphrase, loadTrusted, parseDuration, recoverAgent, resolveStore, restoreInPlace, restoreToDir, runHook,
-  summarizeRedaction, type Manifest, type RedactedSummary, type RestorePlan,
+  summarizeRedaction, type Manifest, type RestoreToDirOptions, type RedactedSummary, type RestorePlan,
 } from "../../index.js";
 import { describeProcess, type LiveProcess } from "../../restore/live-procs.js";
 import { fmtBytes, fmtRate, printJson, Progress } from "../output.js";
@@ -22,6 +23,8 @@ interface RestoreOpts {
   trust: string[];
   scryptMaxLogN?: string;
   ignoreOpenFiles?: boolean;
+  path: string[];
+  layout?: string;
 }
 
 /**
@@ -71,6 +74,8 @@ export function registerRestore(program: Command, global: () => GlobalOpts): voi
     .option("-i, --identity <file>", "age identity file (repeatable)", collect, [])
     .option("--passphrase-file <file>", "passphrase on the first line of this file (or set MEMSNAP_PASSPHRASE)")
     .option("--only <layer>", "restore only this layer (repeatable)", collect, [])
+    .option("--path <glob>", "restore only the files this path or glob selects, as 'memsnap ls' shows them: <layer>/<path> (repeatable)", collect, [])
+    .option("--layout <config|layers>", "with --to: put each layer where the config's source path puts it (config; the default when -c is given or ./memsnap.json exists), or under its layer name (layers)")
     .option("--as-agent", "restore a bundle of another tenant/agent into this config's agent")
     .option("--no-safety-snapshot", "skip the automatic snapshot of the live state taken before restoring")
     .option("--store <dir>", "store for the safety snapshot (default: $MEMSNAP_STORE, the config's store, ~/.local/share/memsnap/store)")
@@ -89,8 +94,26 @@ Examples:
   $ memsnap restore 01JD0K7Q -c agent/memsnap.json -i key.txt
   $ memsnap restore 01J….memsnap -c agent/memsnap.json -i key.txt --only memory
   $ memsnap restore 01J….memsnap --to ./restored -i key.txt
-  $ memsnap restore 01J….memsnap --to ./restored -i key.txt --only kv`)
-    .action(async (ref: string, o: RestoreOpts) => {
+  $ memsnap restore 01J….memsnap --to ./restored -i key.txt --only kv
+  $ memsnap restore 01JD0K7Q -c agent/memsnap.json -i key.txt --path memory/notes/note3.md
+  $ memsnap restore 01JD0K7Q --to ./restored --path 'memory/**/*.md' --layout layers
+
+--path selects files by their payload path (<layer>/<path>): an exact path, a directory prefix,
+or a glob (a pattern without / matches a name at any depth). Files, state and trace layers
+restore file by file: in place, only the selected files are replaced and nothing else in the
+layer is written or removed (even where the patterns select every file: --only LAYER restores a
+layer whole, removing the files the snapshot lacks). A git, sqlite or kv layer is rebuilt from all of its artifacts:
+select it whole (--path <layer>/) or not at all. Every artifact's hash is still checked. For
+an encrypted bundle (or one whose manifest does not list its files) the selection needs the
+index at the end of the payload: the payload is read once for it, then again to restore.
+
+With --to, each layer goes where the config (-c, else ./memsnap.json) puts it, relative to DIR:
+a SQLite layer of db/memory.db comes back as DIR/db/memory.db. Source paths must be inside the
+config's directory. Layers whose places overlap (a git directory holding another layer's
+files, two layers with one file) are refused with --layout config, and restored under their
+layer names (with a note) when the layout was not asked for. Without a config, or with
+--layout layers, each layer goes to DIR/<layer>/.`)
+    .action(async (ref: string, o: RestoreOpts, cmd: Command) => {
       const g = global();
       const identities = await loadIdentities(o.identity);
       const passphrase = await loadPassphrase(o.passphraseFile);
@@ -108,23 +131,40 @@ Examples:
             hint: "drop --dry-run (the directory appears only once every hash is checked), or run 'memsnap verify' to check the bundle without writing",
           });
         }
+        if (o.layout !== undefined && o.layout !== "config" && o.layout !== "layers") {
+          throw new MemsnapError("MEMSNAP_USAGE", `--layout ${o.layout}: expected config or layers`, { hint: "--layout config (the config's paths) or --layout layers (layer names)" });
+        }
+        const explicitConfig = cmd.getOptionValueSource("config") !== "default";
+        let layout: RestoreToDirOptions["layout"] = { kind: "layers" };
+        // Without a config (no -c, no ./memsnap.json) the layers go under their names, as the
+        // "layer → place" lines and --json's layout say.
+        if (o.layout !== "layers" && (explicitConfig || o.layout === "config" || existsSync(o.config))) {
+          layout = { kind: "config", config: await loadConfig(o.config), fallback: o.layout !== "config" };
+        }
         const bundle = await bundleArg(ref, () => defaultStore(o.store));
         const r = await withAbort((signal) => restoreToDir(bundle, o.to!, {
           ...sigPolicy, keys, signal, only: o.only, onProgress: (b, t) => progress.update(b, t),
+          ...(o.path.length ? { paths: o.path } : {}), layout,
         }));
         progress.done();
-        const redacted = redactedIn(r.manifest, o.only.length ? o.only : r.manifest.layers.map((l) => l.name));
+        const redacted = redactedIn(r.manifest, r.placed.map((p) => p.layer));
         if (g.json) {
           printJson({
             ok: true, path: r.path, snapshot_id: r.manifest.snapshot_id, artifacts: r.artifacts, bytes: r.bytes, duration_ms: Math.round(r.durationMs),
+            layout: r.layout, layers: r.placed,
             redacted: redactedJson(redacted), notes: r.notes,
           });
         } else {
-          process.stdout.write(`restored ${r.manifest.snapshot_id} into ${r.path}\n  ${r.artifacts} artifacts, ${fmtBytes(r.bytes)}, every hash checked, in ${(r.durationMs / 1000).toFixed(2)} s (${fmtRate(r.bytes, r.durationMs)})\n`);
+          process.stdout.write(`restored ${r.manifest.snapshot_id} into ${r.path}\n`);
+          for (const p of r.placed) process.stdout.write(`  ${p.layer} → ${p.path === "." ? "./" : `${p.path}/`}\n`);
+          process.stdout.write(`  ${r.artifacts} artifacts, ${fmtBytes(r.bytes)}, every hash checked, in ${(r.durationMs / 1000).toFixed(2)} s (${fmtRate(r.bytes, r.durationMs)})\n`);
           for (const n of r.notes) process.stderr.write(`memsnap: note: ${n}\n`);
           if (redacted.total) process.stderr.write(`memsnap: note: ${redactedNote(redacted, null)}\n`);
         }
         return;
+      }
+      if (o.layout !== undefined) {
+        throw new MemsnapError("MEMSNAP_USAGE", "--layout applies to a restore --to DIR; in place, each layer goes where the config puts it", { hint: "drop --layout, or pass --to DIR" });
       }
       const config = await loadConfig(o.config);
       const bundle = await bundleArg(ref, async () => resolveStore(o.store, config.store),
@@ -132,7 +172,7 @@ Examples:
       let r;
       try {
         r = await withAbort((signal) => restoreInPlace(bundle, config, {
-        ...sigPolicy, keys, only: o.only, asAgent: !!o.asAgent, safetySnapshot: o.safetySnapshot, store: resolveStore(o.store, config.store),
+        ...sigPolicy, keys, only: o.only, ...(o.path.length ? { paths: o.path } : {}), asAgent: !!o.asAgent, safetySnapshot: o.safetySnapshot, store: resolveStore(o.store, config.store),
         ...(o.wait ? { waitMs: parseDuration(o.wait) } : {}), dryRun: !!o.dryRun, signal, ignoreOpenFiles: !!o.ignoreOpenFiles,
         onProgress: (b, t) => progress.update(b, t),
         beforeRestore: async (layers) => {
@@ -161,7 +201,7 @@ Examples:
         printJson({
           ok: true, snapshot_id: r.manifest.snapshot_id, dry_run: !!o.dryRun, layers: r.layers, swaps: r.swaps, bytes: r.bytes,
           safety_snapshot: r.safetySnapshot
-            ? { id: r.safetySnapshot.id, path: r.safetySnapshot.path, encrypted: r.safetySnapshot.manifest.payload.encryption !== null }
+            ? { id: r.safetySnapshot.id, snapshot_id: r.safetySnapshot.id, path: r.safetySnapshot.path, encrypted: r.safetySnapshot.manifest.payload.encryption !== null }
             : null,
           recovered: r.recovered, plan: r.plan ?? null, duration_ms: Math.round(r.durationMs), redacted: redactedJson(redacted),
           ...(r.processes ? { processes: r.processes } : {}), notes: r.notes, kept: r.kept,

@@ -19,6 +19,7 @@ interface SnapshotOpts {
   allowPlaintextMemory?: boolean;
   wait?: string;
   signKey?: string;
+  scheduled?: boolean;
 }
 
 export function registerSnapshot(program: Command, global: () => GlobalOpts): void {
@@ -35,7 +36,8 @@ export function registerSnapshot(program: Command, global: () => GlobalOpts): vo
     .option("--no-encrypt", "write a plaintext bundle even if the config names recipients")
     .option("--level <n>", "zstd level 1-19 (default: the config's, else 3)")
     .option("--no-redact", "do not redact secrets in text artifacts (default: the config's redaction.enabled, else on)")
-    .option("--sign-key <file>", "sign the manifest with this Ed25519 key (memsnap keygen --sign)")
+    .option("--sign-key <file>", "sign the manifest with this Ed25519 key (memsnap keygen --sign; default: the config's sign_key)")
+    .option("--scheduled", "record the snapshot as made by a schedule (created_by schedule), for cron lines: `prune --scheduled-only` decides over it")
     .option("--wait <duration>", "wait this long for the agent's lock (e.g. 30s) instead of failing at once")
     .option("--allow-unredacted", "write a plaintext bundle even if secrets were found in content that cannot be redacted")
     .option("--allow-plaintext-memory", "write a plaintext bundle even with a criu layer (process memory cannot be redacted)")
@@ -65,7 +67,9 @@ Examples:
         const { MemsnapError } = await import("../../index.js");
         throw new MemsnapError("MEMSNAP_USAGE", `--level must be an integer from 1 to 19, got ${o.level}`);
       }
-      const signKey = o.signKey ? await loadSigningKey(o.signKey) : undefined;
+      const signKeyFile = o.signKey ?? config.signKey;
+      const signKey = signKeyFile ? await loadSigningKey(signKeyFile) : undefined;
+      const createdBy = o.scheduled ? "schedule" : "cli";
       const progress = new Progress("snapshot", !g.json && process.stderr.isTTY === true);
       let r;
       try {
@@ -76,7 +80,7 @@ Examples:
         ...(passphrase ? { passphrase } : {}),
         ...(level !== undefined ? { level } : {}),
         label: o.label ?? null,
-        createdBy: "cli",
+        createdBy,
         ...(o.redact === false ? { redact: false } : {}),
         ...(o.allowUnredacted ? { allowUnredacted: true } : {}),
         ...(o.allowPlaintextMemory ? { allowPlaintextMemory: true } : {}),
@@ -93,7 +97,7 @@ Examples:
       }
       progress.done();
       await hook(config.hooks, "on_created", {
-        snapshot_id: r.id, path: r.path, tenant: config.tenant, agent: config.agent, label: r.manifest.label, created_by: "cli",
+        snapshot_id: r.id, path: r.path, tenant: config.tenant, agent: config.agent, label: r.manifest.label, created_by: createdBy,
         bytes: r.inputBytes, bundle_bytes: r.bundleBytes, encrypted: r.manifest.payload.encryption !== null,
       }, config.baseDir);
       const m = r.manifest;
@@ -101,7 +105,8 @@ Examples:
       for (const n of r.notices) process.stderr.write(`memsnap: warning: ${n.layer}: ${n.message}\n`);
       if (g.json) {
         printJson({
-          ok: true, id: r.id, path: r.path, input_bytes: r.inputBytes, bundle_bytes: r.bundleBytes,
+          // snapshot_id as in schedule events and hook metadata; id is kept for compatibility.
+          ok: true, snapshot_id: r.id, id: r.id, path: r.path, input_bytes: r.inputBytes, bundle_bytes: r.bundleBytes,
           artifacts: m.payload.artifacts, layers: m.layers.map((l) => ({ name: l.name, kind: l.kind, artifacts: l.artifacts, bytes: l.bytes })),
           encrypted: m.payload.encryption !== null, signed: m.signature !== undefined, duration_ms: Math.round(r.durationMs),
           mb_per_s: Number((r.inputBytes / 1e6 / (r.durationMs / 1000)).toFixed(1)),

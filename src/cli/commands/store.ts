@@ -3,7 +3,7 @@ import { existsSync } from "node:fs";
 import { dirname, join } from "node:path";
 import {
   basesOf, deleteSnapshots, diffSnapshots, exportSnapshot, findSnapshot, listSnapshots, loadConfig, loadIdentities, MemsnapError,
-  loadPassphrase, parseDuration, pruneStore, resolveStore, type MemsnapConfig, type RetentionPolicy,
+  loadPassphrase, parseDuration, pruneStore, resolveStore, type LayerDiff, type MemsnapConfig, type RetentionPolicy,
 } from "../../index.js";
 import { fmtBytes, printJson } from "../output.js";
 import { collect, type GlobalOpts } from "../common.js";
@@ -47,6 +47,8 @@ export function policyFrom(o: Record<string, string | string[] | undefined>): Re
   }
   if (typeof o.keepWithin === "string") p.within = parseDuration(o.keepWithin);
   if (Array.isArray(o.keepLabel) && o.keepLabel.length) p.labels = o.keepLabel;
+  if (Array.isArray(o.pruneLabel) && o.pruneLabel.length) p.pruneLabels = o.pruneLabel;
+  if (typeof o.keepSafety === "string") p.safetyMs = parseDuration(o.keepSafety);
   return p;
 }
 
@@ -59,7 +61,9 @@ export function addRetentionOptions(c: Command): Command {
     .option("--keep-monthly <n>", "… months")
     .option("--keep-yearly <n>", "… years")
     .option("--keep-within <duration>", "keep everything within this long of the newest (e.g. 48h)")
-    .option("--keep-label <glob>", "keep snapshots whose label matches (repeatable)", collect, []);
+    .option("--keep-label <glob>", "keep snapshots whose label matches (repeatable)", collect, [])
+    .option("--prune-label <glob>", "let the keep rules decide over snapshots with a matching label (repeatable; without it a labelled snapshot is always kept)", collect, [])
+    .option("--keep-safety <duration>", "keep safety snapshots (auto:pre-restore-…, the undo of a restore) this long (default 7d; 0 to let the rules decide)");
 }
 
 export function registerStore(program: Command, global: () => GlobalOpts): void {
@@ -75,7 +79,7 @@ Examples:
       if (global().json) {
         printJson({
           ok: true, store, snapshots: snaps.map((s) => ({
-            id: s.id, tenant: s.tenant, agent: s.agent, created_at: s.created_at, label: s.label, created_by: s.created_by,
+            id: s.id, snapshot_id: s.id, tenant: s.tenant, agent: s.agent, created_at: s.created_at, label: s.label, created_by: s.created_by,
             size: s.size, encrypted: s.encrypted, signed: s.signed, path: s.path, bases: basesOf(s.manifest).map((b) => b.snapshot_id),
           })), unreadable: bad,
         });
@@ -108,15 +112,7 @@ Examples:
         printJson({ ok: true, a: sa.id, b: sb.id, layers: diff });
         return;
       }
-      const out = [`${sa.id} → ${sb.id}`];
-      for (const l of diff) {
-        out.push(`${l.layer} (${l.kind}): ${l.added.length} added, ${l.changed.length} changed, ${l.removed.length} removed, ${l.unchanged} unchanged`);
-        for (const x of l.added.slice(0, 50)) out.push(`  + ${x.path} (${fmtBytes(x.size)})`);
-        for (const x of l.changed.slice(0, 50)) out.push(`  ~ ${x.path} (${fmtBytes(x.from)} → ${fmtBytes(x.to)})`);
-        for (const x of l.removed.slice(0, 50)) out.push(`  - ${x.path} (${fmtBytes(x.size)})`);
-        for (const n of l.notes) out.push(`  ${n}`);
-      }
-      process.stdout.write(out.join("\n") + "\n");
+      process.stdout.write(diffText(sa.id, sb.id, diff));
     });
 
   storeOptions(program.command("export <id>").description("copy a snapshot out of the store (an incremental one with its bases)"))
@@ -143,7 +139,7 @@ Examples:
       }
       await exportSnapshot(s, o.to);
       for (const b of bases) if (b.copied) await exportSnapshot(await findSnapshot(store, b.id, filter), b.path);
-      if (global().json) printJson({ ok: true, id: s.id, path: o.to, size: s.size, bases: bases.map((b) => ({ id: b.id, path: b.path })) });
+      if (global().json) printJson({ ok: true, id: s.id, snapshot_id: s.id, path: o.to, size: s.size, bases: bases.map((b) => ({ id: b.id, snapshot_id: b.id, path: b.path })) });
       else {
         process.stdout.write(`exported ${s.id} to ${o.to} (${fmtBytes(s.size)})\n`);
         for (const b of bases) process.stdout.write(`  base ${b.id} ${b.copied ? "copied to" : "already at"} ${b.path}\n`);
@@ -157,35 +153,100 @@ Examples:
       const targets = [];
       for (const id of ids) targets.push(await findSnapshot(store, id, filter));
       const deleted = await deleteSnapshots(store, targets, { force: !!o.force });
-      if (global().json) printJson({ ok: true, deleted });
+      if (global().json) printJson({ ok: true, deleted, snapshot_ids: targets.filter((t) => deleted.includes(t.path)).map((t) => t.id) });
       else for (const p of deleted) process.stdout.write(`deleted ${p}\n`);
     });
 
   addRetentionOptions(storeOptions(program.command("prune").description("delete snapshots the retention policy does not keep, and dead processes' leftovers")))
-    .option("--dry-run", "list what would be kept and removed, with the rule that decided each")
+    .option("--dry-run", "list what would be kept and removed, with the rule or protection that decided each")
+    .option("--scheduled-only", "decide only over snapshots a schedule made (and safety snapshots past --keep-safety), as `schedule` does; keep the others")
     .addHelpText("after", `
 Examples:
   $ memsnap prune --keep-last 5 --keep-daily 7 --keep-weekly 4 --dry-run
-  $ memsnap prune -c agent/memsnap.json --keep-within 48h --keep-label 'release-*'`)
-    .action(async (o: StoreOpts & Record<string, string | string[] | undefined> & { dryRun?: boolean }) => {
+  $ memsnap prune -c agent/memsnap.json --keep-within 48h --keep-label 'release-*'
+  $ memsnap prune --keep-last 5 --prune-label 'tmp-*' --keep-safety 3d
+
+Protected (kept, and not counted by the rules; --dry-run names the protection):
+  safety snapshots (auto:pre-restore-…) younger than --keep-safety (default 7d);
+  labelled snapshots (a label you set) unless --keep-label or --prune-label names the label;
+  with --scheduled-only, snapshots not made by a schedule.
+An incremental snapshot's bases are kept as long as it is.`)
+    .action(async (o: StoreOpts & Record<string, string | string[] | boolean | undefined> & { dryRun?: boolean; scheduledOnly?: boolean }) => {
       const { store, filter } = await context(o);
-      const policy = policyFrom(o);
+      const policy = policyFrom(o as Record<string, string | string[] | undefined>);
+      if (o.scheduledOnly) policy.createdBy = ["schedule", "pre-restore"];
       const res = await pruneStore(store, policy, { ...filter, dryRun: !!o.dryRun });
       if (global().json) {
         printJson({
           ok: true, dry_run: !!o.dryRun, agents: res.map((r) => ({
             tenant: r.tenant, agent: r.agent, removed: r.removed, orphans: r.orphans,
-            decisions: r.decisions.map((d) => ({ id: d.snapshot.id, keep: d.keep, reasons: d.reasons, created_at: d.snapshot.created_at, label: d.snapshot.label })),
+            decisions: r.decisions.map((d) => ({
+              id: d.snapshot.id, snapshot_id: d.snapshot.id, keep: d.keep, reasons: d.reasons, created_at: d.snapshot.created_at,
+              created_by: d.snapshot.created_by, label: d.snapshot.label,
+            })),
           })),
         });
         return;
       }
       for (const r of res) {
         process.stdout.write(`${r.tenant}/${r.agent}:\n`);
-        for (const d of r.decisions) process.stdout.write(`  ${d.keep ? "keep  " : o.dryRun ? "would remove" : "remove"} ${d.snapshot.id} ${d.snapshot.created_at}${d.keep ? `  (${d.reasons.join(", ")})` : ""}\n`);
+        for (const d of r.decisions) process.stdout.write(`  ${d.keep ? "keep  " : o.dryRun ? "would remove" : "remove"} ${d.snapshot.id} ${d.snapshot.created_at}${d.keep ? `  (${d.reasons.join(", ")})` : "  (no rule keeps it)"}\n`);
         for (const p of r.orphans) process.stdout.write(`  removed leftover ${p}\n`);
       }
     });
+}
+
+/** The text of `memsnap diff`: one section per layer, ending with a newline. */
+export function diffText(a: string, b: string, diff: LayerDiff[]): string {
+  const out = [`${a} → ${b}`];
+  const list = (sign: string, items: string[], total: number, indent = "    "): void => {
+    for (const x of items) out.push(`${indent}${sign} ${oneLine(x)}`);
+    if (total > items.length) out.push(`${indent}… and ${total - items.length} more`);
+  };
+  for (const l of diff) {
+    out.push("", `${l.layer} (${l.kind}): ${l.added.length} added, ${l.changed.length} changed, ${l.removed.length} removed, ${l.unchanged} unchanged artifact(s)`);
+    for (const n of l.notes) out.push(`  ${oneLine(n)}`);
+    const g = l.git;
+    if (g) {
+      if (g.note) out.push(`  ${oneLine(g.note)}`);
+      const short = (o: string | null): string => (o ?? "-").slice(0, 12);
+      if (g.head.from !== g.head.to) {
+        out.push(`  commits ${short(g.head.from)}..${short(g.head.to)}: ${g.commits_total}`);
+        for (const c of g.commits) out.push(`    ${c.oid.slice(0, 12)} ${oneLine(c.subject)}`);
+        if (g.commits_total > g.commits.length) out.push(`    … and ${g.commits_total - g.commits.length} more`);
+        if (g.descendant === false) out.push(`  ${short(g.head.to)} does not descend from ${short(g.head.from)}: ${g.commits_dropped} commit(s) of A's history are not in B's`);
+      }
+      const t = g.files_total;
+      if (t.added + t.changed + t.deleted) {
+        out.push(`  files (committed): ${t.added} added, ${t.changed} changed, ${t.deleted} deleted`);
+        list("+", g.files.added, t.added);
+        list("~", g.files.changed, t.changed);
+        list("-", g.files.deleted, t.deleted);
+      }
+      const w = g.worktree;
+      if (w.added.length + w.changed.length + w.removed.length + w.deleted.length) {
+        out.push(`  uncommitted (work tree): ${w.added.length} added, ${w.changed.length} changed, ${w.removed.length} no longer uncommitted, ${w.deleted.length} deleted`);
+        list("+", w.added.slice(0, 50), w.added.length);
+        list("~", w.changed.slice(0, 50), w.changed.length);
+        list("-", w.removed.slice(0, 50), w.removed.length);
+        list("x", w.deleted.slice(0, 50), w.deleted.length);
+      }
+      continue;
+    }
+    if (l.sqlite) {
+      for (const [db, tables] of Object.entries(l.sqlite.databases)) {
+        out.push(`  ${oneLine(db)}:`);
+        for (const [t, r] of Object.entries(tables)) {
+          const by = r.changed !== undefined ? `: ${r.added} added, ${r.removed} removed, ${r.changed} changed by rowid` : "";
+          out.push(`    ${oneLine(t)}: ${r.from} → ${r.to} rows (${r.to - r.from >= 0 ? "+" : ""}${r.to - r.from})${by}`);
+        }
+      }
+    }
+    list("+", l.added.slice(0, 50).map((x) => `${x.path} (${fmtBytes(x.size)})`), l.added.length, "  ");
+    list("~", l.changed.slice(0, 50).map((x) => `${x.path} (${fmtBytes(x.from)} → ${fmtBytes(x.to)})`), l.changed.length, "  ");
+    list("-", l.removed.slice(0, 50).map((x) => `${x.path} (${fmtBytes(x.size)})`), l.removed.length, "  ");
+  }
+  return out.join("\n") + "\n";
 }
 
 /** A label as one table cell: control characters (a newline from an older memsnap) shown as "?". */

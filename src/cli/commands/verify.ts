@@ -109,7 +109,11 @@ Examples:
         if (!paths.length) throw new MemsnapError("MEMSNAP_USAGE", `no bundles in ${store}`, { hint: "check --store (or $MEMSNAP_STORE)" });
       } else {
         paths = [];
-        for (const ref of refs) paths.push(await bundleArg(ref, () => defaultStore(o.store)));
+        // A missing file among several is that one bundle's failure (reported, and the rest verified).
+        for (const ref of refs) paths.push(await bundleArg(ref, () => defaultStore(o.store)).catch((e: unknown) => {
+          if (isMemsnapError(e, "MEMSNAP_SOURCE_MISSING")) return ref;
+          throw e;
+        }));
       }
       const results: VerifyReport[] = [];
       const failures: MemsnapError[] = [];
