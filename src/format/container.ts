@@ -166,7 +166,8 @@ const malformed = (path: string, what: string): MemsnapError =>
     path, hint: "memsnap bundles are tar files holding payload.tar.zst[.age] and manifest.json",
   });
 
-async function readAt(fh: FileHandle, pos: number, len: number): Promise<Buffer> {
+/** Up to `len` bytes at `pos` (fewer only at the end of the file). */
+export async function readAt(fh: FileHandle, pos: number, len: number): Promise<Buffer> {
   const buf = Buffer.alloc(len);
   let got = 0;
   while (got < len) {

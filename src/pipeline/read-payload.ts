@@ -15,7 +15,7 @@ import { open } from "node:fs/promises";
 import { Writable } from "node:stream";
 import { heapPacer } from "../util/gc.js";
 import { MemsnapError, type Finding } from "../errors.js";
-import type { BundleLayout } from "../format/container.js";
+import { readAt, type BundleLayout } from "../format/container.js";
 import { encodeIndex, indexHash, INDEX_PATH, refOf, type IndexDocument, type IndexEntry, type Manifest } from "../format/manifest.js";
 import { AGE_PREFIX_MAX, openAgePrefix } from "./age.js";
 import { PayloadDecoder, type ScannedBatch } from "./decoder.js";
@@ -83,14 +83,7 @@ const BOMB_MARGIN = 4 * 1024 * 1024;
 async function readRange(path: string, pos: number, len: number): Promise<Buffer> {
   const fh = await open(path, "r");
   try {
-    const buf = Buffer.alloc(len);
-    let got = 0;
-    while (got < len) {
-      const { bytesRead } = await fh.read(buf, got, len - got, pos + got);
-      if (bytesRead === 0) break;
-      got += bytesRead;
-    }
-    return buf.subarray(0, got);
+    return await readAt(fh, pos, len);
   } finally {
     await fh.close();
   }

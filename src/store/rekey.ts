@@ -28,7 +28,7 @@ import { createHash, type KeyObject } from "node:crypto";
 import { open, readdir, realpath, type FileHandle } from "node:fs/promises";
 import { basename, dirname, join } from "node:path";
 import { MemsnapError, destinationError } from "../errors.js";
-import { readLayout, tempPathFor, type BundleLayout } from "../format/container.js";
+import { readAt, readLayout, tempPathFor, type BundleLayout } from "../format/container.js";
 import {
   basesOf, checkSeal, computeSeal, encodeManifest, MANIFEST_MEMBER, parseManifest, PAYLOAD_MEMBER_ENCRYPTED,
   type Manifest, type RecipientInfo,
@@ -99,16 +99,6 @@ interface Item {
 
 const COPY_BUF = 1 << 20;
 
-async function readAt(fh: FileHandle, pos: number, len: number): Promise<Buffer> {
-  const buf = Buffer.alloc(len);
-  let got = 0;
-  while (got < len) {
-    const { bytesRead } = await fh.read(buf, got, len - got, pos + got);
-    if (bytesRead === 0) break;
-    got += bytesRead;
-  }
-  return buf.subarray(0, got);
-}
 
 /** A recipient (`age1…`) or fingerprint as the manifest records it. */
 function fingerprintOf(r: string): string {
