@@ -14,10 +14,11 @@
  * Everything under a memdir, dump or store belongs to that source; `node_modules`, caches,
  * build output and memsnap's own `.memsnap` directory are not looked into.
  */
-import { open, readdir, stat } from "node:fs/promises";
-import { basename, join, relative } from "node:path";
+import { lstat, open, readdir, stat } from "node:fs/promises";
+import { basename, isAbsolute, join, relative, resolve } from "node:path";
 import { MemsnapError } from "./errors.js";
 import { ID_PATTERN } from "./format/manifest.js";
+import { selector } from "./sources/walk.js";
 
 const SQLITE_MAGIC = Buffer.from("SQLite format 3\0", "latin1");
 const SKIP_DIRS = new Set(["node_modules", ".git", ".venv", "venv", "__pycache__", ".cache", "dist", "build", ".memsnap"]);
@@ -38,9 +39,88 @@ export interface DetectedSource {
   note: string;
 }
 
+/** Files init left out of every source, aggregated per directory and reason. */
+export interface LeftOut {
+  /** Relative path: a file, or a directory (ending in `/`) when several files in it share the reason. */
+  path: string;
+  bytes: number;
+  files: number;
+  reason: string;
+}
+
 export interface Detection {
   home: string;
   sources: DetectedSource[];
+  /** What no source covers (memsnap's own `.memsnap` and `memsnap.json` are not counted). */
+  left_out: LeftOut[];
+  coverage: { captured_bytes: number; total_bytes: number };
+}
+
+/**
+ * "Large": a directory whose files no source covers, together this many bytes or more, becomes
+ * a `files` source of its own (and a file at the home's top level this large, one of a `files`
+ * source of the home); `snapshot` warns about each uncovered file this large.
+ */
+export const LARGE_BYTES = 1 << 20;
+
+/** A source as coverage sees it: its kind and the keys that say which paths it takes. */
+export interface CoverageSource {
+  kind: string;
+  path?: string;
+  store?: string;
+  include?: string[];
+  exclude?: string[];
+}
+
+const WHOLE_DIR_KINDS = new Set(["git", "kv", "criu", "pfimg"]);
+
+/**
+ * A predicate "this file (path relative to `base`, POSIX) is captured by one of `sources`":
+ * a memdir, KV dump, CRIU dump or ProcessFork store takes its whole directory; a SQLite
+ * database its file with its -wal/-shm/-journal; files, state and trace sources what their
+ * include/exclude globs select under their path. An exec plugin names no path: it covers nothing here.
+ */
+export function coverage(base: string, sources: readonly CoverageSource[]): (rel: string) => boolean {
+  const tests = sources.flatMap((s) => {
+    const raw = s.kind === "pfimg" ? s.store : s.path;
+    if (raw === undefined) return [];
+    const root = relative(base, resolve(base, raw)).split("\\").join("/");
+    if (root.startsWith("..") || isAbsolute(root)) return [];
+    const within = (rel: string): string | null => (root === "" ? rel : rel === root ? "" : rel.startsWith(`${root}/`) ? rel.slice(root.length + 1) : null);
+    if (WHOLE_DIR_KINDS.has(s.kind)) return [(rel: string) => within(rel) !== null];
+    const sel = selector({ include: s.include, exclude: s.exclude });
+    const one = (rel: string): boolean => {
+      const sub = within(rel);
+      return sub === "" || (sub !== null && sel(sub));
+    };
+    if (s.kind === "sqlite") return [(rel: string) => one(rel) || one(rel.replace(/-(wal|shm|journal)$/, ""))];
+    return [one];
+  });
+  return (rel) => tests.some((t) => t(rel));
+}
+
+interface WalkedFile { rel: string; bytes: number }
+
+/** Every regular file under `dir` (lstat only), and the symlinks and special files met. */
+async function allFiles(dir: string, home: string, out: { files: WalkedFile[]; links: WalkedFile[]; skipped: Map<string, WalkedFile[]> }, skipTop: string | null): Promise<void> {
+  const entries = await readdir(dir, { withFileTypes: true }).catch(() => []);
+  for (const e of entries) {
+    const p = join(dir, e.name);
+    const rel = relative(home, p).split("\\").join("/");
+    if (dir === home && (e.name === ".memsnap" || e.name === "memsnap.json")) continue; // memsnap's own
+    if (e.isDirectory()) {
+      // a skipped directory (node_modules, caches…) is left out whole, its size counted
+      const top = skipTop ?? (SKIP_DIRS.has(e.name) && e.name !== ".git" ? rel : null);
+      if (top && !out.skipped.has(top)) out.skipped.set(top, []);
+      await allFiles(p, home, out, top);
+    } else if (e.isFile()) {
+      const s = await lstat(p).catch(() => null);
+      if (!s) continue;
+      (skipTop ? out.skipped.get(skipTop)! : out.files).push({ rel, bytes: s.size });
+    } else if (!skipTop) {
+      out.links.push({ rel, bytes: 0 });
+    }
+  }
 }
 
 async function isSqlite(path: string): Promise<boolean> {
@@ -152,13 +232,108 @@ export async function detectAgent(home: string): Promise<Detection> {
       });
     }
   });
+  const leftOut = await account(home, found);
   // A memdir, dump, store or notes directory keeps its own name before a database or state
   // file of the same stem takes it: for memory/ (git) and db/memory.db, "memory" and
   // "memory-db", not "memory-2" for the memdir.
   const taken = new Set<string>();
   const order = found.map((_, i) => i).sort((a, b) => NAME_PRIORITY[found[a]!.kind] - NAME_PRIORITY[found[b]!.kind] || a - b);
   for (const i of order) found[i]!.name = layerName(found[i]!.name, taken, found[i]!.kind === "sqlite" ? "db" : undefined);
-  return { home, sources: found };
+  return { home, sources: found, ...leftOut };
+}
+
+const REASON_SMALL = `not recognised as agent state, and under ${LARGE_BYTES >> 20} MiB in its directory`;
+const REASON_SKIPPED = "not looked into (dependencies, caches, build output)";
+const REASON_LINK = "a symlink or special file (memsnap captures regular files)";
+
+/**
+ * Account for every byte under `home`: a directory (below the home) whose uncovered files come
+ * to LARGE_BYTES or more becomes a `files` source (the topmost such directory, less the other
+ * sources under it; a state source in it is dropped, the files source takes its JSON too), as
+ * does each uncovered file of LARGE_BYTES or more at the home's top level; the rest is left out,
+ * with its reason. Mutates `found`.
+ */
+function asCoverage(s: DetectedSource): CoverageSource {
+  return { kind: s.kind, path: s.path, ...(s.extra?.store ? { store: s.extra.store } : {}), include: s.include, exclude: s.exclude };
+}
+
+async function account(home: string, found: DetectedSource[]): Promise<Pick<Detection, "left_out" | "coverage">> {
+  const w = { files: [] as WalkedFile[], links: [] as WalkedFile[], skipped: new Map<string, WalkedFile[]>() };
+  await allFiles(home, home, w, null);
+  const covered0 = coverage(home, found.map(asCoverage));
+  const uncovered = w.files.filter((f) => !covered0(f.rel));
+  // uncovered bytes per directory, recursive (home excluded)
+  const perDir = new Map<string, number>();
+  for (const f of uncovered) {
+    const parts = f.rel.split("/");
+    for (let i = 1; i < parts.length; i++) {
+      const d = parts.slice(0, i).join("/");
+      perDir.set(d, (perDir.get(d) ?? 0) + f.bytes);
+    }
+  }
+  const large = [...perDir].filter(([, b]) => b >= LARGE_BYTES).map(([d]) => d).sort();
+  const tops = large.filter((d) => !large.some((o) => d.startsWith(`${o}/`)));
+  const inside = (p: string, d: string): boolean => p === d || p.startsWith(`${d}/`);
+  for (const d of tops) {
+    // a state source at or under it is the files source's now
+    for (let i = found.length - 1; i >= 0; i--) if (found[i]!.kind === "state" && inside(found[i]!.path, d)) found.splice(i, 1);
+    const exclude: string[] = [];
+    for (const s of found) {
+      const root = s.kind === "pfimg" ? s.extra!.store! : s.path;
+      if (root !== "." && inside(root, d) && root !== d) {
+        const sub = root.slice(d.length + 1);
+        if (WHOLE_DIR_KINDS.has(s.kind)) exclude.push(`/${sub}/`);
+        else if (s.kind === "sqlite") exclude.push(`/${sub}{,-wal,-shm,-journal}`);
+        else for (const g of s.include ?? ["**"]) exclude.push(`/${sub}/${g.replace(/^\//, "")}`);
+      } else if ((s.kind === "files" || s.kind === "trace") && (root === "." || inside(d, root))) {
+        // a notes/logs/traces source above it keeps its files
+        exclude.push(...(s.include ?? []));
+      }
+    }
+    found.push({
+      kind: "files", name: basename(d), path: d, ...(exclude.length ? { exclude } : {}),
+      note: `not recognised, ${fmtMiB(perDir.get(d)!)} of other files: captured byte for byte, so nothing large is left out (exclude what you do not want)`,
+    });
+  }
+  const rootLarge = uncovered.filter((f) => !f.rel.includes("/") && f.bytes >= LARGE_BYTES).map((f) => `/${f.rel}`);
+  if (rootLarge.length) {
+    found.push({ kind: "files", name: "home-files", path: ".", include: rootLarge, note: `large files at the top of the home (${LARGE_BYTES >> 20} MiB or more each), not recognised: captured byte for byte` });
+  }
+  const covered = coverage(home, found.map(asCoverage));
+  const small = w.files.filter((f) => !covered(f.rel));
+  const left: LeftOut[] = [];
+  const group = (files: WalkedFile[], reason: string): void => {
+    const byDir = new Map<string, WalkedFile[]>();
+    for (const f of files) {
+      const d = f.rel.includes("/") ? f.rel.slice(0, f.rel.lastIndexOf("/")) : ".";
+      byDir.set(d, [...(byDir.get(d) ?? []), f]);
+    }
+    for (const [d, fs] of byDir) {
+      left.push(fs.length === 1
+        ? { path: fs[0]!.rel, bytes: fs[0]!.bytes, files: 1, reason }
+        : { path: `${d}/`, bytes: fs.reduce((a, f) => a + f.bytes, 0), files: fs.length, reason });
+    }
+  };
+  group(small, REASON_SMALL);
+  group(w.links, REASON_LINK);
+  for (const [d, fs] of w.skipped) left.push({ path: `${d}/`, bytes: fs.reduce((a, f) => a + f.bytes, 0), files: fs.length, reason: REASON_SKIPPED });
+  left.sort((a, b) => b.bytes - a.bytes || (a.path < b.path ? -1 : 1));
+  const total = w.files.reduce((a, f) => a + f.bytes, 0) + [...w.skipped.values()].flat().reduce((a, f) => a + f.bytes, 0);
+  const leftBytes = left.reduce((a, l) => a + l.bytes, 0);
+  return { left_out: left, coverage: { captured_bytes: total - leftBytes, total_bytes: total } };
+}
+
+/** Bytes in binary units, for init's text ("861 MiB"). */
+export function fmtMiB(n: number): string {
+  if (n < 1024) return `${n} B`;
+  const units = ["KiB", "MiB", "GiB", "TiB"];
+  let v = n / 1024;
+  let i = 0;
+  while (v >= 1024 && i < units.length - 1) {
+    v /= 1024;
+    i++;
+  }
+  return `${v < 10 ? v.toFixed(1) : Math.round(v)} ${units[i]}`;
 }
 
 /** Who keeps a contested name: directory-shaped sources first, then state, then database files. */
@@ -198,4 +373,33 @@ export function renderConfig(d: Detection, opts: { agent: string; tenant: string
   });
   lines.push("  ]", "}", "");
   return lines.join("\n");
+}
+
+/**
+ * The files of LARGE_BYTES or more under `home` (the config's directory) that none of
+ * `sources` covers, for snapshot's warning. One walk, lstat only; `.git` directories, a
+ * whole-directory source's tree (a memdir, dump or store), `.memsnap` and `skip` (the store)
+ * are not looked into.
+ */
+export async function uncoveredLargeFiles(home: string, sources: readonly CoverageSource[], skip: readonly string[] = []): Promise<{ path: string; bytes: number }[]> {
+  const covered = coverage(home, sources);
+  const wholeDirs = new Set(sources.filter((s) => WHOLE_DIR_KINDS.has(s.kind)).map((s) => resolve(home, (s.kind === "pfimg" ? s.store : s.path) ?? "\0")));
+  const skipped = new Set(skip.map((p) => resolve(p)));
+  const out: { path: string; bytes: number }[] = [];
+  const walk = async (dir: string, depth: number): Promise<void> => {
+    const entries = await readdir(dir, { withFileTypes: true }).catch(() => []);
+    for (const e of entries) {
+      const p = join(dir, e.name);
+      if (e.isDirectory()) {
+        if (depth < 64 && e.name !== ".git" && e.name !== ".memsnap" && !wholeDirs.has(p) && !skipped.has(p)) await walk(p, depth + 1);
+      } else if (e.isFile()) {
+        const s = await lstat(p).catch(() => null);
+        if (!s || s.size < LARGE_BYTES) continue;
+        const rel = relative(home, p).split("\\").join("/");
+        if (!covered(rel)) out.push({ path: rel, bytes: s.size });
+      }
+    }
+  };
+  await walk(resolve(home), 0);
+  return out.sort((a, b) => b.bytes - a.bytes || (a.path < b.path ? -1 : 1));
 }

@@ -2,8 +2,12 @@ import type { Command } from "commander";
 import { open } from "node:fs/promises";
 import { basename, join, resolve } from "node:path";
 import { detectAgent, MemsnapError, renderConfig } from "../../index.js";
+import { fmtMiB } from "../../init.js";
 import { printJson } from "../output.js";
 import { collect, type GlobalOpts } from "../common.js";
+
+/** How many left-out entries init's text prints (--json has them all). */
+const LEFT_OUT_SHOWN = 12;
 
 export function registerInit(program: Command, global: () => GlobalOpts): void {
   program
@@ -44,7 +48,7 @@ Examples:
         }
       }
       if (global().json) {
-        printJson({ ok: true, config: o.print ? null : out, agent, tenant: o.tenant, sources: d.sources });
+        printJson({ ok: true, config: o.print ? null : out, agent, tenant: o.tenant, sources: d.sources, coverage: d.coverage, left_out: d.left_out });
         return;
       }
       if (o.print) {
@@ -53,6 +57,12 @@ Examples:
       }
       process.stdout.write(`found in ${dir}:\n`);
       for (const s of d.sources) process.stdout.write(`  ${s.kind.padEnd(7)} ${s.name.padEnd(20)} ${s.path}\n`);
+      // Every byte under the home is in a source or listed here (the largest first).
+      const { captured_bytes: got, total_bytes: all } = d.coverage;
+      const left = d.left_out;
+      process.stdout.write(`captures ${fmtMiB(got)} of ${fmtMiB(all)}${left.length ? `; left out ${fmtMiB(all - got)} in ${left.reduce((a, l) => a + l.files, 0)} file(s):` : ""}\n`);
+      for (const l of left.slice(0, LEFT_OUT_SHOWN)) process.stdout.write(`  ${fmtMiB(l.bytes).padStart(9)}  ${l.path}${l.files > 1 ? ` (${l.files} files)` : ""}: ${l.reason}\n`);
+      if (left.length > LEFT_OUT_SHOWN) process.stdout.write(`  … and ${left.length - LEFT_OUT_SHOWN} more (--json lists them all)\n`);
       process.stdout.write(`wrote ${out}\n`);
       if (o.recipient.length === 0) {
         // Without recipients every snapshot is plaintext, and one with a CRIU dump is refused.

@@ -1,5 +1,6 @@
 import type { Command } from "commander";
 import { loadConfig, loadPassphrase, loadRecipients, loadSigningKey, parseDuration, resolveStore, snapshot } from "../../index.js";
+import { fmtMiB, uncoveredLargeFiles } from "../../init.js";
 import { fmtBytes, fmtRate, printJson, Progress, redactionLine } from "../output.js";
 import { collect, errorJson, hook, type GlobalOpts, withAbort } from "../common.js";
 
@@ -100,6 +101,14 @@ Examples:
         snapshot_id: r.id, path: r.path, tenant: config.tenant, agent: config.agent, label: r.manifest.label, created_by: createdBy,
         bytes: r.inputBytes, bundle_bytes: r.bundleBytes, encrypted: r.manifest.payload.encryption !== null,
       }, config.baseDir);
+      // Large files in the agent's home that no source takes (init would have; a hand-written or old config may not).
+      const uncovered = config.file
+        ? await uncoveredLargeFiles(config.baseDir, config.sources.map((s) => ({ ...s.cfg, kind: s.impl.kind })), [...(o.out ? [] : [resolveStore(o.store, config.store)])]).catch(() => [])
+        : [];
+      if (uncovered.length) {
+        process.stderr.write(`memsnap: warning: ${uncovered.length} large file(s) in ${config.baseDir} (${fmtMiB(uncovered.reduce((a, u) => a + u.bytes, 0))}) are in no source, so not in this snapshot: ` +
+          `${uncovered.slice(0, 5).map((u) => `${u.path} (${fmtMiB(u.bytes)})`).join(", ")}${uncovered.length > 5 ? ", …" : ""}; add a files source for them (memsnap init --print proposes one)\n`);
+      }
       const m = r.manifest;
       const partial = partialTails(m.layers);
       for (const n of r.notices) process.stderr.write(`memsnap: warning: ${n.layer}: ${n.message}\n`);
@@ -119,6 +128,7 @@ Examples:
           } : {}),
           ...(partial.size ? { partial_tail_bytes: Object.fromEntries(partial) } : {}),
           ...(r.notices.length ? { warnings: r.notices } : {}),
+          ...(uncovered.length ? { uncovered } : {}),
         });
         return;
       }
