@@ -13,6 +13,14 @@
  *   the directories above (a memdir's notes are the git layer's, not a second copy).
  * Everything under a memdir, dump or store belongs to that source; `node_modules`, caches,
  * build output and memsnap's own `.memsnap` directory are not looked into.
+ *
+ * Then every byte under the home is accounted for (one more walk, lstat only): a directory
+ * below the home whose files no source takes come to LARGE_BYTES (1 MiB) or more becomes a
+ * `files` source (the topmost such directory, less the sources under it; a state source in it
+ * gives way, so a KV dump of `layer_NN.kvpages` files and a `manifest.json` is not taken as
+ * JSON state), as does each such file of 1 MiB or more at the home's top; the rest is
+ * `left_out`, per directory and reason, with its size, and `coverage` says how many bytes the
+ * config captures of how many (memsnap's own `.memsnap` and `memsnap.json` are not counted).
  */
 import { lstat, open, readdir, stat } from "node:fs/promises";
 import { basename, isAbsolute, join, relative, resolve } from "node:path";
@@ -244,6 +252,8 @@ export async function detectAgent(home: string): Promise<Detection> {
 
 const REASON_SMALL = `not recognised as agent state, and under ${LARGE_BYTES >> 20} MiB in its directory`;
 const REASON_SKIPPED = "not looked into (dependencies, caches, build output)";
+const REASON_BUNDLE = "a memsnap bundle (snapshots are not captured in snapshots)";
+const BUNDLE = /\.memsnap$/;
 const REASON_LINK = "a symlink or special file (memsnap captures regular files)";
 
 /**
@@ -261,6 +271,9 @@ async function account(home: string, found: DetectedSource[]): Promise<Pick<Dete
   const w = { files: [] as WalkedFile[], links: [] as WalkedFile[], skipped: new Map<string, WalkedFile[]>() };
   await allFiles(home, home, w, null);
   const covered0 = coverage(home, found.map(asCoverage));
+  // memsnap's bundles (--out under the home, a store) are left out: snapshots are not captured in snapshots
+  const bundles = w.files.filter((f) => BUNDLE.test(f.rel) && !covered0(f.rel));
+  w.files = w.files.filter((f) => !bundles.includes(f));
   const uncovered = w.files.filter((f) => !covered0(f.rel));
   // uncovered bytes per directory, recursive (home excluded)
   const perDir = new Map<string, number>();
@@ -316,9 +329,10 @@ async function account(home: string, found: DetectedSource[]): Promise<Pick<Dete
   };
   group(small, REASON_SMALL);
   group(w.links, REASON_LINK);
+  group(bundles, REASON_BUNDLE);
   for (const [d, fs] of w.skipped) left.push({ path: `${d}/`, bytes: fs.reduce((a, f) => a + f.bytes, 0), files: fs.length, reason: REASON_SKIPPED });
   left.sort((a, b) => b.bytes - a.bytes || (a.path < b.path ? -1 : 1));
-  const total = w.files.reduce((a, f) => a + f.bytes, 0) + [...w.skipped.values()].flat().reduce((a, f) => a + f.bytes, 0);
+  const total = [...w.files, ...bundles].reduce((a, f) => a + f.bytes, 0) + [...w.skipped.values()].flat().reduce((a, f) => a + f.bytes, 0);
   const leftBytes = left.reduce((a, l) => a + l.bytes, 0);
   return { left_out: left, coverage: { captured_bytes: total - leftBytes, total_bytes: total } };
 }
@@ -379,7 +393,7 @@ export function renderConfig(d: Detection, opts: { agent: string; tenant: string
  * The files of LARGE_BYTES or more under `home` (the config's directory) that none of
  * `sources` covers, for snapshot's warning. One walk, lstat only; `.git` directories, a
  * whole-directory source's tree (a memdir, dump or store), `.memsnap` and `skip` (the store)
- * are not looked into.
+ * are not looked into; memsnap's own bundles (`*.memsnap`) are not reported.
  */
 export async function uncoveredLargeFiles(home: string, sources: readonly CoverageSource[], skip: readonly string[] = []): Promise<{ path: string; bytes: number }[]> {
   const covered = coverage(home, sources);
@@ -394,7 +408,7 @@ export async function uncoveredLargeFiles(home: string, sources: readonly Covera
         if (depth < 64 && e.name !== ".git" && e.name !== ".memsnap" && !wholeDirs.has(p) && !skipped.has(p)) await walk(p, depth + 1);
       } else if (e.isFile()) {
         const s = await lstat(p).catch(() => null);
-        if (!s || s.size < LARGE_BYTES) continue;
+        if (!s || s.size < LARGE_BYTES || BUNDLE.test(e.name)) continue;
         const rel = relative(home, p).split("\\").join("/");
         if (!covered(rel)) out.push({ path: rel, bytes: s.size });
       }

@@ -86,6 +86,7 @@ describe("memsnap init: every byte under the home", () => {
     writeFiles(join(home, "misc"), { "one.txt": "1\n", "two.txt": "22\n" });
     writeFileSync(join(home, "lone.txt"), "lone\n");
     writeFiles(join(home, "node_modules", "p"), { "index.js": "x\n" });
+    writeFiles(join(home, "backups"), { "old.memsnap": randomBytes(2 * MiB) }); // a bundle: not a source of its own
 
     const r = runCliSync(["init", home, "--print", "--json"]);
     expectOk(r);
@@ -95,16 +96,18 @@ describe("memsnap init: every byte under the home", () => {
     expect(d.sources.find((s) => s.path === "runtime")).toMatchObject({ kind: "files", exclude: ["/mem/"] });
     expect(d.sources.find((s) => s.path === "runtime/mem")).toMatchObject({ kind: "git" });
     const small = "not recognised as agent state, and under 1 MiB in its directory";
+    expect(d.sources.find((s) => s.path === "backups")).toBeUndefined();
     expect(d.left_out).toEqual([
+      { path: "backups/old.memsnap", bytes: 2 * MiB, files: 1, reason: "a memsnap bundle (snapshots are not captured in snapshots)" },
       { path: "lone.txt", bytes: 5, files: 1, reason: small },
       { path: "misc/", bytes: 5, files: 2, reason: small },
       { path: "node_modules/", bytes: 2, files: 1, reason: "not looked into (dependencies, caches, build output)" },
     ]);
-    expect(d.coverage.total_bytes - d.coverage.captured_bytes).toBe(12);
+    expect(d.coverage.total_bytes - d.coverage.captured_bytes).toBe(2 * MiB + 12);
 
     const t = runCliSync(["init", home]);
     expectOk(t);
-    expect(t.stdout).toMatch(/\ncaptures 5\.\d MiB of 5\.\d MiB; left out 12 B in 4 file\(s\):\n/);
+    expect(t.stdout).toMatch(/\ncaptures 5\.\d MiB of 7\.\d MiB; left out 2\.0 MiB in 5 file\(s\):\n/);
     expect(t.stdout).toMatch(/ +5 B {2}misc\/ \(2 files\): not recognised as agent state/);
     expect(t.stdout).toMatch(/ +2 B {2}node_modules\/: not looked into/);
   });
@@ -116,6 +119,7 @@ describe("memsnap init: every byte under the home", () => {
     writeFiles(join(home, "repo"), { "x.md": "x\n" });
     git(join(home, "repo"), ["init", "-q"]);
     writeFileSync(join(home, "repo", ".git", "big-pack"), randomBytes(2 * MiB)); // .git internals are the memdir's
+    writeFileSync(join(home, "last.memsnap"), randomBytes(2 * MiB)); // a bundle written with --out: not warned about
     writeFileSync(join(home, "memsnap.json"), JSON.stringify({
       tenant: "t", agent: "a",
       sources: [{ kind: "files", name: "notes", path: "notes", include: ["**/*.md"] }, { kind: "git", name: "repo", path: "repo" }],

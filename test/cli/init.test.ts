@@ -54,12 +54,16 @@ describe("memsnap init", () => {
   it("finds every kind of state, each once, and nothing that is not", () => {
     const r = runCliSync(["init", home, "--print", "--json"]);
     expectOk(r);
-    const found = (jsonOut(r) as { sources: Found[] }).sources;
+    const { sources: found, left_out: leftOut } = jsonOut(r) as { sources: Found[]; left_out: { path: string; reason: string }[] };
+    // every other byte is in a source: only the fake database and node_modules are left out
+    expect(leftOut.map((l) => l.path).sort()).toEqual(["db/fake.db", "node_modules/"]);
     const by = (path: string): Found | undefined => found.find((s) => s.path === path);
     expect(by("memory")).toMatchObject({ kind: "git", name: "memory" });
     expect(by("notes/inner")).toMatchObject({ kind: "git" });
     expect(by("db/long-term.db")).toMatchObject({ kind: "sqlite", name: "long-term" });
-    expect(by("state")).toMatchObject({ kind: "state", include: ["/cursor.json"] }); // big.json is over 1 MiB
+    // big.json is over 1 MiB, too big for state: the directory is captured whole, as files, not left out
+    expect(by("state")).toMatchObject({ kind: "files", name: "state" });
+    expect(by("state")!.include).toBeUndefined();
     expect(by("notes")).toMatchObject({ kind: "files", include: ["**/*.md"], exclude: ["/inner/"] });
     expect(by("logs")).toMatchObject({ kind: "files", include: ["**/*.jsonl", "**/*.ndjson"], append: ["**/*.jsonl", "**/*.ndjson"] });
     expect(by("traces")).toMatchObject({ kind: "trace", include: ["**/*.agentlog"] });
@@ -117,6 +121,7 @@ describe("memsnap init", () => {
     expect(back["logs/session-1.jsonl"]).toBe(live["logs/session-1.jsonl"]);
     expect(back["traces/run.agentlog"]).toBe(live["traces/run.agentlog"]);
     expect(back["state/cursor.json"]).toBe(live["state/cursor.json"]);
+    expect(back["state/big.json"]).toBe(live["state/big.json"]);
     expect(back["long-term/long-term.db"]).toBe(live["db/long-term.db"]);
     expect(back["memory/people/ada.md"]).toBe(live["memory/people/ada.md"]);
     for (const [rel, h] of Object.entries(live).filter(([rel]) => rel.startsWith("runtime/kv/"))) expect(back[rel.replace("runtime/", "")]).toBe(h);
