@@ -4,7 +4,7 @@
  *   (a) markdown / JSONL with no secret,
  *   (b) the same with one secret about every 100 KB.
  * Size per scenario: MEMSNAP_REDACT_BENCH_MB, else 100 MB with MEMSNAP_SLOW_TESTS=1 and 10 MB
- * without. The MB/s are printed; the asserted floors are loose on purpose (shared machines),
+ * without. The MB/s are printed; loose floors are asserted only when the file is run for numbers;
  * the targets are (a) ≥ 300, (b) ≥ 100 MB/s. For numbers, run this file alone:
  *   MEMSNAP_SLOW_TESTS=1 npx vitest run test/redact/perf.test.ts
  */
