@@ -22,7 +22,7 @@ const seedDirs = [join(root, "fixtures", "golden"), join(root, "fixtures", "host
 if (!isMainThread) {
   const { parseManifest, checkSeal, isMemsnapError } = await import("../dist/index.js");
   const { readLayout } = await import("../dist/format/container.js");
-  const { TarScanner } = await import("../dist/pipeline/tar-scan.js");
+  const { TarScanner } = await import("../dist/read/tar-scan.js");
   const api = { parseManifest, checkSeal, TarScanner, readLayout, isMemsnapError };
   const { seed, endAt, scratch, maxRssBytes, shared } = workerData;
   const cur = new Float64Array(shared); // [case index, case seed, start time]

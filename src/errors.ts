@@ -163,3 +163,25 @@ export function destinationError(e: unknown, path: string): MemsnapError {
     path, cause: e, hint: "check that the directory exists and is writable",
   });
 }
+
+/** A source path that is missing or cannot be read, as a MemsnapError (an existing one passes through). */
+export function sourceError(e: unknown, path: string): MemsnapError {
+  if (e instanceof MemsnapError) return e;
+  const code = (e as NodeJS.ErrnoException).code;
+  if (code === "ENOENT") {
+    return new MemsnapError("MEMSNAP_SOURCE_MISSING", `source path does not exist: ${path}`, {
+      path, hint: "fix the source's path in memsnap.json or create it",
+    });
+  }
+  return new MemsnapError("MEMSNAP_SOURCE_UNREADABLE", `cannot read ${path}: ${(e as Error).message}`, {
+    path, cause: e,
+    hint: code === "ENAMETOOLONG" ? "the path is longer than the system allows (4 KiB); point the source at a folder nearer to it" : "check the file's permissions",
+  });
+}
+
+/** A source file that changed size or content while it was captured. */
+export function sourceChanged(path: string, what: string): MemsnapError {
+  return new MemsnapError("MEMSNAP_SOURCE_CHANGED", `${path} changed while it was captured (${what})`, {
+    path, hint: "retry the snapshot; stop writers or snapshot databases through an sqlite source",
+  });
+}

@@ -12,8 +12,8 @@ import type { KeyObject } from "node:crypto";
 import type { MemsnapConfig } from "./config.js";
 import { MemsnapError, isMemsnapError } from "./errors.js";
 import { runHook } from "./hooks.js";
-import { snapshot } from "./pipeline/snapshot.js";
-import { acquireLock, parseDuration } from "./restore/lock.js";
+import { snapshot } from "./snapshot/snapshot.js";
+import { acquireLock, parseDuration } from "./agent/lock.js";
 import { pruneStore } from "./store/ops.js";
 import { hasRules, type RetentionPolicy } from "./store/prune.js";
 
@@ -80,7 +80,7 @@ export interface ScheduleOptions {
   recipients?: string[];
   /** Stop after this many ticks (tests, one-shot runs). */
   maxRuns?: number;
-  /** Take incremental snapshots (unchanged artifacts referenced in earlier bundles; see pipeline/incremental.ts). */
+  /** Take incremental snapshots (unchanged artifacts referenced in earlier bundles; see snapshot/incremental.ts). */
   incremental?: boolean;
   /** Sign each snapshot's manifest with this Ed25519 key. */
   signKey?: KeyObject;

@@ -12,15 +12,16 @@ import type { Finding } from "./errors.js";
 import { MemsnapError, isMemsnapError, ERROR_CODES } from "./errors.js";
 import { readLayout, type BundleLayout } from "./format/container.js";
 import {
-  basesOf, checkSeal, encodeIndex, parseManifest, PAYLOAD_MEMBER_ENCRYPTED, PAYLOAD_MEMBER_PLAIN, type Manifest,
+  basesOf, encodeIndex, parseManifest, type Manifest,
 } from "./format/manifest.js";
 import { createHash } from "node:crypto";
 import { AGE_MAGIC } from "./pipeline/age.js";
-import { compareWithIndex, hashStoredPayload, readPayload, type EntryHandler, type EntryInfo, type Keys } from "./pipeline/read-payload.js";
-import { ZSTD_MAGIC } from "./pipeline/zstd.js";
-import { checkSignature, type SignatureStatus } from "./sign.js";
-import { checkEntryName } from "./restore/safe-path.js";
-import { checkReferencedLayers, extractReferenced, openBases, References, type OpenBase } from "./restore/bases.js";
+import { compareWithIndex, hashStoredPayload, readPayload, type EntryHandler, type EntryInfo, type Keys } from "./read/read-payload.js";
+import { ZSTD_MAGIC } from "./codecs/zstd.js";
+import { checkSignature } from "./sign.js";
+import { checkManifest, signatureFindings } from "./read/preflight.js";
+import { checkEntryName } from "./format/safe-path.js";
+import { checkReferencedLayers, extractReferenced, openBases, References, type OpenBase } from "./read/bases.js";
 import { sourceKind } from "./sources/registry.js";
 import type { KeyObject } from "node:crypto";
 
@@ -52,26 +53,6 @@ export interface VerifyOptions {
   onProgress?: (bytes: number, total: number) => void;
 }
 
-/** Check the manifest alone: seal, layer kinds and schema versions, member/encryption agreement. */
-export function checkManifest(m: Manifest, layout: BundleLayout): Finding[] {
-  const f: Finding[] = [];
-  if (!checkSeal(m)) f.push({ code: "MEMSNAP_SEAL_MISMATCH", message: "the manifest seal does not match its content" });
-  for (const l of m.layers) {
-    const k = sourceKind(l.kind);
-    if (!k) f.push({ code: "MEMSNAP_UNSUPPORTED_LAYER", message: `layer ${l.name}: unknown kind "${l.kind}"`, path: l.name });
-    else if (l.schema_version > k.schemaVersion) {
-      f.push({ code: "MEMSNAP_UNSUPPORTED_LAYER", message: `layer ${l.name}: ${l.kind} schema ${l.schema_version} is newer than this memsnap reads (${k.schemaVersion})`, path: l.name });
-    }
-  }
-  const wantMember = m.payload.encryption ? PAYLOAD_MEMBER_ENCRYPTED : PAYLOAD_MEMBER_PLAIN;
-  if (m.payload.member !== wantMember || layout.payloadMember !== wantMember) {
-    f.push({ code: "MEMSNAP_PAYLOAD_MISLABELED", message: `payload member ${layout.payloadMember} does not match the manifest's encryption (${m.payload.encryption ? "age" : "none"})` });
-  }
-  if (layout.payloadSize !== m.payload.stored_size) {
-    f.push({ code: "MEMSNAP_PAYLOAD_HASH_MISMATCH", message: `payload member has ${layout.payloadSize} bytes, manifest says ${m.payload.stored_size}` });
-  }
-  return f;
-}
 
 /** Check the payload's first bytes against the declared encryption. */
 function checkMagic(m: Manifest, head: Buffer): Finding | null {
@@ -246,14 +227,6 @@ async function checkReferences(
   }
 }
 
-/** Findings for a signature status; `requireTrust` when the caller named trusted keys. */
-export function signatureFindings(sig: SignatureStatus, requireTrust: boolean): Finding[] {
-  if (sig.state === "invalid") return [{ code: "MEMSNAP_SIGNATURE_INVALID", message: `signature invalid: ${sig.reason}` }];
-  if (!requireTrust) return [];
-  if (sig.state === "unsigned") return [{ code: "MEMSNAP_SIGNATURE_REQUIRED", message: "the bundle is unsigned" }];
-  if (!sig.trusted) return [{ code: "MEMSNAP_SIGNATURE_UNTRUSTED", message: `signed by ${sig.key_id}, which is not a trusted key` }];
-  return [];
-}
 
 /** The error verify's CLI raises for a failed report: the single finding's code, or MEMSNAP_VERIFY_FAILED. */
 export function reportError(r: VerifyReport): MemsnapError {

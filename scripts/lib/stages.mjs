@@ -114,7 +114,7 @@ export async function measureStages({ root, classes, tmpDir, level = 3, age, red
       rows.push({ stage: "sha256", data, bytes, memsnap: mbs(bytes, tHash), tool: "sha256sum", toolMBs: mbs(bytes, bestCli(`sha256sum ${q(file)} >/dev/null`)), note: "the pipeline hashes nothing" });
 
       // zstd compress in the encoder's 2 MiB frames, each at the level memsnap's policy picks
-      // for it (pipeline/levels.ts: the configured level, or level 1 where that gains < 3 %)
+      // for it (snapshot/levels.ts: the configured level, or level 1 where that gains < 3 %)
       const frames = regroup(bufs, FRAME);
       const frameLevel = frames.map((f) => (isDense(f, level) ? Math.min(level, 1) : level));
       const dense = frameLevel.filter((l) => l !== level).length;

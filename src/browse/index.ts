@@ -18,9 +18,9 @@ import type { Writable } from "node:stream";
 import { MemsnapError } from "../errors.js";
 import { readLayout, type BundleLayout } from "../format/container.js";
 import { parseManifest, refOf, type IndexEntry, type Manifest } from "../format/manifest.js";
-import { compareWithIndex, readPayload, type Keys } from "../pipeline/read-payload.js";
-import { checkManifest, checkManifestFindings, enforceSignature, type SignaturePolicy } from "../restore/preflight.js";
-import { openBases } from "../restore/bases.js";
+import { compareWithIndex, readPayload, type Keys } from "../read/read-payload.js";
+import { checkManifest, checkManifestFindings, enforceSignature, type SignaturePolicy } from "../read/preflight.js";
+import { openBases } from "../read/bases.js";
 import { compileGlobs } from "../util/glob.js";
 import { sourceKind } from "../sources/registry.js";
 

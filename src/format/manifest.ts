@@ -9,7 +9,7 @@
  */
 import { createHash } from "node:crypto";
 import { MemsnapError } from "../errors.js";
-import { checkEntryName } from "../restore/safe-path.js";
+import { checkEntryName } from "./safe-path.js";
 import { canonicalJson, jsonDepthOver, valueDepthOver } from "../util/canonical-json.js";
 
 export const FORMAT_NAME = "memsnap";

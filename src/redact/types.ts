@@ -9,7 +9,7 @@
  * unredacted. The live files are never touched. The report never holds
  * a secret or a hash of one.
  */
-import type { Artifact } from "../sources/types.js";
+import type { Artifact } from "../format/artifact.js";
 
 /** Per-rule match counts. */
 export type RuleCounts = Record<string, number>;

@@ -15,28 +15,27 @@
 import { randomBytes } from "node:crypto";
 import { mkdir } from "node:fs/promises";
 import { join } from "node:path";
-import type { ConfiguredSource, MemsnapConfig } from "../config.js";
+import type { MemsnapConfig } from "../config.js";
 import { MemsnapError, interruptedOr, isMemsnapError } from "../errors.js";
 import { readLayout } from "../format/container.js";
-import { parseManifest, referencedIn, type LayerEntry, type Manifest } from "../format/manifest.js";
+import { parseManifest, referencedIn, type Manifest } from "../format/manifest.js";
 import { recipientFingerprint, recipientsOfIdentities } from "../pipeline/age.js";
-import type { Keys } from "../pipeline/read-payload.js";
-import { snapshot, type SnapshotResult } from "../pipeline/snapshot.js";
-import type { LiveTarget } from "../sources/types.js";
+import type { Keys } from "../read/read-payload.js";
+import { snapshot, type SnapshotResult } from "../snapshot/snapshot.js";
 import { crashPoint } from "../util/crash-point.js";
 import { EarlySync, syncFilesystem } from "../util/fs-atomic.js";
-import { extractPayload, RestoredAttributes } from "./extract.js";
-import { basesNeeded, checkReferencedLayers, extractReferenced, openBases, References } from "./bases.js";
+import { extractPayload, RestoredAttributes } from "../read/extract.js";
+import { basesNeeded, checkReferencedLayers, extractReferenced, openBases, References } from "../read/bases.js";
 import { LayerMaterializer } from "./materialize.js";
-import { listFiles } from "./live-files.js";
-import { backupName, checkJournal, journalScope, newJournal, recoverJournal, rollForward, stagingName, writeJournal, cleanup, type Swap } from "./journal.js";
-import { Protected, realish, type LiveRoot, type PathProblem } from "./live-guard.js";
+import { listFiles } from "../agent/live-files.js";
+import { backupName, checkJournal, journalScope, newJournal, recoverJournal, rollForward, stagingName, writeJournal, cleanup, type Swap } from "../agent/journal.js";
+import { Protected, realish, type LiveRoot, type PathProblem } from "../agent/live-guard.js";
 import { checkBundleKey } from "./key-check.js";
-import { processesUsing, refuseLiveProcesses, type LiveProcess } from "./live-procs.js";
-import { acquireLock, type AgentLock } from "./lock.js";
-import { checkManifest, checkManifestFindings, enforceSignature, type SignaturePolicy } from "./preflight.js";
+import { processesUsing, refuseLiveProcesses, type LiveProcess } from "../agent/live-procs.js";
+import { acquireLock, type AgentLock } from "../agent/lock.js";
+import { checkManifest, checkManifestFindings, enforceSignature, type SignaturePolicy } from "../read/preflight.js";
 import { loadIndex, selectPaths } from "../browse/index.js";
-import { planRestore, type RestorePlan } from "./plan.js";
+import { planRestore, type RestorePlan, type SelectedLayer } from "./plan.js";
 
 export interface RestoreInPlaceOptions extends SignaturePolicy {
   keys?: Keys;
@@ -89,12 +88,6 @@ export interface RestoreInPlaceResult {
   durationMs: number;
 }
 
-/** A layer to restore with its config source and live target. */
-export interface SelectedLayer {
-  layer: LayerEntry;
-  source: ConfiguredSource;
-  target: LiveTarget;
-}
 
 /** Match the bundle's layers to the config's sources. Throws MEMSNAP_USAGE for a layer with no place to go. */
 export async function selectLayers(manifest: Manifest, config: MemsnapConfig, only?: string[]): Promise<SelectedLayer[]> {

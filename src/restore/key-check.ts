@@ -3,7 +3,7 @@ import { open } from "node:fs/promises";
 import type { BundleLayout } from "../format/container.js";
 import type { Manifest } from "../format/manifest.js";
 import { AGE_PREFIX_MAX, openAgePrefix } from "../pipeline/age.js";
-import type { Keys } from "../pipeline/read-payload.js";
+import type { Keys } from "../read/read-payload.js";
 
 /**
  * Open the age header of an encrypted bundle's payload with the given identities or

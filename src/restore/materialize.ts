@@ -12,7 +12,7 @@
  * into place until the whole payload has matched the index and every layer is done, and a
  * failure waits for the rebuild in flight before the caller removes staging.
  */
-import { EntryTable } from "../pipeline/entry-table.js";
+import { EntryTable } from "../read/entry-table.js";
 
 export class LayerMaterializer {
   readonly #run: (layer: string, verified: EntryTable) => Promise<void>;

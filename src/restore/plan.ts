@@ -2,14 +2,21 @@
 import { createHash } from "node:crypto";
 import { createReadStream } from "node:fs";
 import { join } from "node:path";
-import type { MemsnapConfig } from "../config.js";
+import type { ConfiguredSource, MemsnapConfig } from "../config.js";
 import type { BundleLayout } from "../format/container.js";
-import type { IndexEntry, Manifest } from "../format/manifest.js";
-import { readPayload, type Keys } from "../pipeline/read-payload.js";
-import type { SelectedLayer } from "./in-place.js";
+import type { IndexEntry, LayerEntry, Manifest } from "../format/manifest.js";
+import { readPayload, type Keys } from "../read/read-payload.js";
 import type { Selection } from "../browse/index.js";
-import { listFiles } from "./live-files.js";
-import { lstatOrNull, parentProblem, Protected, realish } from "./live-guard.js";
+import type { LiveTarget } from "../sources/types.js";
+import { listFiles } from "../agent/live-files.js";
+import { lstatOrNull, parentProblem, Protected, realish } from "../agent/live-guard.js";
+
+/** A layer to restore with its config source and live target. */
+export interface SelectedLayer {
+  layer: LayerEntry;
+  source: ConfiguredSource;
+  target: LiveTarget;
+}
 
 export interface LayerPlan {
   layer: string;

@@ -12,16 +12,16 @@ import { basename, dirname, join, resolve } from "node:path";
 import { MemsnapError, destinationError, interruptedOr } from "../errors.js";
 import { readLayout } from "../format/container.js";
 import { MANIFEST_MEMBER, parseManifest, referencedIn, type Manifest } from "../format/manifest.js";
-import type { Keys } from "../pipeline/read-payload.js";
+import type { Keys } from "../read/read-payload.js";
 import { EarlySync, fsyncDir, syncFilesystem } from "../util/fs-atomic.js";
-import { checkManifest, checkManifestFindings, enforceSignature, type SignaturePolicy } from "./preflight.js";
+import { checkManifest, checkManifestFindings, enforceSignature, type SignaturePolicy } from "../read/preflight.js";
 import { sourceKind } from "../sources/registry.js";
-import { extractPayload, RestoredAttributes } from "./extract.js";
+import { extractPayload, RestoredAttributes } from "../read/extract.js";
 import { LayerMaterializer } from "./materialize.js";
 import { loadIndex, selectPaths } from "../browse/index.js";
 import type { MemsnapConfig } from "../config.js";
 import { arrange, layerPlaces } from "./layout.js";
-import { basesNeeded, checkReferencedLayers, extractReferenced, openBases, References } from "./bases.js";
+import { basesNeeded, checkReferencedLayers, extractReferenced, openBases, References } from "../read/bases.js";
 
 export interface RestoreToDirOptions extends SignaturePolicy {
   keys?: Keys;

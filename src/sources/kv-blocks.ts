@@ -18,7 +18,7 @@
 import type { FileHandle } from "node:fs/promises";
 import { open } from "node:fs/promises";
 import { getSystemErrorName } from "node:util";
-import { aeadAddon } from "../util/aead.js";
+import { aeadAddon } from "../codecs/aead.js";
 import { sourceChanged, sourceError } from "./walk.js";
 
 /**

@@ -35,11 +35,11 @@ import {
   sha256Hex, zstdCompressSync,
 } from "./pfimg-format.js";
 import { SPOOL_FILE, SPOOL_MAP, isSpoolName, type Artifact, type SourceKind, type VerifiedLookup } from "./types.js";
-import { readSpoolMap } from "../restore/spool.js";
+import { readSpoolMap } from "./spool.js";
 import { sourceChanged, sourceError, walkFiles, type FileStats } from "./walk.js";
 import { FdCache } from "../util/fd-cache.js";
 import { KvIndexWriter } from "./kv-index-writer.js";
-import { kvPageFingerprint } from "../pipeline/incremental.js";
+import { kvPageFingerprint } from "./types.js";
 import { readBlocks, type ReadBlock } from "./kv-blocks.js";
 import { collectNow } from "../util/gc.js";
 import { currentUmask, restoredMode } from "../util/umask.js";

@@ -10,7 +10,7 @@ import { once } from "node:events";
 import { createRequire } from "node:module";
 import { StringDecoder } from "node:string_decoder";
 import { MemsnapError } from "../errors.js";
-import { createZstdDecompressor } from "../pipeline/zstd.js";
+import { createZstdDecompressor } from "../codecs/zstd.js";
 import type { Redactor } from "../redact/types.js";
 
 // ------------------------------------------------------------------------------ digests and paths

@@ -10,15 +10,8 @@
  * Measured on 200,000 notes of ~25 bytes (a snapshot with redaction, encrypted): see the
  * commit that added this file.
  */
-import type { FileStats } from "../util/native-fs.js";
 import { CompactStats, nativeFs, RF } from "../util/native-fs.js";
-import type { FoundFile } from "./walk.js";
-
-/** A file's bytes as the batch read them, and its stat after the read. */
-export interface ReadAhead {
-  bytes: Buffer;
-  stats: FileStats;
-}
+import type { FoundFile, ReadAhead } from "./walk.js";
 
 /** Files per batch, and the most bytes a batch may read. */
 const BATCH_FILES = 256;

@@ -5,12 +5,17 @@ import { constants as osConstants } from "node:os";
 import { basename, join } from "node:path";
 import { getSystemErrorName } from "node:util";
 import type { Readable } from "node:stream";
-import { MemsnapError } from "../errors.js";
+import { sourceChanged, sourceError } from "../errors.js";
 import { compileGlobs } from "../util/glob.js";
 import { CompactStats, nativeFs, SD, type FileStats } from "../util/native-fs.js";
 import { reusedChunks } from "../util/reused-chunks.js";
-import type { ReadAhead } from "./prefetch.js";
 import type { Artifact, OpenOptions } from "./types.js";
+
+/** A file's bytes as the batch read them, and its stat after the read. */
+export interface ReadAhead {
+  bytes: Buffer;
+  stats: FileStats;
+}
 
 export type { FileStats };
 
@@ -95,19 +100,6 @@ export function escapeName(raw: Buffer): string {
 }
 
 /** Map a file-system error on a source path to MEMSNAP_SOURCE_MISSING / _UNREADABLE. */
-export function sourceError(e: unknown, path: string): MemsnapError {
-  if (e instanceof MemsnapError) return e;
-  const code = (e as NodeJS.ErrnoException).code;
-  if (code === "ENOENT") {
-    return new MemsnapError("MEMSNAP_SOURCE_MISSING", `source path does not exist: ${path}`, {
-      path, hint: "fix the source's path in memsnap.json or create it",
-    });
-  }
-  return new MemsnapError("MEMSNAP_SOURCE_UNREADABLE", `cannot read ${path}: ${(e as Error).message}`, {
-    path, cause: e,
-    hint: code === "ENAMETOOLONG" ? "the path is longer than the system allows (4 KiB); point the source at a folder nearer to it" : "check the file's permissions",
-  });
-}
 
 /**
  * List the regular files under `root` (or `root` itself when it is a file), in byte order
@@ -283,11 +275,6 @@ export async function walkStream(root: string, opts: WalkOptions = {}): Promise<
   return { skipped, unsafe, links, [Symbol.asyncIterator]: () => it };
 }
 
-function changed(path: string, what: string): MemsnapError {
-  return new MemsnapError("MEMSNAP_SOURCE_CHANGED", `${path} changed while it was captured (${what})`, {
-    path, hint: "retry the snapshot; stop writers or snapshot databases through an sqlite source",
-  });
-}
 
 /**
  * How many bytes of a found file a read asks for: `size + 1`, so a file that grew is detected
@@ -318,7 +305,7 @@ async function* reusedFileChunks(f: FoundFile, limit: number): AsyncGenerator<Bu
     fh = await open(f.abs, "r");
     yield* reusedChunks(fh, 0, limit - 1); // at most `limit` bytes, like openBounded
   } catch (e) {
-    if ((e as NodeJS.ErrnoException).code === "ENOENT") throw changed(f.abs, "it was removed");
+    if ((e as NodeJS.ErrnoException).code === "ENOENT") throw sourceChanged(f.abs, "it was removed");
     throw sourceError(e, f.abs);
   } finally {
     await fh?.close();
@@ -342,7 +329,7 @@ function* smallFileChunk(f: FoundFile, limit: number, onRead?: (st: Stats) => vo
     buf = buf.subarray(0, n);
     onRead?.(fstatSync(fd));
   } catch (e) {
-    if ((e as NodeJS.ErrnoException).code === "ENOENT") throw changed(f.abs, "it was removed");
+    if ((e as NodeJS.ErrnoException).code === "ENOENT") throw sourceChanged(f.abs, "it was removed");
     throw sourceError(e, f.abs);
   } finally {
     if (fd !== undefined) closeSync(fd);
@@ -398,7 +385,7 @@ export function fileArtifact(f: FoundFile, kind: string, path = f.rel, prefix?: 
         try {
           for await (const chunk of s) yield chunk as Buffer;
         } catch (e) {
-          if ((e as NodeJS.ErrnoException).code === "ENOENT") throw changed(f.abs, "it was removed");
+          if ((e as NodeJS.ErrnoException).code === "ENOENT") throw sourceChanged(f.abs, "it was removed");
           throw sourceError(e, f.abs);
         }
       })();
@@ -408,22 +395,22 @@ export function fileArtifact(f: FoundFile, kind: string, path = f.rel, prefix?: 
       if (afterRead !== null) {
         now = afterRead;
         // The bytes came from the file the walk saw, not one renamed over it since.
-        if (now.ino !== f.stats.ino || now.dev !== f.stats.dev) throw changed(f.abs, "it was replaced");
+        if (now.ino !== f.stats.ino || now.dev !== f.stats.dev) throw sourceChanged(f.abs, "it was replaced");
       } else {
         try {
           now = statSync(f.abs); // one syscall; awaited round trips per file added up (see SMALL_FILE)
         } catch {
-          throw changed(f.abs, "it was removed");
+          throw sourceChanged(f.abs, "it was removed");
         }
       }
       if (prefix !== undefined) {
-        if (now.ino !== f.stats.ino || now.dev !== f.stats.dev) throw changed(f.abs, "it was replaced (an append-only file may only grow)");
-        if (now.size < f.stats.size) throw changed(f.abs, `it shrank from ${f.stats.size} to ${now.size} bytes (an append-only file may only grow)`);
-        if (now.size === f.stats.size && now.mtimeMs !== f.stats.mtimeMs) throw changed(f.abs, "rewritten without growing (an append-only file may only grow)");
+        if (now.ino !== f.stats.ino || now.dev !== f.stats.dev) throw sourceChanged(f.abs, "it was replaced (an append-only file may only grow)");
+        if (now.size < f.stats.size) throw sourceChanged(f.abs, `it shrank from ${f.stats.size} to ${now.size} bytes (an append-only file may only grow)`);
+        if (now.size === f.stats.size && now.mtimeMs !== f.stats.mtimeMs) throw sourceChanged(f.abs, "rewritten without growing (an append-only file may only grow)");
         return;
       }
-      if (now.size !== f.stats.size) throw changed(f.abs, `size ${f.stats.size} → ${now.size}`);
-      if (now.mtimeMs !== f.stats.mtimeMs) throw changed(f.abs, "modified during capture");
+      if (now.size !== f.stats.size) throw sourceChanged(f.abs, `size ${f.stats.size} → ${now.size}`);
+      if (now.mtimeMs !== f.stats.mtimeMs) throw sourceChanged(f.abs, "modified during capture");
     },
   };
 }
@@ -441,7 +428,7 @@ export async function completeLinesPrefix(
   const fh = await open(abs, "r");
   try {
     const last = Buffer.alloc(1);
-    if ((await fh.read(last, 0, 1, size - 1)).bytesRead < 1) throw changed(abs, `it shrank below ${size} bytes`);
+    if ((await fh.read(last, 0, 1, size - 1)).bytesRead < 1) throw sourceChanged(abs, `it shrank below ${size} bytes`);
     if (last[0] === 0x0a) return { size, tail: 0 };
     const BLOCK = 64 * 1024;
     let nl = -1;
@@ -464,4 +451,4 @@ export async function completeLinesPrefix(
   }
 }
 
-export { changed as sourceChanged };
+export { sourceChanged, sourceError } from "../errors.js";

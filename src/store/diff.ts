@@ -20,8 +20,8 @@ import { join } from "node:path";
 import { MemsnapError } from "../errors.js";
 import { readLayout } from "../format/container.js";
 import type { IndexEntry, Manifest } from "../format/manifest.js";
-import { compareWithIndex, readPayload, type EntryHandler, type Keys } from "../pipeline/read-payload.js";
-import { openBases } from "../restore/bases.js";
+import { compareWithIndex, readPayload, type EntryHandler, type Keys } from "../read/read-payload.js";
+import { openBases } from "../read/bases.js";
 import type { StoredSnapshot } from "./store.js";
 
 /** The most entries of one list (files added, commits, …) a diff reports; the rest are counted. */

@@ -1,6 +1,6 @@
 /** Store operations built on listing: prune (with the agent's store lock) and diff (./diff.ts). */
-import { acquireLock } from "../restore/lock.js";
-import { removeOrphans } from "./orphans.js";
+import { acquireLock } from "../agent/lock.js";
+import { removeOrphans } from "../agent/orphans.js";
 import { decide, type PruneDecision, type RetentionPolicy } from "./prune.js";
 import { agentDir, listSnapshots, type StoredSnapshot } from "./store.js";
 import { unlink } from "node:fs/promises";

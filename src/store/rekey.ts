@@ -37,7 +37,7 @@ import { BLOCK, encodeHeader, padding } from "../format/tar-header.js";
 import {
   AGE_PREFIX_MAX, openAgeHeaderForRekey, recipientFingerprint, recipientsOfIdentities, writeAgeHeader, type AgeStanza,
 } from "../pipeline/age.js";
-import { acquireLock, type AgentLock } from "../restore/lock.js";
+import { acquireLock, type AgentLock } from "../agent/lock.js";
 import { signManifest } from "../sign.js";
 import { commitRename, unlinkQuiet } from "../util/fs-atomic.js";
 import { isUlid } from "../util/ulid.js";

@@ -11,7 +11,7 @@ import { join } from "node:path";
 import { MemsnapError, destinationError } from "../errors.js";
 import { readLayout, tempPathFor } from "../format/container.js";
 import { basesOf, checkSeal, ID_PATTERN, parseManifest, type Manifest } from "../format/manifest.js";
-import { acquireLock } from "../restore/lock.js";
+import { acquireLock } from "../agent/lock.js";
 import { commitRename, unlinkQuiet } from "../util/fs-atomic.js";
 import { isUlid } from "../util/ulid.js";
 

@@ -1,5 +1,5 @@
 /**
- * The native/directio addon: page-aligned memory, so the bundle sink (../pipeline/encoder.ts)
+ * The native/directio addon: page-aligned memory, so the bundle sink (../snapshot/encoder.ts)
  * can write with O_DIRECT. Why: on the 2-core bench machine (ext4 on a virtio disk) writing
  * 600 MiB through the page cache and fdatasync took 0.66-0.72 s and 0.40-0.48 CPU-s of kernel
  * time (copying into the page cache, then writeback), and with O_DIRECT 0.31-0.41 s and

@@ -11,7 +11,7 @@ import { dirname, join } from "node:path";
 import { beforeAll, describe, expect, it } from "vitest";
 import { readLayout } from "../../src/format/container.js";
 import { encodeIndex, parseManifest } from "../../src/format/manifest.js";
-import { compareWithIndex, readPayload } from "../../src/pipeline/read-payload.js";
+import { compareWithIndex, readPayload } from "../../src/read/read-payload.js";
 import { pin } from "../../src/util/slots.js";
 import {
   expectCliError, expectJsonError, expectOk, jsonOut, listLeftovers, listTree, makeAgent, readBundle,
@@ -386,7 +386,7 @@ describe("restore: hostile bundles (built with tar + zstd, manifest matching, re
     expect(listTree(d)).toEqual([]);
   });
 
-  // BUG (src/pipeline/read-payload.ts / src/verify.ts): readPayload's doc says entry names are
+  // BUG (src/read/read-payload.ts / src/verify.ts): readPayload's doc says entry names are
   // "reported here as findings (verify)", and FORMAT.md §3.1/§4 forbid `..`/absolute names, but
   // verify never checks names: a bundle whose index and payload both carry "../escape" verifies
   // as ok (exit 0) although restore refuses it as unsafe.

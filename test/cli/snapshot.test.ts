@@ -465,7 +465,7 @@ describe("snapshot: destination failures leave nothing behind", () => {
     expect(readFileSync(join(a.dir, "plain-file"), "utf8")).toBe("not a dir\n");
   });
 
-  // BUG (src/pipeline/snapshot.ts, catch block of snapshot()): when BundleWriter.open() fails,
+  // BUG (src/snapshot/snapshot.ts, catch block of snapshot()): when BundleWriter.open() fails,
   // `pack.destroy(e)` emits 'error' on a tar pack no pipeline listens to yet, so the process
   // dies with an unhandled 'error' event: exit 1 and a stack trace instead of exit 8.
   it("--out under a regular file is MEMSNAP_DEST_UNWRITABLE, exit 8", async () => {

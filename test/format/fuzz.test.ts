@@ -12,7 +12,7 @@ import { afterAll, describe, expect, it } from "vitest";
 import { isMemsnapError } from "../../src/errors.js";
 import { readLayout } from "../../src/format/container.js";
 import { checkSeal, parseManifest } from "../../src/format/manifest.js";
-import { TarScanner } from "../../src/pipeline/tar-scan.js";
+import { TarScanner } from "../../src/read/tar-scan.js";
 // @ts-ignore: an .mjs script without types
 import { fileSeeds, fuzz, fuzzManifest, manifestOf, mutateBytes, rng } from "../../scripts/lib/fuzz-harness.mjs";
 

@@ -10,8 +10,8 @@ import { closeSync, copyFileSync, openSync, readdirSync, readFileSync, readSync,
 import { join } from "node:path";
 import { afterEach, beforeAll, describe, expect, it } from "vitest";
 import { generateIdentity, openAgePrefix, prepareAgeEncryption } from "../../src/pipeline/age.js";
-import { PayloadDecoder, type StoredResult } from "../../src/pipeline/decoder.js";
-import { PayloadEncoder } from "../../src/pipeline/encoder.js";
+import { PayloadDecoder, type StoredResult } from "../../src/read/decoder.js";
+import { PayloadEncoder } from "../../src/snapshot/encoder.js";
 import { directIoAddon } from "../../src/util/directio.js";
 import { tempDir } from "../helpers/cli.js";
 import { directOk } from "../helpers/direct.js";

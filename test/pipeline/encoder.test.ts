@@ -11,7 +11,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
 import { generateIdentity, prepareAgeEncryption } from "../../src/pipeline/age.js";
-import { PayloadEncoder } from "../../src/pipeline/encoder.js";
+import { PayloadEncoder } from "../../src/snapshot/encoder.js";
 import { directIoAddon } from "../../src/util/directio.js";
 import { directOk } from "../helpers/direct.js";
 import { seededText } from "../helpers/seeded-blob.js";

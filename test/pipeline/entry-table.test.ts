@@ -1,7 +1,7 @@
 /** EntryTable: the restore's per-entry record (names, sizes, binary SHA-256s). */
 import { createHash } from "node:crypto";
 import { describe, expect, it } from "vitest";
-import { EntryTable } from "../../src/pipeline/entry-table.js";
+import { EntryTable } from "../../src/read/entry-table.js";
 
 const digest = (s: string): Buffer => createHash("sha256").update(s).digest();
 

@@ -236,7 +236,7 @@ describe("bases: missing, replaced, altered", () => {
 
 describe("the incremental cache", () => {
   it("its key holds the secretlint versions installed: other rules redact other text, so nothing is referenced across them", async () => {
-    const { incrementalKey } = await import("../../src/pipeline/incremental.js");
+    const { incrementalKey } = await import("../../src/snapshot/incremental.js");
     const { secretlintVersions } = await import("../../src/redact/secretlint.js");
     const v = secretlintVersions();
     const req = createRequire(import.meta.url);
@@ -250,7 +250,7 @@ describe("the incremental cache", () => {
 
   it("a line that is not well formed is skipped, the rest still count", async () => {
     const first = await snap();
-    const { ReferenceSet, cachePath } = await import("../../src/pipeline/incremental.js");
+    const { ReferenceSet, cachePath } = await import("../../src/snapshot/incremental.js");
     const file = cachePath(dir, "default", "inc");
     const [header, ...lines] = readFileSync(file, "utf8").split("\n").filter(Boolean);
     const h = JSON.parse(header!) as { tenant: string; agent: string; encryption: string; redaction: string };

@@ -4,7 +4,7 @@ import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import { encodeIndex, type IndexEntry } from "../../src/format/manifest.js";
 import fc from "fast-check";
-import { IndexSpill, entryJson } from "../../src/pipeline/index-spill.js";
+import { IndexSpill, entryJson } from "../../src/snapshot/index-spill.js";
 import { canonicalJson } from "../../src/util/canonical-json.js";
 
 function entry(i: number, name: string): IndexEntry {

@@ -1,4 +1,4 @@
-// The streamed index comparison (src/pipeline/index-stream.ts) finds exactly what comparing
+// The streamed index comparison (src/read/index-stream.ts) finds exactly what comparing
 // the parsed index finds (compareWithIndex on a parsed index), in the same order, whatever the
 // chunking of the index bytes and however index and entries disagree; an index that is not
 // canonical JSON, or is cut short, is reported as not parsing.
@@ -6,9 +6,9 @@ import { createHash } from "node:crypto";
 import fc from "fast-check";
 import { describe, expect, it } from "vitest";
 import { encodeIndex, type IndexDocument, type IndexEntry, type Manifest } from "../../src/format/manifest.js";
-import { IndexComparer } from "../../src/pipeline/index-stream.js";
-import { EntryTable } from "../../src/pipeline/entry-table.js";
-import { compareWithIndex, type PayloadEntry, type PayloadReadResult } from "../../src/pipeline/read-payload.js";
+import { IndexComparer } from "../../src/read/index-stream.js";
+import { EntryTable } from "../../src/read/entry-table.js";
+import { compareWithIndex, type PayloadEntry, type PayloadReadResult } from "../../src/read/read-payload.js";
 
 /** The entries as readPayload records them. */
 function tableOf(entries: PayloadEntry[]): EntryTable {

@@ -1,5 +1,5 @@
 /**
- * TarScanner (src/pipeline/tar-scan.ts), the payload's only tar parser on the read path: it
+ * TarScanner (src/read/tar-scan.ts), the payload's only tar parser on the read path: it
  * must frame every archive as tar-stream (which read payloads before it) and GNU tar do, fed
  * in pieces of any size, and refuse what they refuse. Archives are written by the real `tar`
  * in its three formats (ustar, GNU long names, pax records).
@@ -11,7 +11,7 @@ import { join } from "node:path";
 import { Readable } from "node:stream";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import tarStream from "tar-stream";
-import { OP_DATA, OP_END, OP_START, TarScanner } from "../../src/pipeline/tar-scan.js";
+import { OP_DATA, OP_END, OP_START, TarScanner } from "../../src/read/tar-scan.js";
 import { fixTarChecksum, tarHeader, tempDir } from "../helpers/cli.js";
 import { requireTool, type SkipContext } from "../helpers/tools.js";
 

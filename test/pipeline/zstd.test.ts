@@ -14,7 +14,7 @@ import {
   createZstdCompressor,
   createZstdDecompressor,
   type ZstdDuplex,
-} from "../../src/pipeline/zstd.js";
+} from "../../src/codecs/zstd.js";
 import { MemsnapError } from "../../src/errors.js";
 
 const require = createRequire(import.meta.url);
@@ -504,7 +504,7 @@ describe("errors and worker lifetime", () => {
     const dir = await mkdtemp(join(tmpdir(), "memsnap-zstd-"));
     try {
       await mkdir(join(dir, "pipeline"), { recursive: true });
-      for (const f of ["errors.ts", "pipeline/zstd.ts"]) {
+      for (const f of ["errors.ts", "codecs/zstd.ts"]) {
         const src = await readFile(join(root, "src", f), "utf8");
         const js = ts.transpileModule(src, {
           compilerOptions: { module: ts.ModuleKind.ESNext, target: ts.ScriptTarget.ES2022 },
@@ -515,7 +515,7 @@ describe("errors and worker lifetime", () => {
       await writeFile(
         join(dir, "child.js"),
         `
-import { createZstdCompressor, createZstdDecompressor } from "./pipeline/zstd.js";
+import { createZstdCompressor, createZstdDecompressor } from "./codecs/zstd.js";
 import { pipeline } from "node:stream/promises";
 import { Readable, Writable } from "node:stream";
 const big = Buffer.alloc(8 << 20, 7);

@@ -6,7 +6,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
 import { parseManifest, readLayout } from "../../src/index.js";
-import { extractPayload } from "../../src/restore/extract.js";
+import { extractPayload } from "../../src/read/extract.js";
 import { LayerMaterializer } from "../../src/restore/materialize.js";
 
 const golden = new URL("../../fixtures/golden/v1-plain.memsnap", import.meta.url).pathname;

@@ -1,6 +1,6 @@
 /**
  * A restore's small files written in batches on the thread pool (native/directio writeFiles,
- * src/restore/small-writes.ts): the same files as the synchronous path (`MEMSNAP_NATIVE=0`),
+ * src/read/small-writes.ts): the same files as the synchronous path (`MEMSNAP_NATIVE=0`),
  * new files only (an existing one is a conflicting entry, never overwritten), errors reported,
  * and a restore of 1,000 notes byte for byte either way.
  */
@@ -8,7 +8,7 @@ import { existsSync, mkdirSync, readFileSync, statSync, writeFileSync } from "no
 import { join } from "node:path";
 import { afterEach, describe, expect, it } from "vitest";
 import { isMemsnapError, parseConfig, restoreToDir, snapshot } from "../../src/index.js";
-import { SmallFileWriter } from "../../src/restore/small-writes.js";
+import { SmallFileWriter } from "../../src/read/small-writes.js";
 import { nativeFs } from "../../src/util/native-fs.js";
 import { tempDir } from "../helpers/cli.js";
 

@@ -9,7 +9,7 @@ import { readdirSync, readFileSync, rmSync, truncateSync, writeFileSync } from "
 import { join } from "node:path";
 import { afterEach, describe, expect, it } from "vitest";
 import { READ_BLOCK, readBlocks, type BlockFile, type ReadBlock } from "../../src/sources/kv-blocks.js";
-import { aeadAddon } from "../../src/util/aead.js";
+import { aeadAddon } from "../../src/codecs/aead.js";
 import { tempDir } from "../helpers/cli.js";
 
 const addon = aeadAddon();

@@ -12,7 +12,7 @@ import { join, relative } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
 import { isMemsnapError, parseConfig, restoreToDir, snapshot, verifyBundle, type Manifest } from "../../src/index.js";
 import { kvSource } from "../../src/sources/kv.js";
-import { RestoreSpool } from "../../src/restore/spool.js";
+import { RestoreSpool } from "../../src/sources/spool.js";
 import { shuffle, unshuffle } from "../../src/sources/kv-format.js";
 import { generateKvDump, generateLmcacheChunks, kvValues, type KvDtype } from "../helpers/kv-dump.js";
 import { blobPath, writePagedCache } from "../helpers/pfimg-store.js";

@@ -106,7 +106,7 @@ async function snapFails(baseDir: string, source: Record<string, unknown>): Prom
   mkdirSync(outDir, { recursive: true });
   const config = parseConfig({ agent: "scribe", sources: [{ kind: "sqlite", name: "db", ...source }] }, null, baseDir);
   let err: unknown;
-  // Workaround: src/pipeline/snapshot.ts leaves its `outputFailed` promise unobserved when a source
+  // Workaround: src/snapshot/snapshot.ts leaves its `outputFailed` promise unobserved when a source
   // fails before its first artifact is packed, so the same error also surfaces as an unhandled
   // rejection (before snapshot() itself rejects). Hold unhandled rejections while this snapshot
   // settles and pass on every one that is not the very error snapshot() threw.

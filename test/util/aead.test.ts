@@ -11,7 +11,7 @@ import { copyFileSync, existsSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { afterEach, beforeAll, describe, expect, it } from "vitest";
 import { generateIdentity, identityFileText, loadConfig, restoreToDir, snapshot, verifyBundle } from "../../src/index.js";
-import { aeadAddon, aeadAddonPath } from "../../src/util/aead.js";
+import { aeadAddon, aeadAddonPath } from "../../src/codecs/aead.js";
 import { flipBit, listTree, makeAgent, readBundle, tempDir } from "../helpers/cli.js";
 
 const ci = process.env.CI === "true";

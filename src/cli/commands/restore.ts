@@ -4,7 +4,7 @@ import {
   MemsnapError, listSome, loadConfig, scryptMaxLogN, loadIdentities, loadPassphrase, loadTrusted, parseDuration, recoverAgent, resolveStore, restoreInPlace, restoreToDir, runHook,
   summarizeRedaction, type Manifest, type RestoreToDirOptions, type RedactedSummary, type RestorePlan,
 } from "../../index.js";
-import { describeProcess, type LiveProcess } from "../../restore/live-procs.js";
+import { describeProcess, type LiveProcess } from "../../agent/live-procs.js";
 import { fmtBytes, fmtRate, printJson, Progress } from "../output.js";
 import { bundleArg, collect, defaultStore, errorJson, hook, type GlobalOpts, withAbort } from "../common.js";
 

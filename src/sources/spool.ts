@@ -11,11 +11,11 @@ import { closeSync, createReadStream, fstatSync, openSync } from "node:fs";
 import { BatchedWriter } from "../util/batched-writer.js";
 import { join } from "node:path";
 import { MemsnapError, destinationError } from "../errors.js";
-import { PLACE_MAX_END } from "../sources/kv-format.js";
-import { SPOOL_FILE, SPOOL_MAP, spoolPart, type SpoolAt, type SpoolPlace } from "../sources/types.js";
+import { PLACE_MAX_END } from "./kv-format.js";
+import { SPOOL_FILE, SPOOL_MAP, spoolPart, type SpoolAt, type SpoolPlace } from "./types.js";
 import { FdCache } from "../util/fd-cache.js";
 import { WriteBehind, WriteFailed } from "../util/write-behind.js";
-import { conflictingEntry } from "./safe-path.js";
+import { conflictingEntry } from "../format/safe-path.js";
 
 /** Part files kept open at once; a part seen again after eviction is reopened. */
 const OPEN_PARTS = 16;

@@ -3,7 +3,7 @@
  * host and start time. A lock whose pid is dead on this host is stale and is taken over.
  * Snapshot, restore and recover hold it, so they never overlap on the same agent.
  */
-import { pidAlive } from "../store/orphans.js";
+import { pidAlive } from "./orphans.js";
 import { hostname } from "node:os";
 import { mkdir, open, readFile, rename, unlink } from "node:fs/promises";
 import { join } from "node:path";

@@ -13,8 +13,8 @@ import { dirname, join } from "node:path";
 import { MemsnapError } from "../errors.js";
 import { readLayout, type BundleLayout } from "../format/container.js";
 import { basesOf, checkSeal, parseManifest, referencedIn, type IndexEntry, type Manifest } from "../format/manifest.js";
-import type { EntryTable } from "../pipeline/entry-table.js";
-import type { EntryHandler, Keys } from "../pipeline/read-payload.js";
+import type { EntryTable } from "./entry-table.js";
+import type { EntryHandler, Keys } from "./read-payload.js";
 import { extractPayload, RestoredAttributes } from "./extract.js";
 import { checkManifest, checkManifestFindings } from "./preflight.js";
 

@@ -51,10 +51,10 @@ import { Worker } from "node:worker_threads";
 import { createRequire } from "node:module";
 import { MemsnapError, destinationError } from "../errors.js";
 import type { PayloadWritten } from "../format/container.js";
-import { AEAD_LOAD_SOURCE, aeadAddonPath } from "../util/aead.js";
+import { AEAD_LOAD_SOURCE, aeadAddonPath } from "../codecs/aead.js";
 import { DIRECT_ALIGN, directIoAddon, memoryAddon } from "../util/directio.js";
 import { WORKER_MINOR_GC_JS } from "../util/gc.js";
-import { AGE_CHUNK, AGE_TAG, type AgeStreamParams } from "./age.js";
+import { AGE_CHUNK, AGE_TAG, type AgeStreamParams } from "../pipeline/age.js";
 
 /** Input buffer size: what the main thread fills before handing a buffer to the worker. */
 const IN_BUF = 1024 * 1024;

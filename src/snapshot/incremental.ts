@@ -24,8 +24,8 @@ import { basename, dirname, join } from "node:path";
 import { readLayout } from "../format/container.js";
 import { parseManifest, checkSeal, type BaseRef, type IndexEntry, type Manifest } from "../format/manifest.js";
 import type { RuleCounts } from "../redact/types.js";
-import type { Artifact } from "../sources/types.js";
-import { pidAlive } from "../store/orphans.js";
+import { kvPageFingerprint, type Artifact } from "../sources/types.js";
+import { pidAlive } from "../agent/orphans.js";
 import { canonicalJson } from "../util/canonical-json.js";
 import { collectNow } from "../util/gc.js";
 import { TOOL_VERSION } from "../version.js";
@@ -33,10 +33,6 @@ import { TOOL_VERSION } from "../version.js";
 const FORMAT = "memsnap-incremental-cache";
 const VERSION = 3;
 
-/** The fingerprint the KV source gives an unshuffled page (sources/kv.ts): left out of the cache's memory image. */
-export function kvPageFingerprint(sha256: string, size: number): string {
-  return `kv-page:${sha256}:1:${size}`;
-}
 
 /** What must be equal for the last snapshot's bytes to stand for this one's. */
 export interface IncrementalKey {

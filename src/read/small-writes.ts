@@ -14,7 +14,7 @@
 import { destinationError } from "../errors.js";
 import { getSystemErrorName } from "node:util";
 import { nativeFs, type NativeFs } from "../util/native-fs.js";
-import { conflictingEntry } from "./safe-path.js";
+import { conflictingEntry } from "../format/safe-path.js";
 
 /** Files and bytes per batch, and batches in flight before add() makes its caller wait. */
 const BATCH_FILES = 256;

@@ -17,7 +17,7 @@ import { heapPacer } from "../util/gc.js";
 import { MemsnapError, type Finding } from "../errors.js";
 import { readAt, type BundleLayout } from "../format/container.js";
 import { encodeIndex, indexHash, INDEX_PATH, refOf, type IndexDocument, type IndexEntry, type Manifest } from "../format/manifest.js";
-import { AGE_PREFIX_MAX, openAgePrefix } from "./age.js";
+import { AGE_PREFIX_MAX, openAgePrefix } from "../pipeline/age.js";
 import { PayloadDecoder, type ScannedBatch } from "./decoder.js";
 import { EntryTable } from "./entry-table.js";
 import { artifactProblem, IndexComparer } from "./index-stream.js";
@@ -122,7 +122,7 @@ export interface ReadPayloadOptions {
   entries?: EntryTable;
   /**
    * With `streamIndex`, for a manifest_version 2 bundle: each index artifact that references a
-   * base (`ref`), whose bytes are not in this payload (see restore/bases.ts).
+   * base (`ref`), whose bytes are not in this payload (see read/bases.ts).
    */
   onRef?: (a: IndexEntry) => void;
   /** With `streamIndex`: each index artifact whose entry matched it (size and SHA-256). */

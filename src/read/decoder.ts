@@ -28,11 +28,11 @@ import { Readable } from "node:stream";
 import { Worker } from "node:worker_threads";
 import { createRequire } from "node:module";
 import { MemsnapError } from "../errors.js";
-import { AEAD_LOAD_SOURCE, aeadAddonPath } from "../util/aead.js";
+import { AEAD_LOAD_SOURCE, aeadAddonPath } from "../codecs/aead.js";
 import { directIoAddon } from "../util/directio.js";
 import { SlotPool } from "../util/slots.js";
 import { WORKER_MINOR_GC_JS } from "../util/gc.js";
-import { AGE_DAMAGED_HINT, AGE_SEALED_CHUNK } from "./age.js";
+import { AGE_DAMAGED_HINT, AGE_SEALED_CHUNK } from "../pipeline/age.js";
 import { TarScanner } from "./tar-scan.js";
 
 const READ_BLOCK = 1024 * 1024;

@@ -11,17 +11,17 @@ import { dirname, join } from "node:path";
 import { MemsnapError, destinationError } from "../errors.js";
 import type { BundleLayout } from "../format/container.js";
 import type { IndexEntry, Manifest } from "../format/manifest.js";
-import type { EntryTable } from "../pipeline/entry-table.js";
-import { compareWithIndex, readPayload, type EntryHandler, type Keys, type PayloadEntry, type PayloadReadResult } from "../pipeline/read-payload.js";
+import type { EntryTable } from "./entry-table.js";
+import { compareWithIndex, readPayload, type EntryHandler, type Keys, type PayloadEntry, type PayloadReadResult } from "./read-payload.js";
 import { crashPoint } from "../util/crash-point.js";
 import { alignedBuffer, SequentialDirectWriter } from "../util/directio.js";
 import { pin } from "../util/slots.js";
-import { checkEntryName, conflictingEntry } from "./safe-path.js";
+import { checkEntryName, conflictingEntry } from "../format/safe-path.js";
 import { sourceKind } from "../sources/registry.js";
 import { isSpoolName } from "../sources/types.js";
 import { SmallFileWriter } from "./small-writes.js";
 import { currentUmask, restoredMode } from "../util/umask.js";
-import { RestoreSpool } from "./spool.js";
+import { RestoreSpool } from "../sources/spool.js";
 
 /** Entries up to this size are written with synchronous calls. */
 const SMALL_ENTRY = 256 * 1024;
