@@ -503,7 +503,7 @@ describe("errors and worker lifetime", () => {
     const root = join(dirname(fileURLToPath(import.meta.url)), "..", "..");
     const dir = await mkdtemp(join(tmpdir(), "memsnap-zstd-"));
     try {
-      await mkdir(join(dir, "pipeline"), { recursive: true });
+      await mkdir(join(dir, "codecs"), { recursive: true });
       for (const f of ["errors.ts", "codecs/zstd.ts"]) {
         const src = await readFile(join(root, "src", f), "utf8");
         const js = ts.transpileModule(src, {
