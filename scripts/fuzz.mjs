@@ -20,7 +20,7 @@ const root = new URL("../", import.meta.url).pathname;
 const seedDirs = [join(root, "fixtures", "golden"), join(root, "fixtures", "hostile")];
 
 if (!isMainThread) {
-  const { parseManifest, checkSeal, isMemsnapError } = await import("../dist/index.js");
+  const [{ parseManifest, checkSeal }, { isMemsnapError }] = await Promise.all([import("../dist/format/manifest.js"), import("../dist/errors.js")]);
   const { readLayout } = await import("../dist/format/container.js");
   const { TarScanner } = await import("../dist/read/tar-scan.js");
   const api = { parseManifest, checkSeal, TarScanner, readLayout, isMemsnapError };

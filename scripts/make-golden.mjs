@@ -10,7 +10,8 @@ import { createHash } from "node:crypto";
 import { copyFileSync, cpSync, existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, relative } from "node:path";
-import { generateIdentity, identityFileText, MANIFEST_VERSION, parseConfig, snapshot, stripJsonComments } from "../dist/index.js";
+import { generateIdentity, identityFileText, MANIFEST_VERSION, parseConfig, snapshot } from "../dist/index.js";
+import { stripJsonComments } from "../dist/config.js";
 
 const root = new URL("..", import.meta.url).pathname;
 const agent = join(root, "fixtures", "demo-agent");

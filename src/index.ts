@@ -1,36 +1,34 @@
 /**
- * memsnap's library entry: atomic, verifiable snapshots of an AI agent's memory.
- * The CLI uses only what this module exports.
+ * memsnap's library: atomic, verifiable snapshots of an AI agent's memory. It exports the verbs and the types
+ * they take and return, nothing else (docs/API.md); internals are reached by path inside this package only.
  */
-export { MemsnapError, ERROR_CODES, isMemsnapError, type ErrorCode, type ErrorClass, type Finding } from "./errors.js";
-export { loadConfig, parseConfig, stripJsonComments, type MemsnapConfig, type ConfiguredSource } from "./config.js";
-export {
-  MANIFEST_VERSION, parseManifest, computeSeal, checkSeal, INDEX_PATH, basesOf, referencedIn,
-  type Manifest, type IndexEntry, type LayerEntry, type PayloadInfo, type CreatedBy,
-} from "./format/manifest.js";
-export { readLayout, type BundleLayout } from "./format/container.js";
-export { snapshot, storePath, MANIFEST_INDEX_MAX, type SnapshotOptions, type SnapshotResult, type SnapshotProgress } from "./snapshot/snapshot.js";
-export { verifyBundle, reportError as verifyError, type VerifyReport, type Check, type CheckStatus } from "./verify.js";
-export { restoreToDir, type RestoreToDirOptions, type RestoreToDirResult } from "./restore/to-dir.js";
-export { generateIdentity, identityFileText, parseIdentities, parseRecipients, recipientFingerprint, scryptMaxLogN, DEFAULT_SCRYPT_MAX_LOG_N, SCRYPT_MAX_LOG_N_ENV } from "./pipeline/age.js";
-export { loadIdentities, loadRecipients, loadPassphrase, onKeyFileWarning, type KeyFileWarning } from "./keys.js";
-export { resolveStore } from "./store/paths.js";
-export { SOURCE_KINDS, sourceKind } from "./sources/registry.js";
-export type { SourceKind, Artifact, LayerCapture, CaptureContext } from "./sources/types.js";
-export type { Keys } from "./read/read-payload.js";
+export { MemsnapError, isMemsnapError, ERROR_CODES, type ErrorCode, type ErrorClass, type Finding } from "./errors.js";
 export { TOOL_NAME, TOOL_VERSION } from "./version.js";
+
+// Configuration: memsnap.json, and what `memsnap init` detects in an agent's home.
+export { loadConfig, parseConfig, type MemsnapConfig, type ConfiguredSource } from "./config.js";
 export { detectAgent, renderConfig, type Detection, type DetectedSource } from "./init.js";
-export { restoreInPlace, recoverAgent, selectLayers, type RestoreInPlaceOptions, type RestoreInPlaceResult } from "./restore/in-place.js";
+
+// Keys: age identities, recipients and passphrases; manifest signing keys.
+export { generateIdentity, identityFileText } from "./pipeline/age.js";
+export { loadIdentities, loadRecipients, loadPassphrase, onKeyFileWarning, type KeyFileWarning } from "./keys.js";
+export { generateSigningKey, loadSigningKey, loadTrusted, type SignatureStatus } from "./sign.js";
+export type { Keys } from "./read/read-payload.js";
+
+// Snapshot, verify, restore.
+export { snapshot, type SnapshotOptions, type SnapshotResult, type SnapshotProgress } from "./snapshot/snapshot.js";
+export { verifyBundle, type VerifyOptions, type VerifyReport, type Check, type CheckStatus } from "./verify.js";
+export { restoreToDir, type RestoreToDirOptions, type RestoreToDirResult } from "./restore/to-dir.js";
+export { restoreInPlace, recoverAgent, type RestoreInPlaceOptions, type RestoreInPlaceResult } from "./restore/in-place.js";
 export type { RestorePlan, LayerPlan } from "./restore/plan.js";
-export { acquireLock, parseDuration, controlDir, type AgentLock, type LockInfo } from "./agent/lock.js";
-export { readJournal, recoverJournal, journalPath, type Journal, type Swap } from "./agent/journal.js";
-export { generateSigningKey, loadSigningKey, loadTrusted, checkSignature, parsePublicKey, publicKeyString, keyId, type ManifestSignature, type SignatureStatus } from "./sign.js";
-export { listSnapshots, bundlePaths, findSnapshot, exportSnapshot, deleteSnapshots, agentDir, type StoredSnapshot } from "./store/store.js";
-export { decide as decideRetention, hasRules, type RetentionPolicy, type PruneDecision } from "./store/prune.js";
-export { pruneStore, diffSnapshots, indexOf, type PruneResult, type LayerDiff, type GitDiff, type SqliteDiff } from "./store/ops.js";
-export { removeOrphans } from "./agent/orphans.js";
-export { runSchedule, parseCron, nextCron, printUnits, cronForInterval, type ScheduleOptions, type Cron, type UnitOptions } from "./schedule.js";
-export { summarizeRedaction, listSome, type RedactedSummary } from "./redact/report.js";
-export { runHook, parseHooks, type HooksConfig, type HookEvent, type HookResult } from "./hooks.js";
+
+// The store: list, find, export, delete, prune, diff, rekey, browse; the scheduler.
+export { listSnapshots, findSnapshot, exportSnapshot, deleteSnapshots, type StoredSnapshot } from "./store/store.js";
+export type { RetentionPolicy, PruneDecision } from "./store/prune.js";
+export { pruneStore, diffSnapshots, type PruneResult, type LayerDiff, type GitDiff, type SqliteDiff } from "./store/ops.js";
 export { rekeyBundles, type RekeyOptions, type RekeyResult, type RekeyOutcome } from "./store/rekey.js";
-export { catArtifact, entryOf, loadIndex, openSnapshot, pathFilter, perFileKind, selectPaths, type OpenedSnapshot, type Selection } from "./browse/index.js";
+export { openSnapshot, catArtifact, type OpenedSnapshot } from "./browse/index.js";
+export { runSchedule, type ScheduleOptions } from "./schedule.js";
+
+// What a bundle's manifest holds.
+export { MANIFEST_VERSION, type Manifest, type IndexEntry, type LayerEntry, type PayloadInfo, type CreatedBy } from "./format/manifest.js";

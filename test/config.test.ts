@@ -5,7 +5,8 @@
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
-import { loadConfig, parseConfig, stripJsonComments } from "../src/index.js";
+import { loadConfig, parseConfig } from "../src/index.js";
+import { stripJsonComments } from "../src/config.js";
 import { isMemsnapError, type ErrorCode } from "../src/errors.js";
 import {
   expectCliError, expectJsonError, expectNothingLeft, expectOk, jsonOut, makeAgent, readBundle, runCli, tempDir,

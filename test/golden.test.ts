@@ -66,7 +66,7 @@ describe("golden v1 bundle with a kv layer of schema 1", () => {
 describe("golden v2 bundles are incremental", () => {
   for (const kind of ["plain", "age"] as const) {
     it(`${kind}: references artifacts of a base beside it`, async () => {
-      const { parseManifest, readLayout } = await import("../src/index.js");
+      const [{ parseManifest }, { readLayout }] = await Promise.all([import("../src/format/manifest.js"), import("../src/format/container.js")]);
       const m = parseManifest((await readLayout(join(dir, `v2-${kind}.memsnap`))).manifestBytes);
       expect(m.manifest_version).toBe(2);
       expect(m.bases).toHaveLength(1);
@@ -80,7 +80,7 @@ describe("golden v2 bundles are incremental", () => {
 // artifacts; the golden one by a lowered limit): the index is read from the payload.
 describe("golden v3 bundle leaves the index out of its manifest", () => {
   it("has none in its manifest, and verifies deep without one", async () => {
-    const { parseManifest, readLayout } = await import("../src/index.js");
+    const [{ parseManifest }, { readLayout }] = await Promise.all([import("../src/format/manifest.js"), import("../src/format/container.js")]);
     const m = parseManifest((await readLayout(join(dir, "v3-plain.memsnap"))).manifestBytes);
     expect(m.manifest_version).toBe(3);
     expect(m.payload.encryption).toBeNull();

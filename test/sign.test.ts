@@ -5,7 +5,7 @@ import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
-import { readLayout } from "../src/index.js";
+import { readLayout } from "../src/format/container.js";
 
 const BIN = new URL("../bin/memsnap.js", import.meta.url).pathname;
 const work = mkdtempSync(join(tmpdir(), "memsnap-sign-"));
@@ -87,7 +87,7 @@ describe("signed manifests", () => {
   it("a changed byte anywhere in the manifest fails the signature, even when re-sealed", async () => {
     const layout = await readLayout(signed);
     const m = JSON.parse(layout.manifestBytes.toString("utf8"));
-    const { computeSeal } = await import("../src/index.js");
+    const { computeSeal } = await import("../src/format/manifest.js");
     for (const mutate of [(x: any) => { x.label = "forged"; }, (x: any) => { x.layers[0].bytes += 1; }, (x: any) => { x.host = "elsewhere"; }]) {
       const copy = structuredClone(m);
       mutate(copy);

@@ -7,7 +7,7 @@
 // other field outside its grammar (ids, kinds, times, nesting) is MEMSNAP_MANIFEST_CORRUPT
 // (exit 3). Both are refused by parseManifest, before a key is asked for or a byte is written.
 import { compress } from "zstd-napi";
-import { computeSeal } from "../../dist/index.js";
+import { computeSeal } from "../../dist/format/manifest.js";
 import { spawnSync } from "node:child_process";
 import { HOSTILE_ID, sha, tarOf, victimRecipient } from "../lib/hostile-bundle.mjs";
 

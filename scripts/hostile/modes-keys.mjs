@@ -12,7 +12,7 @@ import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { createRequire } from "node:module";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { computeSeal } from "../../dist/index.js";
+import { computeSeal } from "../../dist/format/manifest.js";
 import { signManifest } from "../../dist/sign.js";
 import { agentlogId, parseLossless } from "../../dist/util/canonical-agentlog.js";
 import { HOSTILE_ID } from "../lib/hostile-bundle.mjs";

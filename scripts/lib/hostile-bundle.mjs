@@ -6,7 +6,7 @@ import { spawnSync } from "node:child_process";
 import { createHash } from "node:crypto";
 import { readFileSync } from "node:fs";
 import { compress } from "zstd-napi";
-import { computeSeal } from "../../dist/index.js";
+import { computeSeal } from "../../dist/format/manifest.js";
 import { encodeHeader as containerHeader } from "../../dist/format/tar-header.js";
 
 export const sha = (b) => createHash("sha256").update(b).digest("hex");

@@ -1,6 +1,10 @@
 import { existsSync } from "node:fs";
 import { resolve } from "node:path";
-import { findSnapshot, isMemsnapError, loadConfig, MemsnapError, resolveStore, runHook, type HookEvent, type HooksConfig } from "../index.js";
+import { loadConfig } from "../config.js";
+import { isMemsnapError, MemsnapError } from "../errors.js";
+import { runHook, type HookEvent, type HooksConfig } from "../hooks.js";
+import { resolveStore } from "../store/paths.js";
+import { findSnapshot } from "../store/store.js";
 
 /** Helpers shared by the CLI commands. */
 export interface GlobalOpts {

@@ -1,6 +1,8 @@
 /** The memsnap command-line program. It uses only the library's public entry. */
 import { Command, CommanderError } from "commander";
-import { ERROR_CODES, MemsnapError, onKeyFileWarning, TOOL_VERSION } from "../index.js";
+import { ERROR_CODES, MemsnapError } from "../errors.js";
+import { onKeyFileWarning } from "../keys.js";
+import { TOOL_VERSION } from "../version.js";
 import { registerBrowse } from "./commands/browse.js";
 import { registerInit } from "./commands/init.js";
 import { registerInspect } from "./commands/inspect.js";

@@ -4,7 +4,9 @@
  * check passes and only the changed manifest fields are hostile. Works for encrypted bundles too.
  */
 import { readFileSync, writeFileSync } from "node:fs";
-import { computeSeal, readLayout, type Manifest } from "../../src/index.js";
+import { type Manifest } from "../../src/index.js";
+import { readLayout } from "../../src/format/container.js";
+import { computeSeal } from "../../src/format/manifest.js";
 import { encodeHeader } from "../../src/format/tar-header.js";
 
 const pad = (n: number): number => (512 - (n % 512)) % 512;

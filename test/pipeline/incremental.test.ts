@@ -14,10 +14,10 @@ import {
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeEach, describe, expect, it } from "vitest";
-import {
-  deleteSnapshots, findSnapshot, generateIdentity, listSnapshots, parseConfig, parseManifest, readLayout, restoreInPlace, restoreToDir, snapshot, verifyBundle, verifyError,
-  type MemsnapConfig,
-} from "../../src/index.js";
+import { deleteSnapshots, findSnapshot, generateIdentity, listSnapshots, parseConfig, restoreInPlace, restoreToDir, snapshot, verifyBundle, type MemsnapConfig } from "../../src/index.js";
+import { readLayout } from "../../src/format/container.js";
+import { parseManifest } from "../../src/format/manifest.js";
+import { reportError as verifyError } from "../../src/verify.js";
 import { decide } from "../../src/store/prune.js";
 import { treeHashes } from "../helpers/cli.js";
 

@@ -9,7 +9,8 @@ import { execFileSync } from "node:child_process";
 import { mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
-import { MANIFEST_INDEX_MAX, parseConfig, restoreToDir, snapshot, verifyBundle } from "../../src/index.js";
+import { parseConfig, restoreToDir, snapshot, verifyBundle } from "../../src/index.js";
+import { MANIFEST_INDEX_MAX } from "../../src/snapshot/snapshot.js";
 import { expectOk, jsonOut, runCliSync, tempDir } from "../helpers/cli.js";
 
 function agent(files: number): string {

@@ -4,7 +4,8 @@
 import { appendFileSync, existsSync, mkdirSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { beforeEach, describe, expect, it } from "vitest";
-import { parseManifest, readLayout } from "../../src/index.js";
+import { readLayout } from "../../src/format/container.js";
+import { parseManifest } from "../../src/format/manifest.js";
 import { agentlogId, parseLossless } from "../../src/util/canonical-agentlog.js";
 import { expectOk, jsonOut, restoreOntoNewMachine, runCliSync, tempDir, treeHashes } from "../helpers/cli.js";
 import { generateKvDump } from "../helpers/kv-dump.js";

@@ -5,7 +5,8 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
-import { parseManifest, readLayout } from "../../src/index.js";
+import { readLayout } from "../../src/format/container.js";
+import { parseManifest } from "../../src/format/manifest.js";
 import { extractPayload } from "../../src/read/extract.js";
 import { LayerMaterializer } from "../../src/restore/materialize.js";
 

@@ -14,14 +14,15 @@ import { spawnSync } from "node:child_process";
 import { copyFileSync, chmodSync, existsSync, readdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
-import { parseConfig, readLayout, snapshot } from "../../src/index.js";
+import { parseConfig, snapshot } from "../../src/index.js";
+import { readLayout } from "../../src/format/container.js";
 import { BIN, expectCliError, expectJsonError, expectOk, jsonOut, makeAgent, runCliSync, tempDir } from "../helpers/cli.js";
 
 const hostile = new URL("../../fixtures/hostile/", import.meta.url).pathname;
 /** The attacker's public key (scripts/hostile/modes-keys.mjs signs with the Ed25519 key of seed 0x5a×32). */
 async function attackerPub(): Promise<string> {
   const { attackerSigningKey } = (await import("../../scripts/hostile/modes-keys.mjs")) as { attackerSigningKey: () => import("node:crypto").KeyObject };
-  const { publicKeyString } = await import("../../src/index.js");
+  const { publicKeyString } = await import("../../src/sign.js");
   const { createPublicKey } = await import("node:crypto");
   return publicKeyString(createPublicKey(attackerSigningKey()));
 }

@@ -13,9 +13,8 @@ import {
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { describe, expect, it } from "vitest";
-import {
-  generateIdentity, isMemsnapError, parseConfig, restoreToDir, snapshot, SOURCE_KINDS, verifyBundle, type Manifest,
-} from "../../src/index.js";
+import { generateIdentity, isMemsnapError, parseConfig, restoreToDir, snapshot, verifyBundle, type Manifest } from "../../src/index.js";
+import { SOURCE_KINDS } from "../../src/sources/registry.js";
 import {
   classifyImage, decodeMessage, decodePagemapEntry, ImageFormatError, PE_PARENT as PE_PARENT_SRC, scanImage,
 } from "../../src/sources/criu-format.js";

@@ -12,7 +12,8 @@ import { existsSync, mkdirSync, readdirSync, readFileSync, writeFileSync } from 
 import { join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { afterEach, describe, expect, it, vi } from "vitest";
-import { isMemsnapError, parseConfig, restoreToDir, snapshot, SOURCE_KINDS, verifyBundle } from "../../src/index.js";
+import { isMemsnapError, parseConfig, restoreToDir, snapshot, verifyBundle } from "../../src/index.js";
+import { SOURCE_KINDS } from "../../src/sources/registry.js";
 import type { RedactionReport, Redactor } from "../../src/redact/types.js";
 import { ALLOW_PLUGINS_ENV, parseAllowedPlugins, PLUGIN_PROTOCOL, PLUGIN_RECORD } from "../../src/sources/exec.js";
 import { reseal } from "../helpers/reseal.js";

@@ -1,5 +1,6 @@
 import { describe, expect, it } from "vitest";
-import { decideRetention, type StoredSnapshot } from "../../src/index.js";
+import { type StoredSnapshot } from "../../src/index.js";
+import { decide as decideRetention } from "../../src/store/prune.js";
 import { ulid } from "../../src/util/ulid.js";
 
 function snaps(times: string[], labels: (string | null)[] = []): StoredSnapshot[] {

@@ -1,9 +1,14 @@
 import type { Command } from "commander";
 import { existsSync } from "node:fs";
-import {
-  catArtifact, isMemsnapError, MemsnapError, listSnapshots, loadConfig, loadIdentities, loadIndex, loadPassphrase, openSnapshot, pathFilter, resolveStore,
-  scryptMaxLogN, type IndexEntry, type Keys, type Manifest,
-} from "../../index.js";
+import { catArtifact, loadIndex, openSnapshot, pathFilter } from "../../browse/index.js";
+import { loadConfig } from "../../config.js";
+import { isMemsnapError, MemsnapError } from "../../errors.js";
+import type { IndexEntry, Manifest } from "../../format/manifest.js";
+import { loadIdentities, loadPassphrase } from "../../keys.js";
+import { scryptMaxLogN } from "../../pipeline/age.js";
+import type { Keys } from "../../read/read-payload.js";
+import { resolveStore } from "../../store/paths.js";
+import { listSnapshots } from "../../store/store.js";
 import { fmtBytes, printJson } from "../output.js";
 import { bundleArg, collect, defaultStore, type GlobalOpts, withAbort } from "../common.js";
 

@@ -1,7 +1,8 @@
 import type { Command } from "commander";
 import { open } from "node:fs/promises";
 import { basename, join, resolve } from "node:path";
-import { detectAgent, MemsnapError, renderConfig } from "../../index.js";
+import { MemsnapError } from "../../errors.js";
+import { detectAgent, renderConfig } from "../../init.js";
 import { fmtMiB } from "../../init.js";
 import { printJson } from "../output.js";
 import { collect, type GlobalOpts } from "../common.js";

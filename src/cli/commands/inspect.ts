@@ -1,5 +1,7 @@
 import type { Command } from "commander";
-import { basesOf, checkSeal, MANIFEST_INDEX_MAX, parseManifest, readLayout, referencedIn } from "../../index.js";
+import { readLayout } from "../../format/container.js";
+import { basesOf, checkSeal, parseManifest, referencedIn } from "../../format/manifest.js";
+import { MANIFEST_INDEX_MAX } from "../../snapshot/snapshot.js";
 import { fmtBytes, printJson, redactionLine } from "../output.js";
 import { bundleArg, defaultStore, type GlobalOpts } from "../common.js";
 

@@ -1,7 +1,9 @@
 import type { Command } from "commander";
 import { mkdir, open, unlink } from "node:fs/promises";
 import { dirname } from "node:path";
-import { generateIdentity, generateSigningKey, identityFileText, keyId, MemsnapError } from "../../index.js";
+import { MemsnapError } from "../../errors.js";
+import { generateIdentity, identityFileText } from "../../pipeline/age.js";
+import { generateSigningKey, keyId } from "../../sign.js";
 import { printJson } from "../output.js";
 import type { GlobalOpts } from "../common.js";
 

@@ -1,7 +1,9 @@
 import type { Command } from "commander";
-import {
-  bundlePaths, loadIdentities, loadPassphrase, loadRecipients, loadSigningKey, MemsnapError, rekeyBundles, type RekeyResult,
-} from "../../index.js";
+import { MemsnapError } from "../../errors.js";
+import { loadIdentities, loadPassphrase, loadRecipients } from "../../keys.js";
+import { loadSigningKey } from "../../sign.js";
+import { rekeyBundles, type RekeyResult } from "../../store/rekey.js";
+import { bundlePaths } from "../../store/store.js";
 import { commandWarning, printJson } from "../output.js";
 import { bundleArg, collect, defaultStore, type GlobalOpts } from "../common.js";
 

@@ -1,9 +1,18 @@
 import type { Command } from "commander";
 import { existsSync } from "node:fs";
-import {
-  MemsnapError, listSome, loadConfig, scryptMaxLogN, loadIdentities, loadPassphrase, loadTrusted, parseDuration, recoverAgent, resolveStore, restoreInPlace, restoreToDir, runHook,
-  summarizeRedaction, type Manifest, type RestoreToDirOptions, type RedactedSummary, type RestorePlan,
-} from "../../index.js";
+import { parseDuration } from "../../agent/lock.js";
+import { loadConfig } from "../../config.js";
+import { MemsnapError } from "../../errors.js";
+import type { Manifest } from "../../format/manifest.js";
+import { runHook } from "../../hooks.js";
+import { loadIdentities, loadPassphrase } from "../../keys.js";
+import { scryptMaxLogN } from "../../pipeline/age.js";
+import { listSome, summarizeRedaction, type RedactedSummary } from "../../redact/report.js";
+import { recoverAgent, restoreInPlace } from "../../restore/in-place.js";
+import type { RestorePlan } from "../../restore/plan.js";
+import { restoreToDir, type RestoreToDirOptions } from "../../restore/to-dir.js";
+import { loadTrusted } from "../../sign.js";
+import { resolveStore } from "../../store/paths.js";
 import { describeProcess, type LiveProcess } from "../../agent/live-procs.js";
 import { fmtBytes, fmtRate, printJson, Progress } from "../output.js";
 import { bundleArg, collect, defaultStore, errorJson, hook, type GlobalOpts, withAbort } from "../common.js";

@@ -1,7 +1,12 @@
 import type { Command } from "commander";
 import { closeSync, openSync, readSync, statSync } from "node:fs";
 import { resolve } from "node:path";
-import { loadConfig, loadSigningKey, parseCron, parseDuration, printUnits, resolveStore, runSchedule, MemsnapError } from "../../index.js";
+import { parseDuration } from "../../agent/lock.js";
+import { loadConfig } from "../../config.js";
+import { MemsnapError } from "../../errors.js";
+import { parseCron, printUnits, runSchedule } from "../../schedule.js";
+import { loadSigningKey } from "../../sign.js";
+import { resolveStore } from "../../store/paths.js";
 import { addRetentionOptions, policyFrom } from "./store.js";
 import type { GlobalOpts } from "../common.js";
 

@@ -1,5 +1,10 @@
 import type { Command } from "commander";
-import { loadConfig, loadPassphrase, loadRecipients, loadSigningKey, parseDuration, resolveStore, snapshot } from "../../index.js";
+import { parseDuration } from "../../agent/lock.js";
+import { loadConfig } from "../../config.js";
+import { loadPassphrase, loadRecipients } from "../../keys.js";
+import { loadSigningKey } from "../../sign.js";
+import { snapshot } from "../../snapshot/snapshot.js";
+import { resolveStore } from "../../store/paths.js";
 import { fmtMiB, uncoveredLargeFiles } from "../../init.js";
 import { fmtBytes, fmtRate, printJson, Progress, redactionLine } from "../output.js";
 import { collect, errorJson, hook, type GlobalOpts, withAbort } from "../common.js";

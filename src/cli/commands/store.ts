@@ -1,10 +1,15 @@
 import type { Command } from "commander";
 import { existsSync } from "node:fs";
 import { dirname, join } from "node:path";
-import {
-  basesOf, deleteSnapshots, diffSnapshots, exportSnapshot, findSnapshot, listSnapshots, loadConfig, loadIdentities, MemsnapError,
-  loadPassphrase, parseDuration, pruneStore, resolveStore, type LayerDiff, type MemsnapConfig, type RetentionPolicy,
-} from "../../index.js";
+import { parseDuration } from "../../agent/lock.js";
+import { loadConfig, type MemsnapConfig } from "../../config.js";
+import { MemsnapError } from "../../errors.js";
+import { basesOf } from "../../format/manifest.js";
+import { loadIdentities, loadPassphrase } from "../../keys.js";
+import { diffSnapshots, pruneStore, type LayerDiff } from "../../store/ops.js";
+import { resolveStore } from "../../store/paths.js";
+import type { RetentionPolicy } from "../../store/prune.js";
+import { deleteSnapshots, exportSnapshot, findSnapshot, listSnapshots } from "../../store/store.js";
 import { fmtBytes, printJson } from "../output.js";
 import { collect, type GlobalOpts } from "../common.js";
 

@@ -1,8 +1,9 @@
 import type { Command } from "commander";
-import {
-  bundlePaths, ERROR_CODES, isMemsnapError, loadIdentities, loadPassphrase, loadTrusted, MemsnapError, verifyBundle, verifyError,
-  type VerifyReport,
-} from "../../index.js";
+import { ERROR_CODES, isMemsnapError, MemsnapError } from "../../errors.js";
+import { loadIdentities, loadPassphrase } from "../../keys.js";
+import { loadTrusted } from "../../sign.js";
+import { bundlePaths } from "../../store/store.js";
+import { verifyBundle, reportError as verifyError, type VerifyReport } from "../../verify.js";
 import { printJson, Progress } from "../output.js";
 import { bundleArg, collect, defaultStore, type GlobalOpts, withAbort } from "../common.js";
 
