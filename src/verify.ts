@@ -15,7 +15,7 @@ import {
   basesOf, checkSeal, encodeIndex, parseManifest, PAYLOAD_MEMBER_ENCRYPTED, PAYLOAD_MEMBER_PLAIN, type Manifest,
 } from "./format/manifest.js";
 import { createHash } from "node:crypto";
-import { AGE_MAGIC } from "./pipeline/age.js";
+import { AGE_MAGIC } from "./codecs/age/common.js";
 import { compareWithIndex, hashStoredPayload, readPayload, type EntryHandler, type EntryInfo, type Keys } from "./pipeline/read-payload.js";
 import { ZSTD_MAGIC } from "./pipeline/zstd.js";
 import { checkSignature, type SignatureStatus } from "./sign.js";

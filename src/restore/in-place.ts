@@ -19,7 +19,7 @@ import type { ConfiguredSource, MemsnapConfig } from "../config.js";
 import { MemsnapError, interruptedOr, isMemsnapError } from "../errors.js";
 import { readLayout } from "../format/container.js";
 import { parseManifest, referencedIn, type LayerEntry, type Manifest } from "../format/manifest.js";
-import { recipientFingerprint, recipientsOfIdentities } from "../pipeline/age.js";
+import { recipientFingerprint, recipientsOfIdentities } from "../codecs/age/keys.js";
 import type { Keys } from "../pipeline/read-payload.js";
 import { snapshot, type SnapshotResult } from "../pipeline/snapshot.js";
 import type { LiveTarget } from "../sources/types.js";

@@ -5,7 +5,7 @@ import { hostname, tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeEach, describe, expect, it } from "vitest";
 import { acquireLock, parseManifest, readLayout } from "../../src/index.js";
-import { recipientFingerprint } from "../../src/pipeline/age.js";
+import { recipientFingerprint } from "../../src/codecs/age/keys.js";
 
 const BIN = new URL("../../bin/memsnap.js", import.meta.url).pathname;
 const work = mkdtempSync(join(tmpdir(), "memsnap-inplace-"));
