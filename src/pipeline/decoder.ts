@@ -8,7 +8,7 @@
  * to it, so decryption, decompression, tar parsing and the stored-byte hash run on the other
  * core. Measured on the bench's scale-1 restore: 3.55 -> 3.1 CPU-s and ~8 MiB less peak RSS
  * than parsing with tar-stream on the main thread (its streams and per-entry objects), wall
- * time within the noise (this worker is then the busier thread; see the README). The age header is
+ * time within the noise (this worker is then the busier thread; see docs/BENCHMARK.md). The age header is
  * opened on the main thread first (typage and the identities live there; see codecs/age/stream-open.ts
  * `openAgePrefix`), and the worker gets the payload key and the offset of the first chunk.
  *
