@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 /**
  * Where one command's CPU goes, system-wide, by kind of work: a development aid for the
- * performance work (README, "Benchmark"), not part of the benchmark.
+ * performance work (docs/BENCHMARK.md), not part of the benchmark.
  *
  *   node scripts/cpu-accounting.mjs [--freq HZ] [--keep FILE] -- COMMAND [ARGS...]
  *

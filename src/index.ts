@@ -10,7 +10,7 @@ export { loadConfig, parseConfig, type MemsnapConfig, type ConfiguredSource } fr
 export { detectAgent, renderConfig, type Detection, type DetectedSource } from "./init.js";
 
 // Keys: age identities, recipients and passphrases; manifest signing keys.
-export { generateIdentity, identityFileText } from "./pipeline/age.js";
+export { generateIdentity, identityFileText } from "./codecs/age/keys.js";
 export { loadIdentities, loadRecipients, loadPassphrase, onKeyFileWarning, type KeyFileWarning } from "./keys.js";
 export { generateSigningKey, loadSigningKey, loadTrusted, type SignatureStatus } from "./sign.js";
 export type { Keys } from "./read/read-payload.js";

@@ -1,7 +1,7 @@
 /** Loading keys from files: age identities, recipients, passphrases. */
 import { open } from "node:fs/promises";
 import { MemsnapError } from "./errors.js";
-import { parseIdentities, parseRecipients } from "./pipeline/age.js";
+import { parseIdentities, parseRecipients } from "./codecs/age/keys.js";
 
 /** A secret key file that others than its owner can read or write (see {@link onKeyFileWarning}). */
 export interface KeyFileWarning {

@@ -15,7 +15,7 @@ import {
   basesOf, encodeIndex, parseManifest, type Manifest,
 } from "./format/manifest.js";
 import { createHash } from "node:crypto";
-import { AGE_MAGIC } from "./pipeline/age.js";
+import { AGE_MAGIC } from "./codecs/age/common.js";
 import { compareWithIndex, hashStoredPayload, readPayload, type EntryHandler, type EntryInfo, type Keys } from "./read/read-payload.js";
 import { ZSTD_MAGIC } from "./codecs/zstd.js";
 import { checkSignature } from "./sign.js";

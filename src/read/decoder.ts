@@ -8,11 +8,11 @@
  * to it, so decryption, decompression, tar parsing and the stored-byte hash run on the other
  * core. Measured on the bench's scale-1 restore: 3.55 -> 3.1 CPU-s and ~8 MiB less peak RSS
  * than parsing with tar-stream on the main thread (its streams and per-entry objects), wall
- * time within the noise (this worker is then the busier thread; see the README). The age header is
- * opened on the main thread first (typage and the identities live there; see age.ts
+ * time within the noise (this worker is then the busier thread; see docs/BENCHMARK.md). The age header is
+ * opened on the main thread first (typage and the identities live there; see codecs/age/stream-open.ts
  * `openAgePrefix`), and the worker gets the payload key and the offset of the first chunk.
  *
- * Errors keep the codes and messages of the stream stages they replace (age.ts
+ * Errors keep the codes and messages of the stream stages they replace (codecs/age/stream-open.ts
  * AgeDecryptStream, zstd.ts): a chunk that does not authenticate, a truncated STREAM, data
  * after the final chunk → MEMSNAP_DECRYPT_FAILED; damaged or truncated zstd, or output past
  * `maxOutputBytes` → MEMSNAP_PAYLOAD_CORRUPT; a short read → MEMSNAP_BUNDLE_TRUNCATED.
@@ -32,7 +32,7 @@ import { AEAD_LOAD_SOURCE, aeadAddonPath } from "../codecs/aead.js";
 import { directIoAddon } from "../util/directio.js";
 import { SlotPool } from "../util/slots.js";
 import { WORKER_MINOR_GC_JS } from "../util/gc.js";
-import { AGE_DAMAGED_HINT, AGE_SEALED_CHUNK } from "../pipeline/age.js";
+import { AGE_DAMAGED_HINT, AGE_SEALED_CHUNK } from "../codecs/age/stream-open.js";
 import { TarScanner } from "./tar-scan.js";
 
 const READ_BLOCK = 1024 * 1024;

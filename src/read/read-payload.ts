@@ -17,7 +17,7 @@ import { heapPacer } from "../util/gc.js";
 import { MemsnapError, type Finding } from "../errors.js";
 import { readAt, type BundleLayout } from "../format/container.js";
 import { encodeIndex, indexHash, INDEX_PATH, refOf, type IndexDocument, type IndexEntry, type Manifest } from "../format/manifest.js";
-import { AGE_PREFIX_MAX, openAgePrefix } from "../pipeline/age.js";
+import { AGE_PREFIX_MAX, openAgePrefix } from "../codecs/age/stream-open.js";
 import { PayloadDecoder, type ScannedBatch } from "./decoder.js";
 import { EntryTable } from "./entry-table.js";
 import { artifactProblem, IndexComparer } from "./index-stream.js";

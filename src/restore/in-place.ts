@@ -19,7 +19,7 @@ import type { MemsnapConfig } from "../config.js";
 import { MemsnapError, interruptedOr, isMemsnapError } from "../errors.js";
 import { readLayout } from "../format/container.js";
 import { parseManifest, referencedIn, type Manifest } from "../format/manifest.js";
-import { recipientFingerprint, recipientsOfIdentities } from "../pipeline/age.js";
+import { recipientFingerprint, recipientsOfIdentities } from "../codecs/age/keys.js";
 import type { Keys } from "../read/read-payload.js";
 import { snapshot, type SnapshotResult } from "../snapshot/snapshot.js";
 import { crashPoint } from "../util/crash-point.js";

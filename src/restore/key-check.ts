@@ -2,7 +2,7 @@
 import { open } from "node:fs/promises";
 import type { BundleLayout } from "../format/container.js";
 import type { Manifest } from "../format/manifest.js";
-import { AGE_PREFIX_MAX, openAgePrefix } from "../pipeline/age.js";
+import { AGE_PREFIX_MAX, openAgePrefix } from "../codecs/age/stream-open.js";
 import type { Keys } from "../read/read-payload.js";
 
 /**

@@ -29,7 +29,7 @@
  * one. Concatenated frames are one valid zstd stream (`zstd -d` and every reader decode them
  * in sequence), so the payload stays a standard `.tar.zst`.
  *
- * age: the header and payload key are made on the main thread (see age.ts
+ * age: the header and payload key are made on the main thread (see codecs/age/stream-seal.ts
  * `prepareAgeEncryption`); the sink only runs STREAM: 64 KiB chunks, each sealed with
  * ChaCha20-Poly1305 under the 11-byte big-endian counter nonce, the last one flagged. A full
  * chunk is held back until more bytes arrive, so the last chunk is never empty unless the
@@ -54,7 +54,7 @@ import type { PayloadWritten } from "../format/container.js";
 import { AEAD_LOAD_SOURCE, aeadAddonPath } from "../codecs/aead.js";
 import { DIRECT_ALIGN, directIoAddon, memoryAddon } from "../util/directio.js";
 import { WORKER_MINOR_GC_JS } from "../util/gc.js";
-import { AGE_CHUNK, AGE_TAG, type AgeStreamParams } from "../pipeline/age.js";
+import { AGE_CHUNK, AGE_TAG, type AgeStreamParams } from "../codecs/age/stream-seal.js";
 
 /** Input buffer size: what the main thread fills before handing a buffer to the worker. */
 const IN_BUF = 1024 * 1024;

@@ -34,9 +34,9 @@ import {
   type Manifest, type RecipientInfo,
 } from "../format/manifest.js";
 import { BLOCK, encodeHeader, padding } from "../format/tar-header.js";
-import {
-  AGE_PREFIX_MAX, openAgeHeaderForRekey, recipientFingerprint, recipientsOfIdentities, writeAgeHeader, type AgeStanza,
-} from "../pipeline/age.js";
+import { recipientFingerprint, recipientsOfIdentities } from "../codecs/age/keys.js";
+import { openAgeHeaderForRekey, writeAgeHeader, type AgeStanza } from "../codecs/age/rekey.js";
+import { AGE_PREFIX_MAX } from "../codecs/age/stream-open.js";
 import { acquireLock, type AgentLock } from "../agent/lock.js";
 import { signManifest } from "../sign.js";
 import { commitRename, unlinkQuiet } from "../util/fs-atomic.js";

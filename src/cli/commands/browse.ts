@@ -5,7 +5,7 @@ import { loadConfig } from "../../config.js";
 import { isMemsnapError, MemsnapError } from "../../errors.js";
 import type { IndexEntry, Manifest } from "../../format/manifest.js";
 import { loadIdentities, loadPassphrase } from "../../keys.js";
-import { scryptMaxLogN } from "../../pipeline/age.js";
+import { scryptMaxLogN } from "../../codecs/age/scrypt.js";
 import type { Keys } from "../../read/read-payload.js";
 import { resolveStore } from "../../store/paths.js";
 import { listSnapshots } from "../../store/store.js";

@@ -2,7 +2,7 @@ import type { Command } from "commander";
 import { mkdir, open, unlink } from "node:fs/promises";
 import { dirname } from "node:path";
 import { MemsnapError } from "../../errors.js";
-import { generateIdentity, identityFileText } from "../../pipeline/age.js";
+import { generateIdentity, identityFileText } from "../../codecs/age/keys.js";
 import { generateSigningKey, keyId } from "../../sign.js";
 import { printJson } from "../output.js";
 import type { GlobalOpts } from "../common.js";

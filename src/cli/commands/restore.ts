@@ -6,7 +6,7 @@ import { MemsnapError } from "../../errors.js";
 import type { Manifest } from "../../format/manifest.js";
 import { runHook } from "../../hooks.js";
 import { loadIdentities, loadPassphrase } from "../../keys.js";
-import { scryptMaxLogN } from "../../pipeline/age.js";
+import { scryptMaxLogN } from "../../codecs/age/scrypt.js";
 import { listSome, summarizeRedaction, type RedactedSummary } from "../../redact/report.js";
 import { recoverAgent, restoreInPlace } from "../../restore/in-place.js";
 import type { RestorePlan } from "../../restore/plan.js";

@@ -7,16 +7,12 @@ import { pipeline } from "node:stream/promises";
 import { Decrypter, Encrypter, type Stanza } from "age-encryption";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { isMemsnapError, type ErrorCode } from "../../src/errors.js";
+import { AGE_MAGIC } from "../../src/codecs/age/common.js";
 import {
-  AGE_MAGIC,
-  createAgeDecryptor,
-  createAgeEncryptor,
-  generateIdentity,
-  identityFileText,
-  parseIdentities,
-  parseRecipients,
-  recipientFingerprint,
-} from "../../src/pipeline/age.js";
+  generateIdentity, identityFileText, parseIdentities, parseRecipients, recipientFingerprint,
+} from "../../src/codecs/age/keys.js";
+import { createAgeDecryptor } from "../../src/codecs/age/stream-open.js";
+import { createAgeEncryptor } from "../../src/codecs/age/stream-seal.js";
 import { exec, itWithTools } from "../helpers/exec.js";
 
 const CHUNK = 65536;
