@@ -18,7 +18,7 @@ import {
 } from "../../src/index.js";
 import {
   classifyImage, decodeMessage, decodePagemapEntry, ImageFormatError, PE_PARENT as PE_PARENT_SRC, scanImage,
-} from "../../src/sources/criu-format.js";
+} from "../../src/sources/criu/format.js";
 import type { SourceKind } from "../../src/sources/types.js";
 import { runCli, tempDir } from "../helpers/cli.js";
 import {

@@ -20,15 +20,15 @@ import type { Stats } from "node:fs";
 import { homedir } from "node:os";
 import { join, resolve } from "node:path";
 import { Readable } from "node:stream";
-import type { LayerEntry } from "../format/manifest.js";
-import { MemsnapError, isMemsnapError } from "../errors.js";
-import { configInvalid, optBool, optString, optStringArray, rejectUnknownKeys, reqString } from "../util/config-check.js";
+import type { LayerEntry } from "../../format/manifest.js";
+import { MemsnapError, isMemsnapError } from "../../errors.js";
+import { configInvalid, optBool, optString, optStringArray, rejectUnknownKeys, reqString } from "../../util/config-check.js";
 import {
   BLOB_REL_RE, FrameHasher, IMAGE_REL_RE, TextScanner, blobRel, decompressToBuffer, digestHex, hashFrameChunks, imageRel,
   parseFsTree, parseImageManifest, parsePageManifest, sha256Hex, zstdBinding, type BlobCategory, type ImageManifest,
-} from "./pfimg-format.js";
-import type { Artifact, CaptureContext, SourceKind } from "./types.js";
-import { fingerprintOf, sourceChanged, sourceError, walkFiles } from "./walk.js";
+} from "./format.js";
+import type { Artifact, CaptureContext, SourceKind } from "../types.js";
+import { fingerprintOf, sourceChanged, sourceError, walkFiles } from "../walk.js";
 
 export interface PfimgConfig {
   kind: "pfimg";
@@ -314,7 +314,7 @@ function blobFor(b: PlannedBlob, layer: string, ctx: CaptureContext): Artifact {
 }
 
 /** An artifact over a blob's stored frame that decompresses and checks its digest as it streams. */
-function blobArtifact(b: PlannedBlob, layer: string, ctx: { redactor?: import("../redact/types.js").Redactor }): Artifact {
+function blobArtifact(b: PlannedBlob, layer: string, ctx: { redactor?: import("../../redact/types.js").Redactor }): Artifact {
   return {
     path: b.rel,
     kind: "pfimg-blob",

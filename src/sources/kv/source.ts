@@ -21,28 +21,28 @@ import { closeSync, createReadStream, ftruncateSync, openSync, readFileSync, rea
 import type { Stats } from "node:fs";
 import { chmod, lstat, mkdir, open, readdir, readFile, rename, rm, stat, utimes, type FileHandle } from "node:fs/promises";
 import { basename, dirname, join, resolve } from "node:path";
-import type { LayerEntry } from "../format/manifest.js";
-import { MemsnapError, isMemsnapError } from "../errors.js";
-import type { Redactor } from "../redact/types.js";
-import { configInvalid, isPlainObject, optString, rejectUnknownKeys, reqString } from "../util/config-check.js";
+import type { LayerEntry } from "../../format/manifest.js";
+import { MemsnapError, isMemsnapError } from "../../errors.js";
+import type { Redactor } from "../../redact/types.js";
+import { configInvalid, isPlainObject, optString, rejectUnknownKeys, reqString } from "../../util/config-check.js";
 import {
   KV_INDEX, KV_MANIFEST, KV_MANIFEST_MAX_BYTES, KV_MAX_PAGE_BYTES, KV_WORK_PREFIX, KvIndexUnsafe, PAGE_ARTIFACT_RE, kvInvalid,
   Grow, pageArtifact, pagePlace, readKvIndex, readKvManifest, shuffle as shufflePlanes, unshuffle,
   type KvIndexFile,
-} from "./kv-format.js";
+} from "./format.js";
 import {
   FrameHasher, TextScanner, canonicalDtype, decompressToBuffer, dtypeBytes, hashFrameChunks, isAllZero, parsePageManifest,
   sha256Hex, zstdCompressSync,
-} from "./pfimg-format.js";
-import { SPOOL_FILE, SPOOL_MAP, isSpoolName, type Artifact, type SourceKind, type VerifiedLookup } from "./types.js";
-import { readSpoolMap } from "../restore/spool.js";
-import { sourceChanged, sourceError, walkFiles, type FileStats } from "./walk.js";
-import { FdCache } from "../util/fd-cache.js";
-import { KvIndexWriter } from "./kv-index-writer.js";
-import { kvPageFingerprint } from "../pipeline/incremental.js";
-import { readBlocks, type ReadBlock } from "./kv-blocks.js";
-import { collectNow } from "../util/gc.js";
-import { currentUmask, restoredMode } from "../util/umask.js";
+} from "../pfimg/format.js";
+import { SPOOL_FILE, SPOOL_MAP, isSpoolName, type Artifact, type SourceKind, type VerifiedLookup } from "../types.js";
+import { readSpoolMap } from "../../restore/spool.js";
+import { sourceChanged, sourceError, walkFiles, type FileStats } from "../walk.js";
+import { FdCache } from "../../util/fd-cache.js";
+import { KvIndexWriter } from "./index-writer.js";
+import { kvPageFingerprint } from "../../pipeline/incremental.js";
+import { readBlocks, type ReadBlock } from "./blocks.js";
+import { collectNow } from "../../util/gc.js";
+import { currentUmask, restoredMode } from "../../util/umask.js";
 
 export interface KvShape {
   n_layers: number;

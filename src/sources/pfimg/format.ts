@@ -9,9 +9,9 @@ import { createHash } from "node:crypto";
 import { once } from "node:events";
 import { createRequire } from "node:module";
 import { StringDecoder } from "node:string_decoder";
-import { MemsnapError } from "../errors.js";
-import { createZstdDecompressor } from "../pipeline/zstd.js";
-import type { Redactor } from "../redact/types.js";
+import { MemsnapError } from "../../errors.js";
+import { createZstdDecompressor } from "../../pipeline/zstd.js";
+import type { Redactor } from "../../redact/types.js";
 
 // ------------------------------------------------------------------------------ digests and paths
 

@@ -18,8 +18,8 @@
 import type { FileHandle } from "node:fs/promises";
 import { open } from "node:fs/promises";
 import { getSystemErrorName } from "node:util";
-import { aeadAddon } from "../util/aead.js";
-import { sourceChanged, sourceError } from "./walk.js";
+import { aeadAddon } from "../../util/aead.js";
+import { sourceChanged, sourceError } from "../walk.js";
 
 /**
  * Bytes read at a time (whole tiles; a tile bigger than this is read alone). 2 MiB: the four

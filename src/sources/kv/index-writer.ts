@@ -15,9 +15,9 @@
 import { createHash } from "node:crypto";
 import { createReadStream, openSync } from "node:fs";
 import { join } from "node:path";
-import { destinationError } from "../errors.js";
-import { BatchedWriter } from "../util/batched-writer.js";
-import { KV_INDEX_FORMAT, type KvContent, type KvIndexFile } from "./kv-format.js";
+import { destinationError } from "../../errors.js";
+import { BatchedWriter } from "../../util/batched-writer.js";
+import { KV_INDEX_FORMAT, type KvContent, type KvIndexFile } from "./format.js";
 
 /** Serialised entries are written out in batches of about this many characters. */
 const BATCH = 64 * 1024;

@@ -4,9 +4,9 @@
  * the `kv-index.json` document.
  */
 import { createHash } from "node:crypto";
-import { MemsnapError } from "../errors.js";
-import { JsonStreamError, streamJson } from "../util/json-stream.js";
-import { dtypeBytes, field, isObject, posInt } from "./pfimg-format.js";
+import { MemsnapError } from "../../errors.js";
+import { JsonStreamError, streamJson } from "../../util/json-stream.js";
+import { dtypeBytes, field, isObject, posInt } from "../pfimg/format.js";
 
 export const KV_MANIFEST = "kv-manifest.json";
 export const KV_INDEX = "kv-index.json";

@@ -22,15 +22,15 @@ import { lstat, mkdir, mkdtemp, open, readdir, readFile, readlink, realpath, rm,
 import { basename, dirname, isAbsolute, join, posix, resolve, sep } from "node:path";
 import { Readable, type Writable } from "node:stream";
 import { pipeline } from "node:stream/promises";
-import { tarStream } from "../util/tar-stream.js";
-import { MemsnapError } from "../errors.js";
-import { configInvalid, optInt, optString, rejectUnknownKeys, reqString } from "../util/config-check.js";
+import { tarStream } from "../../util/tar-stream.js";
+import { MemsnapError } from "../../errors.js";
+import { configInvalid, optInt, optString, rejectUnknownKeys, reqString } from "../../util/config-check.js";
 import {
   classifyImage, decodePagemapEntry, decodePagemapHead, decodePstreePid, ImageFormatError, PAGE_SIZE, pagesId,
   pagesInImage, PE_PARENT, scanImage, type ImageClass,
-} from "./criu-format.js";
-import type { Artifact, SourceKind } from "./types.js";
-import { fileArtifact, sourceError } from "./walk.js";
+} from "./format.js";
+import type { Artifact, SourceKind } from "../types.js";
+import { fileArtifact, sourceError } from "../walk.js";
 
 export interface CriuConfig {
   kind: "criu";
