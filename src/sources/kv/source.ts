@@ -30,10 +30,9 @@ import {
   Grow, pageArtifact, pagePlace, readKvIndex, readKvManifest, shuffle as shufflePlanes, unshuffle,
   type KvIndexFile,
 } from "./format.js";
-import {
-  FrameHasher, TextScanner, canonicalDtype, decompressToBuffer, dtypeBytes, hashFrameChunks, isAllZero, parsePageManifest,
-  sha256Hex, zstdCompressSync,
-} from "../pfimg/format.js";
+import { canonicalDtype, dtypeBytes, parsePageManifest, sha256Hex } from "../pfimg/format.js";
+import { FrameHasher, decompressToBuffer, hashFrameChunks, isAllZero, zstdCompressSync } from "../pfimg/frames.js";
+import { TextScanner } from "../pfimg/text-scanner.js";
 import { SPOOL_FILE, SPOOL_MAP, isSpoolName, type Artifact, type SourceKind, type VerifiedLookup } from "../types.js";
 import { readSpoolMap } from "../../restore/spool.js";
 import { sourceChanged, sourceError, walkFiles, type FileStats } from "../walk.js";

@@ -1,17 +1,9 @@
 /**
  * ProcessFork image-store format helpers shared by the `pfimg` and `kv` sources: digest
- * strings, store paths, manifest parsing (snake_case on disk, camelCase accepted), and
- * "decompress one zstd frame and hash what comes out" in two flavours — synchronous for
- * small frames (a few MiB at most, so the main thread is never held long) and through the
- * zstd worker stream for everything else.
+ * strings, store paths, dtypes, and manifest parsing (snake_case on disk, camelCase accepted).
  */
 import { createHash } from "node:crypto";
-import { once } from "node:events";
-import { createRequire } from "node:module";
-import { StringDecoder } from "node:string_decoder";
 import { MemsnapError } from "../../errors.js";
-import { createZstdDecompressor } from "../../pipeline/zstd.js";
-import type { Redactor } from "../../redact/types.js";
 
 // ------------------------------------------------------------------------------ digests and paths
 
@@ -109,7 +101,8 @@ export interface ImageManifest {
 
 function invalid(msg: string, path?: string): MemsnapError {
   return new MemsnapError("MEMSNAP_SOURCE_INVALID", msg, {
-    ...(path ? { path } : {}), hint: "the ProcessFork store is damaged or not one this memsnap reads; check it with ProcessFork's own tools",
+    ...(path ? { path } : {}),
+    hint: "the ProcessFork store is damaged or not one this memsnap reads; check it with ProcessFork's own tools",
   });
 }
 
@@ -130,9 +123,13 @@ export function parseImageManifest(bytes: Buffer, hex: string, path: string): Im
   const sv = field(doc, "schema_version");
   if (sv !== 1) throw invalid(`${where} has schema_version ${JSON.stringify(sv)}; this memsnap reads 1`, path);
   const mt = field(doc, "media_type");
-  if (mt !== undefined && mt !== IMAGE_MEDIA_TYPE) throw invalid(`${where} has media_type ${JSON.stringify(mt)}, expected ${IMAGE_MEDIA_TYPE}`, path);
+  if (mt !== undefined && mt !== IMAGE_MEDIA_TYPE) {
+    throw invalid(`${where} has media_type ${JSON.stringify(mt)}, expected ${IMAGE_MEDIA_TYPE}`, path);
+  }
   const refs: BlobRef[] = [];
-  const ref = (obj: unknown, key: string, what: string, category: BlobCategory, role: BlobRef["role"], optionalName = false): string | null => {
+  const ref = (
+    obj: unknown, key: string, what: string, category: BlobCategory, role: BlobRef["role"], optionalName = false,
+  ): string | null => {
     const v = field(obj, key);
     if (v === undefined || v === null || v === "") return null;
     const h = digestHex(v);
@@ -198,16 +195,21 @@ export function parsePageManifest(bytes: Buffer, where: string, path?: string): 
   }
   if (!isObject(doc)) throw invalid(`${where} is not a JSON object`, path);
   const layout = field(doc, "layout");
-  if (layout !== undefined && layout !== "paged-batchinvariant-v1") throw invalid(`${where} has layout ${JSON.stringify(layout)}, expected paged-batchinvariant-v1`, path);
+  if (layout !== undefined && layout !== "paged-batchinvariant-v1") {
+    throw invalid(`${where} has layout ${JSON.stringify(layout)}, expected paged-batchinvariant-v1`, path);
+  }
   const pageSizeTokens = posInt(field(doc, "page_size_tokens"));
   const nLayers = posInt(field(doc, "n_layers"));
   const nHeads = posInt(field(doc, "n_heads") ?? field(doc, "n_kv_heads"));
   const headDim = posInt(field(doc, "head_dim"));
   const dt = field(doc, "dtype");
   const dtype = typeof dt === "string" ? dt : null;
-  if (dtype !== null && dtypeBytes(dtype) === null) throw invalid(`${where} has an unknown dtype ${JSON.stringify(dtype)} (bf16, f16, f32, fp8e4m3)`, path);
+  if (dtype !== null && dtypeBytes(dtype) === null) {
+    throw invalid(`${where} has an unknown dtype ${JSON.stringify(dtype)} (bf16, f16, f32, fp8e4m3)`, path);
+  }
   const eb = dtypeBytes(dtype);
-  const pageBytes = pageSizeTokens && nLayers && nHeads && headDim && eb ? nLayers * pageSizeTokens * nHeads * headDim * eb : null;
+  const pageBytes = pageSizeTokens && nLayers && nHeads && headDim && eb
+    ? nLayers * pageSizeTokens * nHeads * headDim * eb : null;
   const rawPages = field(doc, "pages");
   if (!Array.isArray(rawPages)) throw invalid(`${where} has no pages array`, path);
   const pages = rawPages.map((p: unknown, i: number) => {
@@ -218,11 +220,15 @@ export function parsePageManifest(bytes: Buffer, where: string, path?: string): 
     if (!k || !v) throw invalid(`${where}: page ${ix} does not name its k and v blobs by sha256 digest`, path);
     return { ix, k, v };
   });
-  return { pageSizeTokens, nLayers, nHeads, headDim, dtype, pageBytes, pages, logicalSeqs: field(doc, "logical_seqs") ?? null };
+  return {
+    pageSizeTokens, nLayers, nHeads, headDim, dtype, pageBytes, pages, logicalSeqs: field(doc, "logical_seqs") ?? null,
+  };
 }
 
 /** Parse an `fs.tree.v1` blob: the file entries that reference blobs. */
-export function parseFsTree(bytes: Buffer, where: string, path?: string): { path: string; hex: string; size: number | null }[] {
+export function parseFsTree(
+  bytes: Buffer, where: string, path?: string,
+): { path: string; hex: string; size: number | null }[] {
   let doc: unknown;
   try {
     doc = JSON.parse(bytes.toString("utf8"));
@@ -239,274 +245,14 @@ export function parseFsTree(bytes: Buffer, where: string, path?: string): { path
     if (kind !== undefined && kind !== "file") continue;
     const hex = digestHex(b);
     const p = field(e, "path");
-    if (!hex) throw invalid(`${where}: entry ${JSON.stringify(p)} has blob ${JSON.stringify(b)}, not a sha256 digest`, path);
+    if (!hex) {
+      throw invalid(`${where}: entry ${JSON.stringify(p)} has blob ${JSON.stringify(b)}, not a sha256 digest`, path);
+    }
     const size = field(e, "size");
-    out.push({ path: typeof p === "string" ? p : "?", hex, size: Number.isSafeInteger(size) && (size as number) >= 0 ? (size as number) : null });
-  }
-  return out;
-}
-
-// ------------------------------------------------------------------------------ zstd frames
-
-interface ZstdBinding {
-  DCtx: new () => { decompress(dst: Uint8Array, src: Uint8Array): number };
-  getFrameContentSize(frame: Uint8Array): number | null;
-  compress(dst: Uint8Array, src: Uint8Array, level: number): number;
-  compressBound(n: number): number;
-}
-let bindingCache: ZstdBinding | undefined;
-/** zstd-napi's native binding (small synchronous frames only). */
-export function zstdBinding(): ZstdBinding {
-  bindingCache ??= createRequire(import.meta.url)("zstd-napi/binding") as ZstdBinding;
-  return bindingCache;
-}
-
-/** Compress a small buffer synchronously (sampling, tests). */
-export function zstdCompressSync(src: Uint8Array, level: number): Buffer {
-  const b = zstdBinding();
-  const dst = Buffer.allocUnsafe(b.compressBound(src.length));
-  const n = b.compress(dst, src, level);
-  return dst.subarray(0, n);
-}
-
-/** Frames at most this big (compressed) with a declared content size at most {@link SYNC_MAX_CONTENT} decompress synchronously. */
-export const SYNC_MAX_COMPRESSED = 1024 * 1024;
-export const SYNC_MAX_CONTENT = 8 * 1024 * 1024;
-
-/** The decompressed bytes of a small single frame, or null when it is not small or the quick path fails (then use the worker). */
-export function tryDecompressSmall(frame: Buffer, maxOutput?: number): Buffer | null {
-  if (frame.length > SYNC_MAX_COMPRESSED) return null;
-  const b = zstdBinding();
-  let n: number | null;
-  try {
-    n = b.getFrameContentSize(frame);
-  } catch {
-    return null;
-  }
-  if (n === null || n > SYNC_MAX_CONTENT || (maxOutput !== undefined && n > maxOutput)) return null;
-  try {
-    const out = Buffer.allocUnsafe(n);
-    const got = new b.DCtx().decompress(out, frame);
-    return got === n ? out : null;
-  } catch {
-    return null;
-  }
-}
-
-/** What a verified frame decompressed to. */
-export interface FrameDigest {
-  hex: string;
-  size: number;
-  /** True when every decompressed byte is zero. */
-  zero: boolean;
-}
-
-function allZero(b: Uint8Array): boolean {
-  // Compare 4 bytes at a time where aligned.
-  const n4 = b.byteOffset % 4 === 0 ? b.length >>> 2 : 0;
-  if (n4 > 0) {
-    const w = new Uint32Array(b.buffer, b.byteOffset, n4);
-    for (let i = 0; i < n4; i++) if (w[i] !== 0) return false;
-  }
-  for (let i = n4 << 2; i < b.length; i++) if (b[i] !== 0) return false;
-  return true;
-}
-export { allZero as isAllZero };
-
-/**
- * Decompress one zstd stream fed chunk by chunk and hash what comes out. Frames that end
- * up small are decompressed synchronously; bigger ones go through the zstd worker (fed as
- * they arrive, with back-pressure), so the main thread is never held on big data.
- * `onData` sees the decompressed bytes (text scanning). Errors (corrupt or truncated zstd,
- * more than `maxOutput` bytes) reject `push`/`end` with MEMSNAP_PAYLOAD_CORRUPT.
- */
-export class FrameHasher {
-  readonly #max: number | undefined;
-  readonly #onData: ((b: Buffer) => void | Promise<void>) | undefined;
-  #buffered: Buffer[] = [];
-  #bufferedLen = 0;
-  #hash = createHash("sha256");
-  #size = 0;
-  #zero = true;
-  #dec: ReturnType<typeof createZstdDecompressor> | null = null;
-  #consumed: Promise<void> | null = null;
-  #err: unknown = null;
-
-  constructor(opts: { maxOutput?: number; onData?: (b: Buffer) => void | Promise<void> } = {}) {
-    this.#max = opts.maxOutput;
-    this.#onData = opts.onData;
-  }
-
-  async #take(c: Buffer): Promise<void> {
-    this.#hash.update(c);
-    this.#size += c.length;
-    if (this.#zero && !allZero(c)) this.#zero = false;
-    if (this.#onData) await this.#onData(c);
-  }
-
-  #startWorker(): void {
-    const dec = createZstdDecompressor(this.#max !== undefined ? { maxOutputBytes: this.#max } : {});
-    this.#dec = dec;
-    this.#consumed = (async () => {
-      for await (const c of dec) await this.#take(c as Buffer);
-    })().catch((e: unknown) => {
-      this.#err = e;
-      dec.destroy();
+    out.push({
+      path: typeof p === "string" ? p : "?", hex,
+      size: Number.isSafeInteger(size) && (size as number) >= 0 ? (size as number) : null,
     });
   }
-
-  async #write(c: Buffer): Promise<void> {
-    const dec = this.#dec!;
-    if (this.#err) throw this.#err;
-    if (!dec.write(c)) await Promise.race([once(dec, "drain").catch(() => undefined), this.#consumed]);
-    if (this.#err) throw this.#err;
-  }
-
-  async push(c: Buffer): Promise<void> {
-    if (this.#dec === null) {
-      this.#buffered.push(c);
-      this.#bufferedLen += c.length;
-      if (this.#bufferedLen <= SYNC_MAX_COMPRESSED) return;
-      this.#startWorker();
-      const held = this.#buffered;
-      this.#buffered = [];
-      for (const b of held) await this.#write(b);
-      return;
-    }
-    await this.#write(c);
-  }
-
-  async end(): Promise<FrameDigest> {
-    if (this.#dec === null) {
-      const frame = this.#buffered.length === 1 ? this.#buffered[0]! : Buffer.concat(this.#buffered);
-      const small = tryDecompressSmall(frame, this.#max);
-      if (small) {
-        await this.#take(small);
-        return this.#digest();
-      }
-      this.#startWorker();
-      this.#buffered = [];
-      if (frame.length) await this.#write(frame);
-    }
-    const dec = this.#dec!;
-    dec.end();
-    await this.#consumed;
-    if (this.#err) throw this.#err;
-    return this.#digest();
-  }
-
-  #digest(): FrameDigest {
-    return { hex: this.#hash.digest("hex"), size: this.#size, zero: this.#zero };
-  }
-
-  /** Stop early (the artifact's consumer went away). */
-  abort(): void {
-    this.#dec?.destroy();
-  }
-}
-
-/** Decompress and hash a whole zstd stream given as chunks. */
-export async function hashFrameChunks(chunks: AsyncIterable<Buffer>, opts: { maxOutput?: number; onData?: (b: Buffer) => void | Promise<void> } = {}): Promise<FrameDigest> {
-  const h = new FrameHasher(opts);
-  try {
-    for await (const c of chunks) await h.push(c);
-    return await h.end();
-  } catch (e) {
-    h.abort();
-    throw e;
-  }
-}
-
-/** Decompress a zstd stream into one buffer (structural JSON), capped at `maxOutput` bytes. */
-export async function decompressToBuffer(frame: Buffer, maxOutput: number): Promise<{ bytes: Buffer; hex: string }> {
-  const small = tryDecompressSmall(frame, maxOutput);
-  if (small) return { bytes: small, hex: sha256Hex(small) };
-  const parts: Buffer[] = [];
-  const d = await hashFrameChunks((async function* () { yield frame; })(), { maxOutput, onData: (b) => { parts.push(b); } });
-  return { bytes: Buffer.concat(parts), hex: d.hex };
-}
-
-// ------------------------------------------------------------------------------ scanning text
-
-/**
- * Feeds decompressed text to the redactor in pieces cut at line ends (scan only: the
- * content is content-addressed and is never rewritten). Binary-looking content (a NUL byte
- * in its first 8 KiB) is skipped when `sniff` is set.
- */
-/**
- * Where to cut a long text that has no newline (a JSON document on one line): just after its
- * last comma, else its last space or tab, in the final 64 KiB, so that a token or a `"key":
- * "value"` pair is not split between two scans; the whole text when there is none.
- */
-function softCut(text: string): number {
-  const stop = Math.max(0, text.length - 64 * 1024);
-  let space = -1;
-  for (let i = text.length - 1; i >= stop; i--) {
-    const c = text.charCodeAt(i);
-    if (c === 44) return i + 1; // ,
-    if (space < 0 && (c === 32 || c === 9)) space = i + 1;
-  }
-  return space > 0 ? space : text.length;
-}
-
-export class TextScanner {
-  readonly #redactor: Redactor;
-  readonly #artifact: string;
-  readonly #sniff: boolean;
-  readonly #dec = new StringDecoder("utf8");
-  #pending = "";
-  /** Index in #pending just past its last newline, or -1: found in each decoded piece as it arrives. */
-  #cut = -1;
-  #seen = 0;
-  #off = false;
-
-  constructor(redactor: Redactor, artifact: string, sniff = false) {
-    this.#redactor = redactor;
-    this.#artifact = artifact;
-    this.#sniff = sniff;
-  }
-
-  async #scan(text: string): Promise<void> {
-    if (text && this.#redactor.candidate(text)) await this.#redactor.scanText(text, this.#artifact);
-  }
-
-  async push(b: Buffer): Promise<void> {
-    if (this.#off) return;
-    if (this.#sniff && this.#seen < 8192) {
-      const head = b.subarray(0, 8192 - this.#seen);
-      if (head.includes(0)) {
-        this.#off = true;
-        this.#pending = "";
-        return;
-      }
-    }
-    this.#seen += b.length;
-    // Only the new piece is searched for a newline: lastIndexOf on the whole pending text
-    // flattened it on every chunk, and a text without newlines (a dump manifest written as one
-    // line) then copied 1 + 2 + … + 8 MiB of string per 8 MiB scanned (measured: the scale-10
-    // KV manifest, 16 MiB on one line, grew the heap by ~50 MiB; peak RSS 197 MiB).
-    const piece = this.#dec.write(b);
-    const nl = piece.lastIndexOf("\n");
-    if (nl >= 0) this.#cut = this.#pending.length + nl + 1;
-    this.#pending += piece;
-    if (this.#pending.length < 1 << 20) return;
-    let cut = this.#cut;
-    if (cut < 0) {
-      if (this.#pending.length < 8 << 20) return;
-      cut = softCut(this.#pending);
-    }
-    const text = this.#pending.slice(0, cut);
-    this.#pending = this.#pending.slice(cut);
-    this.#cut = -1; // the cut was at the last newline (or took everything)
-    await this.#scan(text);
-  }
-
-  async end(): Promise<void> {
-    if (this.#off) return;
-    this.#pending += this.#dec.end();
-    const rest = this.#pending;
-    this.#pending = "";
-    this.#cut = -1;
-    await this.#scan(rest);
-  }
+  return out;
 }
