@@ -17,7 +17,8 @@ import { createReadStream, openSync } from "node:fs";
 import { join } from "node:path";
 import { destinationError } from "../../errors.js";
 import { BatchedWriter } from "../../util/batched-writer.js";
-import { KV_INDEX_FORMAT, type KvContent, type KvIndexFile } from "./format.js";
+import { KV_INDEX_FORMAT } from "./format.js";
+import type { KvContent, KvIndexFile } from "./index-format.js";
 
 /** Serialised entries are written out in batches of about this many characters. */
 const BATCH = 64 * 1024;
