@@ -38,7 +38,9 @@ function unchanged(abs: string, before: FileStats): () => Promise<void> {
   };
 }
 
-function verbatimArtifact(v: VerbatimFile, layer: string, redactor: Redactor | undefined, contents: KvIndexWriter): Artifact {
+function verbatimArtifact(
+  v: VerbatimFile, layer: string, redactor: Redactor | undefined, contents: KvIndexWriter,
+): Artifact {
   const path = `files/${v.rel}`;
   return {
     path,
@@ -68,14 +70,24 @@ function verbatimArtifact(v: VerbatimFile, layer: string, redactor: Redactor | u
             d = await hasher.end();
           } catch (e) {
             if (isMemsnapError(e) && /exceeds the declared size/.test(e.message)) {
-              throw kvInvalid(`kv: blob sha256:${v.zst.hex} (${v.zst.what}) decompresses to more than the ${v.zst.expectRaw} bytes of a page`, v.abs);
+              throw kvInvalid(`kv: blob sha256:${v.zst.hex} (${v.zst.what}) decompresses to more than ` +
+                `the ${v.zst.expectRaw} bytes of a page`, v.abs);
             }
-            throw digestMismatch(`kv: blob sha256:${v.zst.hex} (${v.zst.what}) is not a valid zstd frame: ${(e as Error).message}`, v.abs);
+            throw digestMismatch(
+              `kv: blob sha256:${v.zst.hex} (${v.zst.what}) is not a valid zstd frame: ${(e as Error).message}`, v.abs);
           }
           ended = true;
-          if (d.hex !== v.zst.hex) throw digestMismatch(`kv: blob sha256:${v.zst.hex} (${v.zst.what}) decompresses to content with digest sha256:${d.hex}`, v.abs);
-          if (v.zst.expectRaw !== null && d.size !== v.zst.expectRaw) throw kvInvalid(`kv: blob sha256:${v.zst.hex} (${v.zst.what}) holds ${sizeWord(d.size)}, a page is ${v.zst.expectRaw}`, v.abs);
-          if (contents.frame(d.hex) === undefined) contents.addFrame({ sha256: d.hex, bytes: d.size, zero: d.zero, artifact: path, encoding: "zstd" });
+          if (d.hex !== v.zst.hex) {
+            throw digestMismatch(`kv: blob sha256:${v.zst.hex} (${v.zst.what}) ` +
+              `decompresses to content with digest sha256:${d.hex}`, v.abs);
+          }
+          if (v.zst.expectRaw !== null && d.size !== v.zst.expectRaw) {
+            throw kvInvalid(`kv: blob sha256:${v.zst.hex} (${v.zst.what}) holds ${sizeWord(d.size)}, ` +
+              `a page is ${v.zst.expectRaw}`, v.abs);
+          }
+          if (contents.frame(d.hex) === undefined) {
+            contents.addFrame({ sha256: d.hex, bytes: d.size, zero: d.zero, artifact: path, encoding: "zstd" });
+          }
         }
       } catch (e) {
         if (isMemsnapError(e)) throw e;
@@ -97,16 +109,23 @@ interface Counters {
  * The artifacts of one data file's tiles, from its blocks as `blocks` reads them (ahead, and
  * with the native addon hashed off the main thread): an artifact per new distinct non-zero page.
  */
-async function* dataArtifacts(f: DataFile, fileNo: number, plan: KvPlan, shuffle: ShuffleDecision, contents: KvIndexWriter, tiles: number[], counters: Counters,
-  blocks: AsyncIterator<ReadBlock>, at: number): AsyncGenerator<Artifact> {
+async function* dataArtifacts(
+  f: DataFile, fileNo: number, plan: KvPlan, shuffle: ShuffleDecision, contents: KvIndexWriter, tiles: number[],
+  counters: Counters, blocks: AsyncIterator<ReadBlock>, at: number,
+): AsyncGenerator<Artifact> {
   let i = 0;
   while (i < f.tiles.length) {
     const next = await blocks.next();
-    if (next.done || next.value.file !== at || next.value.first !== i) throw new MemsnapError("MEMSNAP_INTERNAL", `kv: the block reader lost its place in ${f.abs}`);
+    if (next.done || next.value.file !== at || next.value.first !== i) {
+      throw new MemsnapError("MEMSNAP_INTERNAL", `kv: the block reader lost its place in ${f.abs}`);
+    }
     const b = next.value;
     let off = 0;
     for (let k = 0; i < b.end; i++, k++) {
-      const t = { offset: f.tiles.offset(i), len: f.tiles.len(i), label: f.tiles.label(i), sha: f.tiles.sha(i), zero: f.tiles.zero(i) };
+      const t = {
+        offset: f.tiles.offset(i), len: f.tiles.len(i), label: f.tiles.label(i), sha: f.tiles.sha(i),
+        zero: f.tiles.zero(i),
+      };
       const page = b.bytes.subarray(off, off + t.len);
       off += t.len;
       // The dedup key is the binary digest (a 32-character latin1 string); hex only where needed.
@@ -117,13 +136,18 @@ async function* dataArtifacts(f: DataFile, fileNo: number, plan: KvPlan, shuffle
         hex = zeroPageSha(t.len);
         key = KvIndexWriter.key(hex);
       } else {
-        key = b.digests ? b.digests.toString("latin1", 32 * k, 32 * k + 32) : createHash("sha256").update(page).digest("binary");
+        key = b.digests ? b.digests.toString("latin1", 32 * k, 32 * k + 32)
+          : createHash("sha256").update(page).digest("binary");
       }
       const hexOf = (): string => (hex ??= Buffer.from(key, "latin1").toString("hex"));
       if (t.sha !== null && t.sha !== hexOf()) {
-        throw digestMismatch(`kv: page ${t.label} (${f.rel} at offset ${t.offset}) hashes to sha256:${hexOf()}, but the dump's manifest says sha256:${t.sha}`, f.abs);
+        throw digestMismatch(`kv: page ${t.label} (${f.rel} at offset ${t.offset}) hashes to sha256:${hexOf()}, ` +
+          `but the dump's manifest says sha256:${t.sha}`, f.abs);
       }
-      if (t.zero && !zero) throw digestMismatch(`kv: page ${t.label} (${f.rel} at offset ${t.offset}) is marked zero but holds non-zero bytes`, f.abs);
+      if (t.zero && !zero) {
+        throw digestMismatch(
+          `kv: page ${t.label} (${f.rel} at offset ${t.offset}) is marked zero but holds non-zero bytes`, f.abs);
+      }
       let idx = contents.raw(key);
       if (idx === undefined) {
         const sha = hexOf();
@@ -168,7 +192,9 @@ function zeroPageSha(len: number): string {
 export async function captureKv(cfg: KvConfig, ctx: CaptureContext): Promise<LayerCapture> {
   const pathAbs = resolve(ctx.baseDir, cfg.path);
   const { format, target } = await detect(pathAbs, cfg);
-  if (format === "lmcache" && !cfg.shape) throw kvInvalid(`kv: LMCache chunks at ${pathAbs} need the shape in the config`, pathAbs);
+  if (format === "lmcache" && !cfg.shape) {
+    throw kvInvalid(`kv: LMCache chunks at ${pathAbs} need the shape in the config`, pathAbs);
+  }
   const plan = format === "memsnap" ? await planMemsnap(target, cfg)
     : format === "pfimg-paged" ? await planPfimgPaged(target, cfg)
       : await planLmcache(target, cfg);
@@ -182,7 +208,8 @@ export async function captureKv(cfg: KvConfig, ctx: CaptureContext): Promise<Lay
     path: rel, bytes: st.size, mode: st.mode & 0o7777, mtime: st.mtime.toISOString(),
   });
   return {
-    estimatedBytes: plan.data.reduce((n, f) => n + f.stats.size, 0) + plan.verbatim.reduce((n, v) => n + v.stats.size, 0),
+    estimatedBytes: plan.data.reduce((n, f) => n + f.stats.size, 0) +
+      plan.verbatim.reduce((n, v) => n + v.stats.size, 0),
     artifacts: (async function* (): AsyncGenerator<Artifact> {
       for (const v of plan.verbatim) {
         files.push({ ...fileEntry(v.rel, v.stats), artifact: `files/${v.rel}` });
@@ -200,10 +227,15 @@ export async function captureKv(cfg: KvConfig, ctx: CaptureContext): Promise<Lay
         await blocks.return(undefined);
       }
       for (const [label, hex] of plan.framePages) contents.addLabel(label, contents.frame(hex)!);
-      for (const [label, hex] of (plan.meta.extra_labels as [string, string][] | undefined) ?? []) contents.addLabel(label, contents.raw(KvIndexWriter.key(hex))!);
+      for (const [label, hex] of (plan.meta.extra_labels as [string, string][] | undefined) ?? []) {
+        contents.addLabel(label, contents.raw(KvIndexWriter.key(hex))!);
+      }
       delete plan.meta.extra_labels;
       const doc = contents.finish(
-        { source_format: plan.format, dtype: plan.dtype, page_bytes: plan.pageBytes, shuffle: { applied: shuffle.applied, elem_bytes: plan.elem } },
+        {
+          source_format: plan.format, dtype: plan.dtype, page_bytes: plan.pageBytes,
+          shuffle: { applied: shuffle.applied, elem_bytes: plan.elem },
+        },
         files, (hex) => { indexHex = hex; },
       );
       yield { path: KV_INDEX, kind: "json", size: doc.size, mode: 0o644, mtime: new Date(), open: doc.open };

@@ -26,15 +26,22 @@ const SHAPE_KEYS = ["n_layers", "n_kv_heads", "head_dim", "dtype", "block_size",
 
 function parseShape(raw: unknown, where: string): KvShape {
   const w = `${where}: shape`;
-  if (!isPlainObject(raw)) throw configInvalid(where, '"shape" must be an object {n_layers, n_kv_heads, head_dim, dtype, block_size, tokens_per_chunk}');
+  if (!isPlainObject(raw)) {
+    throw configInvalid(where,
+      '"shape" must be an object {n_layers, n_kv_heads, head_dim, dtype, block_size, tokens_per_chunk}');
+  }
   rejectUnknownKeys(raw, SHAPE_KEYS, w);
   const int = (k: string, def?: number): number => {
     const v = raw[k] ?? def;
-    if (!Number.isSafeInteger(v) || (v as number) < 1 || (v as number) > 1 << 20) throw configInvalid(w, `"${k}" must be an integer from 1 to ${1 << 20}`);
+    if (!Number.isSafeInteger(v) || (v as number) < 1 || (v as number) > 1 << 20) {
+      throw configInvalid(w, `"${k}" must be an integer from 1 to ${1 << 20}`);
+    }
     return v as number;
   };
   const dtype = reqString(raw, "dtype", w);
-  if (dtypeBytes(dtype) === null) throw configInvalid(w, `"dtype" must be bf16, f16, f32 or fp8e4m3, got ${JSON.stringify(dtype)}`);
+  if (dtypeBytes(dtype) === null) {
+    throw configInvalid(w, `"dtype" must be bf16, f16, f32 or fp8e4m3, got ${JSON.stringify(dtype)}`);
+  }
   return {
     n_layers: int("n_layers"), n_kv_heads: int("n_kv_heads"), head_dim: int("head_dim"), dtype,
     block_size: int("block_size", 16), tokens_per_chunk: int("tokens_per_chunk", 256),
@@ -48,9 +55,14 @@ export function parseKvConfig(raw: Record<string, unknown>, where: string): KvCo
     throw configInvalid(where, `"format" must be "memsnap", "pfimg-paged" or "lmcache", got ${JSON.stringify(format)}`);
   }
   const shuffle = optString(raw, "shuffle", where);
-  if (shuffle !== undefined && !["auto", "on", "off"].includes(shuffle)) throw configInvalid(where, `"shuffle" must be "auto", "on" or "off", got ${JSON.stringify(shuffle)}`);
+  if (shuffle !== undefined && !["auto", "on", "off"].includes(shuffle)) {
+    throw configInvalid(where, `"shuffle" must be "auto", "on" or "off", got ${JSON.stringify(shuffle)}`);
+  }
   const shape = raw.shape === undefined ? undefined : parseShape(raw.shape, where);
-  if (format === "lmcache" && !shape) throw configInvalid(where, '"format": "lmcache" needs "shape" {n_layers, n_kv_heads, head_dim, dtype, block_size, tokens_per_chunk} (chunk files are headerless)');
+  if (format === "lmcache" && !shape) {
+    throw configInvalid(where, '"format": "lmcache" needs "shape" ' +
+      "{n_layers, n_kv_heads, head_dim, dtype, block_size, tokens_per_chunk} (chunk files are headerless)");
+  }
   return {
     kind: "kv",
     name: reqString(raw, "name", where),

@@ -30,21 +30,30 @@ export async function detect(pathAbs: string, cfg: KvConfig): Promise<{ format: 
   if (st.isDirectory()) {
     const want = cfg.format;
     if (want === "lmcache") return { format: "lmcache", target: pathAbs };
-    if (want === "memsnap" || (!want && (await stat(join(pathAbs, KV_MANIFEST)).then(() => true, () => false)))) return { format: "memsnap", target: pathAbs };
+    if (want === "memsnap" || (!want && (await stat(join(pathAbs, KV_MANIFEST)).then(() => true, () => false)))) {
+      return { format: "memsnap", target: pathAbs };
+    }
     for (const n of ["cache-manifest.json", "manifest.json"]) {
       const abs = join(pathAbs, n);
       if (want === "pfimg-paged" || !want) {
         if (await looksPaged(abs)) return { format: "pfimg-paged", target: abs };
       }
     }
-    if (want === "pfimg-paged") throw kvInvalid(`kv: ${pathAbs} holds no paged-batchinvariant-v1 page manifest (cache-manifest.json or manifest.json); point path at the manifest file`, pathAbs);
+    if (want === "pfimg-paged") {
+      throw kvInvalid(`kv: ${pathAbs} holds no paged-batchinvariant-v1 page manifest ` +
+        "(cache-manifest.json or manifest.json); point path at the manifest file", pathAbs);
+    }
     if (cfg.shape) return { format: "lmcache", target: pathAbs };
-    throw kvInvalid(`kv: cannot tell what ${pathAbs} holds: no ${KV_MANIFEST}, no page manifest, and no shape for LMCache chunks`, pathAbs);
+    throw kvInvalid(`kv: cannot tell what ${pathAbs} holds: no ${KV_MANIFEST}, no page manifest, ` +
+      "and no shape for LMCache chunks", pathAbs);
   }
-  if (cfg.format === "memsnap" || (!cfg.format && basename(pathAbs) === KV_MANIFEST)) return { format: "memsnap", target: dirname(pathAbs) };
+  if (cfg.format === "memsnap" || (!cfg.format && basename(pathAbs) === KV_MANIFEST)) {
+    return { format: "memsnap", target: dirname(pathAbs) };
+  }
   if (cfg.format === "pfimg-paged") return { format: "pfimg-paged", target: pathAbs };
   if (cfg.format === "lmcache") return { format: "lmcache", target: pathAbs };
   if (await looksPaged(pathAbs)) return { format: "pfimg-paged", target: pathAbs };
   if (cfg.shape) return { format: "lmcache", target: pathAbs };
-  throw kvInvalid(`kv: cannot tell what ${pathAbs} holds: not ${KV_MANIFEST}, not a page manifest, and no shape for LMCache chunks`, pathAbs);
+  throw kvInvalid(`kv: cannot tell what ${pathAbs} holds: not ${KV_MANIFEST}, not a page manifest, ` +
+    "and no shape for LMCache chunks", pathAbs);
 }

@@ -16,7 +16,8 @@ export const KV_MANIFEST_MAX_BYTES = 512 * 1024 * 1024;
 
 function invalid(msg: string, path?: string): MemsnapError {
   return new MemsnapError("MEMSNAP_SOURCE_INVALID", msg, {
-    ...(path ? { path } : {}), hint: "fix the KV dump (see docs/FORMAT.md \"KV dump format\") or the kv source's format/shape in memsnap.json",
+    ...(path ? { path } : {}),
+    hint: "fix the KV dump (see docs/FORMAT.md \"KV dump format\") or the kv source's format/shape in memsnap.json",
   });
 }
 export { invalid as kvInvalid };
@@ -102,7 +103,10 @@ export const pageArtifact = (hex: string, elem: number, at?: PagePlace): string 
   elem > 1 ? `pages/${hex}.s${elem}` : at ? `pages/${hex}@${at.file}.${at.offset}` : `pages/${hex}`;
 /** Groups: 1 the SHA-256, 2 the shuffle element size, 3 and 4 the place's file and offset. */
 export const PAGE_ARTIFACT_RE = /^pages\/([0-9a-f]{64})(?:\.s([24])|@(0|[1-9][0-9]{0,8})\.(0|[1-9][0-9]{0,14}))?$/;
-/** A placed page may not end past this offset in its file (a sparse 1 TiB file is the most a hostile bundle can ask for). */
+/**
+ * A placed page may not end past this offset in its file (a sparse 1 TiB file is the most a hostile bundle can
+ * ask for).
+ */
 export const PLACE_MAX_END = 2 ** 40;
 /** The data files of a kv layer (files with tiles) hold at most this many bytes in all, as a place's bound. */
 export const KV_MAX_RESTORE_BYTES = PLACE_MAX_END;

@@ -9,7 +9,10 @@ export interface KvContent {
   sha256: string;
   bytes: number;
   zero: boolean;
-  /** Where its bytes are in the layer: `pages/…` (raw or shuffled), `files/…` (a verbatim zstd blob), or null (zero). */
+  /**
+   * Where its bytes are in the layer: `pages/…` (raw or shuffled), `files/…` (a verbatim zstd blob), or null
+   * (zero).
+   */
   artifact: string | null;
   /** `zstd`: the artifact is a verbatim zstd frame (a ProcessFork blob) of the content. */
   encoding?: "zstd";
@@ -64,32 +67,51 @@ export class KvIndexUnsafe extends Error {
 
 /** Check one `contents` entry of a kv-index (throws a plain Error, or KvIndexUnsafe for its size). */
 function checkContent(c: unknown): KvContent {
-  if (!isObject(c) || typeof c.sha256 !== "string" || !/^[0-9a-f]{64}$/.test(c.sha256) || !Number.isSafeInteger(c.bytes) || typeof c.zero !== "boolean") {
+  if (
+    !isObject(c) || typeof c.sha256 !== "string" || !/^[0-9a-f]{64}$/.test(c.sha256) ||
+    !Number.isSafeInteger(c.bytes) || typeof c.zero !== "boolean"
+  ) {
     throw new Error("kv-index has a malformed content entry");
   }
   const bytes = c.bytes as number;
   // A page is at most KV_MAX_PAGE_BYTES (capture refuses bigger ones); a ProcessFork blob kept
   // as its zstd frame (encoding zstd) is never written from its content entry.
   if (bytes < 0 || (c.encoding !== "zstd" && bytes > KV_MAX_PAGE_BYTES)) {
-    throw new KvIndexUnsafe(`kv-index content ${c.sha256} has ${bytes} bytes (a page has 0 to ${KV_MAX_PAGE_BYTES})`, "MEMSNAP_UNSAFE_BUNDLE");
+    throw new KvIndexUnsafe(`kv-index content ${c.sha256} has ${bytes} bytes (a page has 0 to ${KV_MAX_PAGE_BYTES})`,
+      "MEMSNAP_UNSAFE_BUNDLE");
   }
-  if (c.artifact !== null && !(typeof c.artifact === "string" && safeRel(c.artifact))) throw new Error(`kv-index content artifact ${JSON.stringify(c.artifact)} is not a safe path`);
+  if (c.artifact !== null && !(typeof c.artifact === "string" && safeRel(c.artifact))) {
+    throw new Error(`kv-index content artifact ${JSON.stringify(c.artifact)} is not a safe path`);
+  }
   if (c.artifact === null && !c.zero) throw new Error(`kv-index content ${c.sha256} has no bytes and is not zero`);
   return c as unknown as KvContent;
 }
 
-/** Check one `files` entry of a kv-index (tile indexes are range-checked by the caller); throws a plain Error or KvIndexUnsafe. */
+/**
+ * Check one `files` entry of a kv-index (tile indexes are range-checked by the caller); throws a plain Error or
+ * KvIndexUnsafe.
+ */
 function checkFile(f: unknown): KvIndexFile {
   if (isObject(f) && typeof f.path === "string" && !safeRel(f.path)) {
-    throw new KvIndexUnsafe(`kv-index file path ${JSON.stringify(f.path)} is not a safe relative path`, "MEMSNAP_UNSAFE_PATH");
+    throw new KvIndexUnsafe(`kv-index file path ${JSON.stringify(f.path)} is not a safe relative path`,
+      "MEMSNAP_UNSAFE_PATH");
   }
-  if (!isObject(f) || !safeRel(f.path) || !Number.isSafeInteger(f.bytes) || !Number.isSafeInteger(f.mode) || typeof f.mtime !== "string") {
+  if (
+    !isObject(f) || !safeRel(f.path) || !Number.isSafeInteger(f.bytes) || !Number.isSafeInteger(f.mode) ||
+    typeof f.mtime !== "string"
+  ) {
     throw new Error("kv-index has a malformed file entry");
   }
-  if ((f.bytes as number) < 0) throw new KvIndexUnsafe(`kv-index file ${f.path} has ${f.bytes as number} bytes`, "MEMSNAP_UNSAFE_BUNDLE");
-  if (f.path.split("/")[0]!.startsWith(KV_WORK_PREFIX)) throw new KvIndexUnsafe(`kv-index names a reserved path ${f.path}`, "MEMSNAP_UNSAFE_PATH");
+  if ((f.bytes as number) < 0) {
+    throw new KvIndexUnsafe(`kv-index file ${f.path} has ${f.bytes as number} bytes`, "MEMSNAP_UNSAFE_BUNDLE");
+  }
+  if (f.path.split("/")[0]!.startsWith(KV_WORK_PREFIX)) {
+    throw new KvIndexUnsafe(`kv-index names a reserved path ${f.path}`, "MEMSNAP_UNSAFE_PATH");
+  }
   if (f.tiles !== undefined) {
-    if (!Array.isArray(f.tiles) || f.tiles.some((t) => !Number.isSafeInteger(t) || (t as number) < 0)) throw new Error(`kv-index file ${f.path} has bad tiles`);
+    if (!Array.isArray(f.tiles) || f.tiles.some((t) => !Number.isSafeInteger(t) || (t as number) < 0)) {
+      throw new Error(`kv-index file ${f.path} has bad tiles`);
+    }
   } else if (!(typeof f.artifact === "string" && safeRel(f.artifact))) {
     throw new Error(`kv-index file ${f.path} has neither tiles nor an artifact`);
   }
@@ -114,7 +136,8 @@ function checkZeroDigests(lens: Float64Array, shas: Buffer, n: number): void {
       fed += k;
     }
     if (h.copy().digest().compare(shas, 32 * i, 32 * i + 32) !== 0) {
-      throw new Error(`kv-index content ${shas.toString("hex", 32 * i, 32 * i + 32)} is marked zero, but ${len} zero bytes hash to sha256:${h.copy().digest("hex")}`);
+      throw new Error(`kv-index content ${shas.toString("hex", 32 * i, 32 * i + 32)} is marked zero, ` +
+        `but ${len} zero bytes hash to sha256:${h.copy().digest("hex")}`);
     }
   }
 }
@@ -157,7 +180,10 @@ export async function readKvIndex(
       if (cFrame.a[t] === 1) throw new Error(`kv-index file ${f.path} has a tile that is not a page`);
       n += cBytes.a[t]!;
     }
-    if (n !== f.bytes) throw new KvIndexUnsafe(`kv-index file ${f.path} has ${f.bytes} bytes, its tiles hold ${n}`, "MEMSNAP_UNSAFE_BUNDLE");
+    if (n !== f.bytes) {
+      throw new KvIndexUnsafe(`kv-index file ${f.path} has ${f.bytes} bytes, its tiles hold ${n}`,
+        "MEMSNAP_UNSAFE_BUNDLE");
+    }
   };
   let doc: Record<string, unknown>;
   try {
@@ -192,7 +218,8 @@ export async function readKvIndex(
             }
             dataBytes += f.bytes;
             if (f.bytes > KV_MAX_RESTORE_BYTES || dataBytes > KV_MAX_RESTORE_BYTES) {
-              throw new KvIndexUnsafe(`kv-index data files hold more than ${KV_MAX_RESTORE_BYTES} bytes (at ${f.path})`, "MEMSNAP_UNSAFE_BUNDLE");
+              throw new KvIndexUnsafe(`kv-index data files hold more than ${KV_MAX_RESTORE_BYTES} bytes (at ${f.path})`,
+                "MEMSNAP_UNSAFE_BUNDLE");
             }
             if (maxTile < cBytes.length) sumTiles(f);
             else later.push(f);
@@ -207,13 +234,17 @@ export async function readKvIndex(
   }
   if (doc.format !== KV_INDEX_FORMAT) throw new Error(`not a ${KV_INDEX_FORMAT} document`);
   if (doc.version !== 1) throw new Error(`kv-index version ${JSON.stringify(doc.version)}; this memsnap reads 1`);
-  if (typeof doc.contents !== "number" || typeof doc.files !== "number" || typeof doc.pages !== "number") throw new Error("kv-index needs contents, pages and files arrays");
+  if (typeof doc.contents !== "number" || typeof doc.files !== "number" || typeof doc.pages !== "number") {
+    throw new Error("kv-index needs contents, pages and files arrays");
+  }
   if (maxTile >= doc.contents) throw new Error(`kv-index file ${String(badTiles)} has bad tiles`);
   for (const f of later) sumTiles(f);
   // A file under another file (`a` and `a/b`): the rebuild would need `a` as a directory too.
   for (const p of paths) {
     for (let k = p.indexOf("/"); k !== -1; k = p.indexOf("/", k + 1)) {
-      if (paths.has(p.slice(0, k))) throw new KvIndexUnsafe(`kv-index names ${p} under the file ${p.slice(0, k)}`, "MEMSNAP_UNSAFE_PATH");
+      if (paths.has(p.slice(0, k))) {
+        throw new KvIndexUnsafe(`kv-index names ${p} under the file ${p.slice(0, k)}`, "MEMSNAP_UNSAFE_PATH");
+      }
     }
   }
   checkZeroDigests(zLens.a, zShas, zLens.length);
@@ -226,5 +257,8 @@ export async function parseKvIndex(bytes: Buffer): Promise<KvIndex> {
   const files: KvIndexFile[] = [];
   const head = await readKvIndex([bytes], { content: (c) => { contents.push(c); }, file: (f) => { files.push(f); } });
   const pages = (JSON.parse(bytes.toString("utf8")) as { pages: [string, number][] }).pages;
-  return { format: KV_INDEX_FORMAT, version: 1, source_format: head.source_format, dtype: head.dtype, page_bytes: head.page_bytes, shuffle: head.shuffle, contents, pages, files };
+  return {
+    format: KV_INDEX_FORMAT, version: 1, source_format: head.source_format, dtype: head.dtype,
+    page_bytes: head.page_bytes, shuffle: head.shuffle, contents, pages, files,
+  };
 }

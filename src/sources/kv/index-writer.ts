@@ -163,10 +163,13 @@ export class KvIndexWriter {
    * Close the spill files and describe the document: its size and a function that streams it
    * (and, once streamed to the end, reports its SHA-256 to `onHash`).
    */
-  finish(header: KvIndexHeader, files: KvIndexFile[], onHash: (hex: string) => void): { size: number; open: () => AsyncIterable<Buffer> } {
+  finish(
+    header: KvIndexHeader, files: KvIndexFile[], onHash: (hex: string) => void,
+  ): { size: number; open: () => AsyncIterable<Buffer> } {
     this.#contents.close();
     this.#pages.close();
-    const head = Buffer.from(`${JSON.stringify({ format: KV_INDEX_FORMAT, version: 1, ...header }).slice(0, -1)},"contents":[`, "utf8");
+    const headJson = JSON.stringify({ format: KV_INDEX_FORMAT, version: 1, ...header });
+    const head = Buffer.from(`${headJson.slice(0, -1)},"contents":[`, "utf8");
     const mid = Buffer.from('],"pages":[', "utf8");
     const tail = Buffer.from(`],"files":${JSON.stringify(files)}}\n`, "utf8");
     const size = head.length + this.#contents.bytes + mid.length + this.#pages.bytes + tail.length;

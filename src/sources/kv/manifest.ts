@@ -71,7 +71,9 @@ export interface KvDumpManifest {
  * findings are those, in the order, of checking the parsed document member by member.
  * Throws MEMSNAP_SOURCE_INVALID.
  */
-export async function readKvManifest(chunks: AsyncIterable<Uint8Array> | Iterable<Uint8Array>, path: string): Promise<KvDumpManifest> {
+export async function readKvManifest(
+  chunks: AsyncIterable<Uint8Array> | Iterable<Uint8Array>, path: string,
+): Promise<KvDumpManifest> {
   const where = `kv: ${path}`;
   const pages = new KvDumpPages();
   // Data files as the pages name them, in order of first mention (reconciled with data_files at the end).
@@ -85,14 +87,24 @@ export async function readKvManifest(chunks: AsyncIterable<Uint8Array> | Iterabl
     if (!isObject(p)) return bad(`${where}: pages[${i}] is not an object`);
     const layer = p.layer;
     const block = p.block;
-    if (!Number.isSafeInteger(layer) || (layer as number) < 0) return bad(`${where}: pages[${i}].layer ${JSON.stringify(layer)} is not in 0..`);
-    if (!Number.isSafeInteger(block) || (block as number) < 0) return bad(`${where}: pages[${i}].block ${JSON.stringify(block)} is not a non-negative integer`);
-    if (!safeRel(p.file)) return bad(`${where}: pages[${i}].file ${JSON.stringify(p.file)} is not a safe relative path`);
+    if (!Number.isSafeInteger(layer) || (layer as number) < 0) {
+      return bad(`${where}: pages[${i}].layer ${JSON.stringify(layer)} is not in 0..`);
+    }
+    if (!Number.isSafeInteger(block) || (block as number) < 0) {
+      return bad(`${where}: pages[${i}].block ${JSON.stringify(block)} is not a non-negative integer`);
+    }
+    if (!safeRel(p.file)) {
+      return bad(`${where}: pages[${i}].file ${JSON.stringify(p.file)} is not a safe relative path`);
+    }
     if (p.file === KV_MANIFEST) return bad(`${where}: pages[${i}] points into ${KV_MANIFEST}`);
     const offset = p.offset ?? 0;
-    if (!Number.isSafeInteger(offset) || (offset as number) < 0) return bad(`${where}: pages[${i}].offset ${JSON.stringify(p.offset)} is not a multiple of the page size`);
+    if (!Number.isSafeInteger(offset) || (offset as number) < 0) {
+      return bad(`${where}: pages[${i}].offset ${JSON.stringify(p.offset)} is not a multiple of the page size`);
+    }
     const sha = p.sha256 ?? "";
-    if (typeof sha !== "string" || (sha !== "" && !/^(sha256:)?[0-9a-fA-F]{64}$/.test(sha))) return bad(`${where}: pages[${i}].sha256 ${JSON.stringify(sha)} is not a hex SHA-256 (or "")`);
+    if (typeof sha !== "string" || (sha !== "" && !/^(sha256:)?[0-9a-fA-F]{64}$/.test(sha))) {
+      return bad(`${where}: pages[${i}].sha256 ${JSON.stringify(sha)} is not a hex SHA-256 (or "")`);
+    }
     const zero = p.zero ?? false;
     if (typeof zero !== "boolean") return bad(`${where}: pages[${i}].zero must be true or false`);
     let f = named.get(p.file);
@@ -100,7 +112,8 @@ export async function readKvManifest(chunks: AsyncIterable<Uint8Array> | Iterabl
       f = namedList.push(p.file) - 1;
       named.set(p.file, f);
     }
-    pages.push(layer as number, block as number, f, offset as number, zero, sha ? sha.replace(/^sha256:/, "").toLowerCase() : null);
+    const hex = sha ? sha.replace(/^sha256:/, "").toLowerCase() : null;
+    pages.push(layer as number, block as number, f, offset as number, zero, hex);
   };
   let doc: Record<string, unknown>;
   try {
@@ -109,13 +122,19 @@ export async function readKvManifest(chunks: AsyncIterable<Uint8Array> | Iterabl
     if (e instanceof JsonStreamError) throw invalid(`${where} is not valid JSON: ${e.message}`, path);
     throw e;
   }
-  if (doc.format !== KV_DUMP_FORMAT) throw invalid(`${where}: format is ${JSON.stringify(doc.format)}, expected "${KV_DUMP_FORMAT}"`, path);
-  if (doc.format_version !== 1) throw invalid(`${where}: format_version ${JSON.stringify(doc.format_version)}; this memsnap reads 1`, path);
+  if (doc.format !== KV_DUMP_FORMAT) {
+    throw invalid(`${where}: format is ${JSON.stringify(doc.format)}, expected "${KV_DUMP_FORMAT}"`, path);
+  }
+  if (doc.format_version !== 1) {
+    throw invalid(`${where}: format_version ${JSON.stringify(doc.format_version)}; this memsnap reads 1`, path);
+  }
   const model = doc.model;
   const nLayers = posInt(field(model, "n_layers"));
   const nKvHeads = posInt(field(model, "n_kv_heads"));
   const headDim = posInt(field(model, "head_dim"));
-  if (!nLayers || !nKvHeads || !headDim) throw invalid(`${where}: model.n_layers, model.n_kv_heads and model.head_dim must be positive integers`, path);
+  if (!nLayers || !nKvHeads || !headDim) {
+    throw invalid(`${where}: model.n_layers, model.n_kv_heads and model.head_dim must be positive integers`, path);
+  }
   const dtype = typeof doc.dtype === "string" ? doc.dtype : "";
   const eb = dtypeBytes(dtype);
   if (!eb) throw invalid(`${where}: unknown dtype ${JSON.stringify(doc.dtype)} (bf16, f16, f32, fp8e4m3)`, path);
@@ -127,10 +146,16 @@ export async function readKvManifest(chunks: AsyncIterable<Uint8Array> | Iterabl
   const shape = page.shape;
   const wantShape = [2, blockSize, nKvHeads, headDim];
   if (!Array.isArray(shape) || shape.length !== 4 || shape.some((v, i) => v !== wantShape[i])) {
-    throw invalid(`${where}: page.shape ${JSON.stringify(shape)} does not match [2, block_size, n_kv_heads, head_dim] = ${JSON.stringify(wantShape)}`, path);
+    throw invalid(`${where}: page.shape ${JSON.stringify(shape)} does not match ` +
+      `[2, block_size, n_kv_heads, head_dim] = ${JSON.stringify(wantShape)}`, path);
   }
-  if (page.bytes !== pageBytes) throw invalid(`${where}: page.bytes ${JSON.stringify(page.bytes)} is not 2 × ${blockSize} × ${nKvHeads} × ${headDim} × ${eb} = ${pageBytes}`, path);
-  if (pageBytes > KV_MAX_PAGE_BYTES) throw invalid(`${where}: pages of ${pageBytes} bytes are over the ${KV_MAX_PAGE_BYTES}-byte cap`, path);
+  if (page.bytes !== pageBytes) {
+    throw invalid(`${where}: page.bytes ${JSON.stringify(page.bytes)} is not ` +
+      `2 × ${blockSize} × ${nKvHeads} × ${headDim} × ${eb} = ${pageBytes}`, path);
+  }
+  if (pageBytes > KV_MAX_PAGE_BYTES) {
+    throw invalid(`${where}: pages of ${pageBytes} bytes are over the ${KV_MAX_PAGE_BYTES}-byte cap`, path);
+  }
   const dataFiles: KvDumpManifest["dataFiles"] = [];
   const declared = new Map<string, number>();
   if (doc.data_files !== undefined) {
@@ -139,7 +164,9 @@ export async function readKvManifest(chunks: AsyncIterable<Uint8Array> | Iterabl
       const p = field(f, "path");
       const b = field(f, "bytes");
       if (!safeRel(p)) throw invalid(`${where}: data file path ${JSON.stringify(p)} is not a safe relative path`, path);
-      if (b !== undefined && !(Number.isSafeInteger(b) && (b as number) >= 0)) throw invalid(`${where}: data file ${p} has bytes ${JSON.stringify(b)}`, path);
+      if (b !== undefined && !(Number.isSafeInteger(b) && (b as number) >= 0)) {
+        throw invalid(`${where}: data file ${p} has bytes ${JSON.stringify(b)}`, path);
+      }
       if (declared.has(p)) throw invalid(`${where}: data file ${p} is listed twice`, path);
       declared.set(p, dataFiles.length);
       dataFiles.push({ path: p, bytes: (b as number | undefined) ?? null });
@@ -156,13 +183,17 @@ export async function readKvManifest(chunks: AsyncIterable<Uint8Array> | Iterabl
     const layer = pages.layer.a[i]!;
     if (layer >= nLayers) throw invalid(`${where}: pages[${i}].layer ${layer} is not in 0..${nLayers - 1}`, path);
     const offset = pages.offset.a[i]!;
-    if (offset % pageBytes !== 0) throw invalid(`${where}: pages[${i}].offset ${offset} is not a multiple of the page size ${pageBytes}`, path);
+    if (offset % pageBytes !== 0) {
+      throw invalid(`${where}: pages[${i}].offset ${offset} is not a multiple of the page size ${pageBytes}`, path);
+    }
     const fi = pages.file.a[i]!;
     if (fileMap[fi] === -1) {
       const name = namedList[fi]!;
       const d = declared.get(name);
       if (d !== undefined) fileMap[fi] = d;
-      else if (doc.data_files !== undefined) throw invalid(`${where}: pages[${i}].file ${name} is not in data_files`, path);
+      else if (doc.data_files !== undefined) {
+        throw invalid(`${where}: pages[${i}].file ${name} is not in data_files`, path);
+      }
       else {
         fileMap[fi] = dataFiles.length;
         declared.set(name, dataFiles.length);
@@ -177,12 +208,18 @@ export async function readKvManifest(chunks: AsyncIterable<Uint8Array> | Iterabl
   for (let k = 1; k < upto; k++) {
     const a = order[k - 1]!;
     const b = order[k]!;
-    if (pages.layer.a[a] === pages.layer.a[b] && pages.block.a[a] === pages.block.a[b] && (dup === -1 || b < dup)) dup = b;
+    if (pages.layer.a[a] === pages.layer.a[b] && pages.block.a[a] === pages.block.a[b] && (dup === -1 || b < dup)) {
+      dup = b;
+    }
   }
-  if (dup !== -1) throw invalid(`${where}: layer ${pages.layer.a[dup]!} block ${pages.block.a[dup]!} is listed twice`, path);
+  if (dup !== -1) {
+    throw invalid(`${where}: layer ${pages.layer.a[dup]!} block ${pages.block.a[dup]!} is listed twice`, path);
+  }
   if (early !== null) {
     const e = early as { i: number; msg: string };
-    throw invalid(e.msg.endsWith("is not in 0..") ? `${e.msg}${nLayers - 1}` : e.msg.endsWith("multiple of the page size") ? `${e.msg} ${pageBytes}` : e.msg, path);
+    const msg = e.msg.endsWith("is not in 0..") ? `${e.msg}${nLayers - 1}`
+      : e.msg.endsWith("multiple of the page size") ? `${e.msg} ${pageBytes}` : e.msg;
+    throw invalid(msg, path);
   }
   const blocks = Float64Array.from(pages.block.a.subarray(0, n)).sort();
   const hasBlock = (b: number): boolean => {
@@ -201,12 +238,18 @@ export async function readKvManifest(chunks: AsyncIterable<Uint8Array> | Iterabl
     for (const [i, s] of (doc.sequences as unknown[]).entries()) {
       const id = field(s, "seq_id");
       const bl = field(s, "blocks");
-      if ((typeof id !== "string" && typeof id !== "number") || !Array.isArray(bl)) throw invalid(`${where}: sequences[${i}] needs seq_id and blocks`, path);
+      if ((typeof id !== "string" && typeof id !== "number") || !Array.isArray(bl)) {
+        throw invalid(`${where}: sequences[${i}] needs seq_id and blocks`, path);
+      }
       for (const b of bl) {
-        if (!Number.isSafeInteger(b) || !hasBlock(b as number)) throw invalid(`${where}: sequence ${String(id)} names block ${JSON.stringify(b)}, which has no page`, path);
+        if (!Number.isSafeInteger(b) || !hasBlock(b as number)) {
+          throw invalid(`${where}: sequence ${String(id)} names block ${JSON.stringify(b)}, which has no page`, path);
+        }
       }
       sequences.push({ seqId: String(id), blocks: bl as number[] });
     }
   }
-  return { engine: doc.engine ?? null, nLayers, nKvHeads, headDim, dtype, blockSize, pageBytes, dataFiles, pages, sequences };
+  return {
+    engine: doc.engine ?? null, nLayers, nKvHeads, headDim, dtype, blockSize, pageBytes, dataFiles, pages, sequences,
+  };
 }

@@ -97,7 +97,8 @@ export async function materializeKv(dir: string, layer: LayerEntry, verified?: V
     for (const [fileNo, f] of files.entries()) await rebuildFile(rb, fileNo, f);
     for (const fileNo of placed.keys()) {
       if (!files[fileNo]?.tiles) {
-        throw restoreBad(`${layer.name}: pages are placed in file ${fileNo}, which the index does not have`, layer.name);
+        throw restoreBad(
+          `${layer.name}: pages are placed in file ${fileNo}, which the index does not have`, layer.name);
       }
     }
   } finally {
@@ -147,7 +148,9 @@ async function readIndex(src: string, layer: string, contents: KvContents, decla
   } catch (e) {
     spool?.close();
     if (e instanceof KvIndexUnsafe) {
-      throw new MemsnapError(e.code, `${layer}/${KV_INDEX}: ${e.message}`, { path: `${layer}/${KV_INDEX}`, hint: UNSAFE_HINT });
+      throw new MemsnapError(e.code, `${layer}/${KV_INDEX}: ${e.message}`, {
+        path: `${layer}/${KV_INDEX}`, hint: UNSAFE_HINT,
+      });
     }
     throw restoreBad(`${layer}/${KV_INDEX}: ${(e as Error).message}`, `${layer}/${KV_INDEX}`);
   }
@@ -155,7 +158,8 @@ async function readIndex(src: string, layer: string, contents: KvContents, decla
   // page, each data file's tiles are some of them): nothing is written past what it says.
   if (dataBytes > declared) {
     spool?.close();
-    const why = `${layer}/${KV_INDEX}: its data files hold ${dataBytes} bytes, the layer declares ${declared} (bytes_total)`;
+    const why = `${layer}/${KV_INDEX}: its data files hold ${dataBytes} bytes, ` +
+      `the layer declares ${declared} (bytes_total)`;
     throw new MemsnapError("MEMSNAP_UNSAFE_BUNDLE", why, { path: `${layer}/${KV_INDEX}`, hint: UNSAFE_HINT });
   }
   return files;
@@ -192,7 +196,9 @@ async function rebuildFile(rb: Rebuild, fileNo: number, f: KvIndexFile): Promise
     if (here) throw restoreBad(`${rb.layer}: pages are placed in ${f.path}, which has no tiles`, f.path);
     const from = join(rb.src, ...f.artifact!.split("/"));
     const st = await stat(from).catch(() => null);
-    if (!st || st.size !== f.bytes) throw restoreBad(`${rb.layer}/${f.artifact!} is missing or has the wrong size`, f.artifact!);
+    if (!st || st.size !== f.bytes) {
+      throw restoreBad(`${rb.layer}/${f.artifact!} is missing or has the wrong size`, f.artifact!);
+    }
     await rename(from, target);
   }
   await chmod(target, restoredMode(f.mode, rb.umask)); // never setuid, setgid or sticky; within the umask
@@ -205,7 +211,9 @@ async function rebuildDataFile(
   rb: Rebuild, fileNo: number, f: KvIndexFile, target: string, here: Map<number, number> | undefined,
 ): Promise<void> {
   const cannot = (e: unknown): MemsnapError =>
-    new MemsnapError("MEMSNAP_UNSAFE_PATH", `${rb.layer}: cannot create ${f.path} (${(e as Error).message})`, { path: f.path });
+    new MemsnapError("MEMSNAP_UNSAFE_PATH", `${rb.layer}: cannot create ${f.path} (${(e as Error).message})`, {
+      path: f.path,
+    });
   let fd: number;
   if (here) {
     // The spool part that holds this file's placed pages becomes the file.

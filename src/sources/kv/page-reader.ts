@@ -39,7 +39,8 @@ export class KvContents {
     if (slot < 0) return null;
     const elem = this.elem.a[ci]!;
     const file = this.spool!.part.a[slot]!;
-    return pageArtifact(this.hexOf(ci), elem, elem === 1 && file >= 0 ? { file, offset: this.spool!.off.a[slot]! } : undefined);
+    const at = elem === 1 && file >= 0 ? { file, offset: this.spool!.off.a[slot]! } : undefined;
+    return pageArtifact(this.hexOf(ci), elem, at);
   }
 
   /** Add content `i` of the index (contents are added in order). */

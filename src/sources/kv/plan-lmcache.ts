@@ -12,7 +12,9 @@ export async function planLmcache(pathAbs: string, cfg: KvConfig): Promise<KvPla
   const eb = dtypeBytes(s.dtype)!;
   const row = 2 * s.n_layers * s.n_kv_heads * s.head_dim * eb;
   const pageBytes = s.block_size * s.n_kv_heads * s.head_dim * eb;
-  if (pageBytes > KV_MAX_PAGE_BYTES) throw kvInvalid(`kv: pages of ${pageBytes} bytes are over the ${KV_MAX_PAGE_BYTES}-byte cap`);
+  if (pageBytes > KV_MAX_PAGE_BYTES) {
+    throw kvInvalid(`kv: pages of ${pageBytes} bytes are over the ${KV_MAX_PAGE_BYTES}-byte cap`);
+  }
   const st = await stat(pathAbs).catch((e: unknown) => { throw sourceError(e, pathAbs); });
   const root = st.isDirectory() ? pathAbs : dirname(pathAbs);
   const { files, skipped } = await walkFiles(pathAbs);
@@ -21,7 +23,9 @@ export async function planLmcache(pathAbs: string, cfg: KvConfig): Promise<KvPla
     const size = f.stats.size;
     const tokens = size / row;
     if (size === 0 || !Number.isInteger(tokens) || tokens > s.tokens_per_chunk) {
-      throw kvInvalid(`kv: chunk file ${f.rel} is ${sizeWord(size)}, not 1..${s.tokens_per_chunk} tokens of [${s.n_layers} layers, 2, tokens, ${s.n_kv_heads} heads, ${s.head_dim}] ${s.dtype} (${row} bytes per token)`, f.abs);
+      throw kvInvalid(`kv: chunk file ${f.rel} is ${sizeWord(size)}, not 1..${s.tokens_per_chunk} tokens of ` +
+        `[${s.n_layers} layers, 2, tokens, ${s.n_kv_heads} heads, ${s.head_dim}] ${s.dtype} (${row} bytes per token)`,
+      f.abs);
     }
     const tiles: Tile[] = [];
     for (let off = 0, i = 0; off < size; off += pageBytes, i++) {

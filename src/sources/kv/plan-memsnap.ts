@@ -12,7 +12,9 @@ import { SCAN_MAX, checkShape, sizeWord, statFile, type DataFile, type KvPlan, t
 export async function planMemsnap(root: string, cfg: KvConfig): Promise<KvPlan> {
   const mAbs = join(root, KV_MANIFEST);
   const mSt = await statFile(mAbs, "dump manifest");
-  if (mSt.size > KV_MANIFEST_MAX_BYTES) throw kvInvalid(`kv: ${mAbs} is over the ${KV_MANIFEST_MAX_BYTES}-byte cap`, mAbs);
+  if (mSt.size > KV_MANIFEST_MAX_BYTES) {
+    throw kvInvalid(`kv: ${mAbs} is over the ${KV_MANIFEST_MAX_BYTES}-byte cap`, mAbs);
+  }
   // Read as it streams (the manifest grows with the pages: ~200 bytes each), hashed on the way:
   // the bytes packed later must be these.
   const mHash = createHash("sha256");
@@ -29,8 +31,12 @@ export async function planMemsnap(root: string, cfg: KvConfig): Promise<KvPlan> 
     }
   })(), mAbs);
   if (mRead !== mSt.size) throw sourceChanged(mAbs, `size ${mSt.size} → ${mRead} while it was read`);
-  checkShape(cfg, { nLayers: m.nLayers, nKvHeads: m.nKvHeads, headDim: m.headDim, dtype: m.dtype, blockSize: m.blockSize }, mAbs);
-  for (const f of m.dataFiles) if (f.path === KV_MANIFEST) throw kvInvalid(`kv: ${mAbs} lists itself as a data file`, mAbs);
+  checkShape(cfg, {
+    nLayers: m.nLayers, nKvHeads: m.nKvHeads, headDim: m.headDim, dtype: m.dtype, blockSize: m.blockSize,
+  }, mAbs);
+  for (const f of m.dataFiles) {
+    if (f.path === KV_MANIFEST) throw kvInvalid(`kv: ${mAbs} lists itself as a data file`, mAbs);
+  }
   // Each data file's pages in offset order: page indexes grouped by file, then sorted.
   const pg = m.pages;
   const starts = new Uint32Array(m.dataFiles.length + 1);
@@ -47,14 +53,18 @@ export async function planMemsnap(root: string, cfg: KvConfig): Promise<KvPlan> 
     for (let i = 0; i < idx.length; i++) {
       const off = pg.offset.a[idx[i]!]!;
       if (off !== i * m.pageBytes) {
-        throw kvInvalid(`kv: data file ${f.path}: pages must tile it from offset 0 without gaps or overlaps; page ${pg.label(idx[i]!)} is at offset ${off}, expected ${i * m.pageBytes}`, abs);
+        throw kvInvalid(`kv: data file ${f.path}: pages must tile it from offset 0 without gaps or overlaps; ` +
+          `page ${pg.label(idx[i]!)} is at offset ${off}, expected ${i * m.pageBytes}`, abs);
       }
     }
     const want = idx.length * m.pageBytes;
     if (st.size !== want) {
-      throw kvInvalid(`kv: data file ${f.path} is ${sizeWord(st.size)}, but its ${idx.length} page(s) of [2, ${m.blockSize}, ${m.nKvHeads}, ${m.headDim}] ${m.dtype} (${m.pageBytes} bytes each) need ${want}`, abs);
+      throw kvInvalid(`kv: data file ${f.path} is ${sizeWord(st.size)}, but its ${idx.length} page(s) of ` +
+        `[2, ${m.blockSize}, ${m.nKvHeads}, ${m.headDim}] ${m.dtype} (${m.pageBytes} bytes each) need ${want}`, abs);
     }
-    if (f.bytes !== null && f.bytes !== st.size) throw kvInvalid(`kv: data file ${f.path} is ${sizeWord(st.size)}, ${KV_MANIFEST} says ${f.bytes}`, abs);
+    if (f.bytes !== null && f.bytes !== st.size) {
+      throw kvInvalid(`kv: data file ${f.path} is ${sizeWord(st.size)}, ${KV_MANIFEST} says ${f.bytes}`, abs);
+    }
     const pageLen = m.pageBytes;
     data.push({
       rel: f.path, abs, stats: st,
@@ -73,11 +83,16 @@ export async function planMemsnap(root: string, cfg: KvConfig): Promise<KvPlan> 
   const verbatim: VerbatimFile[] = [];
   for (const f of files) {
     if (dataSet.has(f.rel)) continue;
-    if (f.rel === KV_MANIFEST) verbatim.push({ rel: f.rel, abs: f.abs, stats: mSt, planned: mHash.digest("hex"), zst: null, scan: true });
-    else verbatim.push({ rel: f.rel, abs: f.abs, stats: f.stats, planned: null, zst: null, scan: /\.(json|jsonl|txt|md)$/.test(f.rel) && f.stats.size <= SCAN_MAX });
+    if (f.rel === KV_MANIFEST) {
+      verbatim.push({ rel: f.rel, abs: f.abs, stats: mSt, planned: mHash.digest("hex"), zst: null, scan: true });
+    } else {
+      const scan = /\.(json|jsonl|txt|md)$/.test(f.rel) && f.stats.size <= SCAN_MAX;
+      verbatim.push({ rel: f.rel, abs: f.abs, stats: f.stats, planned: null, zst: null, scan });
+    }
   }
   return {
-    format: "memsnap", root, dtype: m.dtype, elem: dtypeBytes(m.dtype)!, pageBytes: m.pageBytes, data, verbatim, framePages: [],
+    format: "memsnap", root, dtype: m.dtype, elem: dtypeBytes(m.dtype)!, pageBytes: m.pageBytes, data, verbatim,
+    framePages: [],
     meta: {
       engine: m.engine,
       model: { n_layers: m.nLayers, n_kv_heads: m.nKvHeads, head_dim: m.headDim },

@@ -26,9 +26,14 @@ export async function planPfimgPaged(manifestAbs: string, cfg: KvConfig): Promis
   const mSt = await statFile(manifestAbs, "page manifest");
   const bytes = await readPageManifest(manifestAbs, mSt);
   const pm = parsePageManifest(bytes, `kv: page manifest ${manifestAbs}`, manifestAbs);
-  checkShape(cfg, { nLayers: pm.nLayers, nKvHeads: pm.nHeads, headDim: pm.headDim, dtype: pm.dtype, blockSize: pm.pageSizeTokens }, manifestAbs);
+  checkShape(cfg, {
+    nLayers: pm.nLayers, nKvHeads: pm.nHeads, headDim: pm.headDim, dtype: pm.dtype, blockSize: pm.pageSizeTokens,
+  }, manifestAbs);
   const root = await findBlobRoot(dirname(manifestAbs));
-  if (!root) throw kvInvalid(`kv: no blobs/sha256/ directory at or above ${dirname(manifestAbs)} to hold the pages of ${manifestAbs}`, manifestAbs);
+  if (!root) {
+    throw kvInvalid(`kv: no blobs/sha256/ directory at or above ${dirname(manifestAbs)} ` +
+      `to hold the pages of ${manifestAbs}`, manifestAbs);
+  }
   const mRel = manifestAbs.slice(root.length + 1).split("\\").join("/");
   const dtype = pm.dtype ?? cfg.shape?.dtype ?? "bf16";
   const verbatim: VerbatimFile[] = [{ rel: mRel, abs: manifestAbs, stats: mSt, planned: null, zst: null, scan: false }];
@@ -56,23 +61,33 @@ export async function planPfimgPaged(manifestAbs: string, cfg: KvConfig): Promis
       const rAbs = join(root, ...rRel.split("/"));
       const zSt = await lstat(zAbs).catch(() => null);
       if (zSt?.isFile()) {
-        verbatim.push({ rel: zRel, abs: zAbs, stats: zSt, planned: null, zst: { hex, what, expectRaw: pm.pageBytes }, scan: false });
+        verbatim.push({
+          rel: zRel, abs: zAbs, stats: zSt, planned: null, zst: { hex, what, expectRaw: pm.pageBytes }, scan: false,
+        });
         framePages.push([label, hex]);
         seen.set(hex, "zst");
         continue;
       }
       const rSt = await lstat(rAbs).catch(() => null);
-      if (!rSt?.isFile()) throw kvInvalid(`kv: blob sha256:${hex} (${what}) is missing: neither ${zRel} nor ${rRel} under ${root}`, zAbs);
-      if (pm.pageBytes !== null && rSt.size !== pm.pageBytes) {
-        throw kvInvalid(`kv: blob sha256:${hex} (${what}) is ${sizeWord(rSt.size)}; a page of ${pm.nLayers} layers × ${pm.pageSizeTokens} tokens × ${pm.nHeads} heads × ${pm.headDim} × ${dtype} is ${pm.pageBytes}`, rAbs);
+      if (!rSt?.isFile()) {
+        throw kvInvalid(`kv: blob sha256:${hex} (${what}) is missing: neither ${zRel} nor ${rRel} under ${root}`, zAbs);
       }
-      if (rSt.size > KV_MAX_PAGE_BYTES) throw kvInvalid(`kv: blob sha256:${hex} (${what}) is over the ${KV_MAX_PAGE_BYTES}-byte page cap`, rAbs);
-      data.push({ rel: rRel, abs: rAbs, stats: rSt, tiles: listTiles([{ offset: 0, len: rSt.size, label, sha: hex, zero: false }]) });
+      if (pm.pageBytes !== null && rSt.size !== pm.pageBytes) {
+        throw kvInvalid(`kv: blob sha256:${hex} (${what}) is ${sizeWord(rSt.size)}; ` +
+          `a page of ${pm.nLayers} layers × ${pm.pageSizeTokens} tokens × ${pm.nHeads} heads × ${pm.headDim} × ` +
+          `${dtype} is ${pm.pageBytes}`, rAbs);
+      }
+      if (rSt.size > KV_MAX_PAGE_BYTES) {
+        throw kvInvalid(`kv: blob sha256:${hex} (${what}) is over the ${KV_MAX_PAGE_BYTES}-byte page cap`, rAbs);
+      }
+      const tiles = listTiles([{ offset: 0, len: rSt.size, label, sha: hex, zero: false }]);
+      data.push({ rel: rRel, abs: rAbs, stats: rSt, tiles });
       seen.set(hex, "raw");
     }
   }
   return {
-    format: "pfimg-paged", root, dtype, elem: dtypeBytes(dtype) ?? 1, pageBytes: pm.pageBytes ?? 0, data, verbatim, framePages,
+    format: "pfimg-paged", root, dtype, elem: dtypeBytes(dtype) ?? 1, pageBytes: pm.pageBytes ?? 0, data, verbatim,
+    framePages,
     meta: {
       manifest: mRel,
       model: { n_layers: pm.nLayers, n_kv_heads: pm.nHeads, head_dim: pm.headDim },

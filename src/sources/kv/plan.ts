@@ -81,7 +81,9 @@ export interface KvPlan {
 
 export function digestMismatch(msg: string, path: string): MemsnapError {
   return new MemsnapError("MEMSNAP_SOURCE_DIGEST_MISMATCH", msg, {
-    path, hint: "the dump's pages do not match its manifest: re-export the KV dump (a page changed after it was hashed, or the file is damaged)",
+    path,
+    hint: "the dump's pages do not match its manifest: re-export the KV dump " +
+      "(a page changed after it was hashed, or the file is damaged)",
   });
 }
 
@@ -111,17 +113,29 @@ async function readSmall(abs: string, st: Stats, cap: number): Promise<Buffer> {
 
 export const sizeWord = (n: number): string => `${n} byte${n === 1 ? "" : "s"}`;
 
-export function checkShape(cfg: KvConfig, got: { nLayers: number | null; nKvHeads: number | null; headDim: number | null; dtype: string | null; blockSize: number | null }, where: string): void {
+export function checkShape(
+  cfg: KvConfig,
+  got: {
+    nLayers: number | null; nKvHeads: number | null; headDim: number | null; dtype: string | null;
+    blockSize: number | null;
+  },
+  where: string,
+): void {
   const s = cfg.shape;
   if (!s) return;
   const pairs: [string, unknown, unknown][] = [
-    ["n_layers", s.n_layers, got.nLayers], ["n_kv_heads", s.n_kv_heads, got.nKvHeads], ["head_dim", s.head_dim, got.headDim],
+    ["n_layers", s.n_layers, got.nLayers], ["n_kv_heads", s.n_kv_heads, got.nKvHeads],
+    ["head_dim", s.head_dim, got.headDim],
     ["block_size", s.block_size, got.blockSize],
   ];
   for (const [k, want, have] of pairs) {
-    if (have !== null && want !== have) throw kvInvalid(`kv: ${where} has ${k} ${String(have)}, the config's shape says ${String(want)}`);
+    if (have !== null && want !== have) {
+      throw kvInvalid(`kv: ${where} has ${k} ${String(have)}, the config's shape says ${String(want)}`);
+    }
   }
-  if (got.dtype !== null && canonicalDtype(got.dtype) !== canonicalDtype(s.dtype)) throw kvInvalid(`kv: ${where} has dtype ${got.dtype}, the config's shape says ${s.dtype}`);
+  if (got.dtype !== null && canonicalDtype(got.dtype) !== canonicalDtype(s.dtype)) {
+    throw kvInvalid(`kv: ${where} has dtype ${got.dtype}, the config's shape says ${s.dtype}`);
+  }
 }
 
 export async function readPageManifest(abs: string, st: Stats): Promise<Buffer> {
@@ -134,6 +148,8 @@ export async function readPageManifest(abs: string, st: Stats): Promise<Buffer> 
     throw kvInvalid(`kv: ${abs} is not a valid zstd frame: ${(e as Error).message}`, abs);
   }
   const m = /([0-9a-f]{64})\.zst$/.exec(abs);
-  if (m && out.hex !== m[1]) throw digestMismatch(`kv: page manifest ${abs} decompresses to sha256:${out.hex}, not the digest in its name`, abs);
+  if (m && out.hex !== m[1]) {
+    throw digestMismatch(`kv: page manifest ${abs} decompresses to sha256:${out.hex}, not the digest in its name`, abs);
+  }
   return out.bytes;
 }

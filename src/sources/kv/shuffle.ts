@@ -27,8 +27,14 @@ export interface ShuffleDecision {
 
 export async function decideShuffle(plan: KvPlan, mode: "auto" | "on" | "off"): Promise<ShuffleDecision> {
   const elem = plan.elem;
-  if (elem !== 2 && elem !== 4) return { mode, applied: false, elem_bytes: elem, reason: `${plan.dtype} has ${elem}-byte elements; byte-plane shuffle applies to 2- and 4-byte dtypes` };
-  if (plan.data.length === 0) return { mode, applied: false, elem_bytes: elem, reason: "no raw pages (ProcessFork zstd blobs are kept as stored)" };
+  if (elem !== 2 && elem !== 4) {
+    const reason = `${plan.dtype} has ${elem}-byte elements; byte-plane shuffle applies to 2- and 4-byte dtypes`;
+    return { mode, applied: false, elem_bytes: elem, reason };
+  }
+  if (plan.data.length === 0) {
+    const reason = "no raw pages (ProcessFork zstd blobs are kept as stored)";
+    return { mode, applied: false, elem_bytes: elem, reason };
+  }
   if (mode === "off") return { mode, applied: false, elem_bytes: elem };
   if (mode === "on") return { mode, applied: true, elem_bytes: elem };
   // auto: compress a spread-out sample of non-zero pages both ways at zstd -3.
@@ -86,6 +92,8 @@ export async function decideShuffle(plan: KvPlan, mode: "auto" | "on" | "off"): 
   const saving = 1 - s / a;
   return {
     mode, applied: saving >= SHUFFLE_MIN_SAVING, elem_bytes: elem,
-    sample: { pages: plain.length, bytes, zstd3_plain: a, zstd3_shuffled: s, saving_pct: Math.round(saving * 10000) / 100 },
+    sample: {
+      pages: plain.length, bytes, zstd3_plain: a, zstd3_shuffled: s, saving_pct: Math.round(saving * 10000) / 100,
+    },
   };
 }

@@ -36,7 +36,9 @@ export const kvSource: SourceKind<KvConfig> = {
     // The dump directory is rebuilt whole in staging (materialize) and swapped in whole. A
     // ProcessFork page manifest sits in a store other images share: not replaced in place.
     if (layer.meta?.format === "pfimg-paged") {
-      throw new MemsnapError("MEMSNAP_USAGE", `layer ${layer.name}: a kv layer of a ProcessFork page manifest cannot be restored in place (its store holds other images)`, {
+      const why = `layer ${layer.name}: a kv layer of a ProcessFork page manifest cannot be restored in place ` +
+        "(its store holds other images)";
+      throw new MemsnapError("MEMSNAP_USAGE", why, {
         hint: "restore it with --to DIR, or leave it out with --only",
       });
     }

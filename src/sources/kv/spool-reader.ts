@@ -7,10 +7,14 @@ import { FdCache } from "../../util/fd-cache.js";
 import { SPOOL_FILE } from "../types.js";
 import { Grow } from "./format.js";
 
+/** A damaged kv layer (exit as an artifact whose hash does not match). */
 export function restoreBad(msg: string, path: string): MemsnapError {
-  return new MemsnapError("MEMSNAP_ARTIFACT_HASH_MISMATCH", msg, { path, hint: "the bundle's KV layer is damaged; use another copy" });
+  return new MemsnapError("MEMSNAP_ARTIFACT_HASH_MISMATCH", msg, {
+    path, hint: "the bundle's KV layer is damaged; use another copy",
+  });
 }
 
+/** Read `dst.length` bytes at `pos` of `fd`; a short read is a damaged spool. */
 export function readFully(fd: number, dst: Buffer, pos: number, where: string): void {
   let got = 0;
   while (got < dst.length) {

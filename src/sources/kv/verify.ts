@@ -1,5 +1,7 @@
 /** Deep verify of a kv layer's artifacts: pages hash to their names, the index and the dump manifest parse. */
-import { KV_INDEX, KV_MANIFEST, KV_MANIFEST_MAX_BYTES, KV_MAX_PAGE_BYTES, PAGE_ARTIFACT_RE, unshuffle } from "./format.js";
+import {
+  KV_INDEX, KV_MANIFEST, KV_MANIFEST_MAX_BYTES, KV_MAX_PAGE_BYTES, PAGE_ARTIFACT_RE, unshuffle,
+} from "./format.js";
 import { sha256Hex } from "../pfimg/format.js";
 import { hashFrameChunks } from "../pfimg/frames.js";
 import type { DeepVerifyContext } from "../types.js";
@@ -25,9 +27,12 @@ export async function deepVerifyKv({ entry, bytes }: DeepVerifyContext): Promise
     const buf = await collect(bytes, KV_MAX_PAGE_BYTES);
     if (buf === null) return `${entry.path}: page over ${KV_MAX_PAGE_BYTES} bytes`;
     const elem = pm[2] ? Number(pm[2]) : 1;
-    if (buf.length % elem !== 0) return `${entry.path}: ${buf.length} bytes is not a whole number of ${elem}-byte elements`;
+    if (buf.length % elem !== 0) {
+      return `${entry.path}: ${buf.length} bytes is not a whole number of ${elem}-byte elements`;
+    }
     const h = sha256Hex(elem > 1 ? unshuffle(buf, elem) : buf);
-    return h === pm[1] ? null : `${entry.path}: page hashes to sha256:${h}${elem > 1 ? " after un-shuffling" : ""}, not the digest in its name`;
+    return h === pm[1] ? null
+      : `${entry.path}: page hashes to sha256:${h}${elem > 1 ? " after un-shuffling" : ""}, not the digest in its name`;
   }
   if (rel === KV_INDEX) {
     // Read as it streams (bounded memory); on a finding, the rest is still drained.
@@ -57,7 +62,9 @@ export async function deepVerifyKv({ entry, bytes }: DeepVerifyContext): Promise
       [Symbol.asyncIterator]: () => ({
         next: async () => {
           const r = await it.next();
-          if (!r.done && (n += r.value.length) > KV_MANIFEST_MAX_BYTES) throw new Error(`over ${KV_MANIFEST_MAX_BYTES} bytes`);
+          if (!r.done && (n += r.value.length) > KV_MANIFEST_MAX_BYTES) {
+            throw new Error(`over ${KV_MANIFEST_MAX_BYTES} bytes`);
+          }
           return r;
         },
       }),
