@@ -33,7 +33,10 @@ import { TOOL_VERSION } from "../version.js";
 const FORMAT = "memsnap-incremental-cache";
 const VERSION = 3;
 
-/** The fingerprint the KV source gives an unshuffled page (sources/kv.ts): left out of the cache's memory image. */
+/**
+ * The fingerprint the KV source gives an unshuffled page (sources/kv/capture.ts): left out of the cache's memory
+ * image.
+ */
 export function kvPageFingerprint(sha256: string, size: number): string {
   return `kv-page:${sha256}:1:${size}`;
 }
