@@ -1,12 +1,12 @@
 /** The table of source kinds this build knows. Later kinds register here. */
 import { filesSource } from "./files.js";
 import { stateSource } from "./state.js";
-import { pfimgSource } from "./pfimg.js";
-import { kvSource } from "./kv.js";
+import { pfimgSource } from "./pfimg/source.js";
+import { kvSource } from "./kv/source.js";
 import { sqliteSource } from "./sqlite.js";
 import { gitSource } from "./git.js";
 import type { SourceKind } from "./types.js";
-import { criuSource } from "./criu.js";
+import { criuSource } from "./criu/source.js";
 import { traceSource } from "./trace.js";
 import { execSource } from "./exec.js";
 

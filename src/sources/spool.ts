@@ -11,7 +11,7 @@ import { closeSync, createReadStream, fstatSync, openSync } from "node:fs";
 import { BatchedWriter } from "../util/batched-writer.js";
 import { join } from "node:path";
 import { MemsnapError, destinationError } from "../errors.js";
-import { PLACE_MAX_END } from "./kv-format.js";
+import { PLACE_MAX_END } from "./kv/format.js";
 import { SPOOL_FILE, SPOOL_MAP, spoolPart, type SpoolAt, type SpoolPlace } from "./types.js";
 import { FdCache } from "../util/fd-cache.js";
 import { WriteBehind, WriteFailed } from "../util/write-behind.js";

@@ -167,7 +167,7 @@ export interface VerifiedLookup {
   get(path: string): string | undefined;
 }
 
-/** The fingerprint the KV source gives an unshuffled page (sources/kv.ts): left out of the cache's memory image. */
+/** The fingerprint the KV source gives an unshuffled page (sources/kv/capture.ts): left out of the cache's memory image. */
 export function kvPageFingerprint(sha256: string, size: number): string {
   return `kv-page:${sha256}:1:${size}`;
 }

@@ -17,7 +17,7 @@ import { generateIdentity, isMemsnapError, parseConfig, restoreToDir, snapshot, 
 import { SOURCE_KINDS } from "../../src/sources/registry.js";
 import {
   classifyImage, decodeMessage, decodePagemapEntry, ImageFormatError, PE_PARENT as PE_PARENT_SRC, scanImage,
-} from "../../src/sources/criu-format.js";
+} from "../../src/sources/criu/format.js";
 import type { SourceKind } from "../../src/sources/types.js";
 import { runCli, tempDir } from "../helpers/cli.js";
 import {

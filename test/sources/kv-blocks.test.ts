@@ -1,5 +1,5 @@
 /**
- * The KV source's block reader (src/sources/kv-blocks.ts): pages read ahead across data files,
+ * The KV source's block reader (src/sources/kv/blocks.ts): pages read ahead across data files,
  * and hashed on libuv's pool by native/aead `readHash` when it is built. Real files; the
  * native path and the JS path (MEMSNAP_NATIVE=0) must give the same blocks, and both must fail
  * cleanly (stable code, descriptors closed) on a file that shrank or went away.
@@ -8,7 +8,7 @@ import { createHash, randomBytes } from "node:crypto";
 import { readdirSync, readFileSync, rmSync, truncateSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { afterEach, describe, expect, it } from "vitest";
-import { READ_BLOCK, readBlocks, type BlockFile, type ReadBlock } from "../../src/sources/kv-blocks.js";
+import { READ_BLOCK, readBlocks, type BlockFile, type ReadBlock } from "../../src/sources/kv/blocks.js";
 import { aeadAddon } from "../../src/codecs/aead.js";
 import { tempDir } from "../helpers/cli.js";
 

@@ -11,7 +11,7 @@ import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
 import { createHash } from "node:crypto";
 import { loadIdentities, restoreToDir, verifyBundle } from "../../src/index.js";
-import { KvIndexUnsafe, parseKvIndex } from "../../src/sources/kv-format.js";
+import { KvIndexUnsafe, parseKvIndex } from "../../src/sources/kv/index-format.js";
 
 const HOSTILE = new URL("../../fixtures/hostile/", import.meta.url).pathname;
 interface Case { file: string; exit: number; code: string; check: string; key?: boolean; group: string; note: string }

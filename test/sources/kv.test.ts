@@ -11,9 +11,9 @@ import { tmpdir } from "node:os";
 import { join, relative } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
 import { isMemsnapError, parseConfig, restoreToDir, snapshot, verifyBundle, type Manifest } from "../../src/index.js";
-import { kvSource } from "../../src/sources/kv.js";
+import { kvSource } from "../../src/sources/kv/source.js";
 import { RestoreSpool } from "../../src/sources/spool.js";
-import { shuffle, unshuffle } from "../../src/sources/kv-format.js";
+import { shuffle, unshuffle } from "../../src/sources/kv/format.js";
 import { generateKvDump, generateLmcacheChunks, kvValues, type KvDtype } from "../helpers/kv-dump.js";
 import { blobPath, writePagedCache } from "../helpers/pfimg-store.js";
 

@@ -9,7 +9,7 @@ import { tmpdir } from "node:os";
 import { join, relative } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
 import { isMemsnapError, parseConfig, restoreToDir, snapshot, verifyBundle, type Manifest } from "../../src/index.js";
-import { pfimgSource } from "../../src/sources/pfimg.js";
+import { pfimgSource } from "../../src/sources/pfimg/source.js";
 import type { Artifact } from "../../src/sources/types.js";
 import type { Redactor } from "../../src/redact/types.js";
 import { reseal } from "../helpers/reseal.js";

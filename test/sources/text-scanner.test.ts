@@ -1,10 +1,10 @@
 /**
- * TextScanner (src/sources/pfimg-format.ts), the scan-only redaction pass over text the KV and
+ * TextScanner (src/sources/pfimg/text-scanner.ts), the scan-only redaction pass over text the KV and
  * ProcessFork sources store as is: it hands the redactor whole lines, about a megabyte at a
  * time, and text without newlines in pieces of at most 8 MiB; every character exactly once.
  */
 import { describe, expect, it } from "vitest";
-import { TextScanner } from "../../src/sources/pfimg-format.js";
+import { TextScanner } from "../../src/sources/pfimg/text-scanner.js";
 import type { Redactor } from "../../src/redact/types.js";
 
 function recorder(): { redactor: Redactor; pieces: string[] } {

@@ -18,8 +18,8 @@
 import type { FileHandle } from "node:fs/promises";
 import { open } from "node:fs/promises";
 import { getSystemErrorName } from "node:util";
-import { aeadAddon } from "../codecs/aead.js";
-import { sourceChanged, sourceError } from "./walk.js";
+import { aeadAddon } from "../../codecs/aead.js";
+import { sourceChanged, sourceError } from "../walk.js";
 
 /**
  * Bytes read at a time (whole tiles; a tile bigger than this is read alone). 2 MiB: the four
@@ -107,9 +107,12 @@ type ReadHash = NonNullable<NonNullable<ReturnType<typeof aeadAddon>>["readHash"
  * under an earlier block's read still queued (a snapshot failed now and then with EBADF).
  * `hooks.readHash` replaces the addon's (tests, to reorder the reads).
  */
-export async function* readBlocks(files: readonly BlockFile[], signal?: AbortSignal, hooks: { readHash?: ReadHash } = {}): AsyncGenerator<ReadBlock> {
+export async function* readBlocks(
+  files: readonly BlockFile[], signal?: AbortSignal, hooks: { readHash?: ReadHash } = {},
+): AsyncGenerator<ReadBlock> {
   const addon = aeadAddon();
-  const readHash = hooks.readHash ?? (addon && typeof addon.readHash === "function" ? addon.readHash.bind(addon) : null);
+  const readHash = hooks.readHash ??
+    (addon && typeof addon.readHash === "function" ? addon.readHash.bind(addon) : null);
   const depth = readHash ? 2 : 1;
   const slots: Slot[] = [];
   let seq = 0;
@@ -120,7 +123,11 @@ export async function* readBlocks(files: readonly BlockFile[], signal?: AbortSig
   const slotFor = (tiles: number, len: number): Slot => {
     const k = seq++ % (depth + 2);
     let s = slots[k];
-    if (!s) slots[k] = s = { bytes: Buffer.alloc(0), lens: new Uint32Array(0), zero: new Uint8Array(0), digests: Buffer.alloc(0) };
+    if (!s) {
+      slots[k] = s = {
+        bytes: Buffer.alloc(0), lens: new Uint32Array(0), zero: new Uint8Array(0), digests: Buffer.alloc(0),
+      };
+    }
     if (s.bytes.length < len) s.bytes = Buffer.allocUnsafe(Math.max(len, READ_BLOCK));
     if (readHash && s.lens.length < tiles) {
       const n = Math.max(tiles, 64);
@@ -167,13 +174,20 @@ export async function* readBlocks(files: readonly BlockFile[], signal?: AbortSig
       });
     } else {
       while (got < b.len) {
-        const r = await fh.read(bytes, got, b.len - got, b.start + got).catch((e: unknown) => { throw sourceError(e, f.abs); });
+        const r = await fh.read(bytes, got, b.len - got, b.start + got)
+          .catch((e: unknown) => { throw sourceError(e, f.abs); });
         if (r.bytesRead === 0) break;
         got += r.bytesRead;
       }
     }
     if (got < b.len) throw sourceChanged(f.abs, `it ends at ${b.start + got} bytes, shorter than its ${f.stats.size}`);
-    return { block: { file: b.file, first: b.first, end: b.end, bytes, zero: readHash ? s.zero : null, digests: readHash ? s.digests : null }, last: b.last };
+    return {
+      block: {
+        file: b.file, first: b.first, end: b.end, bytes,
+        zero: readHash ? s.zero : null, digests: readHash ? s.digests : null,
+      },
+      last: b.last,
+    };
   };
 
   const fill = (): void => {

@@ -59,11 +59,15 @@ export const SERVICE_MAGICS: ReadonlyMap<number, string> = new Map<number, strin
 
 /** Types whose frames are followed by raw data (so frames do not run to EOF). */
 const INLINE_DATA_TYPES = new Set([
-  "pipes-data", "fifo-data", "sk-queues", "tcp-stream", "ghost-file", "ipcns-shm", "ipcns-msg", "ipcns-sem", "bpfmap-data",
+  "pipes-data", "fifo-data", "sk-queues", "tcp-stream", "ghost-file", "ipcns-shm", "ipcns-msg", "ipcns-sem",
+  "bpfmap-data",
 ]);
 
 /** Raw images: no header at all. */
-const RAW_IMAGE = /^(?:pages-\d+\.img|(?:ifaddr|route|route6|rule|iptables|ip6tables|nftables|netns-ct|netns-exp)-\d+\.img|tmpfs(?:-dev)?-\d+\.tar\.gz\.img)$/;
+const RAW_IMAGE = new RegExp(
+  "^(?:pages-\\d+\\.img|(?:ifaddr|route|route6|rule|iptables|ip6tables|nftables|netns-ct|netns-exp)-\\d+\\.img" +
+    "|tmpfs(?:-dev)?-\\d+\\.tar\\.gz\\.img)$",
+);
 const PAGES_IMAGE = /^pages-(\d+)\.img$/;
 const SERVICE_IMAGE = /^(?:stats-[a-z]+|irmap-cache)$/;
 
@@ -130,13 +134,16 @@ export async function scanImage(cls: ImageClass, chunks: AsyncIterable<Buffer>, 
     }
     const m1 = h.readUInt32LE(4);
     if (cls === "service") {
-      if (m0 !== IMG_SERVICE_MAGIC) fail(`bad magic 0x${hex(m0)} (a service image starts with 0x${hex(IMG_SERVICE_MAGIC)})`);
+      if (m0 !== IMG_SERVICE_MAGIC) {
+        fail(`bad magic 0x${hex(m0)} (a service image starts with 0x${hex(IMG_SERVICE_MAGIC)})`);
+      }
       const t = SERVICE_MAGICS.get(m1);
       if (!t) fail(`unknown service image magic 0x${hex(m1)}`);
       type = t!;
     } else {
       if (m0 !== IMG_COMMON_MAGIC) {
-        fail(m0 === IMG_SERVICE_MAGIC ? "service magic on a regular image" : `bad magic 0x${hex(m0)} (an image starts with 0x${hex(IMG_COMMON_MAGIC)})`);
+        fail(m0 === IMG_SERVICE_MAGIC ? "service magic on a regular image"
+          : `bad magic 0x${hex(m0)} (an image starts with 0x${hex(IMG_COMMON_MAGIC)})`);
       }
       const t = IMAGE_MAGICS.get(m1);
       if (!t) fail(`unknown image magic 0x${hex(m1)}`);
@@ -182,7 +189,9 @@ export async function scanImage(cls: ImageClass, chunks: AsyncIterable<Buffer>, 
       }
       left = len;
       if (collect) {
-        if (len > MAX_DECODED_FRAME) fail(`frame ${frames} is ${len} bytes, over the ${MAX_DECODED_FRAME}-byte limit for a ${type} entry`);
+        if (len > MAX_DECODED_FRAME) {
+          fail(`frame ${frames} is ${len} bytes, over the ${MAX_DECODED_FRAME}-byte limit for a ${type} entry`);
+        }
         body = [];
         if (len === 0) {
           collected.push(Buffer.alloc(0));
@@ -194,7 +203,9 @@ export async function scanImage(cls: ImageClass, chunks: AsyncIterable<Buffer>, 
   if (head.length < headerLen) fail(`truncated header (${bytes} bytes, an image needs at least ${headerLen})`);
   if (!stop) {
     if (lenBuf.length > 0) fail(`${lenBuf.length} stray byte(s) at the end (a frame length needs 4)`);
-    if (left > 0) fail(`frame ${frames} runs ${left} byte(s) past the end of the file (frames must end exactly at EOF)`);
+    if (left > 0) {
+      fail(`frame ${frames} runs ${left} byte(s) past the end of the file (frames must end exactly at EOF)`);
+    }
   }
   return { type, magic, frames, collected, bytes };
 }

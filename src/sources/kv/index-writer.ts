@@ -15,9 +15,10 @@
 import { createHash } from "node:crypto";
 import { createReadStream, openSync } from "node:fs";
 import { join } from "node:path";
-import { destinationError } from "../errors.js";
-import { BatchedWriter } from "../util/batched-writer.js";
-import { KV_INDEX_FORMAT, type KvContent, type KvIndexFile } from "./kv-format.js";
+import { destinationError } from "../../errors.js";
+import { BatchedWriter } from "../../util/batched-writer.js";
+import { KV_INDEX_FORMAT } from "./format.js";
+import type { KvContent, KvIndexFile } from "./index-format.js";
 
 /** Serialised entries are written out in batches of about this many characters. */
 const BATCH = 64 * 1024;
@@ -162,10 +163,13 @@ export class KvIndexWriter {
    * Close the spill files and describe the document: its size and a function that streams it
    * (and, once streamed to the end, reports its SHA-256 to `onHash`).
    */
-  finish(header: KvIndexHeader, files: KvIndexFile[], onHash: (hex: string) => void): { size: number; open: () => AsyncIterable<Buffer> } {
+  finish(
+    header: KvIndexHeader, files: KvIndexFile[], onHash: (hex: string) => void,
+  ): { size: number; open: () => AsyncIterable<Buffer> } {
     this.#contents.close();
     this.#pages.close();
-    const head = Buffer.from(`${JSON.stringify({ format: KV_INDEX_FORMAT, version: 1, ...header }).slice(0, -1)},"contents":[`, "utf8");
+    const headJson = JSON.stringify({ format: KV_INDEX_FORMAT, version: 1, ...header });
+    const head = Buffer.from(`${headJson.slice(0, -1)},"contents":[`, "utf8");
     const mid = Buffer.from('],"pages":[', "utf8");
     const tail = Buffer.from(`],"files":${JSON.stringify(files)}}\n`, "utf8");
     const size = head.length + this.#contents.bytes + mid.length + this.#pages.bytes + tail.length;
