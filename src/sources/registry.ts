@@ -4,7 +4,7 @@ import { stateSource } from "./state.js";
 import { pfimgSource } from "./pfimg.js";
 import { kvSource } from "./kv.js";
 import { sqliteSource } from "./sqlite.js";
-import { gitSource } from "./git.js";
+import { gitSource } from "./git/index.js";
 import type { SourceKind } from "./types.js";
 import { criuSource } from "./criu.js";
 import { traceSource } from "./trace.js";
