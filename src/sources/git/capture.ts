@@ -40,7 +40,9 @@ interface CaptureState {
  * repository as it is now: an incremental snapshot references it instead of writing and
  * scanning the history again (a commit, a new branch or a moved tag changes the fingerprint).
  */
-export function refsFingerprint(impl: string, objectFormat: string, headRef: string | null, headOid: string | null, refs: readonly string[]): string {
+export function refsFingerprint(
+  impl: string, objectFormat: string, headRef: string | null, headOid: string | null, refs: readonly string[],
+): string {
   const h = createHash("sha256").update(`${impl}\n${objectFormat}\nHEAD ${headRef ?? "-"} ${headOid ?? "-"}\n`);
   for (const r of [...refs].sort()) h.update(`${r}\n`);
   return `git-refs:${h.digest("hex")}`;
@@ -52,7 +54,9 @@ export function refsFingerprint(impl: string, objectFormat: string, headRef: str
  * (written before memsnap recorded `bundle_bytes`), or without a scan where this snapshot
  * redacts, is not reused.
  */
-function reusableBundle(ctx: CaptureContext | undefined, artifact: string, fingerprint: string, redacting: boolean): CaptureState["reused"] {
+function reusableBundle(
+  ctx: CaptureContext | undefined, artifact: string, fingerprint: string, redacting: boolean,
+): CaptureState["reused"] {
   const meta = ctx?.unchanged?.(artifact, fingerprint, "git-bundle");
   const bytes = meta?.bundle_bytes;
   if (typeof bytes !== "number" || !Number.isSafeInteger(bytes) || bytes <= 0) return undefined;
@@ -76,8 +80,11 @@ function worktreeMeta(cfg: GitConfig, listing: WorktreeListing | null): Record<s
 }
 
 async function captureGit(cfg: GitConfig, root: string, repo: RepoPaths, work: string, signal: AbortSignal | undefined,
-  redactor: Redactor | undefined, children: Set<ChildProcessWithoutNullStreams>, ctx?: CaptureContext): Promise<CaptureState> {
-  const base: GitCtx = { cwd: root, env: gitEnv({ GIT_DIR: repo.dotgit, GIT_WORK_TREE: root }), ...(signal ? { signal } : {}) };
+  redactor: Redactor | undefined, children: Set<ChildProcessWithoutNullStreams>, ctx?: CaptureContext,
+): Promise<CaptureState> {
+  const base: GitCtx = {
+    cwd: root, env: gitEnv({ GIT_DIR: repo.dotgit, GIT_WORK_TREE: root }), ...(signal ? { signal } : {}),
+  };
   // First a plain call that fails cleanly on something that is not a usable repository.
   const fmt = (await gitIn(root, base, ["rev-parse", "--show-object-format"])).stdout.toString("utf8").trim() || "sha1";
   const [partial, sym, hv, refList, filters] = await Promise.all([
@@ -88,7 +95,8 @@ async function captureGit(cfg: GitConfig, root: string, repo: RepoPaths, work: s
     neutralizeFilters(root, base),
   ]);
   if (partial.code === 0) {
-    throw sourceInvalid(root, `${root} is a partial clone (objects are missing by design)`, "fetch every object first (git fetch --refetch, or clone without --filter), then snapshot again");
+    throw sourceInvalid(root, `${root} is a partial clone (objects are missing by design)`,
+      "fetch every object first (git fetch --refetch, or clone without --filter), then snapshot again");
   }
   const headRef = sym.code === 0 ? sym.stdout.toString("utf8").trim() : null;
   const headOid = hv.code === 0 ? hv.stdout.toString("utf8").trim() : null;
@@ -96,7 +104,9 @@ async function captureGit(cfg: GitConfig, root: string, repo: RepoPaths, work: s
   const refOids = refLines.map((l) => l.slice(0, l.indexOf(" ")));
   const g: GitCtx = { ...base, env: gitEnv({ GIT_DIR: repo.dotgit, GIT_WORK_TREE: root }, filters) };
   const artifact = `${cfg.name}/${BUNDLE_ARTIFACT}`;
-  const bundleFingerprint = refOids.length > 0 || headOid ? refsFingerprint("git", fmt, headRef, headOid, refLines) : undefined;
+  const bundleFingerprint = refOids.length > 0 || headOid
+    ? refsFingerprint("git", fmt, headRef, headOid, refLines)
+    : undefined;
   const reused = bundleFingerprint ? reusableBundle(ctx, artifact, bundleFingerprint, !!redactor) : undefined;
   const bundle = bundleFingerprint && !reused ? join(work, BUNDLE_ARTIFACT) : null;
   // The history scan starts now, from the refs as just read, alongside the bundle; should a
@@ -120,20 +130,26 @@ async function captureGit(cfg: GitConfig, root: string, repo: RepoPaths, work: s
   if (scan0 && redactor && header) {
     const moved = [...new Set(header.refs.map((r) => r.oid))].filter((o) => !tips.includes(o));
     scan = !moved.length ? scan0 : (async () => {
-      const [a, b] = await Promise.all([scan0, scanHistoryGit(root, g, [...moved, ...tips.map((o) => `^${o}`)], redactor, artifact, children)]);
-      return Object.fromEntries(Object.entries(a).map(([k, v]) => [k, v + b[k as keyof HistoryScan]])) as unknown as HistoryScan;
+      const revs = [...moved, ...tips.map((o) => `^${o}`)];
+      const [a, b] = await Promise.all([scan0, scanHistoryGit(root, g, revs, redactor, artifact, children)]);
+      const sum = Object.entries(a).map(([k, v]) => [k, v + b[k as keyof HistoryScan]]);
+      return Object.fromEntries(sum) as unknown as HistoryScan;
     })();
   }
+  const refCount = header ? header.refs.filter((r) => r.name !== "HEAD").length : reused ? refLines.length : 0;
   return {
-    bundle, bundleSize, listing, scan, ...(bundleFingerprint ? { bundleFingerprint } : {}), ...(reused ? { reused } : {}),
+    bundle, bundleSize, listing, scan,
+    ...(bundleFingerprint ? { bundleFingerprint } : {}), ...(reused ? { reused } : {}),
     meta: {
       impl: "git", object_format: fmt,
-      ...headMeta(head, headRef, headOid, header ? header.refs.filter((r) => r.name !== "HEAD").length : reused ? refLines.length : 0),
+      ...headMeta(head, headRef, headOid, refCount),
     },
   };
 }
 
-function headMeta(head: HeadFacts | null, headRef: string | null, headOid: string | null, refCount: number): Record<string, unknown> {
+function headMeta(
+  head: HeadFacts | null, headRef: string | null, headOid: string | null, refCount: number,
+): Record<string, unknown> {
   return {
     empty: headOid === null && refCount === 0,
     bundle: headOid !== null || refCount > 0,
@@ -164,7 +180,9 @@ async function captureIso(cfg: GitConfig, root: string, repo: RepoPaths, work: s
   let scan: Promise<HistoryScan> | null = null;
   const artifact = `${cfg.name}/${BUNDLE_ARTIFACT}`;
   const bundleFingerprint = facts.refs.length > 0 || facts.headOid
-    ? refsFingerprint("isomorphic-git", "sha1", facts.headRef, facts.headOid, facts.refs.map((r) => `${r.oid} ${r.name}`))
+    ? refsFingerprint(
+      "isomorphic-git", "sha1", facts.headRef, facts.headOid, facts.refs.map((r) => `${r.oid} ${r.name}`),
+    )
     : undefined;
   const reused = bundleFingerprint ? reusableBundle(ctx, artifact, bundleFingerprint, !!redactor) : undefined;
   if (bundleFingerprint && !reused) {
@@ -177,8 +195,12 @@ async function captureIso(cfg: GitConfig, root: string, repo: RepoPaths, work: s
     }
   }
   return {
-    bundle, bundleSize, listing, scan, ...(bundleFingerprint ? { bundleFingerprint } : {}), ...(reused ? { reused } : {}),
-    meta: { impl: "isomorphic-git", object_format: "sha1", ...headMeta(facts.head, facts.headRef, facts.headOid, facts.refs.length) },
+    bundle, bundleSize, listing, scan,
+    ...(bundleFingerprint ? { bundleFingerprint } : {}), ...(reused ? { reused } : {}),
+    meta: {
+      impl: "isomorphic-git", object_format: "sha1",
+      ...headMeta(facts.head, facts.headRef, facts.headOid, facts.refs.length),
+    },
   };
 }
 
@@ -218,26 +240,32 @@ export async function captureLayer(cfg: GitConfig, ctx: CaptureContext): Promise
   const docBytes = listing ? Buffer.from(`${JSON.stringify(worktreeDoc(listing), null, 1)}\n`, "utf8") : null;
   const now = new Date();
   return {
-    estimatedBytes: cap.bundleSize + (docBytes?.length ?? 0) + (listing?.files.reduce((n, f) => n + f.stats.size, 0) ?? 0),
+    estimatedBytes: cap.bundleSize + (docBytes?.length ?? 0)
+      + (listing?.files.reduce((n, f) => n + f.stats.size, 0) ?? 0),
     notices: () => walkNotices(listing ?? {}),
     artifacts: (async function* (): AsyncGenerator<Artifact> {
       const fingerprint = cap.bundleFingerprint;
       if (cap.bundle) {
         const path = cap.bundle;
         yield {
-          path: BUNDLE_ARTIFACT, kind: "git-bundle", size: cap.bundleSize, mode: 0o600, mtime: now, ...(fingerprint ? { fingerprint } : {}),
+          path: BUNDLE_ARTIFACT, kind: "git-bundle", size: cap.bundleSize, mode: 0o600, mtime: now,
+          ...(fingerprint ? { fingerprint } : {}),
           open: () => createReadStream(path, { highWaterMark: 1 << 20 }),
         };
       } else if (cap.reused && fingerprint) {
         yield {
           path: BUNDLE_ARTIFACT, kind: "git-bundle", size: cap.reused.bytes, mode: 0o600, mtime: now, fingerprint,
           open: () => {
-            throw new MemsnapError("MEMSNAP_INTERNAL", `${cfg.name}/${BUNDLE_ARTIFACT} was to be referenced by the incremental snapshot, not read`);
+            throw new MemsnapError("MEMSNAP_INTERNAL",
+              `${cfg.name}/${BUNDLE_ARTIFACT} was to be referenced by the incremental snapshot, not read`);
           },
         };
       }
       if (docBytes) {
-        yield { path: WORKTREE_DOC_ARTIFACT, kind: "json", size: docBytes.length, mode: 0o600, mtime: now, open: () => Readable.from([docBytes]) };
+        yield {
+          path: WORKTREE_DOC_ARTIFACT, kind: "json", size: docBytes.length, mode: 0o600, mtime: now,
+          open: () => Readable.from([docBytes]),
+        };
       }
       // The work tree's small files are read ahead in batches off the main thread, as a files
       // layer's are (./prefetch.ts), except those an incremental snapshot will reference.
@@ -246,7 +274,8 @@ export async function captureLayer(cfg: GitConfig, ctx: CaptureContext): Promise
       })();
       for await (const { f, pre } of readAhead(files, root, (x) => {
         if (x.stats.size >= SMALL_FILE) return null;
-        if (ctx.unchanged?.(`${cfg.name}/${WORKTREE_DIR}/${x.rel}`, fingerprintOf(x.stats), "file") != null) return null;
+        const path = `${cfg.name}/${WORKTREE_DIR}/${x.rel}`;
+        if (ctx.unchanged?.(path, fingerprintOf(x.stats), "file") != null) return null;
         return x.stats.size + 1;
       })) {
         const a = fileArtifact(f, "file", `${WORKTREE_DIR}/${f.rel}`, undefined, pre);
@@ -260,7 +289,8 @@ export async function captureLayer(cfg: GitConfig, ctx: CaptureContext): Promise
       const bundleBytes = cap.reused?.bytes ?? (cap.bundle ? cap.bundleSize : undefined);
       return {
         root, ...cap.meta, state, worktree: worktreeMeta(cfg, listing), history_scan: scan,
-        ...(bundleBytes !== undefined ? { bundle_bytes: bundleBytes } : {}), ...(cap.reused ? { bundle_reused: true } : {}),
+        ...(bundleBytes !== undefined ? { bundle_bytes: bundleBytes } : {}),
+        ...(cap.reused ? { bundle_reused: true } : {}),
       };
     },
     cleanup: async () => {

@@ -23,20 +23,25 @@ export async function findRepo(root: string): Promise<RepoPaths> {
   } catch (e) {
     throw sourceError(e, root);
   }
-  if (!st.isDirectory()) throw sourceInvalid(root, `${root} is not a directory; a git source needs a repository's work tree`, "point the source's path at the directory that holds .git");
+  if (!st.isDirectory()) {
+    throw sourceInvalid(root, `${root} is not a directory; a git source needs a repository's work tree`,
+      "point the source's path at the directory that holds .git");
+  }
   const dotgit = join(root, ".git");
   let gst: Stats;
   try {
     gst = await lstat(dotgit);
   } catch (e) {
     if ((e as NodeJS.ErrnoException).code === "ENOENT") {
-      throw sourceInvalid(root, `${root} is not a git repository (it has no .git)`, "point the source's path at a repository's top directory, or use a files source");
+      throw sourceInvalid(root, `${root} is not a git repository (it has no .git)`,
+        "point the source's path at a repository's top directory, or use a files source");
     }
     throw sourceError(e, dotgit);
   }
   let gitdir = dotgit;
   if (gst.isFile()) {
-    const m = /^gitdir: (.+)$/m.exec(await readFile(dotgit, "utf8").catch((e: unknown) => { throw sourceError(e, dotgit); }));
+    const text = await readFile(dotgit, "utf8").catch((e: unknown) => { throw sourceError(e, dotgit); });
+    const m = /^gitdir: (.+)$/m.exec(text);
     if (!m) throw sourceInvalid(root, `${dotgit} is neither a directory nor a "gitdir:" file`);
     gitdir = resolve(root, m[1]!.trim());
   } else if (!gst.isDirectory()) {

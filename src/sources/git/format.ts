@@ -11,7 +11,7 @@ export const WORKTREE_DOC_ARTIFACT = "worktree-deleted.json";
 export const WORKTREE_DIR = "worktree";
 export const WORKTREE_DOC_MAX = 64 * 1024 * 1024;
 
-// ------------------------------------------------------------------------------ shared: bundle header
+// ------------------------------------------------------------------------------ bundle header
 
 export const BUNDLE_V2_SIGNATURE = "# v2 git bundle\n";
 export const BUNDLE_V3_SIGNATURE = "# v3 git bundle\n";
@@ -118,7 +118,7 @@ export async function checkPackTrailer(path: string, offset: number): Promise<st
   }
 }
 
-// ------------------------------------------------------------------------------ shared: worktree document
+// ------------------------------------------------------------------------------ worktree document
 
 /** `worktree-deleted.json`: what restore needs to reproduce `git status` besides the files. */
 export interface WorktreeDoc {
@@ -155,11 +155,15 @@ export function parseWorktreeDoc(bytes: Buffer): WorktreeDoc | string {
   }
   const o = v as Partial<WorktreeDoc> | null;
   if (typeof o !== "object" || o === null || Array.isArray(o)) return "not a JSON object";
-  if (o.format !== "memsnap-git-worktree") return `format is ${JSON.stringify(o.format)}, expected "memsnap-git-worktree"`;
+  if (o.format !== "memsnap-git-worktree") {
+    return `format is ${JSON.stringify(o.format)}, expected "memsnap-git-worktree"`;
+  }
   if (o.version !== 1) return `unsupported version ${JSON.stringify(o.version)}`;
   for (const key of ["deleted", "executable"] as const) {
     const list = o[key];
-    if (!Array.isArray(list) || !list.every((x) => typeof x === "string")) return `"${key}" must be an array of strings`;
+    if (!Array.isArray(list) || !list.every((x) => typeof x === "string")) {
+      return `"${key}" must be an array of strings`;
+    }
     for (const p of list) {
       const why = worktreePathProblem(p);
       if (why) return `"${key}" holds an unsafe path ${JSON.stringify(p)} (${why})`;

@@ -1,8 +1,9 @@
 /**
- * The history scan. With redaction on, history cannot be rewritten, so every blob, commit message and tag
- * message reachable from the bundle's refs is scanned (streaming: rev-list → cat-file
- * --batch-check → cat-file --batch, one object in memory at a time, binary blobs and blobs
- * over 16 MiB skipped) and findings are recorded as unredacted against `<layer>/repo.bundle`.
+ * The history scan. With redaction on, history cannot be rewritten, so every blob, commit
+ * message and tag message reachable from the bundle's refs is scanned (streaming: rev-list →
+ * cat-file --batch-check → cat-file --batch, one object in memory at a time, binary blobs and
+ * blobs over 16 MiB skipped) and findings are recorded as unredacted against
+ * `<layer>/repo.bundle`.
  */
 import type { ChildProcessWithoutNullStreams } from "node:child_process";
 import type { Redactor } from "../../redact/types.js";
@@ -34,7 +35,9 @@ export function emptyScan(): HistoryScan {
  * Scan one object's text for secrets: a blob's content (unless binary), or the message of a
  * commit or tag (their headers hold only oids, names and dates). Trees are not text.
  */
-export async function scanObject(type: string, data: Buffer, redactor: Redactor, artifact: string, st: HistoryScan): Promise<void> {
+export async function scanObject(
+  type: string, data: Buffer, redactor: Redactor, artifact: string, st: HistoryScan,
+): Promise<void> {
   let text: Buffer;
   if (type === "blob") {
     if (data.subarray(0, BINARY_PROBE_BYTES).includes(0)) {
@@ -65,15 +68,18 @@ export async function scanObject(type: string, data: Buffer, redactor: Redactor,
 /**
  * Scan every blob, commit message and tag message reachable from `revs` (rev-list arguments:
  * tips, and `^oid` exclusions):
- *   rev-list --objects --stdin │ cat-file --batch-check │ (node: pick blobs ≤ 16 MiB, commits, tags) │ cat-file --batch │ scan
+ *   rev-list --objects --stdin │ cat-file --batch-check │ (node: pick blobs ≤ 16 MiB, commits, tags)
+ *   │ cat-file --batch │ scan
  * Backpressure flows end to end, so memory holds one object (≤ 16 MiB) plus pipe buffers.
  */
 export async function scanHistoryGit(
-  root: string, g: GitCtx, revs: string[], redactor: Redactor, artifact: string, children: Set<ChildProcessWithoutNullStreams>,
+  root: string, g: GitCtx, revs: string[], redactor: Redactor, artifact: string,
+  children: Set<ChildProcessWithoutNullStreams>,
 ): Promise<HistoryScan> {
   const st = emptyScan();
   const revList = spawnGit(root, g, ["rev-list", "--objects", "--no-object-names", "--stdin"], children);
-  const check = spawnGit(root, g, ["cat-file", "--batch-check=%(objectname) %(objecttype) %(objectsize)", "--buffer"], children);
+  const checkArgs = ["cat-file", "--batch-check=%(objectname) %(objecttype) %(objectsize)", "--buffer"];
+  const check = spawnGit(root, g, checkArgs, children);
   const batch = spawnGit(root, g, ["cat-file", "--batch", "--buffer"], children);
   const all = [revList, check, batch];
   revList.child.stdin.end(`${[...new Set(revs)].join("\n")}\n`);
@@ -96,7 +102,9 @@ export async function scanHistoryGit(
       let out = "";
       for (const line of lines) {
         const [oid, type, size] = line.split(" ");
-        if (type === "missing") throw sourceInvalid(root, `git object ${oid} is missing from ${root} (the repository is damaged)`);
+        if (type === "missing") {
+          throw sourceInvalid(root, `git object ${oid} is missing from ${root} (the repository is damaged)`);
+        }
         st.objects++;
         if (type === "blob") {
           if (Number(size) > SCAN_MAX_BYTES) {

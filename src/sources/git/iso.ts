@@ -19,7 +19,6 @@ import {
   type BundleRef, type HeadFacts, type HeadSpec,
 } from "./format.js";
 import { emptyScan, scanObject, SCAN_MAX_BYTES, type HistoryScan } from "./history-scan.js";
-
 import type { PromiseFsClient } from "isomorphic-git";
 
 type IsoGit = typeof import("isomorphic-git");
@@ -30,7 +29,8 @@ let isoGit: Promise<IsoGit> | undefined;
 export async function loadIsoGit(): Promise<IsoGit> {
   isoGit ??= import("isomorphic-git").catch((e: unknown) => {
     isoGit = undefined;
-    throw new MemsnapError("MEMSNAP_INTERNAL", `neither a git binary nor isomorphic-git is available: ${(e as Error).message}`, {
+    const msg = `neither a git binary nor isomorphic-git is available: ${(e as Error).message}`;
+    throw new MemsnapError("MEMSNAP_INTERNAL", msg, {
       cause: e, hint: "install git (https://git-scm.com) or reinstall memsnap with its dependencies",
     });
   });
@@ -178,7 +178,9 @@ export async function isoStatus(root: string, gitdir: string): Promise<StatusEnt
  * Make `dir` a repository holding the bundle's objects and refs, HEAD as `head`, the work
  * tree and index checked out from HEAD. `dir` must hold nothing but what the caller put there.
  */
-export async function isoMaterialize(dir: string, bundle: string | null, head: HeadSpec, artifact: string): Promise<{ count: number; paths: string[] }> {
+export async function isoMaterialize(
+  dir: string, bundle: string | null, head: HeadSpec, artifact: string,
+): Promise<{ count: number; paths: string[] }> {
   const git = await loadIsoGit();
   const fs = nodeFs;
   const links = { count: 0, paths: [] as string[] };
@@ -190,7 +192,9 @@ export async function isoMaterialize(dir: string, bundle: string | null, head: H
       path: artifact, hint: "the git bundle in this snapshot is damaged; use another snapshot",
     });
     if (typeof h === "string") throw bad(h);
-    if (h.objectFormat !== "sha1") throw bad("isomorphic-git reads only SHA-1 repositories; install git to restore this one");
+    if (h.objectFormat !== "sha1") {
+      throw bad("isomorphic-git reads only SHA-1 repositories; install git to restore this one");
+    }
     const problem = await checkPackTrailer(bundle, h.packOffset);
     if (problem) throw bad(problem);
     const all = await readFile(bundle);
@@ -260,7 +264,9 @@ function plainFileLinks(dir: string, links: { count: number; paths: string[] }):
 export async function isoVerifyBundle(path: string): Promise<string | null> {
   const h = await readBundleHeader(path);
   if (typeof h === "string") return h;
-  if (h.prerequisites.length) return `bundle needs ${h.prerequisites.length} prerequisite commit(s); memsnap writes complete bundles`;
+  if (h.prerequisites.length) {
+    return `bundle needs ${h.prerequisites.length} prerequisite commit(s); memsnap writes complete bundles`;
+  }
   if (h.refs.length === 0) return "bundle has no refs";
   const trailer = await checkPackTrailer(path, h.packOffset);
   if (trailer) return trailer;
@@ -272,7 +278,8 @@ export async function isoVerifyBundle(path: string): Promise<string | null> {
     await writeFile(join(scratch, rel), (await readFile(path)).subarray(h.packOffset));
     let oids: Set<string>;
     try {
-      oids = new Set((await git.indexPack({ fs: nodeFs, dir: scratch, gitdir: join(scratch, "g"), filepath: rel })).oids);
+      const indexed = await git.indexPack({ fs: nodeFs, dir: scratch, gitdir: join(scratch, "g"), filepath: rel });
+      oids = new Set(indexed.oids);
     } catch (e) {
       return `packfile does not index: ${(e as Error).message}`;
     }

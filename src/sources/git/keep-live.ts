@@ -9,7 +9,9 @@ import { gitEnv, gitImpl, runGit, said, type GitResult } from "./run.js";
 /** Keys of the rebuilt repository's config that say how it is laid out on disk: they win over the live config's. */
 const FORMAT_KEYS = /^(core\.repositoryformatversion|core\.symlinks|extensions\..+)$/i;
 /** The extensions isomorphic-git may find in a live config (it writes none itself). */
-const ISO_EXTENSIONS = ["objectformat", "compatobjectformat", "refstorage", "worktreeconfig", "partialclone", "preciousobjects", "noop"];
+const ISO_EXTENSIONS = [
+  "objectformat", "compatobjectformat", "refstorage", "worktreeconfig", "partialclone", "preciousobjects", "noop",
+];
 
 /** `git config --file FILE args…` (never a repository's config: only the file named). */
 async function configFile(file: string, args: string[], ok: number[] = [0]): Promise<Buffer> {
@@ -17,10 +19,13 @@ async function configFile(file: string, args: string[], ok: number[] = [0]): Pro
   try {
     r = await runGit(["config", "--file", file, ...args], { cwd: dirname(file), env: gitEnv() });
   } catch (e) {
-    throw new MemsnapError("MEMSNAP_INTERNAL", `cannot run git config on ${file}: ${(e as Error).message}`, { path: file, cause: e, hint: "install git, or set MEMSNAP_GIT_IMPL=isomorphic" });
+    throw new MemsnapError("MEMSNAP_INTERNAL", `cannot run git config on ${file}: ${(e as Error).message}`, {
+      path: file, cause: e, hint: "install git, or set MEMSNAP_GIT_IMPL=isomorphic",
+    });
   }
   if (!ok.includes(r.code)) {
-    throw new MemsnapError("MEMSNAP_DEST_UNWRITABLE", `git config --file ${file} ${args[0]} failed: ${said(r.stderr)}`, {
+    const msg = `git config --file ${file} ${args[0]} failed: ${said(r.stderr)}`;
+    throw new MemsnapError("MEMSNAP_DEST_UNWRITABLE", msg, {
       path: file, hint: "check the live repository's .git/config (git config --list in it)",
     });
   }
@@ -40,13 +45,16 @@ async function configFile(file: string, args: string[], ok: number[] = [0]): Pro
 export async function keepLiveRepoFiles(root: string, staged: string): Promise<void> {
   const live = join(root, ".git");
   const dest = join(staged, ".git");
-  if (!(await lstat(live).catch(() => null))?.isDirectory() || !(await lstat(dest).catch(() => null))?.isDirectory()) return;
+  const isDir = async (p: string): Promise<boolean> => (await lstat(p).catch(() => null))?.isDirectory() ?? false;
+  if (!(await isDir(live)) || !(await isDir(dest))) return;
   for (const name of ["hooks", "info"]) {
     const from = join(live, name);
     if (!(await lstat(from).catch(() => null))) continue;
     const to = join(dest, name);
     await rm(to, { recursive: true, force: true });
-    await cp(from, to, { recursive: true, verbatimSymlinks: true, preserveTimestamps: true, errorOnExist: true, force: false })
+    await cp(from, to, {
+      recursive: true, verbatimSymlinks: true, preserveTimestamps: true, errorOnExist: true, force: false,
+    })
       .catch((e: unknown) => { throw destinationError(e, to); });
   }
   const liveConfig = join(live, "config");
@@ -54,10 +62,12 @@ export async function keepLiveRepoFiles(root: string, staged: string): Promise<v
   if (!st?.isFile()) return;
   const fresh = join(dest, "config");
   const tmp = `${fresh}.memsnap-live`;
-  await writeFile(tmp, await readFile(liveConfig), { mode: st.mode & 0o777 }).catch((e: unknown) => { throw destinationError(e, tmp); });
+  await writeFile(tmp, await readFile(liveConfig), { mode: st.mode & 0o777 })
+    .catch((e: unknown) => { throw destinationError(e, tmp); });
   if (gitImpl() === "git") {
     const layout: Array<[string, string]> = [];
-    for (const rec of (await configFile(fresh, ["-z", "--get-regexp", FORMAT_KEYS.source], [0, 1])).toString("utf8").split("\0")) {
+    const keys = await configFile(fresh, ["-z", "--get-regexp", FORMAT_KEYS.source], [0, 1]);
+    for (const rec of keys.toString("utf8").split("\0")) {
       const nl = rec.indexOf("\n");
       if (nl > 0) layout.push([rec.slice(0, nl), rec.slice(nl + 1)]);
     }
@@ -74,9 +84,16 @@ export async function keepLiveRepoFiles(root: string, staged: string): Promise<v
     const scratch = await mkdtemp(join(dest, ".memsnap-config-"));
     try {
       await rename(tmp, join(scratch, "config"));
-      for (const x of ISO_EXTENSIONS) await git.setConfig({ fs, gitdir: scratch, path: `extensions.${x}`, value: undefined });
-      await git.setConfig({ fs, gitdir: scratch, path: "core.repositoryformatversion", value: version === undefined ? undefined : String(version) });
-      await git.setConfig({ fs, gitdir: scratch, path: "core.symlinks", value: symlinks === undefined ? undefined : String(symlinks) });
+      for (const x of ISO_EXTENSIONS) {
+        await git.setConfig({ fs, gitdir: scratch, path: `extensions.${x}`, value: undefined });
+      }
+      await git.setConfig({
+        fs, gitdir: scratch, path: "core.repositoryformatversion",
+        value: version === undefined ? undefined : String(version),
+      });
+      await git.setConfig({
+        fs, gitdir: scratch, path: "core.symlinks", value: symlinks === undefined ? undefined : String(symlinks),
+      });
       await rename(join(scratch, "config"), tmp);
     } finally {
       await rm(scratch, { recursive: true, force: true });

@@ -15,19 +15,23 @@ import { gitEnv, gitImpl, neutralizeFilters, runGit, said, type GitCtx, type Git
 /** What HEAD should be, from the layer meta (checked: it is untrusted input). */
 function headSpec(layer: LayerEntry): HeadSpec {
   const meta = layer.meta ?? {};
-  const bad = (why: string): MemsnapError => new MemsnapError("MEMSNAP_MANIFEST_CORRUPT", `git layer ${layer.name}: ${why}`, {
-    hint: "the manifest's layer meta is damaged; use another snapshot",
-  });
+  const bad = (why: string): MemsnapError => new MemsnapError(
+    "MEMSNAP_MANIFEST_CORRUPT", `git layer ${layer.name}: ${why}`,
+    { hint: "the manifest's layer meta is damaged; use another snapshot" },
+  );
   const head = meta.head as { oid?: unknown } | null | undefined;
   let oid: string | null = null;
   if (head !== null && head !== undefined) {
-    if (typeof head.oid !== "string" || !/^[0-9a-f]{40}([0-9a-f]{24})?$/.test(head.oid)) throw bad("meta.head.oid is not an object id");
+    if (typeof head.oid !== "string" || !/^[0-9a-f]{40}([0-9a-f]{24})?$/.test(head.oid)) {
+      throw bad("meta.head.oid is not an object id");
+    }
     oid = head.oid;
   }
   const branch = meta.branch;
   // git's own ref-name rules (check-ref-format): a name with `..` or a leading `-` would
   // leave refs/ or be taken for an option.
-  if (branch !== null && branch !== undefined && (typeof branch !== "string" || branch === "" || /[\0-\x20\x7f~^:?*[\\]|\.\.|@\{|\/\/|^[-/.]|\/\.|[/.]$|\.lock(\/|$)/.test(branch))) {
+  const badRef = /[\0-\x20\x7f~^:?*[\\]|\.\.|@\{|\/\/|^[-/.]|\/\.|[/.]$|\.lock(\/|$)/;
+  if (branch !== null && branch !== undefined && (typeof branch !== "string" || branch === "" || badRef.test(branch))) {
     throw bad("meta.branch is not a branch name");
   }
   if (meta.detached === true || typeof branch !== "string") {
@@ -43,13 +47,17 @@ export interface LinksWritten {
   paths: string[];
 }
 
+const DAMAGED_HINT = "the git bundle in this snapshot is damaged; run 'memsnap verify --deep' and use another snapshot";
+
 /**
  * The symlinks (mode 120000) of HEAD's tree, streamed from `git ls-tree -r -z` (one record in
  * memory at a time, whatever the tree's size).
  */
 function symlinksInHead(g: GitCtx, artifact: string): Promise<LinksWritten> {
   return new Promise((res, rej) => {
-    const child = spawn("git", ["ls-tree", "-r", "-z", "--full-tree", "HEAD"], { cwd: g.cwd, env: g.env, stdio: ["ignore", "pipe", "pipe"], windowsHide: true });
+    const child = spawn("git", ["ls-tree", "-r", "-z", "--full-tree", "HEAD"], {
+      cwd: g.cwd, env: g.env, stdio: ["ignore", "pipe", "pipe"], windowsHide: true,
+    });
     const out: LinksWritten = { count: 0, paths: [] };
     let rest = Buffer.alloc(0);
     let err = "";
@@ -67,14 +75,17 @@ function symlinksInHead(g: GitCtx, artifact: string): Promise<LinksWritten> {
       rest = Buffer.from(buf);
     });
     child.stderr.on("data", (b: Buffer) => { if (err.length < 64 * 1024) err += b.toString("utf8"); });
-    child.on("error", (e) => rej(new MemsnapError("MEMSNAP_INTERNAL", `cannot run git to restore ${artifact}: ${e.message}`, {
-      path: artifact, cause: e, hint: "install git, or set MEMSNAP_GIT_IMPL=isomorphic",
-    })));
+    child.on("error", (e) => rej(new MemsnapError("MEMSNAP_INTERNAL",
+      `cannot run git to restore ${artifact}: ${e.message}`, {
+        path: artifact, cause: e, hint: "install git, or set MEMSNAP_GIT_IMPL=isomorphic",
+      })));
     child.on("close", (code) => {
       if (code === 0) res(out);
-      else rej(new MemsnapError("MEMSNAP_DEEP_VERIFY_FAILED", `restoring ${artifact}: git ls-tree failed: ${said(err)}`, {
-        path: artifact, hint: "the git bundle in this snapshot is damaged; run 'memsnap verify --deep' and use another snapshot",
-      }));
+      else {
+        rej(new MemsnapError("MEMSNAP_DEEP_VERIFY_FAILED", `restoring ${artifact}: git ls-tree failed: ${said(err)}`, {
+          path: artifact, hint: DAMAGED_HINT,
+        }));
+      }
     });
   });
 }
@@ -82,12 +93,17 @@ function symlinksInHead(g: GitCtx, artifact: string): Promise<LinksWritten> {
 /** The note a restore prints when the checked-out tree held symlinks (written as plain files). */
 export function linksNote(layer: string, links: LinksWritten): string {
   const some = links.paths.map((p) => JSON.stringify(p)).join(", ") + (links.count > links.paths.length ? ", …" : "");
-  return `git layer ${layer}: ${links.count} symlink${links.count === 1 ? "" : "s"} in the checked-out tree (${some}) ` +
-    `${links.count === 1 ? "was" : "were"} restored as plain files holding the link target, and the repository has core.symlinks=false ` +
-    "(restore creates no link a bundle asks for); to have links again: git config core.symlinks true, then git checkout -- PATH";
+  return `git layer ${layer}: ${links.count} symlink${links.count === 1 ? "" : "s"} ` +
+    `in the checked-out tree (${some}) ` +
+    `${links.count === 1 ? "was" : "were"} restored as plain files holding the link target, ` +
+    "and the repository has core.symlinks=false " +
+    "(restore creates no link a bundle asks for); " +
+    "to have links again: git config core.symlinks true, then git checkout -- PATH";
 }
 
-async function materializeGit(dir: string, bundle: string | null, head: HeadSpec, objectFormat: string, artifact: string): Promise<LinksWritten> {
+async function materializeGit(
+  dir: string, bundle: string | null, head: HeadSpec, objectFormat: string, artifact: string,
+): Promise<LinksWritten> {
   const init: GitCtx = { cwd: dir, env: gitEnv() };
   let g: GitCtx = { cwd: dir, env: gitEnv({ GIT_DIR: join(dir, ".git"), GIT_WORK_TREE: dir }) };
   const run = async (args: string[], ctx: GitCtx, damaged: boolean): Promise<void> => {
@@ -102,16 +118,19 @@ async function materializeGit(dir: string, bundle: string | null, head: HeadSpec
     if (r.code === 0) return;
     throw new MemsnapError(damaged ? "MEMSNAP_DEEP_VERIFY_FAILED" : "MEMSNAP_DEST_UNWRITABLE",
       `restoring ${artifact}: git ${args[0]} failed: ${said(r.stderr)}`, {
-        path: artifact, hint: damaged ? "the git bundle in this snapshot is damaged; run 'memsnap verify --deep' and use another snapshot" : "check the destination",
+        path: artifact, hint: damaged ? DAMAGED_HINT : "check the destination",
       });
   };
   // A fresh .git: no template (no hooks, no info/), the default config git writes, nothing from the bundle.
-  await run(["init", "-q", "--template=", ...(objectFormat !== "sha1" ? [`--object-format=${objectFormat}`] : []), dir], init, false);
-  // The user's own filter drivers (git-lfs, …) must not run on checkout either: files come back as the blobs hold them.
+  const format = objectFormat !== "sha1" ? [`--object-format=${objectFormat}`] : [];
+  await run(["init", "-q", "--template=", ...format, dir], init, false);
+  // The user's own filter drivers (git-lfs, …) must not run on checkout either: files come back
+  // as the blobs hold them.
   const filters = await neutralizeFilters(dir, g);
   g = { ...g, env: gitEnv({ GIT_DIR: join(dir, ".git"), GIT_WORK_TREE: dir }, filters) };
   if (bundle) {
-    await run(["fetch", "-q", "--no-write-fetch-head", "--update-head-ok", "--no-tags", bundle, "refs/*:refs/*"], g, true);
+    const fetch = ["fetch", "-q", "--no-write-fetch-head", "--update-head-ok", "--no-tags", bundle, "refs/*:refs/*"];
+    await run(fetch, g, true);
   }
   if (head.ref) await run(["symbolic-ref", "HEAD", head.ref], g, true);
   else if (head.oid) await run(["update-ref", "--no-deref", "HEAD", head.oid], g, true);
@@ -120,7 +139,9 @@ async function materializeGit(dir: string, bundle: string | null, head: HeadSpec
   // file system without links): restore creates no link a bundle asks for, wherever it points.
   // The repository keeps core.symlinks=false so that `git status` sees those files as the links.
   if (links.count) await run(["config", "core.symlinks", "false"], g, false);
-  const checkout: GitCtx = { ...g, env: gitEnv({ GIT_DIR: join(dir, ".git"), GIT_WORK_TREE: dir }, [...filters, ["core.symlinks", "false"]]) };
+  const checkout: GitCtx = {
+    ...g, env: gitEnv({ GIT_DIR: join(dir, ".git"), GIT_WORK_TREE: dir }, [...filters, ["core.symlinks", "false"]]),
+  };
   if (head.oid) await run(["reset", "-q", "--hard", "HEAD"], checkout, true);
   return links;
 }
@@ -133,7 +154,10 @@ function unsafe(artifact: string, why: string): MemsnapError {
   });
 }
 
-/** Make sure every parent of `rel` under `dir` is a real directory (never a symlink); create missing ones when `create`. */
+/**
+ * Make sure every parent of `rel` under `dir` is a real directory (never a symlink); create
+ * missing ones when `create`.
+ */
 async function realParents(dir: string, rel: string, artifact: string, create: boolean): Promise<boolean> {
   const segs = rel.split("/");
   let cur = dir;
@@ -214,7 +238,8 @@ async function applyWorktree(dir: string, layer: string, worktree: string | null
         await rm(dest, { recursive: true });
       }
       await rename(join(worktree, ...rel.split("/")), dest).catch((e: unknown) => { throw destinationError(e, dest); });
-      await chmod(dest, doc.executable.includes(rel) ? 0o700 : 0o600).catch((e: unknown) => { throw destinationError(e, dest); });
+      await chmod(dest, doc.executable.includes(rel) ? 0o700 : 0o600)
+        .catch((e: unknown) => { throw destinationError(e, dest); });
     }
   }
 }
@@ -227,7 +252,9 @@ export async function materializeLayer(layerDir: string, layer: LayerEntry): Pro
   const art = (p: string): string => `${layer.name}/${p}`;
   const names = await readdir(dir);
   for (const n of names) {
-    if (n !== BUNDLE_ARTIFACT && n !== WORKTREE_DIR && n !== WORKTREE_DOC_ARTIFACT) throw unsafe(art(n), "not an artifact of a git layer");
+    if (n !== BUNDLE_ARTIFACT && n !== WORKTREE_DIR && n !== WORKTREE_DOC_ARTIFACT) {
+      throw unsafe(art(n), "not an artifact of a git layer");
+    }
   }
   const head = headSpec(layer);
   let doc: WorktreeDoc = { format: "memsnap-git-worktree", version: 1, deleted: [], executable: [] };
@@ -244,14 +271,18 @@ export async function materializeLayer(layerDir: string, layer: LayerEntry): Pro
   }
   const hasBundle = names.includes(BUNDLE_ARTIFACT);
   if (head.oid && !hasBundle) {
-    throw new MemsnapError("MEMSNAP_INDEX_MISMATCH", `git layer ${layer.name} records HEAD ${head.oid} but has no ${BUNDLE_ARTIFACT}`, {
+    const msg = `git layer ${layer.name} records HEAD ${head.oid} but has no ${BUNDLE_ARTIFACT}`;
+    throw new MemsnapError("MEMSNAP_INDEX_MISMATCH", msg, {
       path: art(BUNDLE_ARTIFACT), hint: "the bundle is damaged or was altered; use another snapshot",
     });
   }
-  const objectFormat = typeof layer.meta?.object_format === "string" && /^sha(1|256)$/.test(layer.meta.object_format) ? layer.meta.object_format : "sha1";
+  const objectFormat = typeof layer.meta?.object_format === "string" && /^sha(1|256)$/.test(layer.meta.object_format)
+    ? layer.meta.object_format
+    : "sha1";
   // Move the artifacts aside so `dir` is empty and becomes the work tree; a work-tree file
   // named like an artifact (`repo.bundle`) lives under worktree/ and can't collide.
-  const aside = await mkdtemp(join(dirname(dir), `.${basename(dir)}.git-restore-`)).catch((e: unknown) => { throw destinationError(e, dirname(dir)); });
+  const aside = await mkdtemp(join(dirname(dir), `.${basename(dir)}.git-restore-`))
+    .catch((e: unknown) => { throw destinationError(e, dirname(dir)); });
   try {
     const bundle = hasBundle ? join(aside, BUNDLE_ARTIFACT) : null;
     if (bundle) await rename(join(dir, BUNDLE_ARTIFACT), bundle);
@@ -265,7 +296,8 @@ export async function materializeLayer(layerDir: string, layer: LayerEntry): Pro
         links = await isoMaterialize(dir, bundle, head, art(BUNDLE_ARTIFACT));
       } catch (e) {
         if (e instanceof MemsnapError) throw e;
-        throw new MemsnapError("MEMSNAP_DEEP_VERIFY_FAILED", `restoring ${art(BUNDLE_ARTIFACT)} with isomorphic-git failed: ${(e as Error).message}`, {
+        const msg = `restoring ${art(BUNDLE_ARTIFACT)} with isomorphic-git failed: ${(e as Error).message}`;
+        throw new MemsnapError("MEMSNAP_DEEP_VERIFY_FAILED", msg, {
           path: art(BUNDLE_ARTIFACT), hint: "install git and retry, or use another snapshot",
         });
       }

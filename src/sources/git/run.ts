@@ -1,10 +1,10 @@
 /**
- * Running git safely. every git command runs with execFile/spawn (never a shell) and an environment that drops
- * inherited GIT_* variables, ignores the system config, and overrides config a memdir could
- * use to run commands (core.hooksPath=/dev/null, core.fsmonitor=false, every filter driver's
- * clean/smudge/process emptied) through GIT_CONFIG_COUNT, which also handles key names `-c`
- * cannot. Without a git binary (or with MEMSNAP_GIT_IMPL=isomorphic) isomorphic-git does
- * the work (./iso.ts).
+ * Running git safely: every git command runs with execFile/spawn (never a shell) and an
+ * environment that drops inherited GIT_* variables, ignores the system config, and overrides
+ * config a memdir could use to run commands (core.hooksPath=/dev/null, core.fsmonitor=false,
+ * every filter driver's clean/smudge/process emptied) through GIT_CONFIG_COUNT, which also
+ * handles key names `-c` cannot. Without a git binary (or with MEMSNAP_GIT_IMPL=isomorphic)
+ * isomorphic-git does the work (./iso.ts).
  */
 import { execFile, spawn, type ChildProcessWithoutNullStreams } from "node:child_process";
 import { accessSync, constants, statSync } from "node:fs";
@@ -36,7 +36,8 @@ export function gitImpl(): Impl {
   if (forced === undefined || forced === "" || forced === "auto") return hasGitBinary() ? "git" : "isomorphic-git";
   if (forced === "git") return "git";
   if (forced === "isomorphic" || forced === "isomorphic-git") return "isomorphic-git";
-  throw new MemsnapError("MEMSNAP_USAGE", `MEMSNAP_GIT_IMPL must be "git" or "isomorphic", got ${JSON.stringify(forced)}`, {
+  const msg = `MEMSNAP_GIT_IMPL must be "git" or "isomorphic", got ${JSON.stringify(forced)}`;
+  throw new MemsnapError("MEMSNAP_USAGE", msg, {
     hint: "unset MEMSNAP_GIT_IMPL to use the git binary when it is installed",
   });
 }
@@ -67,7 +68,9 @@ const SAFE_CONFIG: ReadonlyArray<[string, string]> = [
 /** Inherited variables kept: the install's exec path and the user's own global config file. */
 const KEEP_ENV = new Set(["GIT_EXEC_PATH", "GIT_CONFIG_GLOBAL"]);
 
-export function gitEnv(vars: Record<string, string> = {}, extraConfig: ReadonlyArray<[string, string]> = []): NodeJS.ProcessEnv {
+export function gitEnv(
+  vars: Record<string, string> = {}, extraConfig: ReadonlyArray<[string, string]> = [],
+): NodeJS.ProcessEnv {
   const env: NodeJS.ProcessEnv = {};
   for (const [k, v] of Object.entries(process.env)) if (!k.startsWith("GIT_") || KEEP_ENV.has(k)) env[k] = v;
   Object.assign(env, {
@@ -121,7 +124,9 @@ export function said(stderr: string): string {
   return s.length > 800 ? `${s.slice(0, 800)}…` : s || "no message";
 }
 
-export function sourceInvalid(root: string, msg: string, hint = "check the repository with 'git fsck --full' in it"): MemsnapError {
+export function sourceInvalid(
+  root: string, msg: string, hint = "check the repository with 'git fsck --full' in it",
+): MemsnapError {
   return new MemsnapError("MEMSNAP_SOURCE_INVALID", msg, { path: root, hint });
 }
 
@@ -150,10 +155,14 @@ export async function neutralizeFilters(root: string, g: GitCtx): Promise<Array<
   }
   const out: Array<[string, string]> = [];
   for (const d of drivers) {
-    out.push([`filter.${d}.clean`, ""], [`filter.${d}.smudge`, ""], [`filter.${d}.process`, ""], [`filter.${d}.required`, "false"]);
+    out.push(
+      [`filter.${d}.clean`, ""], [`filter.${d}.smudge`, ""], [`filter.${d}.process`, ""],
+      [`filter.${d}.required`, "false"],
+    );
   }
   return out;
 }
+
 /** Run git with `input` on stdin; a non-zero exit outside `ok` is MEMSNAP_SOURCE_INVALID. */
 export function gitStdin(root: string, g: GitCtx, args: string[], input: string, ok: number[]): Promise<Buffer> {
   return new Promise((res, rej) => {
@@ -163,10 +172,14 @@ export function gitStdin(root: string, g: GitCtx, args: string[], input: string,
     child.stdout.on("data", (b: Buffer) => out.push(b));
     child.stderr.on("data", (b: Buffer) => { err += b.toString("utf8"); });
     child.stdin.on("error", () => undefined);
-    child.on("error", (e) => rej(new MemsnapError("MEMSNAP_SOURCE_UNREADABLE", `cannot run git for ${root}: ${e.message}`, { path: root, cause: e, hint: "check that git is installed" })));
+    child.on("error", (e) => rej(new MemsnapError("MEMSNAP_SOURCE_UNREADABLE",
+      `cannot run git for ${root}: ${e.message}`, { path: root, cause: e, hint: "check that git is installed" })));
     child.on("close", (code) => {
-      if (code === null || !ok.includes(code)) rej(sourceInvalid(root, `git ${args[0]} failed in ${root}: ${said(err)}`));
-      else res(Buffer.concat(out));
+      if (code === null || !ok.includes(code)) {
+        rej(sourceInvalid(root, `git ${args[0]} failed in ${root}: ${said(err)}`));
+      } else {
+        res(Buffer.concat(out));
+      }
     });
     child.stdin.end(input);
   });
@@ -179,7 +192,9 @@ export interface Spawned {
   done: Promise<void>;
 }
 
-export function spawnGit(root: string, g: GitCtx, args: string[], children: Set<ChildProcessWithoutNullStreams>): Spawned {
+export function spawnGit(
+  root: string, g: GitCtx, args: string[], children: Set<ChildProcessWithoutNullStreams>,
+): Spawned {
   const child = spawn("git", args, { cwd: g.cwd, env: g.env, stdio: ["pipe", "pipe", "pipe"], windowsHide: true });
   children.add(child);
   let err = "";
@@ -188,7 +203,8 @@ export function spawnGit(root: string, g: GitCtx, args: string[], children: Set<
   });
   child.stdin.on("error", () => undefined); // a child that exits early; its exit code tells
   const done = new Promise<void>((res, rej) => {
-    child.on("error", (e) => rej(new MemsnapError("MEMSNAP_SOURCE_UNREADABLE", `cannot run git for ${root}: ${e.message}`, { path: root, cause: e, hint: "check that git is installed" })));
+    child.on("error", (e) => rej(new MemsnapError("MEMSNAP_SOURCE_UNREADABLE",
+      `cannot run git for ${root}: ${e.message}`, { path: root, cause: e, hint: "check that git is installed" })));
     child.on("close", (code, signal) => {
       children.delete(child);
       if (code === 0) res();

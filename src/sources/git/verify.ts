@@ -9,16 +9,20 @@ export async function verifyBundleFile(path: string): Promise<string | null> {
   if (gitImpl() === "isomorphic-git") return isoVerifyBundle(path);
   const h = await readBundleHeader(path);
   if (typeof h === "string") return h;
-  if (h.prerequisites.length) return `needs ${h.prerequisites.length} prerequisite commit(s); memsnap writes complete bundles`;
+  if (h.prerequisites.length) {
+    return `needs ${h.prerequisites.length} prerequisite commit(s); memsnap writes complete bundles`;
+  }
   const repo = join(dirname(path), "r");
   const g: GitCtx = { cwd: dirname(path), env: gitEnv({ GIT_DIR: repo }) };
   const step = async (args: string[]): Promise<string | null> => {
     const r = await runGit(args, g);
     return r.code === 0 ? null : `git ${args.slice(0, 2).join(" ")} failed: ${said(r.stderr)}`;
   };
-  return (await step(["init", "-q", "--bare", "--template=", ...(h.objectFormat !== "sha1" ? [`--object-format=${h.objectFormat}`] : []), repo]))
+  const format = h.objectFormat !== "sha1" ? [`--object-format=${h.objectFormat}`] : [];
+  return (await step(["init", "-q", "--bare", "--template=", ...format, repo]))
     ?? (await step(["bundle", "verify", "-q", path]))
-    // Unbundling indexes the packfile (every object inflated and hashed) and checks that each ref's history is complete.
+    // Unbundling indexes the packfile (every object inflated and hashed) and checks that each
+    // ref's history is complete.
     ?? (await step(["fetch", "-q", "--no-write-fetch-head", "--no-tags", path, "refs/*:refs/*"]))
     ?? (await (async () => {
       for (const r of h.refs) {

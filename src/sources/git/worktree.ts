@@ -34,7 +34,8 @@ function zRecords(out: Buffer): Array<{ text: string; bad?: string }> {
 
 /** Turn status entries into captured files (lstat now) and deleted paths. */
 export async function classify(
-  root: string, entries: Array<{ path: string; tracked: boolean }>, method: WorktreeListing["method"], unsafe: string[] = [],
+  root: string, entries: Array<{ path: string; tracked: boolean }>, method: WorktreeListing["method"],
+  unsafe: string[] = [],
 ): Promise<WorktreeListing> {
   const out: WorktreeListing = {
     files: [], deleted: [], counts: { modified: 0, untracked: 0, deleted: 0 },
@@ -59,7 +60,8 @@ export async function classify(
       try {
         return lstatSync(abs);
       } catch (e) {
-        if ((e as NodeJS.ErrnoException).code !== "ENOENT" && (e as NodeJS.ErrnoException).code !== "ENOTDIR") throw sourceError(e, abs);
+        const code = (e as NodeJS.ErrnoException).code;
+        if (code !== "ENOENT" && code !== "ENOTDIR") throw sourceError(e, abs);
         return null;
       }
     });
@@ -88,9 +90,12 @@ export async function classify(
 
 /** `git status` (no optional locks, so a held index.lock does not stop it); falls back to comparing with HEAD. */
 export async function listWorktreeGit(root: string, g: GitCtx, hasHead: boolean): Promise<WorktreeListing> {
-  const r = await runGit(["status", "--porcelain=v1", "-z", "--untracked-files=all", "--no-renames", "--ignore-submodules=all"], g)
+  const status = ["status", "--porcelain=v1", "-z", "--untracked-files=all", "--no-renames", "--ignore-submodules=all"];
+  const r = await runGit(status, g)
     .catch((e: unknown) => {
-      throw new MemsnapError("MEMSNAP_SOURCE_UNREADABLE", `cannot run git for ${root}: ${(e as Error).message}`, { path: root, cause: e, hint: "check that git is installed" });
+      throw new MemsnapError("MEMSNAP_SOURCE_UNREADABLE", `cannot run git for ${root}: ${(e as Error).message}`, {
+        path: root, cause: e, hint: "check that git is installed",
+      });
     });
   if (r.code === 0) {
     const entries: Array<{ path: string; tracked: boolean }> = [];
@@ -125,16 +130,18 @@ export async function listWorktreeGit(root: string, g: GitCtx, hasHead: boolean)
   const both = files.filter((f) => tracked.has(f.rel)).map((f) => f.rel);
   if (both.length) {
     // Content hashes without filters (filters could run commands), against HEAD's blobs.
-    const ours = (await gitStdin(root, g, ["hash-object", "--no-filters", "--stdin-paths"], both.join("\n") + "\n", [0]))
-      .toString("utf8").trim().split("\n");
+    const hashArgs = ["hash-object", "--no-filters", "--stdin-paths"];
+    const hashed = await gitStdin(root, g, hashArgs, both.join("\n") + "\n", [0]);
+    const ours = hashed.toString("utf8").trim().split("\n");
     both.forEach((p, i) => {
       if (ours[i] !== tracked.get(p)) entries.push({ path: p, tracked: true });
     });
   }
   for (const p of tracked.keys()) if (!present.has(p)) entries.push({ path: p, tracked: true });
   const fresh = files.filter((f) => !tracked.has(f.rel)).map((f) => f.rel);
+  const checkIgnore = ["check-ignore", "--no-index", "-z", "--stdin"];
   const ignored = fresh.length
-    ? new Set((await gitStdin(root, g, ["check-ignore", "--no-index", "-z", "--stdin"], fresh.join("\0") + "\0", [0, 1]))
+    ? new Set((await gitStdin(root, g, checkIgnore, fresh.join("\0") + "\0", [0, 1]))
       .toString("utf8").split("\0").filter(Boolean))
     : new Set<string>();
   for (const p of fresh) if (!ignored.has(p)) entries.push({ path: p, tracked: false });
