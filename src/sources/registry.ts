@@ -8,7 +8,7 @@ import { gitSource } from "./git/index.js";
 import type { SourceKind } from "./types.js";
 import { criuSource } from "./criu.js";
 import { traceSource } from "./trace.js";
-import { execSource } from "./exec.js";
+import { execSource } from "./exec/index.js";
 
 export const SOURCE_KINDS: Record<string, SourceKind<{ name: string }>> = {
   files: filesSource as unknown as SourceKind<{ name: string }>,
