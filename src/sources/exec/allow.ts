@@ -27,7 +27,8 @@ export interface AllowedPlugin {
   cwd?: string;
 }
 
-export const isArgv = (v: unknown): v is string[] => Array.isArray(v) && v.length > 0 && v.every((x) => typeof x === "string" && x !== "" && !x.includes("\0"));
+export const isArgv = (v: unknown): v is string[] =>
+  Array.isArray(v) && v.length > 0 && v.every((x) => typeof x === "string" && x !== "" && !x.includes("\0"));
 
 /**
  * The whole commands MEMSNAP_ALLOW_PLUGINS allows, or why the value is not usable:
@@ -43,9 +44,14 @@ export function parseAllowedPlugins(value: string | undefined): { allowed: Allow
   const v = (value ?? "").trim();
   if (v === "") return { allowed: [] };
   if (ALLOW_ANY_WORDS.has(v.toLowerCase())) {
-    return { error: `${ALLOW_PLUGINS_ENV}=${v} no longer allows every plugin: a bundle would choose the code that runs. List each whole command instead` };
+    return {
+      error: `${ALLOW_PLUGINS_ENV}=${v} no longer allows every plugin: a bundle would choose the code that runs. ` +
+        "List each whole command instead",
+    };
   }
-  if (!v.startsWith("[") && !v.startsWith("{")) return { allowed: v.split(delimiter).filter(Boolean).map((w) => ({ command: [w] })) };
+  if (!v.startsWith("[") && !v.startsWith("{")) {
+    return { allowed: v.split(delimiter).filter(Boolean).map((w) => ({ command: [w] })) };
+  }
   let doc: unknown;
   try {
     doc = JSON.parse(v);
@@ -64,12 +70,16 @@ export function parseAllowedPlugins(value: string | undefined): { allowed: Allow
       allowed.push({ command: e.command, ...(e.cwd !== undefined ? { cwd: e.cwd as string } : {}) });
       continue;
     }
-    return { error: `${ALLOW_PLUGINS_ENV} entry ${i} must be an array of non-empty strings (a whole command) or {"command": [...], "cwd": "/absolute/dir"}` };
+    return {
+      error: `${ALLOW_PLUGINS_ENV} entry ${i} must be an array of non-empty strings (a whole command) ` +
+        'or {"command": [...], "cwd": "/absolute/dir"}',
+    };
   }
   return { allowed };
 }
 
-const sameArgv = (a: readonly string[], b: readonly string[]): boolean => a.length === b.length && a.every((x, i) => x === b[i]);
+const sameArgv = (a: readonly string[], b: readonly string[]): boolean =>
+  a.length === b.length && a.every((x, i) => x === b[i]);
 
 /**
  * The host's entry for the command a bundle records, or MEMSNAP_PLUGIN_UNTRUSTED. The entry, not
@@ -79,15 +89,19 @@ export function allowedPlugin(layer: LayerEntry, recorded: string[]): AllowedPlu
   const parsed = parseAllowedPlugins(process.env[ALLOW_PLUGINS_ENV]);
   const shown = `${JSON.stringify(recorded)} + "restore"`;
   if ("error" in parsed) {
-    throw new MemsnapError("MEMSNAP_PLUGIN_UNTRUSTED", `restoring layer ${layer.name} runs a plugin, and ${parsed.error}`, {
-      path: layer.name, hint: `list each plugin you trust by its whole command, e.g. ${ALLOW_EXAMPLE} (see docs/PLUGINS.md)`,
+    const msg = `restoring layer ${layer.name} runs a plugin, and ${parsed.error}`;
+    throw new MemsnapError("MEMSNAP_PLUGIN_UNTRUSTED", msg, {
+      path: layer.name,
+      hint: `list each plugin you trust by its whole command, e.g. ${ALLOW_EXAMPLE} (see docs/PLUGINS.md)`,
     });
   }
   const hit = parsed.allowed.find((a) => sameArgv(a.command, recorded));
   if (hit) return hit;
   throw new MemsnapError("MEMSNAP_PLUGIN_UNTRUSTED",
-    `restoring layer ${layer.name} would run the plugin command the bundle records (${shown}), which ${ALLOW_PLUGINS_ENV} does not list as a whole command`, {
+    `restoring layer ${layer.name} would run the plugin command the bundle records (${shown}), ` +
+    `which ${ALLOW_PLUGINS_ENV} does not list as a whole command`, {
       path: layer.name,
-      hint: `check the command (memsnap inspect); a plugin runs only when ${ALLOW_PLUGINS_ENV} lists its whole command, every argument equal, e.g. ${ALLOW_EXAMPLE} (see docs/PLUGINS.md)`,
+      hint: `check the command (memsnap inspect); a plugin runs only when ${ALLOW_PLUGINS_ENV} lists its whole ` +
+        `command, every argument equal, e.g. ${ALLOW_EXAMPLE} (see docs/PLUGINS.md)`,
     });
 }

@@ -25,7 +25,9 @@ const KIND = /^[a-z0-9][a-z0-9_-]{0,31}$/;
 export async function captureLayer(cfg: ExecConfig, ctx: CaptureContext): Promise<LayerCapture> {
   const argv = resolveCommand(cfg.command, ctx.baseDir);
   const timeoutMs = cfg.timeout_ms ?? DEFAULT_TIMEOUT_MS;
-  const request: PluginCaptureRequest = { protocol: PLUGIN_PROTOCOL, op: "capture", layer: cfg.name, config: cfg.config ?? {} };
+  const request: PluginCaptureRequest = {
+    protocol: PLUGIN_PROTOCOL, op: "capture", layer: cfg.name, config: cfg.config ?? {},
+  };
   const extract = (await tarStream()).extract();
   const entries = extract[Symbol.asyncIterator]();
   const proc = new PluginProcess(argv, "capture", request, {
@@ -58,7 +60,8 @@ export async function captureLayer(cfg: ExecConfig, ctx: CaptureContext): Promis
     await proc.kill();
     return protocolError(argv, why);
   };
-  const record = Buffer.from(`${JSON.stringify({ protocol: PLUGIN_PROTOCOL, layer: cfg.name, command: cfg.command, config: cfg.config ?? {} }, null, 2)}\n`);
+  const recordDoc = { protocol: PLUGIN_PROTOCOL, layer: cfg.name, command: cfg.command, config: cfg.config ?? {} };
+  const record = Buffer.from(`${JSON.stringify(recordDoc, null, 2)}\n`);
   const stats = { entries: 0, bytes: 0, directories: 0 };
   const seen = new Set<string>();
   const startedAt = new Date();
@@ -86,7 +89,8 @@ export async function captureLayer(cfg: ExecConfig, ctx: CaptureContext): Promis
           continue;
         }
         if (h.type !== "file" && h.type !== "contiguous-file") {
-          throw await unsafe(`entry ${JSON.stringify(h.name)} is a ${h.type ?? "unknown"} entry; only regular files are allowed`);
+          const type = h.type ?? "unknown";
+          throw await unsafe(`entry ${JSON.stringify(h.name)} is a ${type} entry; only regular files are allowed`);
         }
         if (p.path === "") throw await unsafe(`entry ${JSON.stringify(h.name)} has no name`);
         if (seen.has(p.path)) throw await unsafe(`entry ${JSON.stringify(p.path)} appears twice`);
@@ -124,7 +128,9 @@ export async function captureLayer(cfg: ExecConfig, ctx: CaptureContext): Promis
       if (st) throw st;
     })(),
     finish: async () => ({
-      plugin: { protocol: PLUGIN_PROTOCOL, command: argv, cwd: ctx.baseDir, timeout_ms: timeoutMs } satisfies PluginMeta,
+      plugin: {
+        protocol: PLUGIN_PROTOCOL, command: argv, cwd: ctx.baseDir, timeout_ms: timeoutMs,
+      } satisfies PluginMeta,
       entries: stats.entries,
       bytes: stats.bytes,
       ...(stats.directories ? { directories_skipped: stats.directories } : {}),

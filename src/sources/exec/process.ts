@@ -26,7 +26,9 @@ export class PluginProcess {
   constructor(readonly argv: string[], op: "capture" | "restore", request: object, opts: {
     cwd: string; env: NodeJS.ProcessEnv; timeoutMs: number; onTimeout: () => void; signal?: AbortSignal | undefined;
   }) {
-    this.child = spawn(argv[0]!, [...argv.slice(1), op], { cwd: opts.cwd, env: opts.env, stdio: ["pipe", "pipe", "pipe"], detached: true });
+    this.child = spawn(argv[0]!, [...argv.slice(1), op], {
+      cwd: opts.cwd, env: opts.env, stdio: ["pipe", "pipe", "pipe"], detached: true,
+    });
     this.exited = new Promise<void>((res) => {
       this.child.once("exit", (code, signal) => {
         this.exit = { code, signal };

@@ -48,13 +48,15 @@ export function failed(cmd: string[], why: string, stderr: string, path?: string
 }
 
 export function protocolError(cmd: string[], why: string): MemsnapError {
-  return new MemsnapError("MEMSNAP_PLUGIN_PROTOCOL", `plugin ${cmd.join(" ")} broke the ${PLUGIN_PROTOCOL} protocol: ${why}`, {
+  const msg = `plugin ${cmd.join(" ")} broke the ${PLUGIN_PROTOCOL} protocol: ${why}`;
+  return new MemsnapError("MEMSNAP_PLUGIN_PROTOCOL", msg, {
     hint: "the plugin must write a tar of regular files with relative paths on stdout; see docs/PLUGINS.md",
   });
 }
 
 export function timeoutError(cmd: string[], ms: number): MemsnapError {
-  return new MemsnapError("MEMSNAP_PLUGIN_TIMEOUT", `plugin ${cmd.join(" ")} ran past its ${ms} ms timeout and was killed`, {
+  const msg = `plugin ${cmd.join(" ")} ran past its ${ms} ms timeout and was killed`;
+  return new MemsnapError("MEMSNAP_PLUGIN_TIMEOUT", msg, {
     hint: "raise the source's timeout_ms, or find out why the plugin hangs",
   });
 }

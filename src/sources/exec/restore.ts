@@ -21,9 +21,11 @@ const materialized = new Set<string>();
 function readMeta(layer: LayerEntry): PluginMeta {
   const p = (layer.meta as { plugin?: unknown } | undefined)?.plugin;
   const ok = isPlainObject(p) && isArgv(p.command) && typeof p.cwd === "string"
-    && Number.isSafeInteger(p.timeout_ms) && (p.timeout_ms as number) >= MIN_TIMEOUT_MS && (p.timeout_ms as number) <= MAX_TIMEOUT_MS;
+    && Number.isSafeInteger(p.timeout_ms)
+    && (p.timeout_ms as number) >= MIN_TIMEOUT_MS && (p.timeout_ms as number) <= MAX_TIMEOUT_MS;
   if (!ok) {
-    throw new MemsnapError("MEMSNAP_PLUGIN_PROTOCOL", `exec layer ${layer.name}: the manifest does not name the plugin command (meta.plugin)`, {
+    const msg = `exec layer ${layer.name}: the manifest does not name the plugin command (meta.plugin)`;
+    throw new MemsnapError("MEMSNAP_PLUGIN_PROTOCOL", msg, {
       path: layer.name, hint: "the bundle was not written by memsnap or was altered",
     });
   }
@@ -47,13 +49,16 @@ export async function materializeLayer(
     if (isPlainObject(doc) && isPlainObject(doc.config)) config = doc.config;
     else throw new Error("no config object");
   } catch (e) {
-    throw new MemsnapError("MEMSNAP_PLUGIN_PROTOCOL", `exec layer ${layer.name}: ${PLUGIN_RECORD} is missing or broken (${(e as Error).message})`, {
+    const msg = `exec layer ${layer.name}: ${PLUGIN_RECORD} is missing or broken (${(e as Error).message})`;
+    throw new MemsnapError("MEMSNAP_PLUGIN_PROTOCOL", msg, {
       path: `${layer.name}/${PLUGIN_RECORD}`, hint: "the bundle was not written by memsnap or was altered",
     });
   }
   const argv = [...plugin.command];
   const cwd = plugin.cwd ?? key;
-  const request: PluginRestoreRequest = { protocol: PLUGIN_PROTOCOL, op: "restore", layer: layer.name, dir: key, config };
+  const request: PluginRestoreRequest = {
+    protocol: PLUGIN_PROTOCOL, op: "restore", layer: layer.name, dir: key, config,
+  };
   let timedOut = false;
   const proc = new PluginProcess(argv, "restore", request, {
     cwd, env: pluginEnv(undefined), timeoutMs: meta.timeout_ms, onTimeout: () => { timedOut = true; }, signal,
@@ -82,7 +87,8 @@ export async function materializeLayer(
       throw protocolError(argv, `the restore response must be {"protocol":"${PLUGIN_PROTOCOL}","ok":true|false,…}`);
     }
     if (!resp.ok) {
-      throw failed(argv, `could not restore layer ${layer.name}`, typeof resp.error === "string" ? resp.error : proc.stderrText);
+      const said = typeof resp.error === "string" ? resp.error : proc.stderrText;
+      throw failed(argv, `could not restore layer ${layer.name}`, said);
     }
   }
   materialized.add(key);
