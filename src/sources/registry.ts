@@ -3,7 +3,7 @@ import { filesSource } from "./files.js";
 import { stateSource } from "./state.js";
 import { pfimgSource } from "./pfimg.js";
 import { kvSource } from "./kv.js";
-import { sqliteSource } from "./sqlite.js";
+import { sqliteSource } from "./sqlite/index.js";
 import { gitSource } from "./git/index.js";
 import type { SourceKind } from "./types.js";
 import { criuSource } from "./criu.js";
