@@ -12,7 +12,7 @@ import {
 import type { Artifact, CaptureContext, LayerCapture } from "../types.js";
 import { fileArtifact, fingerprintOf, sourceError, walkFiles, walkNotices, type FoundFile } from "../walk.js";
 import { SIDE_FILE, SQLITE_DEFAULT_INCLUDE, type SqliteConfig } from "./config.js";
-import { notSqlite, sniff, sniffHandle, sqliteSourceError } from "./errors.js";
+import { DAMAGED_HINT, notSqlite, sniff, sniffHandle, sqliteSourceError } from "./errors.js";
 import { liveArtifact, LiveRead, liveReadSkips, sizeOr0 } from "./live-read.js";
 import type { SqliteDbMeta, SqliteRedactionStats } from "./meta.js";
 import { redactSqliteCopy } from "./redact-copy.js";
@@ -30,7 +30,8 @@ export async function captureLayer(cfg: SqliteConfig, ctx: CaptureContext): Prom
   // With redaction, two workers: while one reads database i, the other scans database i+1 ahead
   // (see the module comment).
   const workers: SqliteWorker[] = [];
-  const workerFor = (i: number): SqliteWorker => (workers[ctx.redactor && cfg.live_read !== false ? i % 2 : 0] ??= new SqliteWorker());
+  const workerFor = (i: number): SqliteWorker =>
+    (workers[ctx.redactor && cfg.live_read !== false ? i % 2 : 0] ??= new SqliteWorker());
   const tag = randomBytes(4).toString("hex");
   let seq = 0;
   let handles = 0;
@@ -94,7 +95,8 @@ export async function captureLayer(cfg: SqliteConfig, ctx: CaptureContext): Prom
     const live = new LiveRead(++handles, fh, f, w);
     lives.add(live);
     const done = w.call<LiveBeginResult>({
-      op: "live_begin", handle: live.handle, src: f.abs, fd: fh.fd, busyTimeoutMs: cfg.busy_timeout_ms, redact, hold: false,
+      op: "live_begin", handle: live.handle, src: f.abs, fd: fh.fd, busyTimeoutMs: cfg.busy_timeout_ms, redact,
+      hold: false,
     }).catch(() => undefined); // a failure is met again (and reported) when its turn comes
     ahead = { f, live, done };
   };
@@ -116,9 +118,11 @@ export async function captureLayer(cfg: SqliteConfig, ctx: CaptureContext): Prom
         if (prev) {
           databases[f.rel] = { ...prev, reused: true };
           yield {
-            path: f.rel, kind: "sqlite", size: f.stats.size, mode: f.stats.mode & 0o7777, mtime: f.stats.mtime, fingerprint: fingerprintOf(f.stats),
+            path: f.rel, kind: "sqlite", size: f.stats.size, mode: f.stats.mode & 0o7777, mtime: f.stats.mtime,
+            fingerprint: fingerprintOf(f.stats),
             open: () => {
-              throw new MemsnapError("MEMSNAP_INTERNAL", `${f.abs} was to be referenced by the incremental snapshot, not read`);
+              throw new MemsnapError("MEMSNAP_INTERNAL",
+                `${f.abs} was to be referenced by the incremental snapshot, not read`);
             },
           };
           continue;
@@ -152,7 +156,8 @@ export async function captureLayer(cfg: SqliteConfig, ctx: CaptureContext): Prom
           let r: LiveBeginResult;
           try {
             r = await job(l.worker.call<LiveBeginResult>({
-              op: "live_begin", handle: l.handle, src: f.abs, fd: l.fh.fd, busyTimeoutMs: cfg.busy_timeout_ms, redact, hold: true,
+              op: "live_begin", handle: l.handle, src: f.abs, fd: l.fh.fd, busyTimeoutMs: cfg.busy_timeout_ms, redact,
+              hold: true,
             }, ctx.signal));
           } catch (e) {
             lives.delete(l);
@@ -161,7 +166,9 @@ export async function captureLayer(cfg: SqliteConfig, ctx: CaptureContext): Prom
           }
           if (r.eligible) {
             // quick_check and the row counts run in the worker, in the same transaction, while the bytes stream.
-            const verified = l.worker.call<LiveVerifyResult>({ op: "live_verify", handle: l.handle, limit: 10 }, ctx.signal);
+            const verified = l.worker.call<LiveVerifyResult>(
+              { op: "live_verify", handle: l.handle, limit: 10 }, ctx.signal,
+            );
             verified.catch(() => undefined); // awaited in check()
             const meta: SqliteDbMeta = {
               method: "live_read",
@@ -174,13 +181,15 @@ export async function captureLayer(cfg: SqliteConfig, ctx: CaptureContext): Prom
               tables: {},
               ...(r.scan ? {
                 redaction: {
-                  scrub: "none", tables: r.scan.tables, cells_scanned: r.scan.cells_scanned, candidates: 0, cells_redacted: 0,
+                  scrub: "none", tables: r.scan.tables, cells_scanned: r.scan.cells_scanned, candidates: 0,
+                  cells_redacted: 0,
                   fts_rebuilt: [], fts_optimized: [], stat4_cleared: false, skipped: liveReadSkips(r.virtualTables),
                   live_scan: { ...r.scan, ...(r.reused ? { reused: true } : {}) },
                 } satisfies SqliteRedactionStats,
               } : {}),
             };
-            yield liveArtifact(f, l, r, meta, verified, databases, (e) => (ctx.signal?.aborted ? e : sqliteSourceError(e, f.abs)));
+            const mapError = (e: unknown): unknown => (ctx.signal?.aborted ? e : sqliteSourceError(e, f.abs));
+            yield liveArtifact(f, l, r, meta, verified, databases, mapError);
             lives.delete(l);
             await l.release();
             continue;
@@ -197,18 +206,22 @@ export async function captureLayer(cfg: SqliteConfig, ctx: CaptureContext): Prom
           const kind = await sniff(f.abs);
           if (kind === "other" || kind === "random") throw notSqlite(f.abs, kind);
         }
-        const cr = await job(w.call<CopyResult>({ op: "copy", src: f.abs, dest: copy, busyTimeoutMs: cfg.busy_timeout_ms }, ctx.signal));
+        const cr = await job(w.call<CopyResult>(
+          { op: "copy", src: f.abs, dest: copy, busyTimeoutMs: cfg.busy_timeout_ms }, ctx.signal,
+        ));
         let redaction: SqliteRedactionStats | undefined;
         if (ctx.redactor) {
           const r = await redactSqliteCopy(copy, ctx.redactor, `${cfg.name}/${f.rel}`, ctx.signal);
           redaction = r.stats;
           if (r.changed) await job(w.call({ op: "vacuum", path: copy }, ctx.signal));
         }
-        const chk = await job(w.call<CheckResult>({ op: "check", path: copy, pragma: "quick_check", limit: 10, counts: true }, ctx.signal));
+        const chk = await job(w.call<CheckResult>(
+          { op: "check", path: copy, pragma: "quick_check", limit: 10, counts: true }, ctx.signal,
+        ));
         if (chk.problems.length !== 1 || chk.problems[0] !== "ok") {
           throw new MemsnapError("MEMSNAP_SOURCE_INVALID",
             `the copy of ${f.abs} fails quick_check: ${chk.problems.slice(0, 3).join("; ")}`, {
-              path: f.abs, hint: "the database is damaged: check it with `sqlite3 FILE 'PRAGMA integrity_check'`, recover or exclude it",
+              path: f.abs, hint: DAMAGED_HINT,
             });
         }
         let st;
@@ -239,7 +252,10 @@ export async function captureLayer(cfg: SqliteConfig, ctx: CaptureContext): Prom
       // caches), not at the end of the whole snapshot, then close the file handles.
       for (const w of workers.splice(0)) await w?.close();
       for (const l of [...lives]) await l.release();
-      return { root, root_is_file: files.length === 1 && files[0]!.abs === root, databases, skipped: { ...skipped, side_files: sideFiles } };
+      return {
+        root, root_is_file: files.length === 1 && files[0]!.abs === root, databases,
+        skipped: { ...skipped, side_files: sideFiles },
+      };
     },
     cleanup: async () => {
       // Stop the worker first (its exit closes every connection), then close the file handles.

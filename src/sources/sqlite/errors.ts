@@ -6,8 +6,11 @@ import { sourceError } from "../walk.js";
 
 const HEADER = Buffer.from("SQLite format 3\0", "latin1");
 
-const ENCRYPTED_HINT =
-  "if it is encrypted (SQLCipher or similar) memsnap cannot copy it: exclude it (\"exclude\": [...]) or capture it with a files source while nothing writes it";
+const ENCRYPTED_HINT = "if it is encrypted (SQLCipher or similar) memsnap cannot copy it: " +
+  "exclude it (\"exclude\": [...]) or capture it with a files source while nothing writes it";
+/** The hint of a database that fails quick_check. */
+export const DAMAGED_HINT =
+  "the database is damaged: check it with `sqlite3 FILE 'PRAGMA integrity_check'`, recover or exclude it";
 
 /** Map a SQLite failure on `path` (a source database) to a MemsnapError naming it. */
 export function sqliteSourceError(e: unknown, path: string, tmpDir?: string): MemsnapError {
@@ -21,8 +24,11 @@ export function sqliteSourceError(e: unknown, path: string, tmpDir?: string): Me
     });
   }
   if (c === "SQLITE_READONLY_ROLLBACK") {
-    return new MemsnapError("MEMSNAP_SOURCE_UNREADABLE", `database ${path} has a hot journal that a read-only reader cannot roll back: ${msg}`, {
-      path, cause: e, hint: `a writer crashed mid-transaction and left ${path}-journal: open the database once read-write (e.g. \`sqlite3 FILE 'PRAGMA quick_check'\`) to roll it back, then retry`,
+    const text = `database ${path} has a hot journal that a read-only reader cannot roll back: ${msg}`;
+    return new MemsnapError("MEMSNAP_SOURCE_UNREADABLE", text, {
+      path, cause: e,
+      hint: `a writer crashed mid-transaction and left ${path}-journal: open the database once read-write ` +
+        "(e.g. `sqlite3 FILE 'PRAGMA quick_check'`) to roll it back, then retry",
     });
   }
   if (c === "SQLITE_NOTADB") {
@@ -32,11 +38,13 @@ export function sqliteSourceError(e: unknown, path: string, tmpDir?: string): Me
   }
   if (c.startsWith("SQLITE_CORRUPT")) {
     return new MemsnapError("MEMSNAP_SOURCE_INVALID", `database ${path} is damaged: ${msg}`, {
-      path, cause: e, hint: "check it with `sqlite3 FILE 'PRAGMA integrity_check'`; recover it (.recover) or exclude it",
+      path, cause: e,
+      hint: "check it with `sqlite3 FILE 'PRAGMA integrity_check'`; recover it (.recover) or exclude it",
     });
   }
   if (c === "SQLITE_FULL" || c === "ENOSPC") {
-    return new MemsnapError("MEMSNAP_DEST_FULL", `no space left for the copy of ${path}${tmpDir ? ` in ${tmpDir}` : ""}`, {
+    const where = tmpDir ? ` in ${tmpDir}` : "";
+    return new MemsnapError("MEMSNAP_DEST_FULL", `no space left for the copy of ${path}${where}`, {
       path: tmpDir ?? path, cause: e, hint: "free space beside the bundle's destination",
     });
   }
@@ -84,6 +92,9 @@ export function notSqlite(path: string, kind: "other" | "random"): MemsnapError 
     ? "it has no 'SQLite format 3' header and its bytes look encrypted"
     : "it has no 'SQLite format 3' header";
   return new MemsnapError("MEMSNAP_SOURCE_INVALID", `${path} is not an SQLite database: ${why}`, {
-    path, hint: kind === "random" ? ENCRYPTED_HINT : "remove it from the sqlite source (\"exclude\") or capture it with a files source",
+    path,
+    hint: kind === "random"
+      ? ENCRYPTED_HINT
+      : "remove it from the sqlite source (\"exclude\") or capture it with a files source",
   });
 }

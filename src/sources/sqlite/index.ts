@@ -50,7 +50,8 @@ export const sqliteSource: SourceKind<SqliteConfig> = {
       }
       if (r.problems.length === 1 && r.problems[0] === "ok") return null;
       const shown = r.problems.slice(0, 3).map((p) => p.replace(/\s+/g, " ").trim());
-      return `${entry.path}: integrity_check found ${r.problems.length >= 10 ? "10+" : r.problems.length} problem(s): ${shown.join("; ")}`;
+      const count = r.problems.length >= 10 ? "10+" : r.problems.length;
+      return `${entry.path}: integrity_check found ${count} problem(s): ${shown.join("; ")}`;
     } finally {
       await rm(dir, { recursive: true, force: true });
     }
@@ -58,7 +59,9 @@ export const sqliteSource: SourceKind<SqliteConfig> = {
 
   async liveTarget(cfg, baseDir, layer) {
     const abs = resolve(baseDir, cfg.path);
-    const dbs = isPlainObject(layer.meta) && isPlainObject(layer.meta.databases) ? Object.keys(layer.meta.databases) : [];
+    const dbs = isPlainObject(layer.meta) && isPlainObject(layer.meta.databases)
+      ? Object.keys(layer.meta.databases)
+      : [];
     // Whether the layer was one database file (not a directory of them): what matters when the
     // live path is missing (a new machine), else the live path says. Bundles before root_is_file
     // tell by the captured root, a file whose name is the one database's.
@@ -66,7 +69,9 @@ export const sqliteSource: SourceKind<SqliteConfig> = {
     const capturedFile = typeof layer.meta?.root_is_file === "boolean"
       ? layer.meta.root_is_file
       : dbs.length === 1 && dbs[0] === basename(abs) && typeof root === "string" && basename(root) === dbs[0];
-    const t = await pathTarget(abs, capturedFile, { include: cfg.include ?? SQLITE_DEFAULT_INCLUDE, exclude: cfg.exclude });
+    const t = await pathTarget(abs, capturedFile, {
+      include: cfg.include ?? SQLITE_DEFAULT_INCLUDE, exclude: cfg.exclude,
+    });
     const owns = t.owns!;
     return {
       ...t,
@@ -89,7 +94,8 @@ export const sqliteSource: SourceKind<SqliteConfig> = {
         try {
           for (const name of Object.keys(want)) {
             try {
-              live[name] = (db.prepare(`SELECT count(*) AS n FROM "${name.replace(/"/g, '""')}"`).get() as { n: number }).n;
+              const count = db.prepare(`SELECT count(*) AS n FROM "${name.replace(/"/g, '""')}"`);
+            live[name] = (count.get() as { n: number }).n;
             } catch { /* table absent live */ }
           }
         } finally {
@@ -101,7 +107,8 @@ export const sqliteSource: SourceKind<SqliteConfig> = {
       }
       const deltas = Object.entries(want).map(([name, n]) => {
         const before = live[name];
-        return before === undefined ? `${name} +${n} (new table)` : `${name} ${before} → ${n} (${n - before >= 0 ? "+" : ""}${n - before})`;
+        if (before === undefined) return `${name} +${n} (new table)`;
+      return `${name} ${before} → ${n} (${n - before >= 0 ? "+" : ""}${n - before})`;
       });
       lines.push(`${rel}: rows ${deltas.join(", ") || "(no tables)"}`);
     }

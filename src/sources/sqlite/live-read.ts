@@ -10,6 +10,7 @@ import type { LiveBeginResult, LiveVerifyResult, SqliteWorker } from "../sqlite-
 import type { Artifact, OpenOptions } from "../types.js";
 import { fingerprintOf, sourceChanged, sourceError, type FoundFile } from "../walk.js";
 import type { SqliteDbMeta } from "./meta.js";
+import { DAMAGED_HINT } from "./errors.js";
 import { ftsContentOption } from "./redact-copy.js";
 
 /** The artifact of a live read: the database file's bytes, read while the worker holds the read transaction. */
@@ -28,7 +29,9 @@ export function liveArtifact(
     // it was found (its stat, taken before the read transaction, is the conservative identity).
     ...(size === f.stats.size ? { fingerprint: fingerprintOf(f.stats) } : {}),
     open: (o?: OpenOptions) => {
-      const s = o?.reuse ? null : live.fh.createReadStream({ start: 0, end: size, autoClose: false, highWaterMark: 1 << 20 });
+      const s = o?.reuse
+        ? null
+        : live.fh.createReadStream({ start: 0, end: size, autoClose: false, highWaterMark: 1 << 20 });
       return (async function* () {
         let done = false;
         try {
@@ -54,8 +57,9 @@ export function liveArtifact(
           throw mapError(e);
         }
         if (v.problems.length !== 1 || v.problems[0] !== "ok") {
-          throw new MemsnapError("MEMSNAP_SOURCE_INVALID", `${f.abs} fails quick_check: ${v.problems.slice(0, 3).join("; ")}`, {
-            path: f.abs, hint: "the database is damaged: check it with `sqlite3 FILE 'PRAGMA integrity_check'`, recover or exclude it",
+          const msg = `${f.abs} fails quick_check: ${v.problems.slice(0, 3).join("; ")}`;
+          throw new MemsnapError("MEMSNAP_SOURCE_INVALID", msg, {
+            path: f.abs, hint: DAMAGED_HINT,
           });
         }
         // The read transaction kept SQLite writers out; a size or mtime change means something else wrote the file.
@@ -79,7 +83,9 @@ export async function sizeOr0(p: string): Promise<number> {
 }
 
 /** What the redaction meta lists as not checked for a `live_read` (the same tables the copy path lists as skipped). */
-export function liveReadSkips(virtualTables: Array<{ name: string; sql: string }>): Array<{ table: string; reason: string }> {
+export function liveReadSkips(
+  virtualTables: Array<{ name: string; sql: string }>,
+): Array<{ table: string; reason: string }> {
   const out: Array<{ table: string; reason: string }> = [];
   const external: Array<{ table: string; reason: string }> = [];
   const sorted = [...virtualTables].sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
@@ -87,12 +93,18 @@ export function liveReadSkips(virtualTables: Array<{ name: string; sql: string }
     if (/^sqlite_/i.test(v.name)) continue;
     const mod = /\busing\s+([A-Za-z0-9_]+)/i.exec(v.sql)?.[1]?.toLowerCase() ?? "";
     if (mod !== "fts3" && mod !== "fts4" && mod !== "fts5") {
-      out.push({ table: v.name, reason: `virtual table (${mod || "unknown module"}): only the TEXT cells of its shadow tables were scanned` });
+      out.push({
+        table: v.name,
+        reason: `virtual table (${mod || "unknown module"}): only the TEXT cells of its shadow tables were scanned`,
+      });
       continue;
     }
     const content = ftsContentOption(v.sql);
     if (content === "") out.push({ table: v.name, reason: `contentless ${mod} table: its text cannot be read back` });
-    else if (content !== undefined) external.push({ table: v.name, reason: `external-content FTS table: indexes ${content}, which had nothing to redact` });
+    else if (content !== undefined) {
+      const reason = `external-content FTS table: indexes ${content}, which had nothing to redact`;
+      external.push({ table: v.name, reason });
+    }
   }
   return [...out, ...external];
 }

@@ -27,14 +27,18 @@ export async function materializeLayer(dir: string, layer: LayerEntry): Promise<
       } catch (e) {
         const code = e instanceof SqliteJobError ? e.sqliteCode ?? "" : "";
         if (code === "SQLITE_NOTADB" || code.startsWith("SQLITE_CORRUPT")) {
-          throw new MemsnapError("MEMSNAP_DEEP_VERIFY_FAILED", `${name} does not open as an SQLite database: ${(e as Error).message}`, {
+          const msg = `${name} does not open as an SQLite database: ${(e as Error).message}`;
+          throw new MemsnapError("MEMSNAP_DEEP_VERIFY_FAILED", msg, {
             path: name, cause: e, hint: "run `memsnap verify --deep` on the bundle",
           });
         }
         if (code === "SQLITE_FULL") {
-          throw new MemsnapError("MEMSNAP_DEST_FULL", `no space left restoring ${name}`, { path: name, cause: e, hint: "free space on the destination" });
+          throw new MemsnapError("MEMSNAP_DEST_FULL", `no space left restoring ${name}`, {
+            path: name, cause: e, hint: "free space on the destination",
+          });
         }
-        throw new MemsnapError("MEMSNAP_DEST_UNWRITABLE", `cannot open the restored database ${name}: ${(e as Error).message}`, {
+        const msg = `cannot open the restored database ${name}: ${(e as Error).message}`;
+        throw new MemsnapError("MEMSNAP_DEST_UNWRITABLE", msg, {
           path: name, cause: e, hint: "check that the destination is writable",
         });
       }

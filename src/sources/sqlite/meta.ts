@@ -17,14 +17,20 @@ export interface SqliteDbMeta extends SourcePragmas {
   quick_check: "ok";
   /** `live_read`: time of quick_check, run in the same read transaction while the file streamed. */
   quick_check_ms?: number;
-  /** A copy method: why the database file could not be captured as it is (`wal_frames`, `redaction_candidate`, `disabled`, …). */
+  /**
+   * A copy method: why the database file could not be captured as it is (`wal_frames`,
+   * `redaction_candidate`, `disabled`, …).
+   */
   live_read_skipped?: string;
   tables: Record<string, number>;
   redaction?: SqliteRedactionStats;
 }
 
 export interface SqliteRedactionStats {
-  /** How old bytes are scrubbed from the copy; `none` for a `live_read` (no candidate in any cell or in the stale bytes). */
+  /**
+   * How old bytes are scrubbed from the copy; `none` for a `live_read` (no candidate in any cell
+   * or in the stale bytes).
+   */
   scrub: "secure_delete+vacuum" | "none";
   tables: number;
   /** TEXT cells (and, on the copy path, BLOB cells: see `blob_cells`) read. */

@@ -29,7 +29,9 @@ interface BsDatabase {
   transaction<A extends unknown[], R>(fn: (...a: A) => R): (...a: A) => R;
   close(): void;
 }
-type BsCtor = new (path: string, opts?: { readonly?: boolean; fileMustExist?: boolean; timeout?: number }) => BsDatabase;
+type BsCtor = new (
+  path: string, opts?: { readonly?: boolean; fileMustExist?: boolean; timeout?: number },
+) => BsDatabase;
 
 let bsCache: BsCtor | undefined;
 function betterSqlite(): BsCtor {
@@ -86,7 +88,9 @@ export function ftsContentOption(sql: string): string | undefined {
     if (!m) continue;
     let v = m[1] ?? "";
     const q = v[0];
-    if ((q === "'" || q === '"' || q === "`") && v.endsWith(q) && v.length >= 2) v = v.slice(1, -1).replaceAll(q + q, q);
+    if ((q === "'" || q === '"' || q === "`") && v.endsWith(q) && v.length >= 2) {
+      v = v.slice(1, -1).replaceAll(q + q, q);
+    }
     else if (q === "[" && v.endsWith("]")) v = v.slice(1, -1);
     return v;
   }
@@ -106,7 +110,8 @@ export async function redactSqliteCopy(
   const db = new Database(path, { fileMustExist: true });
   const stats: SqliteRedactionStats = {
     scrub: "secure_delete+vacuum", tables: 0, cells_scanned: 0, candidates: 0, cells_redacted: 0,
-    blob_cells: { scanned: 0, redacted: 0, unredacted: 0 }, fts_rebuilt: [], fts_optimized: [], stat4_cleared: false, skipped: [],
+    blob_cells: { scanned: 0, redacted: 0, unredacted: 0 }, fts_rebuilt: [], fts_optimized: [], stat4_cleared: false,
+    skipped: [],
   };
   const changedTables = new Set<string>();
   const dropped: { triggers: Array<{ name: string; sql: string }> | null } = { triggers: null }; // set once dropped
@@ -119,7 +124,8 @@ export async function redactSqliteCopy(
     const list = (db.pragma("table_list") as TableListRow[])
       .filter((t) => t.schema === "main")
       .sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
-    const sqlOf = new Map((db.prepare("SELECT name, sql FROM sqlite_schema WHERE type = 'table'").all() as Array<{ name: string; sql: string | null }>)
+    const tables = db.prepare("SELECT name, sql FROM sqlite_schema WHERE type = 'table'").all();
+    const sqlOf = new Map((tables as Array<{ name: string; sql: string | null }>)
       .map((r) => [r.name, r.sql ?? ""]));
     const lowerNames = new Set(list.map((t) => t.name.toLowerCase()));
     const targets: Target[] = [];
@@ -139,13 +145,16 @@ export async function redactSqliteCopy(
       }
       const content = ftsContentOption(sql);
       if (content === undefined) targets.push({ name: t.name, fts: true, withoutRowid: false });
-      else if (content === "") stats.skipped.push({ table: t.name, reason: `contentless ${mod} table: its text cannot be read back` });
+      else if (content === "") {
+        stats.skipped.push({ table: t.name, reason: `contentless ${mod} table: its text cannot be read back` });
+      }
       else ftsExternal.push({ name: t.name, content });
     }
 
     const dropTriggers = (): void => {
       if (dropped.triggers) return;
-      const list = db.prepare("SELECT name, sql FROM sqlite_schema WHERE type = 'trigger' AND sql IS NOT NULL").all() as Array<{ name: string; sql: string }>;
+      const list = db.prepare("SELECT name, sql FROM sqlite_schema WHERE type = 'trigger' AND sql IS NOT NULL")
+        .all() as Array<{ name: string; sql: string }>;
       for (const tr of list) db.exec(`DROP TRIGGER ${qi(tr.name)}`);
       dropped.triggers = list;
     };
@@ -177,7 +186,9 @@ export async function redactSqliteCopy(
       }
     } else {
       for (const f of ftsExternal) {
-        stats.skipped.push({ table: f.name, reason: `external-content FTS table: indexes ${f.content}, which had nothing to redact` });
+        stats.skipped.push({
+          table: f.name, reason: `external-content FTS table: indexes ${f.content}, which had nothing to redact`,
+        });
       }
     }
     const toRecreate = dropped.triggers;
@@ -189,7 +200,9 @@ export async function redactSqliteCopy(
     const code = String((e as { code?: unknown }).code ?? "");
     if (code === "SQLITE_FULL" || code.startsWith("SQLITE_IOERR")) throw sqliteSourceError(e, artifact, path);
     throw new MemsnapError("MEMSNAP_SOURCE_INVALID", `cannot redact the copy of ${artifact}: ${(e as Error).message}`, {
-      path: artifact, cause: e, hint: "disable redaction for this snapshot (--no-redact) and encrypt the bundle instead, or report the schema that failed",
+      path: artifact, cause: e,
+      hint: "disable redaction for this snapshot (--no-redact) and encrypt the bundle instead, " +
+        "or report the schema that failed",
     });
   } finally {
     db.close();
@@ -225,7 +238,8 @@ async function redactTable(
   const nk = keys.length;
   const keyList = keys.join(", ");
   const ph = keys.map(() => "?").join(", ");
-  const sel = `SELECT ${keyList}, ${cols.map((c) => `CASE WHEN typeof(${qi(c.name)}) IN ('text', 'blob') THEN ${qi(c.name)} END`).join(", ")} FROM ${qi(target.name)}`;
+  const cells = cols.map((c) => `CASE WHEN typeof(${qi(c.name)}) IN ('text', 'blob') THEN ${qi(c.name)} END`);
+  const sel = `SELECT ${keyList}, ${cells.join(", ")} FROM ${qi(target.name)}`;
   const first = db.prepare(`${sel} ORDER BY ${keyList}`).raw(true);
   const next = db.prepare(`${sel} WHERE (${keyList}) > (${ph}) ORDER BY ${keyList}`).raw(true);
   const updates = new Map<number, BsStatement>();
@@ -325,7 +339,9 @@ export function isTextBlob(b: Buffer): boolean {
 function writeCell(stmt: BsStatement, value: string | Buffer, key: unknown[]): boolean {
   for (let n = 1; ; n++) {
     try {
-      const v = n === 1 ? value : typeof value === "string" ? `${value}#${n}` : Buffer.concat([value, Buffer.from(`#${n}`)]);
+      const v = n === 1
+        ? value
+        : typeof value === "string" ? `${value}#${n}` : Buffer.concat([value, Buffer.from(`#${n}`)]);
       return stmt.run(v, ...key).changes > 0;
     } catch (e) {
       const code = String((e as { code?: unknown }).code ?? "");
