@@ -376,7 +376,7 @@ class Capped {
   }
 }
 
-/** The git layer's document of uncommitted deletions (see sources/git-iso.ts WorktreeDoc). */
+/** The git layer's document of uncommitted deletions (see sources/git/format.ts WorktreeDoc). */
 const WORKTREE_DOC = "worktree-deleted.json";
 /** The largest such document read. */
 const WORKTREE_DOC_MAX = 16 * 1024 * 1024;

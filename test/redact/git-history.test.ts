@@ -10,7 +10,7 @@ import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
 import { createRedactor } from "../../src/redact/index.js";
 import { nativePrefilter } from "../../src/redact/native.js";
-import { emptyScan, scanObject } from "../../src/sources/git-iso.js";
+import { emptyScan, scanObject } from "../../src/sources/git/history-scan.js";
 import { expectOk, runCli, tempDir } from "../helpers/cli.js";
 import { commitAll, initRepo, writeFiles } from "../helpers/git.js";
 import { requireTool } from "../helpers/tools.js";

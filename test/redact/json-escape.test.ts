@@ -19,7 +19,7 @@ import { generateIdentity, parseConfig, restoreToDir, snapshot } from "../../src
 import { decodeJsonEscapes, hasHidingEscape, hidingEscapeAt, HIDING_ESCAPE } from "../../src/redact/json.js";
 import { nativePrefilter } from "../../src/redact/native.js";
 import type { RedactionReport } from "../../src/redact/types.js";
-import { emptyScan, scanObject } from "../../src/sources/git-iso.js";
+import { emptyScan, scanObject } from "../../src/sources/git/history-scan.js";
 import { SqliteWorker, type LiveBeginResult } from "../../src/sources/sqlite-worker.js";
 import { readBundle } from "../helpers/cli.js";
 import { requireTool } from "../helpers/tools.js";

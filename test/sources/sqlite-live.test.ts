@@ -1,6 +1,6 @@
 /**
  * The `sqlite` source's live read: the database file itself, streamed while the worker holds a
- * read transaction (see the module comment of src/sources/sqlite.ts). End to end through
+ * read transaction (see docs/BENCHMARK.md, "SQLite capture notes"). End to end through
  * snapshot → restoreToDir on real files, with real writer processes, and at the worker level
  * for the locking claims (a WAL checkpoint and a rollback writer cannot change the file while
  * the transaction is held). Also: when the copy path is taken instead (frames in the -wal, a
@@ -20,7 +20,8 @@ import { describe, expect, it, vi } from "vitest";
 import { isMemsnapError, parseConfig, restoreToDir, snapshot, type LayerEntry } from "../../src/index.js";
 import { candidate as prefilterCandidate } from "../../src/redact/prefilter.js";
 import type { RedactionReport, Redactor } from "../../src/redact/types.js";
-import { sqliteSource, type SqliteDbMeta } from "../../src/sources/sqlite.js";
+import { sqliteSource } from "../../src/sources/sqlite/index.js";
+import type { SqliteDbMeta } from "../../src/sources/sqlite/meta.js";
 import { SqliteWorker, type LiveBeginResult, type LiveVerifyResult } from "../../src/sources/sqlite-worker.js";
 import type { Artifact } from "../../src/sources/types.js";
 import { readBundle, tempDir } from "../helpers/cli.js";

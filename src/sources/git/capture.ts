@@ -1,0 +1,302 @@
+/** Capturing a git source: the bundle (or the last snapshot's, reused), the work tree and the history scan. */
+import type { ChildProcessWithoutNullStreams } from "node:child_process";
+import { createHash } from "node:crypto";
+import { createReadStream } from "node:fs";
+import { mkdtemp, rm, stat } from "node:fs/promises";
+import { join, resolve } from "node:path";
+import { Readable } from "node:stream";
+import { MemsnapError } from "../../errors.js";
+import type { Redactor } from "../../redact/types.js";
+import { readAhead } from "../prefetch.js";
+import type { Artifact, CaptureContext, LayerCapture } from "../types.js";
+import { fileArtifact, fingerprintOf, SMALL_FILE, walkNotices, type FoundFile } from "../walk.js";
+import type { GitConfig } from "./config.js";
+import { findRepo, stateFlags, exists, type RepoPaths } from "./discover.js";
+import {
+  BUNDLE_ARTIFACT, commitFacts, readBundleHeader, WORKTREE_DIR, WORKTREE_DOC_ARTIFACT,
+  type BundleHeader, type HeadFacts, type WorktreeDoc,
+} from "./format.js";
+import { scanHistoryGit, type HistoryScan } from "./history-scan.js";
+import { isoRepoFacts, isoScanObjects, isoStatus, isoWriteBundle, type StatusEntry } from "./iso.js";
+import { gitEnv, gitImpl, gitIn, neutralizeFilters, sourceInvalid, type GitCtx } from "./run.js";
+import { classify, listWorktreeGit, type WorktreeListing } from "./worktree.js";
+
+interface CaptureState {
+  bundle: string | null;
+  bundleSize: number;
+  /** The bundle's incremental fingerprint (its refs), when there is a bundle. */
+  bundleFingerprint?: string;
+  /** An incremental snapshot references the last one's bundle: none was written now (`bundle` is null). */
+  reused?: { bytes: number; scan: HistoryScan | null };
+  listing: WorktreeListing | null;
+  meta: Record<string, unknown>;
+  scan: Promise<HistoryScan> | null;
+}
+
+/**
+ * The incremental fingerprint of a repository's bundle: its refs (names and object ids), HEAD
+ * and object format. A bundle holds exactly the objects reachable from its refs, and objects are
+ * named by their content, so the last snapshot's bundle of the same refs is a bundle of this
+ * repository as it is now: an incremental snapshot references it instead of writing and
+ * scanning the history again (a commit, a new branch or a moved tag changes the fingerprint).
+ */
+export function refsFingerprint(
+  impl: string, objectFormat: string, headRef: string | null, headOid: string | null, refs: readonly string[],
+): string {
+  const h = createHash("sha256").update(`${impl}\n${objectFormat}\nHEAD ${headRef ?? "-"} ${headOid ?? "-"}\n`);
+  for (const r of [...refs].sort()) h.update(`${r}\n`);
+  return `git-refs:${h.digest("hex")}`;
+}
+
+/**
+ * The last incremental snapshot's bundle, when one with this fingerprint will be referenced:
+ * its size and history scan, from the layer meta of the bundle holding it. A meta without them
+ * (written before memsnap recorded `bundle_bytes`), or without a scan where this snapshot
+ * redacts, is not reused.
+ */
+function reusableBundle(
+  ctx: CaptureContext | undefined, artifact: string, fingerprint: string, redacting: boolean,
+): CaptureState["reused"] {
+  const meta = ctx?.unchanged?.(artifact, fingerprint, "git-bundle");
+  const bytes = meta?.bundle_bytes;
+  if (typeof bytes !== "number" || !Number.isSafeInteger(bytes) || bytes <= 0) return undefined;
+  const scan = meta?.history_scan;
+  if (redacting && (scan === null || typeof scan !== "object")) return undefined;
+  return { bytes, scan: redacting ? scan as HistoryScan : null };
+}
+
+function worktreeDoc(listing: WorktreeListing): WorktreeDoc {
+  return {
+    format: "memsnap-git-worktree",
+    version: 1,
+    deleted: listing.deleted,
+    executable: listing.files.filter((f) => (f.stats.mode & 0o111) !== 0).map((f) => f.rel),
+  };
+}
+
+function worktreeMeta(cfg: GitConfig, listing: WorktreeListing | null): Record<string, unknown> {
+  if (!cfg.worktree || !listing) return { captured: false };
+  return { captured: true, method: listing.method, ...listing.counts, skipped: listing.skipped };
+}
+
+async function captureGit(cfg: GitConfig, root: string, repo: RepoPaths, work: string, signal: AbortSignal | undefined,
+  redactor: Redactor | undefined, children: Set<ChildProcessWithoutNullStreams>, ctx?: CaptureContext,
+): Promise<CaptureState> {
+  const base: GitCtx = {
+    cwd: root, env: gitEnv({ GIT_DIR: repo.dotgit, GIT_WORK_TREE: root }), ...(signal ? { signal } : {}),
+  };
+  // First a plain call that fails cleanly on something that is not a usable repository.
+  const fmt = (await gitIn(root, base, ["rev-parse", "--show-object-format"])).stdout.toString("utf8").trim() || "sha1";
+  const [partial, sym, hv, refList, filters] = await Promise.all([
+    gitIn(root, base, ["config", "--get", "extensions.partialclone"], [0, 1]),
+    gitIn(root, base, ["symbolic-ref", "-q", "HEAD"], [0, 1]),
+    gitIn(root, base, ["rev-parse", "-q", "--verify", "HEAD"], [0, 1]),
+    gitIn(root, base, ["for-each-ref", "--format=%(objectname) %(refname)"]),
+    neutralizeFilters(root, base),
+  ]);
+  if (partial.code === 0) {
+    throw sourceInvalid(root, `${root} is a partial clone (objects are missing by design)`,
+      "fetch every object first (git fetch --refetch, or clone without --filter), then snapshot again");
+  }
+  const headRef = sym.code === 0 ? sym.stdout.toString("utf8").trim() : null;
+  const headOid = hv.code === 0 ? hv.stdout.toString("utf8").trim() : null;
+  const refLines = refList.stdout.toString("utf8").split("\n").filter(Boolean);
+  const refOids = refLines.map((l) => l.slice(0, l.indexOf(" ")));
+  const g: GitCtx = { ...base, env: gitEnv({ GIT_DIR: repo.dotgit, GIT_WORK_TREE: root }, filters) };
+  const artifact = `${cfg.name}/${BUNDLE_ARTIFACT}`;
+  const bundleFingerprint = refOids.length > 0 || headOid
+    ? refsFingerprint("git", fmt, headRef, headOid, refLines)
+    : undefined;
+  const reused = bundleFingerprint ? reusableBundle(ctx, artifact, bundleFingerprint, !!redactor) : undefined;
+  const bundle = bundleFingerprint && !reused ? join(work, BUNDLE_ARTIFACT) : null;
+  // The history scan starts now, from the refs as just read, alongside the bundle; should a
+  // ref move before `git bundle create` reads it, the difference is scanned afterwards.
+  const tips = [...new Set([...refOids, ...(headOid ? [headOid] : [])])];
+  const scan0 = redactor && bundle ? scanHistoryGit(root, g, tips, redactor, artifact, children) : null;
+  scan0?.catch(() => undefined);
+  // The HEAD commit, the work-tree listing and the bundle are independent: run them at once.
+  const [head, listing, header] = await Promise.all([
+    headOid ? gitIn(root, base, ["cat-file", "commit", headOid]).then((r) => commitFacts(headOid, r.stdout)) : null,
+    cfg.worktree ? listWorktreeGit(root, g, headOid !== null) : null,
+    bundle ? (async (): Promise<BundleHeader> => {
+      await gitIn(root, g, ["bundle", "create", "-q", bundle, "--all"]);
+      const h = await readBundleHeader(bundle);
+      if (typeof h === "string") throw sourceInvalid(root, `git bundle create wrote a bad bundle for ${root}: ${h}`);
+      return h;
+    })() : null,
+  ]);
+  const bundleSize = bundle ? (await stat(bundle)).size : 0;
+  let scan: Promise<HistoryScan> | null = null;
+  if (scan0 && redactor && header) {
+    const moved = [...new Set(header.refs.map((r) => r.oid))].filter((o) => !tips.includes(o));
+    scan = !moved.length ? scan0 : (async () => {
+      const revs = [...moved, ...tips.map((o) => `^${o}`)];
+      const [a, b] = await Promise.all([scan0, scanHistoryGit(root, g, revs, redactor, artifact, children)]);
+      const sum = Object.entries(a).map(([k, v]) => [k, v + b[k as keyof HistoryScan]]);
+      return Object.fromEntries(sum) as unknown as HistoryScan;
+    })();
+  }
+  const refCount = header ? header.refs.filter((r) => r.name !== "HEAD").length : reused ? refLines.length : 0;
+  return {
+    bundle, bundleSize, listing, scan,
+    ...(bundleFingerprint ? { bundleFingerprint } : {}), ...(reused ? { reused } : {}),
+    meta: {
+      impl: "git", object_format: fmt,
+      ...headMeta(head, headRef, headOid, refCount),
+    },
+  };
+}
+
+function headMeta(
+  head: HeadFacts | null, headRef: string | null, headOid: string | null, refCount: number,
+): Record<string, unknown> {
+  return {
+    empty: headOid === null && refCount === 0,
+    bundle: headOid !== null || refCount > 0,
+    head,
+    branch: headRef === null ? null : headRef.startsWith("refs/heads/") ? headRef.slice(11) : headRef,
+    detached: headRef === null,
+    ref_count: refCount,
+  };
+}
+
+async function captureIso(cfg: GitConfig, root: string, repo: RepoPaths, work: string, signal: AbortSignal | undefined,
+  redactor: Redactor | undefined, ctx?: CaptureContext): Promise<CaptureState> {
+  const wrap = async <T>(what: string, p: () => Promise<T>): Promise<T> => {
+    try {
+      return await p();
+    } catch (e) {
+      if (e instanceof MemsnapError) throw e;
+      throw sourceInvalid(root, `isomorphic-git could not ${what} ${root}: ${(e as Error).message}`);
+    }
+  };
+  const facts = await wrap("read", () => isoRepoFacts(repo.gitdir));
+  const listing = cfg.worktree
+    ? await classify(root, (await wrap("list the work tree of", () => isoStatus(root, repo.gitdir)))
+      .map((s: StatusEntry) => ({ path: s.path, tracked: s.change !== "new" })), "isomorphic-git")
+    : null;
+  let bundle: string | null = null;
+  let bundleSize = 0;
+  let scan: Promise<HistoryScan> | null = null;
+  const artifact = `${cfg.name}/${BUNDLE_ARTIFACT}`;
+  const bundleFingerprint = facts.refs.length > 0 || facts.headOid
+    ? refsFingerprint(
+      "isomorphic-git", "sha1", facts.headRef, facts.headOid, facts.refs.map((r) => `${r.oid} ${r.name}`),
+    )
+    : undefined;
+  const reused = bundleFingerprint ? reusableBundle(ctx, artifact, bundleFingerprint, !!redactor) : undefined;
+  if (bundleFingerprint && !reused) {
+    bundle = join(work, BUNDLE_ARTIFACT);
+    const out = bundle;
+    const objects = await wrap("bundle", () => isoWriteBundle(repo.gitdir, facts, out));
+    bundleSize = (await stat(bundle)).size;
+    if (redactor) {
+      scan = wrap("scan the history of", () => isoScanObjects(repo.gitdir, objects, redactor, artifact, signal));
+    }
+  }
+  return {
+    bundle, bundleSize, listing, scan,
+    ...(bundleFingerprint ? { bundleFingerprint } : {}), ...(reused ? { reused } : {}),
+    meta: {
+      impl: "isomorphic-git", object_format: "sha1",
+      ...headMeta(facts.head, facts.headRef, facts.headOid, facts.refs.length),
+    },
+  };
+}
+
+// ------------------------------------------------------------------------------ the layer
+
+/** Capture a git source: a bundle of every ref, plus the uncommitted and untracked files. */
+export async function captureLayer(cfg: GitConfig, ctx: CaptureContext): Promise<LayerCapture> {
+  const root = resolve(ctx.baseDir, cfg.path);
+  const repo = await findRepo(root);
+  if (await exists(join(repo.commondir, "shallow"))) {
+    throw sourceInvalid(root, `${root} is a shallow clone: unshallow it first (its bundle would lack history)`,
+      `run 'git fetch --unshallow' in ${root}, then snapshot again`);
+  }
+  const state = await stateFlags(repo);
+  const impl = gitImpl();
+  // Absolute: git runs with the repository as its working directory.
+  const work = await mkdtemp(join(resolve(ctx.tmpDir), "git-"));
+  const children = new Set<ChildProcessWithoutNullStreams>();
+  const redactor = ctx.redactor;
+  let cap: CaptureState;
+  try {
+    cap = impl === "git"
+      ? await captureGit(cfg, root, repo, work, ctx.signal, redactor, children, ctx)
+      : await captureIso(cfg, root, repo, work, ctx.signal, redactor, ctx);
+    cap.scan?.catch(() => undefined); // awaited in finish(); don't let an early failure go unhandled
+    const head = cap.meta.head as HeadFacts | null;
+    if (head && redactor?.candidate(head.subject)) {
+      // The subject lands in the manifest, which is plaintext even in an encrypted bundle.
+      head.subject = await redactor.redactText(head.subject, "manifest.json");
+    }
+  } catch (e) {
+    for (const c of children) c.kill("SIGKILL");
+    await rm(work, { recursive: true, force: true });
+    throw e;
+  }
+  const listing = cap.listing;
+  const docBytes = listing ? Buffer.from(`${JSON.stringify(worktreeDoc(listing), null, 1)}\n`, "utf8") : null;
+  const now = new Date();
+  return {
+    estimatedBytes: cap.bundleSize + (docBytes?.length ?? 0)
+      + (listing?.files.reduce((n, f) => n + f.stats.size, 0) ?? 0),
+    notices: () => walkNotices(listing ?? {}),
+    artifacts: (async function* (): AsyncGenerator<Artifact> {
+      const fingerprint = cap.bundleFingerprint;
+      if (cap.bundle) {
+        const path = cap.bundle;
+        yield {
+          path: BUNDLE_ARTIFACT, kind: "git-bundle", size: cap.bundleSize, mode: 0o600, mtime: now,
+          ...(fingerprint ? { fingerprint } : {}),
+          open: () => createReadStream(path, { highWaterMark: 1 << 20 }),
+        };
+      } else if (cap.reused && fingerprint) {
+        yield {
+          path: BUNDLE_ARTIFACT, kind: "git-bundle", size: cap.reused.bytes, mode: 0o600, mtime: now, fingerprint,
+          open: () => {
+            throw new MemsnapError("MEMSNAP_INTERNAL",
+              `${cfg.name}/${BUNDLE_ARTIFACT} was to be referenced by the incremental snapshot, not read`);
+          },
+        };
+      }
+      if (docBytes) {
+        yield {
+          path: WORKTREE_DOC_ARTIFACT, kind: "json", size: docBytes.length, mode: 0o600, mtime: now,
+          open: () => Readable.from([docBytes]),
+        };
+      }
+      // The work tree's small files are read ahead in batches off the main thread, as a files
+      // layer's are (./prefetch.ts), except those an incremental snapshot will reference.
+      const files = (async function* (): AsyncGenerator<FoundFile> {
+        yield* listing?.files ?? [];
+      })();
+      for await (const { f, pre } of readAhead(files, root, (x) => {
+        if (x.stats.size >= SMALL_FILE) return null;
+        const path = `${cfg.name}/${WORKTREE_DIR}/${x.rel}`;
+        if (ctx.unchanged?.(path, fingerprintOf(x.stats), "file") != null) return null;
+        return x.stats.size + 1;
+      })) {
+        const a = fileArtifact(f, "file", `${WORKTREE_DIR}/${f.rel}`, undefined, pre);
+        a.text = true;
+        a.fingerprint = fingerprintOf(f.stats);
+        yield a;
+      }
+    })(),
+    finish: async () => {
+      const scan = cap.reused ? cap.reused.scan : cap.scan ? await cap.scan : null;
+      const bundleBytes = cap.reused?.bytes ?? (cap.bundle ? cap.bundleSize : undefined);
+      return {
+        root, ...cap.meta, state, worktree: worktreeMeta(cfg, listing), history_scan: scan,
+        ...(bundleBytes !== undefined ? { bundle_bytes: bundleBytes } : {}),
+        ...(cap.reused ? { bundle_reused: true } : {}),
+      };
+    },
+    cleanup: async () => {
+      for (const c of children) c.kill("SIGKILL");
+      await cap.scan?.catch(() => undefined);
+      await rm(work, { recursive: true, force: true });
+    },
+  };
+}

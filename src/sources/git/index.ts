@@ -1,0 +1,95 @@
+/**
+ * The `git` source: a memory directory that is a git repository.
+ *
+ * Artifacts of a layer:
+ *   repo.bundle            kind `git-bundle`: a standard git bundle of every ref (and HEAD);
+ *                          absent when the repository has no commit yet
+ *   worktree-deleted.json  kind `json`: tracked paths missing from the work tree, and which
+ *                          captured work-tree files are executable (see WorktreeDoc)
+ *   worktree/<path>        kind `file`, text: modified, added and untracked files (ignored
+ *                          files are not captured), byte for byte before redaction
+ *
+ * `.git/config`, hooks, the index, reflogs and lock files are never captured: the bundle
+ * carries objects and refs only, and restore builds a fresh `.git` (in place, it then keeps
+ * the live repository's own config, hooks/ and info/: keepLiveRepoFiles). A symlink of the
+ * checked-out tree is written as a plain file holding its target, with core.symlinks=false:
+ * restore creates no link a bundle asks for (materialize returns a note saying so).
+ *
+ * Every git command runs with execFile/spawn (never a shell) in a sanitized environment
+ * (./run.ts); without a git binary isomorphic-git does the work (./iso.ts). With redaction on,
+ * the history is scanned (./history-scan.ts).
+ */
+import { execFile } from "node:child_process";
+import { createWriteStream } from "node:fs";
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join, resolve } from "node:path";
+import { Readable } from "node:stream";
+import { pipeline } from "node:stream/promises";
+import type { SourceKind } from "../types.js";
+import { captureLayer } from "./capture.js";
+import { parseGitConfig, type GitConfig } from "./config.js";
+import { BUNDLE_ARTIFACT, parseWorktreeDoc, WORKTREE_DOC_ARTIFACT, WORKTREE_DOC_MAX } from "./format.js";
+import { keepLiveRepoFiles } from "./keep-live.js";
+import { materializeLayer } from "./materialize.js";
+import { verifyBundleFile } from "./verify.js";
+
+/** A git repository: a bundle of every ref, plus the uncommitted and untracked files. */
+export const gitSource: SourceKind<GitConfig> = {
+  kind: "git",
+  schemaVersion: 1,
+  parseConfig: parseGitConfig,
+  capture: captureLayer,
+
+  async deepVerify({ entry, bytes }) {
+    const rel = entry.path.startsWith(`${entry.layer}/`) ? entry.path.slice(entry.layer.length + 1) : entry.path;
+    if (rel === WORKTREE_DOC_ARTIFACT) {
+      const parts: Buffer[] = [];
+      let n = 0;
+      for await (const c of bytes) {
+        n += c.length;
+        if (n > WORKTREE_DOC_MAX) return `${entry.path}: over ${WORKTREE_DOC_MAX} bytes`;
+        parts.push(c);
+      }
+      const doc = parseWorktreeDoc(Buffer.concat(parts));
+      return typeof doc === "string" ? `${entry.path}: ${doc}` : null;
+    }
+    if (rel !== BUNDLE_ARTIFACT) return null;
+    const scratch = await mkdtemp(join(tmpdir(), "memsnap-gitverify-"));
+    try {
+      const file = join(scratch, BUNDLE_ARTIFACT);
+      await pipeline(Readable.from(bytes), createWriteStream(file, { mode: 0o600 }));
+      const problem = await verifyBundleFile(file);
+      return problem ? `${entry.path}: not a valid git bundle: ${problem}` : null;
+    } finally {
+      await rm(scratch, { recursive: true, force: true });
+    }
+  },
+
+  async liveTarget(cfg, baseDir) {
+    // The whole memdir is replaced by the rebuilt repository: a fresh .git (never the bundle's
+    // config or hooks) that keeps the live repository's own config, hooks and info/.
+    const root = resolve(baseDir, cfg.path);
+    return { root, mode: "dir", keepLive: (staged: string) => keepLiveRepoFiles(root, staged) };
+  },
+
+  async planLayer(cfg, baseDir, layer) {
+    const root = resolve(baseDir, cfg.path);
+    const after = (layer.meta?.head as { oid?: string; subject?: string } | null | undefined) ?? null;
+    const before = await new Promise<string | null>((res) => {
+      execFile("git", ["-C", root, "-c", "core.hooksPath=/dev/null", "rev-parse", "--verify", "-q", "HEAD"], {
+        env: {
+          PATH: process.env.PATH ?? "", HOME: process.env.HOME ?? "",
+          GIT_CONFIG_NOSYSTEM: "1", GIT_TERMINAL_PROMPT: "0", GIT_OPTIONAL_LOCKS: "0",
+        },
+        encoding: "utf8",
+      }, (err, out) => res(err ? null : out.trim() || null));
+    });
+    const short = (o: string | null | undefined): string => (o ? o.slice(0, 12) : "(none)");
+    const branch = typeof layer.meta?.branch === "string" ? ` on ${layer.meta.branch}` : "";
+    const subject = after?.subject ? ` (${after.subject})` : "";
+    return [`git HEAD ${short(before)} → ${short(after?.oid)}${branch}${subject}`];
+  },
+
+  materialize: materializeLayer,
+};

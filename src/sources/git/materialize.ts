@@ -1,0 +1,310 @@
+/** Restoring a git layer: a fresh repository from the bundle, HEAD as recorded, then the work-tree state. */
+import { spawn } from "node:child_process";
+import type { Stats } from "node:fs";
+import { chmod, lstat, mkdir, mkdtemp, readdir, readFile, rename, rm, rmdir, unlink } from "node:fs/promises";
+import { basename, dirname, join, resolve } from "node:path";
+import { MemsnapError, destinationError } from "../../errors.js";
+import type { LayerEntry } from "../../format/manifest.js";
+import {
+  BUNDLE_ARTIFACT, parseWorktreeDoc, WORKTREE_DIR, WORKTREE_DOC_ARTIFACT, worktreePathProblem,
+  type HeadSpec, type WorktreeDoc,
+} from "./format.js";
+import { isoMaterialize } from "./iso.js";
+import { gitEnv, gitImpl, neutralizeFilters, runGit, said, type GitCtx, type GitResult } from "./run.js";
+
+/** What HEAD should be, from the layer meta (checked: it is untrusted input). */
+function headSpec(layer: LayerEntry): HeadSpec {
+  const meta = layer.meta ?? {};
+  const bad = (why: string): MemsnapError => new MemsnapError(
+    "MEMSNAP_MANIFEST_CORRUPT", `git layer ${layer.name}: ${why}`,
+    { hint: "the manifest's layer meta is damaged; use another snapshot" },
+  );
+  const head = meta.head as { oid?: unknown } | null | undefined;
+  let oid: string | null = null;
+  if (head !== null && head !== undefined) {
+    if (typeof head.oid !== "string" || !/^[0-9a-f]{40}([0-9a-f]{24})?$/.test(head.oid)) {
+      throw bad("meta.head.oid is not an object id");
+    }
+    oid = head.oid;
+  }
+  const branch = meta.branch;
+  // git's own ref-name rules (check-ref-format): a name with `..` or a leading `-` would
+  // leave refs/ or be taken for an option.
+  const badRef = /[\0-\x20\x7f~^:?*[\\]|\.\.|@\{|\/\/|^[-/.]|\/\.|[/.]$|\.lock(\/|$)/;
+  if (branch !== null && branch !== undefined && (typeof branch !== "string" || branch === "" || badRef.test(branch))) {
+    throw bad("meta.branch is not a branch name");
+  }
+  if (meta.detached === true || typeof branch !== "string") {
+    if (!oid) throw bad("a detached HEAD needs meta.head.oid");
+    return { ref: null, oid };
+  }
+  return { ref: branch.startsWith("refs/") ? branch : `refs/heads/${branch}`, oid };
+}
+
+/** How many symlinks the checked-out tree holds, and the first few of their paths. */
+export interface LinksWritten {
+  count: number;
+  paths: string[];
+}
+
+const DAMAGED_HINT = "the git bundle in this snapshot is damaged; run 'memsnap verify --deep' and use another snapshot";
+
+/**
+ * The symlinks (mode 120000) of HEAD's tree, streamed from `git ls-tree -r -z` (one record in
+ * memory at a time, whatever the tree's size).
+ */
+function symlinksInHead(g: GitCtx, artifact: string): Promise<LinksWritten> {
+  return new Promise((res, rej) => {
+    const child = spawn("git", ["ls-tree", "-r", "-z", "--full-tree", "HEAD"], {
+      cwd: g.cwd, env: g.env, stdio: ["ignore", "pipe", "pipe"], windowsHide: true,
+    });
+    const out: LinksWritten = { count: 0, paths: [] };
+    let rest = Buffer.alloc(0);
+    let err = "";
+    const record = (rec: Buffer): void => {
+      if (rec.subarray(0, 7).toString("latin1") !== "120000 ") return;
+      out.count++;
+      if (out.paths.length < 5) out.paths.push(rec.subarray(rec.indexOf(9) + 1).toString("utf8"));
+    };
+    child.stdout.on("data", (b: Buffer) => {
+      let buf = rest.length ? Buffer.concat([rest, b]) : b;
+      for (let nul = buf.indexOf(0); nul >= 0; nul = buf.indexOf(0)) {
+        record(buf.subarray(0, nul));
+        buf = buf.subarray(nul + 1);
+      }
+      rest = Buffer.from(buf);
+    });
+    child.stderr.on("data", (b: Buffer) => { if (err.length < 64 * 1024) err += b.toString("utf8"); });
+    child.on("error", (e) => rej(new MemsnapError("MEMSNAP_INTERNAL",
+      `cannot run git to restore ${artifact}: ${e.message}`, {
+        path: artifact, cause: e, hint: "install git, or set MEMSNAP_GIT_IMPL=isomorphic",
+      })));
+    child.on("close", (code) => {
+      if (code === 0) res(out);
+      else {
+        rej(new MemsnapError("MEMSNAP_DEEP_VERIFY_FAILED", `restoring ${artifact}: git ls-tree failed: ${said(err)}`, {
+          path: artifact, hint: DAMAGED_HINT,
+        }));
+      }
+    });
+  });
+}
+
+/** The note a restore prints when the checked-out tree held symlinks (written as plain files). */
+export function linksNote(layer: string, links: LinksWritten): string {
+  const some = links.paths.map((p) => JSON.stringify(p)).join(", ") + (links.count > links.paths.length ? ", …" : "");
+  return `git layer ${layer}: ${links.count} symlink${links.count === 1 ? "" : "s"} ` +
+    `in the checked-out tree (${some}) ` +
+    `${links.count === 1 ? "was" : "were"} restored as plain files holding the link target, ` +
+    "and the repository has core.symlinks=false " +
+    "(restore creates no link a bundle asks for); " +
+    "to have links again: git config core.symlinks true, then git checkout -- PATH";
+}
+
+async function materializeGit(
+  dir: string, bundle: string | null, head: HeadSpec, objectFormat: string, artifact: string,
+): Promise<LinksWritten> {
+  const init: GitCtx = { cwd: dir, env: gitEnv() };
+  let g: GitCtx = { cwd: dir, env: gitEnv({ GIT_DIR: join(dir, ".git"), GIT_WORK_TREE: dir }) };
+  const run = async (args: string[], ctx: GitCtx, damaged: boolean): Promise<void> => {
+    let r: GitResult;
+    try {
+      r = await runGit(args, ctx);
+    } catch (e) {
+      throw new MemsnapError("MEMSNAP_INTERNAL", `cannot run git to restore ${artifact}: ${(e as Error).message}`, {
+        path: artifact, cause: e, hint: "install git, or set MEMSNAP_GIT_IMPL=isomorphic",
+      });
+    }
+    if (r.code === 0) return;
+    throw new MemsnapError(damaged ? "MEMSNAP_DEEP_VERIFY_FAILED" : "MEMSNAP_DEST_UNWRITABLE",
+      `restoring ${artifact}: git ${args[0]} failed: ${said(r.stderr)}`, {
+        path: artifact, hint: damaged ? DAMAGED_HINT : "check the destination",
+      });
+  };
+  // A fresh .git: no template (no hooks, no info/), the default config git writes, nothing from the bundle.
+  const format = objectFormat !== "sha1" ? [`--object-format=${objectFormat}`] : [];
+  await run(["init", "-q", "--template=", ...format, dir], init, false);
+  // The user's own filter drivers (git-lfs, …) must not run on checkout either: files come back
+  // as the blobs hold them.
+  const filters = await neutralizeFilters(dir, g);
+  g = { ...g, env: gitEnv({ GIT_DIR: join(dir, ".git"), GIT_WORK_TREE: dir }, filters) };
+  if (bundle) {
+    const fetch = ["fetch", "-q", "--no-write-fetch-head", "--update-head-ok", "--no-tags", bundle, "refs/*:refs/*"];
+    await run(fetch, g, true);
+  }
+  if (head.ref) await run(["symbolic-ref", "HEAD", head.ref], g, true);
+  else if (head.oid) await run(["update-ref", "--no-deref", "HEAD", head.oid], g, true);
+  const links: LinksWritten = head.oid ? await symlinksInHead(g, artifact) : { count: 0, paths: [] };
+  // A symlink in the tree is checked out as a plain file holding its target (as git does on a
+  // file system without links): restore creates no link a bundle asks for, wherever it points.
+  // The repository keeps core.symlinks=false so that `git status` sees those files as the links.
+  if (links.count) await run(["config", "core.symlinks", "false"], g, false);
+  const checkout: GitCtx = {
+    ...g, env: gitEnv({ GIT_DIR: join(dir, ".git"), GIT_WORK_TREE: dir }, [...filters, ["core.symlinks", "false"]]),
+  };
+  if (head.oid) await run(["reset", "-q", "--hard", "HEAD"], checkout, true);
+  return links;
+}
+
+// ------------------------------------------------------------------------------ the work tree
+
+function unsafe(artifact: string, why: string): MemsnapError {
+  return new MemsnapError("MEMSNAP_UNSAFE_PATH", `${artifact}: ${why}`, {
+    path: artifact, hint: "this bundle was not written by memsnap or was tampered with",
+  });
+}
+
+/**
+ * Make sure every parent of `rel` under `dir` is a real directory (never a symlink); create
+ * missing ones when `create`.
+ */
+async function realParents(dir: string, rel: string, artifact: string, create: boolean): Promise<boolean> {
+  const segs = rel.split("/");
+  let cur = dir;
+  for (const seg of segs.slice(0, -1)) {
+    cur = join(cur, seg);
+    let st: Stats;
+    try {
+      st = await lstat(cur);
+    } catch {
+      if (!create) return false;
+      await mkdir(cur).catch((e: unknown) => { throw destinationError(e, cur); });
+      continue;
+    }
+    if (st.isSymbolicLink()) throw unsafe(artifact, `${rel} would be written through the symlink ${cur}`);
+    if (!st.isDirectory()) {
+      if (!create) return false;
+      throw unsafe(artifact, `${rel} conflicts with the file ${cur}`);
+    }
+  }
+  return true;
+}
+
+/** Remove empty directories from `rel`'s parent up to (not including) `dir`. */
+async function pruneEmpty(dir: string, rel: string): Promise<void> {
+  const segs = rel.split("/").slice(0, -1);
+  while (segs.length) {
+    const p = join(dir, ...segs);
+    try {
+      await rmdir(p);
+    } catch {
+      return;
+    }
+    segs.pop();
+  }
+}
+
+/** Relative paths of the regular files under `root`. */
+async function listFiles(root: string, rel = ""): Promise<string[]> {
+  const out: string[] = [];
+  for (const e of await readdir(join(root, rel), { withFileTypes: true })) {
+    const r = rel ? `${rel}/${e.name}` : e.name;
+    if (e.isDirectory()) out.push(...await listFiles(root, r));
+    else if (e.isFile()) out.push(r);
+    else throw unsafe(`${WORKTREE_DIR}/${r}`, "not a regular file");
+  }
+  return out;
+}
+
+/** True when `p` is a directory holding no files (only empty directories). */
+async function emptyTree(p: string): Promise<boolean> {
+  for (const e of await readdir(p, { withFileTypes: true })) {
+    if (!e.isDirectory() || !(await emptyTree(join(p, e.name)))) return false;
+  }
+  return true;
+}
+
+/** Lay the captured work-tree state over the checked-out repository. */
+async function applyWorktree(dir: string, layer: string, worktree: string | null, doc: WorktreeDoc): Promise<void> {
+  const docArt = `${layer}/${WORKTREE_DOC_ARTIFACT}`;
+  for (const rel of doc.deleted) {
+    if (!(await realParents(dir, rel, docArt, false))) continue;
+    const p = join(dir, ...rel.split("/"));
+    const st = await lstat(p).catch(() => null);
+    if (!st || st.isDirectory()) continue;
+    await unlink(p).catch((e: unknown) => { throw destinationError(e, p); });
+    await pruneEmpty(dir, rel);
+  }
+  if (worktree) {
+    for (const rel of await listFiles(worktree)) {
+      const art = `${layer}/${WORKTREE_DIR}/${rel}`;
+      const why = worktreePathProblem(rel);
+      if (why) throw unsafe(art, why);
+      await realParents(dir, rel, art, true);
+      const dest = join(dir, ...rel.split("/"));
+      const st = await lstat(dest).catch(() => null);
+      if (st?.isDirectory()) {
+        if (!(await emptyTree(dest))) throw unsafe(art, `${rel} conflicts with a directory of the checked-out tree`);
+        await rm(dest, { recursive: true });
+      }
+      await rename(join(worktree, ...rel.split("/")), dest).catch((e: unknown) => { throw destinationError(e, dest); });
+      await chmod(dest, doc.executable.includes(rel) ? 0o700 : 0o600)
+        .catch((e: unknown) => { throw destinationError(e, dest); });
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------ the layer
+
+/** Restore a git layer in `layerDir` (which holds its artifacts); returns the notes to print. */
+export async function materializeLayer(layerDir: string, layer: LayerEntry): Promise<string[]> {
+  const dir = resolve(layerDir);
+  const art = (p: string): string => `${layer.name}/${p}`;
+  const names = await readdir(dir);
+  for (const n of names) {
+    if (n !== BUNDLE_ARTIFACT && n !== WORKTREE_DIR && n !== WORKTREE_DOC_ARTIFACT) {
+      throw unsafe(art(n), "not an artifact of a git layer");
+    }
+  }
+  const head = headSpec(layer);
+  let doc: WorktreeDoc = { format: "memsnap-git-worktree", version: 1, deleted: [], executable: [] };
+  if (names.includes(WORKTREE_DOC_ARTIFACT)) {
+    const parsed = parseWorktreeDoc(await readFile(join(dir, WORKTREE_DOC_ARTIFACT)));
+    if (typeof parsed === "string") {
+      // A path that leaves the work tree or names .git is an attack, not damage.
+      if (/ holds an unsafe path /.test(parsed)) throw unsafe(art(WORKTREE_DOC_ARTIFACT), parsed);
+      throw new MemsnapError("MEMSNAP_DEEP_VERIFY_FAILED", `${art(WORKTREE_DOC_ARTIFACT)}: ${parsed}`, {
+        path: art(WORKTREE_DOC_ARTIFACT), hint: "the snapshot's git layer is damaged; use another snapshot",
+      });
+    }
+    doc = parsed;
+  }
+  const hasBundle = names.includes(BUNDLE_ARTIFACT);
+  if (head.oid && !hasBundle) {
+    const msg = `git layer ${layer.name} records HEAD ${head.oid} but has no ${BUNDLE_ARTIFACT}`;
+    throw new MemsnapError("MEMSNAP_INDEX_MISMATCH", msg, {
+      path: art(BUNDLE_ARTIFACT), hint: "the bundle is damaged or was altered; use another snapshot",
+    });
+  }
+  const objectFormat = typeof layer.meta?.object_format === "string" && /^sha(1|256)$/.test(layer.meta.object_format)
+    ? layer.meta.object_format
+    : "sha1";
+  // Move the artifacts aside so `dir` is empty and becomes the work tree; a work-tree file
+  // named like an artifact (`repo.bundle`) lives under worktree/ and can't collide.
+  const aside = await mkdtemp(join(dirname(dir), `.${basename(dir)}.git-restore-`))
+    .catch((e: unknown) => { throw destinationError(e, dirname(dir)); });
+  try {
+    const bundle = hasBundle ? join(aside, BUNDLE_ARTIFACT) : null;
+    if (bundle) await rename(join(dir, BUNDLE_ARTIFACT), bundle);
+    const worktree = names.includes(WORKTREE_DIR) ? join(aside, WORKTREE_DIR) : null;
+    if (worktree) await rename(join(dir, WORKTREE_DIR), worktree);
+    await rm(join(dir, WORKTREE_DOC_ARTIFACT), { force: true });
+    let links: LinksWritten;
+    if (gitImpl() === "git") links = await materializeGit(dir, bundle, head, objectFormat, art(BUNDLE_ARTIFACT));
+    else {
+      try {
+        links = await isoMaterialize(dir, bundle, head, art(BUNDLE_ARTIFACT));
+      } catch (e) {
+        if (e instanceof MemsnapError) throw e;
+        const msg = `restoring ${art(BUNDLE_ARTIFACT)} with isomorphic-git failed: ${(e as Error).message}`;
+        throw new MemsnapError("MEMSNAP_DEEP_VERIFY_FAILED", msg, {
+          path: art(BUNDLE_ARTIFACT), hint: "install git and retry, or use another snapshot",
+        });
+      }
+    }
+    await applyWorktree(dir, layer.name, worktree, doc);
+    return links.count ? [linksNote(layer.name, links)] : [];
+  } finally {
+    await rm(aside, { recursive: true, force: true });
+  }
+}

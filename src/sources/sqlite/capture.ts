@@ -1,0 +1,267 @@
+/**
+ * Capturing a sqlite source: each database by a live read when that is sound, else by a copy;
+ * with redaction, two workers, so that the next database is scanned while one streams.
+ */
+import { randomBytes } from "node:crypto";
+import { open, rm, stat, type FileHandle } from "node:fs/promises";
+import { join, resolve } from "node:path";
+import { MemsnapError } from "../../errors.js";
+import {
+  SqliteWorker, type CheckResult, type CopyResult, type LiveBeginResult, type LiveVerifyResult,
+} from "../sqlite-worker.js";
+import type { Artifact, CaptureContext, LayerCapture } from "../types.js";
+import { fileArtifact, fingerprintOf, sourceError, walkFiles, walkNotices, type FoundFile } from "../walk.js";
+import { SIDE_FILE, SQLITE_DEFAULT_INCLUDE, type SqliteConfig } from "./config.js";
+import { DAMAGED_HINT, notSqlite, sniff, sniffHandle, sqliteSourceError } from "./errors.js";
+import { liveArtifact, LiveRead, liveReadSkips, sizeOr0 } from "./live-read.js";
+import type { SqliteDbMeta, SqliteRedactionStats } from "./meta.js";
+import { redactSqliteCopy } from "./redact-copy.js";
+
+/** Capture a sqlite source: one artifact per database, each one committed state. */
+export async function captureLayer(cfg: SqliteConfig, ctx: CaptureContext): Promise<LayerCapture> {
+  const root = resolve(ctx.baseDir, cfg.path);
+  const walked = await walkFiles(root, { include: cfg.include ?? SQLITE_DEFAULT_INCLUDE, exclude: cfg.exclude });
+  const { files, skipped } = walked;
+  const dbs = files.filter((f) => !SIDE_FILE.test(f.rel));
+  const sideFiles = files.length - dbs.length;
+  const databases: Record<string, SqliteDbMeta> = {};
+  const temps = new Set<string>();
+  const lives = new Set<LiveRead>();
+  // With redaction, two workers: while one reads database i, the other scans database i+1 ahead
+  // (see the module comment).
+  const workers: SqliteWorker[] = [];
+  const workerFor = (i: number): SqliteWorker =>
+    (workers[ctx.redactor && cfg.live_read !== false ? i % 2 : 0] ??= new SqliteWorker());
+  const tag = randomBytes(4).toString("hex");
+  let seq = 0;
+  let handles = 0;
+  const removeCopy = async (p: string): Promise<void> => {
+    for (const f of [p, `${p}-journal`, `${p}.vacuum`]) await rm(f, { force: true });
+    temps.delete(p);
+  };
+  const liveOn = cfg.live_read !== false;
+  const redact = !!ctx.redactor;
+
+  /** Open a database file and look at its first bytes; the handle stays open for a live read. */
+  const openDb = async (f: FoundFile): Promise<FileHandle> => {
+    let fh: FileHandle;
+    try {
+      fh = await open(f.abs, "r");
+    } catch (e) {
+      throw sourceError(e, f.abs);
+    }
+    let kind: Awaited<ReturnType<typeof sniffHandle>>;
+    try {
+      kind = await sniffHandle(fh, f.abs);
+    } catch (e) {
+      await fh.close().catch(() => undefined);
+      throw e;
+    }
+    if (kind === "other" || kind === "random") {
+      await fh.close().catch(() => undefined);
+      throw notSqlite(f.abs, kind);
+    }
+    return fh;
+  };
+
+  // An incremental snapshot references a database read live last time whose file has not
+  // changed since (same device, inode, size, mtime, ctime) and has no WAL frames or hot journal
+  // now: its bytes are those stored then, so it is neither opened nor scanned nor checked
+  // again; its meta is carried over from that snapshot (with `reused_from`).
+  const reused = new Map<FoundFile, SqliteDbMeta>();
+  if (ctx.unchanged && liveOn) {
+    for (const f of dbs) {
+      const meta = ctx.unchanged(`${cfg.name}/${f.rel}`, fingerprintOf(f.stats), "sqlite");
+      const prev = (meta?.databases as Record<string, SqliteDbMeta> | undefined)?.[f.rel];
+      if (!prev || prev.method !== "live_read") continue;
+      if ((await sizeOr0(`${f.abs}-wal`)) > 0 || (await sizeOr0(`${f.abs}-journal`)) > 0) continue;
+      reused.set(f, prev);
+    }
+  }
+
+  /** A look-ahead: the next database's redaction scan, in its own short read transaction, in the other worker. */
+  interface Ahead { f: FoundFile; live: LiveRead; done: Promise<unknown> }
+  let ahead: Ahead | null = null;
+  const startAhead = async (f: FoundFile | undefined, cur: FoundFile | null, w: SqliteWorker): Promise<void> => {
+    if (!f || !liveOn || !redact || ctx.signal?.aborted || reused.has(f)) return;
+    // A hard link of the database being read: closing that one's descriptor would drop this one's locks.
+    if (cur && f.stats.dev === cur.stats.dev && f.stats.ino === cur.stats.ino) return;
+    let fh: FileHandle;
+    try {
+      fh = await openDb(f);
+    } catch {
+      return; // reported when its turn comes
+    }
+    const live = new LiveRead(++handles, fh, f, w);
+    lives.add(live);
+    const done = w.call<LiveBeginResult>({
+      op: "live_begin", handle: live.handle, src: f.abs, fd: fh.fd, busyTimeoutMs: cfg.busy_timeout_ms, redact,
+      hold: false,
+    }).catch(() => undefined); // a failure is met again (and reported) when its turn comes
+    ahead = { f, live, done };
+  };
+
+  // The first database's scan starts now: the snapshot starts every capture up front, so it
+  // runs while the layers before this one pack (its result is reused only if the database
+  // has not changed by its turn, as for any look-ahead).
+  const firstRead = dbs.findIndex((f) => !reused.has(f));
+  if (firstRead >= 0) await startAhead(dbs[firstRead], null, workerFor(firstRead));
+
+  return {
+    estimatedBytes: dbs.reduce((n, f) => n + f.stats.size, 0),
+    notices: () => walkNotices(walked),
+    artifacts: (async function* (): AsyncGenerator<Artifact> {
+      for (let i = 0; i < dbs.length; i++) {
+        const f = dbs[i]!;
+        ctx.signal?.throwIfAborted();
+        const prev = reused.get(f);
+        if (prev) {
+          databases[f.rel] = { ...prev, reused: true };
+          yield {
+            path: f.rel, kind: "sqlite", size: f.stats.size, mode: f.stats.mode & 0o7777, mtime: f.stats.mtime,
+            fingerprint: fingerprintOf(f.stats),
+            open: () => {
+              throw new MemsnapError("MEMSNAP_INTERNAL",
+                `${f.abs} was to be referenced by the incremental snapshot, not read`);
+            },
+          };
+          continue;
+        }
+        const w = workerFor(i);
+        const job = <T>(p: Promise<T>): Promise<T> => p.catch((e: unknown) => {
+          throw ctx.signal?.aborted ? e : sqliteSourceError(e, f.abs, ctx.tmpDir);
+        });
+        const sourceBytes = f.stats.size + (await sizeOr0(`${f.abs}-wal`));
+
+        // ---- the live read: the file itself under a read transaction, when that is sound
+        let skippedWhy: string | undefined = liveOn ? undefined : "disabled";
+        const pre = ahead as Ahead | null;
+        ahead = null;
+        let live: LiveRead | null = null;
+        if (pre && pre.f === f) {
+          await pre.done; // the look-ahead's job must end before the same handle is used again
+          live = pre.live;
+        } else if (pre) {
+          lives.delete(pre.live);
+          await pre.live.release();
+        }
+        if (liveOn) {
+          if (!live) {
+            const fh = await openDb(f);
+            live = new LiveRead(++handles, fh, f, w);
+            lives.add(live);
+          }
+          const l = live;
+          await startAhead(dbs[i + 1], f, workerFor(i + 1)); // runs while this one is scanned and streams
+          let r: LiveBeginResult;
+          try {
+            r = await job(l.worker.call<LiveBeginResult>({
+              op: "live_begin", handle: l.handle, src: f.abs, fd: l.fh.fd, busyTimeoutMs: cfg.busy_timeout_ms, redact,
+              hold: true,
+            }, ctx.signal));
+          } catch (e) {
+            lives.delete(l);
+            await l.release();
+            throw e;
+          }
+          if (r.eligible) {
+            // quick_check and the row counts run in the worker, in the same transaction, while the bytes stream.
+            const verified = l.worker.call<LiveVerifyResult>(
+              { op: "live_verify", handle: l.handle, limit: 10 }, ctx.signal,
+            );
+            verified.catch(() => undefined); // awaited in check()
+            const meta: SqliteDbMeta = {
+              method: "live_read",
+              ...r.pragmas,
+              source_bytes: r.size + r.walBytes,
+              copy_bytes: r.size,
+              copy_ms: 0,
+              prepare_ms: r.ms,
+              quick_check: "ok",
+              tables: {},
+              ...(r.scan ? {
+                redaction: {
+                  scrub: "none", tables: r.scan.tables, cells_scanned: r.scan.cells_scanned, candidates: 0,
+                  cells_redacted: 0,
+                  fts_rebuilt: [], fts_optimized: [], stat4_cleared: false, skipped: liveReadSkips(r.virtualTables),
+                  live_scan: { ...r.scan, ...(r.reused ? { reused: true } : {}) },
+                } satisfies SqliteRedactionStats,
+              } : {}),
+            };
+            const mapError = (e: unknown): unknown => (ctx.signal?.aborted ? e : sqliteSourceError(e, f.abs));
+            yield liveArtifact(f, l, r, meta, verified, databases, mapError);
+            lives.delete(l);
+            await l.release();
+            continue;
+          }
+          skippedWhy = r.reason ?? "unknown";
+          lives.delete(l);
+          await l.release();
+        }
+
+        // ---- the copy (today's path): VACUUM INTO (or a one-step backup), redaction in the copy, quick_check
+        const copy = join(ctx.tmpDir, `sqlite-${cfg.name}-${tag}-${seq++}.db`);
+        temps.add(copy);
+        if (!liveOn) {
+          const kind = await sniff(f.abs);
+          if (kind === "other" || kind === "random") throw notSqlite(f.abs, kind);
+        }
+        const cr = await job(w.call<CopyResult>(
+          { op: "copy", src: f.abs, dest: copy, busyTimeoutMs: cfg.busy_timeout_ms }, ctx.signal,
+        ));
+        let redaction: SqliteRedactionStats | undefined;
+        if (ctx.redactor) {
+          const r = await redactSqliteCopy(copy, ctx.redactor, `${cfg.name}/${f.rel}`, ctx.signal);
+          redaction = r.stats;
+          if (r.changed) await job(w.call({ op: "vacuum", path: copy }, ctx.signal));
+        }
+        const chk = await job(w.call<CheckResult>(
+          { op: "check", path: copy, pragma: "quick_check", limit: 10, counts: true }, ctx.signal,
+        ));
+        if (chk.problems.length !== 1 || chk.problems[0] !== "ok") {
+          throw new MemsnapError("MEMSNAP_SOURCE_INVALID",
+            `the copy of ${f.abs} fails quick_check: ${chk.problems.slice(0, 3).join("; ")}`, {
+              path: f.abs, hint: DAMAGED_HINT,
+            });
+        }
+        let st;
+        try {
+          st = await stat(copy);
+        } catch (e) {
+          throw sourceError(e, copy);
+        }
+        databases[f.rel] = {
+          method: cr.method,
+          ...cr.pragmas,
+          source_bytes: sourceBytes,
+          copy_bytes: st.size,
+          copy_ms: Math.round(cr.ms),
+          quick_check: "ok",
+          ...(skippedWhy ? { live_read_skipped: skippedWhy } : {}),
+          tables: chk.tables ?? {},
+          ...(redaction ? { redaction } : {}),
+        };
+        const a = fileArtifact({ abs: copy, rel: f.rel, stats: st }, "sqlite");
+        yield { ...a, mode: f.stats.mode & 0o7777, mtime: f.stats.mtime };
+        // The pipeline has packed and checked the artifact: drop the copy now to bound disk use.
+        await removeCopy(copy);
+      }
+    })(),
+    finish: async () => {
+      // Every database has streamed: stop the workers now (each holds a V8 heap and SQLite
+      // caches), not at the end of the whole snapshot, then close the file handles.
+      for (const w of workers.splice(0)) await w?.close();
+      for (const l of [...lives]) await l.release();
+      return {
+        root, root_is_file: files.length === 1 && files[0]!.abs === root, databases,
+        skipped: { ...skipped, side_files: sideFiles },
+      };
+    },
+    cleanup: async () => {
+      // Stop the worker first (its exit closes every connection), then close the file handles.
+      for (const w of workers) await w?.close();
+      for (const l of [...lives]) await l.release();
+      for (const p of [...temps]) await removeCopy(p).catch(() => undefined);
+    },
+  };
+}
