@@ -11,7 +11,8 @@
  *   node scripts/s3-server.mjs stop DIR    stop the servers recorded in DIR/state.json
  *
  * Library: `startSwiftS3(dir)` → { endpoint, ..., stop(), pause(), resume(), kill(), restart() }.
- * S3 credentials: access key `test:tester`, secret `testing`, region `us-east-1`, path-style.
+ * S3 credentials: access key `test:tester`, secret `testing`, region `us-east-1`, path-style; `test:reader`
+ * / `reader` is a user of the same account without rights on its buckets (AccessDenied).
  */
 import { spawn, spawnSync } from "node:child_process";
 import { closeSync, existsSync, mkdirSync, openSync, readFileSync, writeFileSync } from "node:fs";
@@ -49,11 +50,11 @@ function configs(dir, ports) {
     "container-server.conf": storage("container"),
     "object-server.conf": storage("object"),
     "proxy-server.conf": `${common}bind_port = ${ports.proxy}\n\n[pipeline:main]\n` +
-      "pipeline = catch_errors gatekeeper healthcheck proxy-logging cache s3api tempauth copy slo dlo " +
-      "proxy-logging proxy-server\n\n" +
+      "pipeline = catch_errors gatekeeper healthcheck proxy-logging cache s3api tempauth " +
+      "copy slo dlo proxy-logging proxy-server\n\n" +
       "[app:proxy-server]\nuse = egg:swift#proxy\naccount_autocreate = true\n\n" +
       "[filter:tempauth]\nuse = egg:swift#tempauth\nuser_test_tester = testing .admin\n" +
-      "user_test2_other = other2\n\n" +
+      "user_test_reader = reader\n\n" +
       "[filter:s3api]\nuse = egg:swift#s3api\nlocation = us-east-1\n\n" +
       `[filter:cache]\nuse = egg:swift#memcache\nmemcache_servers = 127.0.0.1:${ports.memcached}\n\n` +
       "[filter:catch_errors]\nuse = egg:swift#catch_errors\n[filter:gatekeeper]\nuse = egg:swift#gatekeeper\n" +
@@ -192,20 +193,23 @@ export async function startSwiftS3(dirArg) {
     accessKeyId: ACCESS_KEY_ID, secretAccessKey: SECRET_ACCESS_KEY, region: REGION,
     /** Stop every server (SIGTERM, then SIGKILL after 5 s). */
     stop: () => stopPids(pids),
-    /** Freeze / thaw the proxy (SIGSTOP / SIGCONT): connections stay open, nothing answers. */
-    pause: () => signal(pids.proxy, "SIGSTOP"),
-    resume: () => signal(pids.proxy, "SIGCONT"),
-    /** Kill the proxy outright (SIGKILL): connections reset, new ones are refused. */
-    kill: async () => {
-      signal(pids.proxy, "SIGKILL");
-      while (alive(pids.proxy)) await new Promise((r) => setTimeout(r, 20));
+    /** Freeze / thaw a server process (default the proxy) with SIGSTOP / SIGCONT: nothing answers meanwhile. */
+    pause: (name = "proxy") => signal(pids[name], "SIGSTOP"),
+    resume: (name = "proxy") => signal(pids[name], "SIGCONT"),
+    /**
+     * Kill a server outright (SIGKILL; default the proxy): its connections reset, new ones are
+     * refused. With the object server gone, the proxy answers object requests 503.
+     */
+    kill: async (name = "proxy") => {
+      signal(pids[name], "SIGKILL");
+      while (alive(pids[name])) await new Promise((r) => setTimeout(r, 20));
     },
-    /** Start the proxy again on the same port (after kill()). */
-    restart: async () => {
-      if (alive(pids.proxy)) return;
-      start("proxy");
+    /** Start a killed server again on the same port. */
+    restart: async (name = "proxy") => {
+      if (alive(pids[name])) return;
+      start(name);
       save();
-      await waitFor("proxy", () => healthy(ports.proxy), 30_000, dir);
+      await waitFor(name, () => (name === "proxy" ? healthy(ports.proxy) : listening(ports[name])), 30_000, dir);
     },
   };
   return server;

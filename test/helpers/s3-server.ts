@@ -10,6 +10,8 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { startSwiftS3 } from "../../scripts/s3-server.mjs";
 
+export type SwiftServer = "proxy" | "object" | "container" | "account";
+
 export interface S3Server {
   endpoint: string;
   /** Where the server keeps its configs, device and logs (*.log). */
@@ -19,12 +21,15 @@ export interface S3Server {
   /** An SDK client for the server (path-style, the test credentials). */
   client(): S3Client;
   createBucket(name: string): Promise<void>;
-  /** SIGSTOP / SIGCONT the proxy: requests hang, then go on. */
-  pause(): void;
-  resume(): void;
-  /** SIGKILL the proxy (connections reset, then refused); restart() brings it back on the same port. */
-  kill(): Promise<void>;
-  restart(): Promise<void>;
+  /** SIGSTOP / SIGCONT a server process (default the proxy): requests hang, then go on. */
+  pause(server?: SwiftServer): void;
+  resume(server?: SwiftServer): void;
+  /**
+   * SIGKILL a server (default the proxy: connections reset, then refused; the object server: the
+   * proxy answers 503); restart() brings it back on the same port.
+   */
+  kill(server?: SwiftServer): Promise<void>;
+  restart(server?: SwiftServer): Promise<void>;
   /** Stop every server process and remove the directory. */
   stop(): Promise<void>;
 }
@@ -36,11 +41,14 @@ interface Started {
   secretAccessKey: string;
   region: string;
   stop(): Promise<void>;
-  pause(): void;
-  resume(): void;
-  kill(): Promise<void>;
-  restart(): Promise<void>;
+  pause(server?: SwiftServer): void;
+  resume(server?: SwiftServer): void;
+  kill(server?: SwiftServer): Promise<void>;
+  restart(server?: SwiftServer): Promise<void>;
 }
+
+/** Credentials of a user of the same account with no rights on the buckets (requests are AccessDenied). */
+export const READER = { AWS_ACCESS_KEY_ID: "test:reader", AWS_SECRET_ACCESS_KEY: "reader" };
 
 export async function startS3Server(): Promise<S3Server> {
   // The SDK's notice that its 2027 releases need Node 22 (memsnap pins one that supports Node 20).
@@ -74,10 +82,10 @@ export async function startS3Server(): Promise<S3Server> {
     createBucket: async (name) => {
       await getClient().send(new CreateBucketCommand({ Bucket: name }));
     },
-    pause: () => s.pause(),
-    resume: () => s.resume(),
-    kill: () => s.kill(),
-    restart: () => s.restart(),
+    pause: (server) => s.pause(server),
+    resume: (server) => s.resume(server),
+    kill: (server) => s.kill(server),
+    restart: (server) => s.restart(server),
     stop: async () => {
       client?.destroy();
       await s.stop();

@@ -97,11 +97,11 @@ describe("the CLI and store URLs", () => {
     AWS_ACCESS_KEY_ID: "x", AWS_SECRET_ACCESS_KEY: "y", AWS_REGION: "us-east-1",
   };
 
-  it("`snapshot --store s3://b/p` does not create ./s3: (or anything) on the local disk", async () => {
+  it("`snapshot --store s3://b/p` goes to the object store (here unreachable: exit 8), never to ./s3: on the local disk", async () => {
     const a = makeAgent();
     const before = listTree(a.dir);
     const r = await runCli(["snapshot", "-c", a.config, "--store", "s3://bkt/p"], { cwd: a.dir, env });
-    expect(r.code).not.toBe(0);
+    expectCliError(r, 8, "MEMSNAP_STORE_UNREACHABLE");
     expect(existsSync(join(a.dir, "s3:"))).toBe(false);
     expect(listTree(a.dir).filter((p) => !p.startsWith(".memsnap/"))).toEqual(before.filter((p) => !p.startsWith(".memsnap/")));
   });
