@@ -52,7 +52,8 @@ function configs(dir, ports) {
     "proxy-server.conf": `${common}bind_port = ${ports.proxy}\n\n[pipeline:main]\n` +
       "pipeline = catch_errors gatekeeper healthcheck proxy-logging cache s3api tempauth " +
       "copy slo dlo proxy-logging proxy-server\n\n" +
-      "[app:proxy-server]\nuse = egg:swift#proxy\naccount_autocreate = true\n\n" +
+      // A storage server that failed is skipped for 1 s, not 60 (a restarted one serves again at once).
+      "[app:proxy-server]\nuse = egg:swift#proxy\naccount_autocreate = true\nerror_suppression_interval = 1\n\n" +
       "[filter:tempauth]\nuse = egg:swift#tempauth\nuser_test_tester = testing .admin\n" +
       "user_test_reader = reader\n\n" +
       "[filter:s3api]\nuse = egg:swift#s3api\nlocation = us-east-1\n\n" +

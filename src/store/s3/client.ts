@@ -5,7 +5,7 @@
  *
  * Environment: MEMSNAP_S3_ENDPOINT (an S3-compatible server; else the config's s3_endpoint),
  * MEMSNAP_S3_PATH_STYLE (0/1; default 1 when an endpoint is set), MEMSNAP_S3_MAX_ATTEMPTS
- * (default 5), MEMSNAP_S3_TIMEOUT_MS (a request with no bytes moving for this long is retried;
+ * (default 5; see BackoffRetry), MEMSNAP_S3_TIMEOUT_MS (a request with no bytes moving for this long is retried;
  * default 30000). Region: AWS_REGION, AWS_DEFAULT_REGION, the profile's, else us-east-1.
  */
 import { S3Client } from "@aws-sdk/client-s3";
@@ -51,6 +51,43 @@ function extraCa(env: NodeJS.ProcessEnv): string[] | undefined {
   }
 }
 
+/** A retry token: the retry it stands for and the delay before it. */
+class RetryTicket {
+  constructor(readonly count: number, readonly delay: number) {}
+  getRetryCount(): number {
+    return this.count;
+  }
+  getRetryDelay(): number {
+    return this.delay;
+  }
+}
+
+/**
+ * The SDK's retry contract (RetryStrategyV2), with exponential backoff and full jitter: a delay
+ * drawn from [0, base x 2^(n-1)), capped at 20 s; base 250 ms, 1 s for throttling (SlowDown), at
+ * least what a Retry-After asks. Unlike the SDK's standard strategy there is no client-wide retry
+ * budget: a multipart upload's parts fail together when the server is down, and the budget (about
+ * 35 retries) ran out after ~10 s, whatever maxAttempts said.
+ */
+export class BackoffRetry {
+  readonly mode = "standard";
+  constructor(readonly maxAttempts: number) {}
+  async acquireInitialRetryToken(_scope: string): Promise<RetryTicket> {
+    return new RetryTicket(0, 0);
+  }
+  async refreshRetryTokenForRetry(t: RetryTicket, info: { errorType: string; retryAfterHint?: Date }): Promise<RetryTicket> {
+    const n = t.getRetryCount() + 1;
+    if (n >= this.maxAttempts || (info.errorType !== "THROTTLING" && info.errorType !== "TRANSIENT")) {
+      throw new Error("no more retries");
+    }
+    const base = info.errorType === "THROTTLING" ? 1000 : 250;
+    let delay = Math.floor(Math.random() * Math.min(20_000, base * 2 ** (n - 1)));
+    if (info.retryAfterHint instanceof Date) delay = Math.max(delay, Math.min(20_000, info.retryAfterHint.getTime() - Date.now()));
+    return new RetryTicket(n, delay);
+  }
+  recordSuccess(_t: RetryTicket): void {}
+}
+
 /** An S3 client for a store (the location is not needed to configure it; kept for per-store settings). */
 export function s3ClientFor(_loc: { bucket: string }, env: NodeJS.ProcessEnv = process.env, opts: S3ClientOptions = {}): S3Client {
   // The SDK warns on every run that its releases after January 2027 need Node 22; memsnap pins one that supports 20.
@@ -87,7 +124,7 @@ export function s3ClientFor(_loc: { bucket: string }, env: NodeJS.ProcessEnv = p
     ...(endpoint ? { endpoint } : {}),
     forcePathStyle: pathStyle,
     maxAttempts,
-    retryMode: "standard",
+    retryStrategy: new BackoffRetry(maxAttempts),
     requestHandler: {
       connectionTimeout: Math.min(timeout, 10_000),
       socketTimeout: timeout,
