@@ -40,6 +40,16 @@ export function aeadAddonPath(): string | null {
   return existsSync(ADDON) ? ADDON : null;
 }
 
+/** The addon at `path` (from {@link aeadAddonPath}, in a worker thread), or null (none, or built for another ABI). */
+export function loadAead(path: string | null): AeadAddon | null {
+  if (!path) return null;
+  try {
+    return createRequire(import.meta.url)(path) as AeadAddon;
+  } catch {
+    return null;
+  }
+}
+
 /** Worker-source helper: the addon at `path`, or null (not built, or built for another ABI). */
 export const AEAD_LOAD_SOURCE = String.raw`
 function loadAead(path) {

@@ -33,6 +33,24 @@ export function memoryAddon(): string | null {
   return existsSync(ADDON) ? ADDON : null;
 }
 
+/** native/directio's memcpy: `n` bytes of `src` at `srcOffset` to `dst` at `dstOffset`. */
+export type NativeCopy = (dst: Uint8Array, dstOffset: number, src: Uint8Array, srcOffset: number, n: number) => void;
+
+/**
+ * The memcpy of the addon at `path` (from {@link memoryAddon}, for a worker thread), or null:
+ * Buffer#copy. V8 copies into and out of a SharedArrayBuffer with relaxed atomic word stores,
+ * several times slower than memcpy; a ring's hand-over is ordered by Atomics either way (see
+ * native/directio/directio.c).
+ */
+export function nativeCopy(path: string | null): NativeCopy | null {
+  if (!path) return null;
+  try {
+    return (createRequire(import.meta.url)(path) as { copy: NativeCopy }).copy;
+  } catch {
+    return null;
+  }
+}
+
 /** Writes are whole blocks of this many bytes at offsets that are multiples of it. */
 export const DIRECT_ALIGN = 4096;
 
