@@ -1,5 +1,6 @@
 import { existsSync } from "node:fs";
 import { resolve } from "node:path";
+import { isBundleUrl } from "../format/bundle-file.js";
 import { findSnapshot, isMemsnapError, loadConfig, MemsnapError, resolveStore, runHook, type HookEvent, type HooksConfig } from "../index.js";
 
 /** Helpers shared by the CLI commands. */
@@ -49,7 +50,7 @@ const ID_REF = /^[0-9a-hjkmnp-tv-z]{6,26}$/i;
  * Throws MEMSNAP_SOURCE_MISSING ("no such file: PATH") when it is neither, MEMSNAP_USAGE for an ambiguous prefix.
  */
 export async function bundleArg(ref: string, storeOf: () => Promise<string>, filter: { tenant?: string; agent?: string } = {}): Promise<string> {
-  if (existsSync(ref)) return ref;
+  if (existsSync(ref) || isBundleUrl(ref)) return ref;
   if (!ID_REF.test(ref)) {
     // A mistyped path is not a damaged bundle: say what happened before anything reads it.
     throw new MemsnapError("MEMSNAP_SOURCE_MISSING", `no such file: ${resolve(ref)}`, {

@@ -22,6 +22,7 @@ import { closeSync, openSync, readSync } from "node:fs";
 import { mkdir, open, readdir, rename, rm } from "node:fs/promises";
 import { basename, dirname, join } from "node:path";
 import { readLayout } from "../format/container.js";
+import { bundleIn } from "../format/bundle-file.js";
 import { parseManifest, checkSeal, type BaseRef, type IndexEntry, type Manifest } from "../format/manifest.js";
 import type { RuleCounts } from "../redact/types.js";
 import type { Artifact } from "../sources/types.js";
@@ -217,7 +218,7 @@ export class ReferenceSet {
     // restore and verify check its payload).
     for (const [id, seal] of seals) {
       try {
-        const m = parseManifest((await readLayout(join(storeDir, `${id}.memsnap`))).manifestBytes);
+        const m = parseManifest((await readLayout(bundleIn(storeDir, id))).manifestBytes);
         if (m.snapshot_id === id && m.seal === seal && checkSeal(m) && m.tenant === key.tenant && m.agent === key.agent) {
           out.#bases.set(id, seal);
           out.#manifests.set(id, { ...m, index: [] }); // the layers' meta is what is kept (a plaintext one's index can be large)
