@@ -10,6 +10,7 @@ import { ID_PATTERN } from "./format/manifest.js";
 import { parseHooks, type HooksConfig } from "./hooks.js";
 import { parseRedactionConfig, type RedactionConfig } from "./redact/index.js";
 import { sourceKind, SOURCE_KINDS } from "./sources/registry.js";
+import { locationString, parseStoreLocation } from "./store/s3/location.js";
 import type { SourceKind } from "./sources/types.js";
 import {
   configInvalid, isPlainObject, optInt, optString, optStringArray, rejectUnknownKeys, reqString,
@@ -28,8 +29,10 @@ export interface MemsnapConfig {
   baseDir: string;
   tenant: string;
   agent: string;
-  /** Absolute store directory, when the config names one. */
+  /** Absolute store directory or `s3://bucket/prefix` URL, when the config names one. */
   store?: string;
+  /** The S3 endpoint URL (config "s3_endpoint"; $MEMSNAP_S3_ENDPOINT overrides it). */
+  s3Endpoint?: string;
   recipients: string[];
   recipientsFile?: string;
   /** Absolute path of the Ed25519 signing key snapshot and schedule sign with (config "sign_key"). */
@@ -107,17 +110,31 @@ function jsonErrorWhere(message: string, text: string): string {
   return `${message.replace(/ in JSON at position \d+.*$/, "").replace(/ at position \d+.*$/, "")} at line ${line}, column ${col}`;
 }
 
+/** The config's store: a directory relative to the config, or an s3 URL (another scheme is an error). */
+function configStore(store: string, baseDir: string, where: string): string {
+  try {
+    return locationString(parseStoreLocation(store, baseDir));
+  } catch (e) {
+    if (!(e instanceof MemsnapError)) throw e;
+    throw new MemsnapError("MEMSNAP_CONFIG_INVALID", `${where}: "store": ${e.message}`, { ...(e.hint ? { hint: e.hint } : {}) });
+  }
+}
+
 /** Validate a parsed config object. Throws MEMSNAP_CONFIG_INVALID / MEMSNAP_CONFIG_UNKNOWN_KEY. */
 export function parseConfig(raw: unknown, file: string | null, baseDir: string): MemsnapConfig {
   const where = file ?? "config";
   if (!isPlainObject(raw)) throw configInvalid(where, "must be a JSON object");
-  rejectUnknownKeys(raw, ["$schema", "tenant", "agent", "store", "recipients", "recipients_file", "sign_key", "compression", "redaction", "hooks", "sources"], where);
+  rejectUnknownKeys(raw, ["$schema", "tenant", "agent", "store", "recipients", "recipients_file", "sign_key", "s3_endpoint", "compression", "redaction", "hooks", "sources"], where);
   const tenant = optString(raw, "tenant", where) ?? "default";
   const agent = reqString(raw, "agent", where);
   for (const [k, v] of [["tenant", tenant], ["agent", agent]] as const) {
     if (!ID_PATTERN.test(v)) throw configInvalid(where, `"${k}" must match [a-z0-9_-]{1,64}, got ${JSON.stringify(v)}`);
   }
   const store = optString(raw, "store", where);
+  const s3Endpoint = optString(raw, "s3_endpoint", where);
+  if (s3Endpoint !== undefined && !/^https?:\/\/[^/?#\s]+\/?$/.test(s3Endpoint)) {
+    throw configInvalid(where, `"s3_endpoint" must be an http:// or https:// URL of a host, got ${JSON.stringify(s3Endpoint)}`);
+  }
   const recipients = optStringArray(raw, "recipients", where) ?? [];
   const recipientsFile = optString(raw, "recipients_file", where);
   const signKey = optString(raw, "sign_key", where);
@@ -150,7 +167,8 @@ export function parseConfig(raw: unknown, file: string | null, baseDir: string):
   });
   return {
     file, baseDir, tenant, agent,
-    ...(store ? { store: resolve(baseDir, store) } : {}),
+    ...(store ? { store: configStore(store, baseDir, where) } : {}),
+    ...(s3Endpoint ? { s3Endpoint } : {}),
     recipients,
     ...(recipientsFile ? { recipientsFile: resolve(baseDir, recipientsFile) } : {}),
     ...(signKey ? { signKey: resolve(baseDir, signKey) } : {}),

@@ -46,6 +46,7 @@ import { PayloadEncoder } from "./encoder.js";
 import { cachePath, CacheWriter, incrementalKey, ReferenceSet, type Reference } from "./incremental.js";
 import { IndexSpill } from "./index-spill.js";
 import { LevelPolicy } from "./levels.js";
+import { isS3Url } from "../store/s3/location.js";
 
 /** Progress reported while a snapshot runs. */
 export interface SnapshotProgress {
@@ -334,6 +335,9 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
   let parent = opts.parent ?? null;
   if (!dest) {
     if (!opts.store) throw new MemsnapError("MEMSNAP_USAGE", "no store and no --out given", { hint: "pass --out FILE or --store DIR" });
+    if (isS3Url(opts.store)) {
+      throw new MemsnapError("MEMSNAP_USAGE", `snapshots into an s3 store (${opts.store}) are not written yet`, { hint: "use a local --store" });
+    }
     dest = storePath(opts.store, cfg.tenant, cfg.agent, id);
     try {
       await mkdir(dirname(dest), { recursive: true, mode: 0o700 });

@@ -1,12 +1,17 @@
 /** Where bundles live by default. */
 import { homedir } from "node:os";
-import { join, resolve } from "node:path";
+import { join } from "node:path";
+import { locationString, parseStoreLocation } from "./s3/location.js";
 
-/** The store directory: explicit, else $MEMSNAP_STORE, else the config's, else $XDG_DATA_HOME/memsnap/store. */
+/**
+ * The store: explicit, else $MEMSNAP_STORE, else the config's, else $XDG_DATA_HOME/memsnap/store.
+ * A local one is an absolute directory; an s3 one stays its canonical `s3://bucket/prefix` URL.
+ * Any other `scheme://` (or a malformed s3 URL) is MEMSNAP_USAGE, never a local directory.
+ */
 export function resolveStore(explicit: string | undefined, fromConfig: string | undefined, env: NodeJS.ProcessEnv = process.env): string {
-  if (explicit) return resolve(explicit);
-  if (env.MEMSNAP_STORE) return resolve(env.MEMSNAP_STORE);
-  if (fromConfig) return fromConfig;
+  if (explicit) return locationString(parseStoreLocation(explicit));
+  if (env.MEMSNAP_STORE) return locationString(parseStoreLocation(env.MEMSNAP_STORE));
+  if (fromConfig) return locationString(parseStoreLocation(fromConfig));
   const data = env.XDG_DATA_HOME || join(homedir(), ".local", "share");
   return join(data, "memsnap", "store");
 }

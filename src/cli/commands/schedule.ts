@@ -49,7 +49,7 @@ each snapshot decides only over the snapshots the schedule made and safety snaps
         process.stdout.write(printUnits(o.print, {
           bin: selfCommand(), configPath: config.file ?? resolve(o.config),
           ...(o.every ? { every: o.every } : {}), ...(o.cron ? { cron: o.cron } : {}), jitter: o.jitter, missed: o.missed,
-          ...(o.store ? { store: resolve(o.store) } : {}), pruneArgs, agent: config.agent, ...(o.incremental ? { incremental: true } : {}),
+          ...(o.store ? { store: resolveStore(o.store, undefined) } : {}), pruneArgs, agent: config.agent, ...(o.incremental ? { incremental: true } : {}),
           // Only a key given here: one from the config is read from the config by the unit's memsnap too.
           ...(o.signKey ? { signKey: resolve(o.signKey) } : {}), ...(o.pruneAll ? { pruneAll: true } : {}),
           ...(o.runAtStart === false ? { noRunAtStart: true } : {}),
