@@ -160,6 +160,7 @@ Examples:
   addRetentionOptions(storeOptions(program.command("prune").description("delete snapshots the retention policy does not keep, and dead processes' leftovers")))
     .option("--dry-run", "list what would be kept and removed, with the rule or protection that decided each")
     .option("--scheduled-only", "decide only over snapshots a schedule made (and safety snapshots past --keep-safety), as `schedule` does; keep the others")
+    .option("--grace <duration>", "s3 stores: delete what a prune condemned only this long after, and abort incomplete uploads older than this (default 24h; 0: at once)")
     .addHelpText("after", `
 Examples:
   $ memsnap prune --keep-last 5 --keep-daily 7 --keep-weekly 4 --dry-run
@@ -175,11 +176,13 @@ An incremental snapshot's bases are kept as long as it is.`)
       const { store, filter } = await context(o);
       const policy = policyFrom(o as Record<string, string | string[] | undefined>);
       if (o.scheduledOnly) policy.createdBy = ["schedule", "pre-restore"];
-      const res = await pruneStore(store, policy, { ...filter, dryRun: !!o.dryRun });
+      const graceMs = typeof o.grace === "string" ? parseDuration(o.grace) : undefined;
+      const res = await pruneStore(store, policy, { ...filter, dryRun: !!o.dryRun, ...(graceMs !== undefined ? { graceMs } : {}) });
       if (global().json) {
         printJson({
           ok: true, dry_run: !!o.dryRun, agents: res.map((r) => ({
             tenant: r.tenant, agent: r.agent, removed: r.removed, orphans: r.orphans,
+            ...(r.condemned ? { condemned: r.condemned, uploads_aborted: r.uploads ?? [] } : {}),
             decisions: r.decisions.map((d) => ({
               id: d.snapshot.id, snapshot_id: d.snapshot.id, keep: d.keep, reasons: d.reasons, created_at: d.snapshot.created_at,
               created_by: d.snapshot.created_by, label: d.snapshot.label,
@@ -190,8 +193,15 @@ An incremental snapshot's bases are kept as long as it is.`)
       }
       for (const r of res) {
         process.stdout.write(`${r.tenant}/${r.agent}:\n`);
-        for (const d of r.decisions) process.stdout.write(`  ${d.keep ? "keep  " : o.dryRun ? "would remove" : "remove"} ${d.snapshot.id} ${d.snapshot.created_at}${d.keep ? `  (${d.reasons.join(", ")})` : "  (no rule keeps it)"}\n`);
+        const later = new Set(r.condemned ?? []);
+        for (const d of r.decisions) {
+          const verb = d.keep ? "keep  " : o.dryRun ? "would remove" : later.has(d.snapshot.path) ? "condemn" : "remove";
+          const why = d.keep ? `  (${d.reasons.join(", ")})` : later.has(d.snapshot.path)
+            ? "  (no rule keeps it; deleted by a prune once the grace has passed, see --grace)" : "  (no rule keeps it)";
+          process.stdout.write(`  ${verb} ${d.snapshot.id} ${d.snapshot.created_at}${why}\n`);
+        }
         for (const p of r.orphans) process.stdout.write(`  removed leftover ${p}\n`);
+        for (const p of r.uploads ?? []) process.stdout.write(`  aborted incomplete upload ${p}\n`);
       }
     });
 }

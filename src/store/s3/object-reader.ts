@@ -13,7 +13,7 @@ import { GetObjectCommand, HeadObjectCommand, type S3Client } from "@aws-sdk/cli
 import { MemsnapError } from "../../errors.js";
 import type { BundleFile } from "../../format/bundle-file.js";
 import { s3ClientFor, s3Error } from "./client.js";
-import { parseStoreLocation } from "./location.js";
+import { parseObjectUrl } from "./location.js";
 
 const BLOCK = 64 * 1024;
 const CACHED_BLOCKS = 32;
@@ -31,19 +31,10 @@ const clients = new Map<string, S3Client>();
 export function clientFor(bucket: string): S3Client {
   let c = clients.get(bucket);
   if (!c) {
-    c = s3ClientFor(parseStoreLocation(`s3://${bucket}`) as Parameters<typeof s3ClientFor>[0]);
+    c = s3ClientFor({ bucket });
     clients.set(bucket, c);
   }
   return c;
-}
-
-/** Bucket and key of an object URL `s3://bucket/key`. Throws MEMSNAP_USAGE for a malformed one. */
-export function objectOf(url: string): { bucket: string; key: string } {
-  const loc = parseStoreLocation(url);
-  if (loc.kind !== "s3" || !loc.prefix) {
-    throw new MemsnapError("MEMSNAP_USAGE", `${url} does not name an object`, { hint: "a bundle URL is s3://BUCKET/PREFIX/TENANT/AGENT/ID.memsnap" });
-  }
-  return { bucket: loc.bucket, key: loc.prefix };
 }
 
 const isMissing = (e: unknown): boolean => {
@@ -158,7 +149,7 @@ export class ObjectBundle implements BundleFile {
 
 /** Open the object at `url` (see ../../format/bundle-file.ts openBundle). */
 export async function openObjectBundle(url: string, knownSize?: number): Promise<ObjectBundle> {
-  const { bucket, key } = objectOf(url);
+  const { bucket, key } = parseObjectUrl(url);
   const client = clientFor(bucket);
   let size = knownSize;
   if (size === undefined) {
