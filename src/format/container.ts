@@ -62,6 +62,19 @@ export interface PayloadWritten {
   head: Buffer;
 }
 
+/** The payload member's header, its size to be patched in once the payload is written. */
+export function payloadHeader(encrypted: boolean, mtime: Date): Buffer {
+  return encodeHeader(encrypted ? PAYLOAD_MEMBER_ENCRYPTED : PAYLOAD_MEMBER_PLAIN, 0, mtime, 0o600);
+}
+
+/** What follows a payload of `storedSize` bytes: its padding, the manifest member, the end-of-archive blocks. */
+export function bundleTail(manifest: Buffer, storedSize: number, mtime: Date): Buffer {
+  const mHeader = encodeHeader(MANIFEST_MEMBER, manifest.length, mtime, 0o644);
+  return Buffer.concat([
+    Buffer.alloc(padding(storedSize)), mHeader, manifest, Buffer.alloc(padding(manifest.length)), Buffer.alloc(2 * BLOCK),
+  ]);
+}
+
 /** Writes one bundle file atomically. Call {@link open}, stream into {@link payload}, then {@link commit} or {@link abort}. */
 export class BundleWriter {
   readonly tmpPath: string;
@@ -78,7 +91,7 @@ export class BundleWriter {
   async open(): Promise<Writable> {
     try {
       this.fh = await open(this.tmpPath, "wx", 0o600);
-      this.header = encodeHeader(this.encrypted ? PAYLOAD_MEMBER_ENCRYPTED : PAYLOAD_MEMBER_PLAIN, 0, this.mtime, 0o600);
+      this.header = payloadHeader(this.encrypted, this.mtime);
       await this.fh.write(this.header, 0, BLOCK, 0);
     } catch (e) {
       await this.abort();
@@ -96,7 +109,7 @@ export class BundleWriter {
   async openRaw(): Promise<{ fd: number; start: number }> {
     try {
       this.fh = await open(this.tmpPath, "wx", 0o600);
-      this.header = encodeHeader(this.encrypted ? PAYLOAD_MEMBER_ENCRYPTED : PAYLOAD_MEMBER_PLAIN, 0, this.mtime, 0o600);
+      this.header = payloadHeader(this.encrypted, this.mtime);
       await this.fh.write(this.header, 0, BLOCK, 0);
     } catch (e) {
       await this.abort();
@@ -119,11 +132,7 @@ export class BundleWriter {
       patchSize(this.header, storedSize);
       await fh.write(this.header, 0, BLOCK, 0);
       let pos = BLOCK + storedSize;
-      const pad = padding(storedSize);
-      const mHeader = encodeHeader(MANIFEST_MEMBER, manifest.length, this.mtime, 0o644);
-      const tail = Buffer.concat([
-        Buffer.alloc(pad), mHeader, manifest, Buffer.alloc(padding(manifest.length)), Buffer.alloc(2 * BLOCK),
-      ]);
+      const tail = bundleTail(manifest, storedSize, this.mtime);
       await fh.write(tail, 0, tail.length, pos);
       pos += tail.length;
       await fh.truncate(pos);

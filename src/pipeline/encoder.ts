@@ -70,9 +70,11 @@ const W_SLOTS = 4;
 const STOLEN_FRAMES = 4;
 /** A buffer for one stolen frame: ≥ ZSTD_compressBound(IN_BUF). */
 const FRAME_BYTES = IN_BUF + (IN_BUF >> 7) + 1024;
+/** With {@link PayloadEncoderOptions.output}: batches (≤ 1 MiB each) the sink posts before the main thread has taken them. */
+const OUT_UNACKED = 4;
 
 export interface PayloadEncoderOptions {
-  /** Open file descriptor of the bundle's temp file; the payload goes at `start`. */
+  /** Open file descriptor of the bundle's temp file; the payload goes at `start` (-1 with `output`). */
   fd: number;
   start: number;
   /** The bundle path, for error messages. */
@@ -94,6 +96,13 @@ export interface PayloadEncoderOptions {
   age: AgeStreamParams | null;
   /** Write with O_DIRECT where the native/directio addon and the file system allow it (default true; see src/util/directio.ts). */
   directIo?: boolean;
+  /**
+   * Instead of writing to `fd`: the sink posts the stored bytes (sealed, hashed) in order to the
+   * main thread, which passes each batch to `output` (an object store upload); at most
+   * OUT_UNACKED batches wait for it, so a slow `output` holds the sink, the ring and write().
+   * A rejection fails the encoder with that error.
+   */
+  output?: (bytes: Uint8Array) => Promise<void>;
 }
 
 /**
@@ -404,7 +413,26 @@ if (wbuf === null) wbuf = Buffer.allocUnsafeSlow(CAP);
 function stopDirect() {
   dfd = -1;
 }
+// -- posting mode (wd.fd < 0): the bytes go to the main thread in order, copied into
+// transferred buffers; ctl[wd.ackIdx] counts the batches it has taken, and at most wd.outUnacked
+// may be ahead of it (the sink waits, as for the ring, and sees a stop while it waits).
+let posted = 0, postedBytes = 0;
+class Stopped extends Error {}
+function postOut(buf, off, len, at) {
+  if (at !== wd.start + postedBytes) throw new Error("payload bytes out of order: " + at);
+  while (posted - Atomics.load(ctl, wd.ackIdx) >= wd.outUnacked) {
+    if (Atomics.load(ctl, 2) !== 0) throw new Stopped();
+    Atomics.wait(ctl, wd.ackIdx, Atomics.load(ctl, wd.ackIdx), 50);
+  }
+  const ab = new ArrayBuffer(len);
+  if (COPY !== null) COPY(Buffer.from(ab), 0, buf, off, len);
+  else buf.copy(Buffer.from(ab), 0, off, off + len);
+  parentPort.postMessage({ t: "out", ab }, [ab]);
+  posted++;
+  postedBytes += len;
+}
 function writeAt(buf, off, len, at) {
+  if (wd.fd < 0) return postOut(buf, off, len, at);
   while (len > 0) {
     const n = fs.writeSync(wd.fd, buf, off, len, at);
     off += n;
@@ -575,7 +603,7 @@ try {
   }
 } catch (e) {
   settleWrites();
-  parentPort.postMessage({ t: "err", kind: typeof e.code === "string" && e.syscall ? "io" : "internal", code: e.code, msg: String(e.message) });
+  if (!(e instanceof Stopped)) parentPort.postMessage({ t: "err", kind: typeof e.code === "string" && e.syscall ? "io" : "internal", code: e.code, msg: String(e.message) });
   Atomics.store(ctl, 2, 1);
   Atomics.notify(ctl, 1);
 } finally {
@@ -628,7 +656,8 @@ type Msg =
   | { t: "fack"; ab: ArrayBuffer }
   | { t: "done"; compressed: number }
   | { t: "sunk"; taken: number; stored: number; sha256: string; head: Uint8Array; directBytes: number }
-  | { t: "err"; kind: "io" | "internal"; code?: string; msg: string };
+  | { t: "err"; kind: "io" | "internal"; code?: string; msg: string }
+  | { t: "out"; ab: ArrayBuffer };
 
 /** Compresses, encrypts, hashes and writes the payload in a worker thread. */
 export class PayloadEncoder {
@@ -655,6 +684,9 @@ export class PayloadEncoder {
   #finish: { resolve: (r: PayloadWritten) => void; reject: (e: Error) => void } | null = null;
   #error: Error | null = null;
   #exited: Promise<void>;
+  /** With {@link PayloadEncoderOptions.output}: the batches handed to it, in order. */
+  readonly #output: ((bytes: Uint8Array) => Promise<void>) | undefined;
+  #outChain: Promise<void> = Promise.resolve();
   /** Bytes given to {@link write} so far (the payload tar's size). */
   bytesIn = 0;
   /** Frames the main thread compressed itself while the worker was behind (for tests and MEMSNAP_DEBUG_ENCODER). */
@@ -668,10 +700,15 @@ export class PayloadEncoder {
     this.#checksum = opts.age === null;
     this.#buf = new Uint8Array(new ArrayBuffer(IN_BUF));
     const ring = new SharedArrayBuffer(W_SLOTS * W_BATCH);
-    const ctl = new SharedArrayBuffer((3 + W_SLOTS) * 4);
+    // ctl: the ring's words (see WORKER_SOURCE), then the count of output batches taken.
+    const ctl = new SharedArrayBuffer((3 + W_SLOTS + 1) * 4);
     this.#ctl = new Int32Array(ctl);
-    const shared = { ring, ctl, slots: W_SLOTS, wBatch: W_BATCH, fd: opts.fd, start: opts.start, memAddon: memoryAddon(), aeadAddon: aeadAddonPath() };
-    const direct = opts.directIo === false ? null : directIoAddon();
+    this.#output = opts.output;
+    const shared = {
+      ring, ctl, slots: W_SLOTS, wBatch: W_BATCH, fd: opts.output ? -1 : opts.fd, start: opts.start,
+      memAddon: memoryAddon(), aeadAddon: aeadAddonPath(), ackIdx: 3 + W_SLOTS, outUnacked: OUT_UNACKED,
+    };
+    const direct = opts.directIo === false || opts.output ? null : directIoAddon();
     // The O_DIRECT descriptor and the head of its first block are opened and read here, and the
     // descriptor is closed here once both threads have exited: a sink terminated mid-stream
     // (destroy) never leaves it open.
@@ -751,7 +788,29 @@ export class PayloadEncoder {
       f?.reject(new MemsnapError("MEMSNAP_INTERNAL", `payload writer took ${this.#sunk.taken} bytes of ${this.#done.compressed}`));
       return;
     }
-    f?.resolve({ storedSize: this.#sunk.stored, sha256: this.#sunk.sha256, head: Buffer.from(this.#sunk.head) });
+    const r = { storedSize: this.#sunk.stored, sha256: this.#sunk.sha256, head: Buffer.from(this.#sunk.head) };
+    if (!this.#output) {
+      f?.resolve(r);
+      return;
+    }
+    // Every batch was posted before "sunk": done once the output has taken the last one.
+    void this.#outChain.then(() => (this.#error ? f?.reject(this.#error) : f?.resolve(r)));
+  }
+
+  /** A batch of stored bytes from the sink (posting mode): to the output, in order, then acknowledged. */
+  #takeOutput(ab: ArrayBuffer): void {
+    const output = this.#output!;
+    this.#outChain = this.#outChain.then(async () => {
+      if (this.#error) return;
+      try {
+        await output(new Uint8Array(ab));
+      } catch (e) {
+        this.#fail(e instanceof Error ? e : new Error(String(e)));
+        return;
+      }
+      Atomics.add(this.#ctl, 3 + W_SLOTS, 1);
+      Atomics.notify(this.#ctl, 3 + W_SLOTS);
+    });
   }
 
 
@@ -765,6 +824,9 @@ export class PayloadEncoder {
           this.#waiter = null;
           w.resolve();
         }
+        return;
+      case "out":
+        this.#takeOutput(m.ab);
         return;
       case "fack":
         this.#stolen--;

@@ -31,7 +31,7 @@ import {
 import { createRedactor } from "../redact/index.js";
 import { secretlintVersions } from "../redact/secretlint.js";
 import { recoverJournal } from "../restore/journal.js";
-import { acquireLock, type AgentLock } from "../restore/lock.js";
+import { acquireLock, controlDir, type AgentLock } from "../restore/lock.js";
 import { signManifest } from "../sign.js";
 import { removeOrphans } from "../store/orphans.js";
 import { crashPoint } from "../util/crash-point.js";
@@ -46,7 +46,10 @@ import { PayloadEncoder } from "./encoder.js";
 import { cachePath, CacheWriter, incrementalKey, ReferenceSet, type Reference } from "./incremental.js";
 import { IndexSpill } from "./index-spill.js";
 import { LevelPolicy } from "./levels.js";
-import { isS3Url } from "../store/s3/location.js";
+import type { S3Client } from "@aws-sdk/client-s3";
+import { S3BundleWriter, newestSnapshotIn } from "../store/s3/bundle-writer.js";
+import { s3ClientFor } from "../store/s3/client.js";
+import { isS3Url, parseStoreLocation, s3Key } from "../store/s3/location.js";
 
 /** Progress reported while a snapshot runs. */
 export interface SnapshotProgress {
@@ -333,21 +336,32 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
   }
   let dest = opts.out;
   let parent = opts.parent ?? null;
+  let s3: { client: S3Client; bucket: string; key: string } | null = null;
   if (!dest) {
     if (!opts.store) throw new MemsnapError("MEMSNAP_USAGE", "no store and no --out given", { hint: "pass --out FILE or --store DIR" });
     if (isS3Url(opts.store)) {
-      throw new MemsnapError("MEMSNAP_USAGE", `snapshots into an s3 store (${opts.store}) are not written yet`, { hint: "use a local --store" });
+      // An object store: the bundle streams into an upload of <prefix>/<tenant>/<agent>/<id>.memsnap.
+      const loc = parseStoreLocation(opts.store);
+      if (loc.kind !== "s3") throw new Error("unreachable");
+      const rel = `${cfg.tenant}/${cfg.agent}/`;
+      const client = s3ClientFor(loc, process.env, cfg.s3Endpoint ? { endpoint: cfg.s3Endpoint } : {});
+      s3 = { client, bucket: loc.bucket, key: s3Key(loc, `${rel}${id}.memsnap`) };
+      dest = `s3://${loc.bucket}/${s3.key}`;
+      // Listing the agent's snapshots finds the parent, and checks the bucket and credentials before any work.
+      const newest = await newestSnapshotIn(client, loc.bucket, s3Key(loc, rel), id, loc.url);
+      if (opts.parent === undefined) parent = newest;
+    } else {
+      dest = storePath(opts.store, cfg.tenant, cfg.agent, id);
+      try {
+        await mkdir(dirname(dest), { recursive: true, mode: 0o700 });
+      } catch (e) {
+        throw destinationError(e, dirname(dest));
+      }
+      // In a store, the snapshot this one follows is the agent's newest there (ids sort by time).
+      if (opts.parent === undefined) parent = await newestIn(dirname(dest), id);
     }
-    dest = storePath(opts.store, cfg.tenant, cfg.agent, id);
-    try {
-      await mkdir(dirname(dest), { recursive: true, mode: 0o700 });
-    } catch (e) {
-      throw destinationError(e, dirname(dest));
-    }
-    // In a store, the snapshot this one follows is the agent's newest there (ids sort by time).
-    if (opts.parent === undefined) parent = await newestIn(dirname(dest), id);
   }
-  if (await stat(dest).then(() => true, () => false)) {
+  if (!s3 && await stat(dest).then(() => true, () => false)) {
     throw new MemsnapError("MEMSNAP_DEST_EXISTS", `${dest} already exists`, { path: dest, hint: "choose another --out path or remove the file" });
   }
   const level = opts.level ?? cfg.compression.level;
@@ -361,9 +375,15 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
       throw e;
     }
   }
-  await removeOrphans(dirname(dest)); // a killed earlier snapshot's temp file and work dir
-  const writer = new BundleWriter(dest, encrypted);
-  const workDir = join(dirname(dest), `.memsnap-work-${process.pid}-${randomBytes(4).toString("hex")}`);
+  // The work dir (redaction scratch, the index spill) is beside the bundle, or for an object
+  // store in the agent's control dir: nothing of the bundle's size is written locally then.
+  const workBase = s3 ? controlDir(cfg.baseDir) : dirname(dest);
+  if (s3) await mkdir(workBase, { recursive: true, mode: 0o700 }).catch((e: unknown) => { throw destinationError(e, workBase); });
+  await removeOrphans(workBase); // a killed earlier snapshot's temp file and work dir
+  const writer = s3
+    ? new S3BundleWriter(s3.client, s3.bucket, s3.key, encrypted, opts.signal ? { signal: opts.signal } : {})
+    : new BundleWriter(dest, encrypted);
+  const workDir = join(workBase, `.memsnap-work-${process.pid}-${randomBytes(4).toString("hex")}`);
   let redactor: Redactor | undefined;
   const captures: LayerCapture[] = [];
   const noticesOf: [string, LayerCapture][] = [];
@@ -390,16 +410,26 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
     const age = !encrypted ? null : await prepareAgeEncryption(opts.passphrase
       ? { passphrase: opts.passphrase, ...(opts.scryptLogN ? { scryptLogN: opts.scryptLogN } : {}) }
       : { recipients });
-    const raw = await writer.openRaw();
-    enc = new PayloadEncoder({
-      fd: raw.fd, start: raw.start, path: dest, level, threads: cfg.compression.threads ?? defaultZstdThreads(), age,
-    });
+    const threads = cfg.compression.threads ?? defaultZstdThreads();
+    let raw: { fd: number; start: number } | null = null;
+    if (writer instanceof S3BundleWriter) {
+      // The sink hands its sealed, hashed bytes to the upload (no file, no direct I/O, no early sync).
+      const output = await writer.open();
+      enc = new PayloadEncoder({ fd: -1, start: BLOCK, output, directIo: false, path: dest, level, threads, age });
+    } else {
+      raw = await writer.openRaw();
+      enc = new PayloadEncoder({ fd: raw.fd, start: raw.start, path: dest, level, threads, age });
+    }
     const levels = new LevelPolicy(level);
 
-    const incKey = !opts.incremental ? null
+    // Bases are read from beside the bundle, which an object store does not offer yet (reading
+    // bases from s3 is to come): there an incremental snapshot is a full one, and says why.
+    const s3Full = opts.incremental && s3 ? "incremental snapshots into an s3 store are not supported yet: this one is full" : null;
+    const incKey = !opts.incremental || s3Full ? null
       : incrementalKey(cfg.tenant, cfg.agent, opts.passphrase ? null : recipients.map(recipientFingerprint),
         redactor ? { settings: cfg.redaction, rules: secretlintVersions() } : null);
     const refs = !opts.incremental ? null
+      : s3Full ? ReferenceSet.empty(s3Full)
       : incKey ? await ReferenceSet.load(cachePath(cfg.baseDir, cfg.tenant, cfg.agent), incKey, dirname(dest))
       : ReferenceSet.empty("a passphrase-encrypted snapshot references nothing (passphrases cannot be compared)");
     if (incKey) {
@@ -483,7 +513,7 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
         f.catch(() => undefined); // awaited below; an early failure must not go unhandled
         finishing.push(f);
       }
-      earlySync(raw.fd);
+      if (raw) earlySync(raw.fd);
     }
     const indexSize = spill.documentBytes(id);
     const indexHash = createHash("sha256");
@@ -544,8 +574,12 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
     const sealed: Manifest = { ...body, seal: computeSeal(body) };
     const manifest: Manifest = opts.signKey ? { ...sealed, signature: { ...signManifest(sealed, opts.signKey) } } : sealed;
     await syncing;
-    await writer.commit(encodeManifest(manifest), payload.storedSize);
-    const bundleBytes = (await stat(dest)).size;
+    let bundleBytes: number;
+    if (writer instanceof S3BundleWriter) bundleBytes = (await writer.commit(encodeManifest(manifest), payload.storedSize)).size;
+    else {
+      await writer.commit(encodeManifest(manifest), payload.storedSize);
+      bundleBytes = (await stat(dest)).size;
+    }
     let incremental: IncrementalResult | undefined;
     if (refs) {
       incremental = { referenced: referencedCount, referencedBytes, bases: bases.map((b) => b.snapshot_id), reason: referencedCount ? null : refs.reason ?? "nothing was unchanged" };

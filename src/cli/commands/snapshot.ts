@@ -1,6 +1,7 @@
 import type { Command } from "commander";
 import { loadConfig, loadPassphrase, loadRecipients, loadSigningKey, parseDuration, resolveStore, snapshot } from "../../index.js";
 import { fmtMiB, uncoveredLargeFiles } from "../../init.js";
+import { isS3Url } from "../../store/s3/location.js";
 import { fmtBytes, fmtRate, printJson, Progress, redactionLine } from "../output.js";
 import { collect, errorJson, hook, type GlobalOpts, withAbort } from "../common.js";
 
@@ -103,7 +104,7 @@ Examples:
       }, config.baseDir);
       // Large files in the agent's home that no source takes (init would have; a hand-written or old config may not).
       const uncovered = config.file
-        ? await uncoveredLargeFiles(config.baseDir, config.sources.map((s) => ({ ...s.cfg, kind: s.impl.kind })), [...(o.out ? [] : [resolveStore(o.store, config.store)])]).catch(() => [])
+        ? await uncoveredLargeFiles(config.baseDir, config.sources.map((s) => ({ ...s.cfg, kind: s.impl.kind })), [...(o.out ? [] : [resolveStore(o.store, config.store)].filter((s) => !isS3Url(s)))]).catch(() => [])
         : [];
       if (uncovered.length) {
         process.stderr.write(`memsnap: warning: ${uncovered.length} large file(s) in ${config.baseDir} (${fmtMiB(uncovered.reduce((a, u) => a + u.bytes, 0))}) are in no source, so not in this snapshot: ` +
@@ -145,7 +146,7 @@ Examples:
         (r.incremental
           ? `  refs     ${r.incremental.referenced
             ? `${r.incremental.referenced} unchanged artifact(s), ${fmtBytes(r.incremental.referencedBytes)}, referenced in ${r.incremental.bases.join(", ")}`
-            : `none: ${r.incremental.reason ?? "nothing was unchanged"} (a full snapshot; the next --incremental one builds on it)`}\n`
+            : `none: ${r.incremental.reason ?? "nothing was unchanged"} (a full snapshot${isS3Url(r.path) ? "" : "; the next --incremental one builds on it"})`}\n`
           : "") +
         // What redaction found, when it found anything (inspect shows it for any bundle).
         (m.redaction.policy !== "off" && (Number(m.redaction.total_redacted) > 0 || Number(m.redaction.total_unredacted) > 0)

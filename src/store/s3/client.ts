@@ -73,8 +73,17 @@ export function s3ClientFor(_loc: { bucket: string }, env: NodeJS.ProcessEnv = p
     }
   });
   const ca = endpoint?.startsWith("https:") ? extraCa(env) : undefined;
+  // Keys in `env` first, as the SDK's chain does for process.env (so a caller's env is honoured);
+  // otherwise the chain: shared files, AWS_PROFILE, SSO, container and instance roles.
+  const credentials = env.AWS_ACCESS_KEY_ID && env.AWS_SECRET_ACCESS_KEY
+    ? {
+      accessKeyId: env.AWS_ACCESS_KEY_ID, secretAccessKey: env.AWS_SECRET_ACCESS_KEY,
+      ...(env.AWS_SESSION_TOKEN ? { sessionToken: env.AWS_SESSION_TOKEN } : {}),
+    }
+    : undefined;
   return new S3Client({
     region,
+    ...(credentials ? { credentials } : {}),
     ...(endpoint ? { endpoint } : {}),
     forcePathStyle: pathStyle,
     maxAttempts,
