@@ -6,7 +6,8 @@ import {
   loadPassphrase, parseDuration, pruneStore, resolveStore, type LayerDiff, type MemsnapConfig, type RetentionPolicy,
 } from "../../index.js";
 import { fmtBytes, printJson } from "../output.js";
-import { collect, type GlobalOpts } from "../common.js";
+import { collect, type GlobalOpts, withAbort } from "../common.js";
+import { copySnapshots } from "../../store/copy.js";
 
 interface StoreOpts {
   store?: string;
@@ -144,6 +145,40 @@ Examples:
         process.stdout.write(`exported ${s.id} to ${o.to} (${fmtBytes(s.size)})\n`);
         for (const b of bases) process.stdout.write(`  base ${b.id} ${b.copied ? "copied to" : "already at"} ${b.path}\n`);
       }
+    });
+
+  program.command("copy <from> <to> [ids...]")
+    .description("copy snapshots between stores (a directory or s3://bucket/prefix), checking hashes; skips those already there")
+    .option("--tenant <id>", "only this tenant")
+    .option("--agent <id>", "only this agent")
+    .addHelpText("after", `
+Every snapshot of FROM (or the IDS given, with the bases an incremental one needs) is copied to
+the same <tenant>/<agent>/<id>.memsnap in TO, streamed, its payload SHA-256 and seal checked on
+the way; the copy appears only once complete. A snapshot already in TO with the same seal is
+skipped; one with another seal is refused. Bases are copied before what references them.
+
+Examples:
+  $ memsnap copy ~/.local/share/memsnap/store s3://backups/memsnap      # ship local snapshots off the host
+  $ memsnap copy s3://backups/memsnap /srv/restore-store 01JD0K7Q --agent scribe`)
+    .action(async (from: string, to: string, ids: string[], o: { tenant?: string; agent?: string }) => {
+      const src = resolveStore(from, undefined);
+      const dst = resolveStore(to, undefined);
+      if (src === dst) throw new MemsnapError("MEMSNAP_USAGE", "FROM and TO are the same store", { hint: "copy between two different stores" });
+      const filter = { ...(o.tenant ? { tenant: o.tenant } : {}), ...(o.agent ? { agent: o.agent } : {}) };
+      const json = global().json;
+      const items = await withAbort((signal) => copySnapshots(src, dst, ids, filter, {
+        signal, onItem: (i) => {
+          if (json) return;
+          process.stdout.write(i.action === "copied" ? `copied ${i.id} to ${i.to} (${fmtBytes(i.size)})\n` : `skipped ${i.id}: already in ${dst} with the same seal\n`);
+        },
+      }));
+      const copied = items.filter((i) => i.action === "copied").length;
+      if (json) {
+        printJson({
+          ok: true, from: src, to: dst, copied, skipped: items.length - copied,
+          snapshots: items.map((i) => ({ id: i.id, snapshot_id: i.id, tenant: i.tenant, agent: i.agent, action: i.action, from: i.from, path: i.to, size: i.size })),
+        });
+      } else process.stdout.write(`${items.length} snapshot(s): ${copied} copied, ${items.length - copied} skipped\n`);
     });
 
   storeOptions(program.command("delete <id...>").description("delete snapshots (never an agent's last one without --force)"))
