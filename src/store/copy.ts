@@ -39,7 +39,9 @@ export interface CopyItem {
  * MEMSNAP_PAYLOAD_HASH_MISMATCH or MEMSNAP_SEAL_MISMATCH after the last write: the caller then
  * discards what it wrote.
  */
-export async function streamChecked(src: string, size: number | undefined, write: (chunk: Buffer) => Promise<void>): Promise<number> {
+export async function streamChecked(
+  src: string, size: number | undefined, write: (chunk: Buffer) => Promise<void>,
+): Promise<number> {
   const f = await openBundle(src, size);
   try {
     const layout = await layoutOf(f);
@@ -68,8 +70,10 @@ export async function streamChecked(src: string, size: number | undefined, write
     }
     const manifestOk = mh.digest("hex") === createHash("sha256").update(layout.manifestBytes).digest("hex");
     if (pos !== layout.fileSize || ph.digest("hex") !== m.payload.sha256 || !manifestOk) {
-      throw new MemsnapError("MEMSNAP_PAYLOAD_HASH_MISMATCH", `${src}: the bytes read do not hash to the manifest's SHA-256`, {
-        path: src, hint: "the stored bundle is damaged or changed while it was read (memsnap verify says more); it was not copied",
+      const msg = `${src}: the bytes read do not hash to the manifest's SHA-256`;
+      throw new MemsnapError("MEMSNAP_PAYLOAD_HASH_MISMATCH", msg, {
+        path: src,
+        hint: "the stored bundle is damaged or changed while it was read (memsnap verify says more); it was not copied",
       });
     }
     return pos;
@@ -87,7 +91,10 @@ async function copyToFile(src: StoredSnapshot, to: string): Promise<void> {
     let pos = 0;
     await streamChecked(src.path, src.size, async (c) => {
       let w = 0;
-      while (w < c.length) w += (await fh.write(c, w, c.length - w, pos + w).catch((e: unknown) => { throw destinationError(e, to); })).bytesWritten;
+      while (w < c.length) {
+        const r = await fh.write(c, w, c.length - w, pos + w).catch((e: unknown) => { throw destinationError(e, to); });
+        w += r.bytesWritten;
+      }
       pos += c.length;
     });
     await fh.sync();
@@ -102,7 +109,9 @@ async function copyToFile(src: StoredSnapshot, to: string): Promise<void> {
 
 /** Copy one bundle to an object URL `to` (a multipart upload completed only once the copy checks out). */
 async function copyToObject(src: StoredSnapshot, to: string, signal?: AbortSignal): Promise<void> {
-  const [{ BundleUpload }, { clientFor }] = await Promise.all([import("./s3/upload.js"), import("./s3/object-reader.js")]);
+  const [{ BundleUpload }, { clientFor }] = await Promise.all([
+    import("./s3/upload.js"), import("./s3/object-reader.js"),
+  ]);
   const { bucket, key } = parseObjectUrl(to);
   const up = new BundleUpload(clientFor(bucket), bucket, key, signal ? { signal } : {});
   try {
@@ -133,7 +142,8 @@ export async function copySnapshots(
       for (const b of basesOf(s.manifest)) {
         const base = byId.get(b.snapshot_id);
         if (!base) {
-          throw new MemsnapError("MEMSNAP_BASE_MISSING", `snapshot ${s.id} is incremental and its base ${b.snapshot_id} is not in ${from}`, {
+          const msg = `snapshot ${s.id} is incremental and its base ${b.snapshot_id} is not in ${from}`;
+          throw new MemsnapError("MEMSNAP_BASE_MISSING", msg, {
             hint: "it cannot be restored from the copy; copy the base along first, or copy a full snapshot",
           });
         }
@@ -156,7 +166,8 @@ export async function copySnapshots(
     let action: CopyItem["action"] = "copied";
     if (have) {
       if (have.manifest.seal !== s.manifest.seal) {
-        throw new MemsnapError("MEMSNAP_DEST_EXISTS", `${have.path} exists and is not the snapshot ${s.id} of ${from} (its seal differs)`, {
+        const msg = `${have.path} exists and is not the snapshot ${s.id} of ${from} (its seal differs)`;
+        throw new MemsnapError("MEMSNAP_DEST_EXISTS", msg, {
           path: have.path, hint: "nothing is overwritten: delete it there first if it is the wrong one",
         });
       }

@@ -18,7 +18,8 @@ afterAll(async () => {
   await server?.stop();
 });
 
-const cli = (args: string[], cwd?: string) => runCli(args, { env: server.env, ...(cwd ? { cwd } : {}), timeoutMs: 120_000 });
+const cli = (args: string[], cwd?: string) =>
+  runCli(args, { env: server.env, ...(cwd ? { cwd } : {}), timeoutMs: 120_000 });
 
 describe("s3 store commands", () => {
   it("diff as on disk; restore in place from s3 with a safety snapshot into s3", async () => {

@@ -25,7 +25,8 @@ async function bucket(): Promise<string> {
   await server.createBucket(b);
   return b;
 }
-const cli = (args: string[], cwd?: string) => runCli(args, { env: server.env, ...(cwd ? { cwd } : {}), timeoutMs: 120_000 });
+const cli = (args: string[], cwd?: string) =>
+  runCli(args, { env: server.env, ...(cwd ? { cwd } : {}), timeoutMs: 120_000 });
 async function keys(b: string): Promise<string[]> {
   const r = await server.client().send(new ListObjectsV2Command({ Bucket: b }));
   return (r.Contents ?? []).map((o) => o.Key!).sort();

@@ -68,22 +68,29 @@ export function s3AgentDir(store: string, tenant: string, agent: string): string
 const urlOf = (bucket: string, key: string): string => `s3://${bucket}/${key}`;
 
 /** Every object under `prefix` (ListObjectsV2, page by page). */
-async function* listKeys(client: S3Client, bucket: string, prefix: string): AsyncGenerator<{ key: string; size: number; modified: Date | null }> {
+type Listed = { key: string; size: number; modified: Date | null };
+
+async function* listKeys(client: S3Client, bucket: string, prefix: string): AsyncGenerator<Listed> {
   let token: string | undefined;
   do {
     let r;
     try {
-      r = await client.send(new ListObjectsV2Command({ Bucket: bucket, Prefix: prefix, ...(token ? { ContinuationToken: token } : {}) }));
+      const input = { Bucket: bucket, Prefix: prefix, ...(token ? { ContinuationToken: token } : {}) };
+      r = await client.send(new ListObjectsV2Command(input));
     } catch (e) {
       throw s3Error(e, `listing s3://${bucket}/${prefix}`);
     }
-    for (const o of r.Contents ?? []) if (o.Key) yield { key: o.Key, size: o.Size ?? 0, modified: o.LastModified ?? null };
+    for (const o of r.Contents ?? []) {
+      if (o.Key) yield { key: o.Key, size: o.Size ?? 0, modified: o.LastModified ?? null };
+    }
     token = r.IsTruncated ? r.NextContinuationToken : undefined;
   } while (token);
 }
 
 /** The bundle objects of a store (optionally one tenant/agent), by tenant, agent and id, with their sizes. */
-export async function s3BundleObjects(store: string, filter: { tenant?: string; agent?: string } = {}): Promise<{ url: string; size: number }[]> {
+type Filter = { tenant?: string; agent?: string };
+
+export async function s3BundleObjects(store: string, filter: Filter = {}): Promise<{ url: string; size: number }[]> {
   const loc = s3Loc(store);
   const client = clientFor(loc.bucket);
   const base = loc.prefix ? `${loc.prefix}/` : "";
@@ -93,7 +100,8 @@ export async function s3BundleObjects(store: string, filter: { tenant?: string; 
     const parts = o.key.slice(base.length).split("/");
     if (parts.length !== 3) continue;
     const [t, a, name] = parts as [string, string, string];
-    if (!ID_PATTERN.test(t) || !ID_PATTERN.test(a) || !name.endsWith(".memsnap") || !isUlid(name.slice(0, -8))) continue;
+    if (!ID_PATTERN.test(t) || !ID_PATTERN.test(a)) continue;
+    if (!name.endsWith(".memsnap") || !isUlid(name.slice(0, -8))) continue;
     if ((filter.tenant && t !== filter.tenant) || (filter.agent && a !== filter.agent)) continue;
     out.push({ url: urlOf(loc.bucket, o.key), size: o.size, rel: `${t}\0${a}\0${name}` });
   }
@@ -104,7 +112,9 @@ export async function s3BundleObjects(store: string, filter: { tenant?: string; 
 const LIST_CONCURRENCY = 8;
 
 /** listSnapshots over an s3 store: each manifest through ranged reads. */
-export async function s3ListSnapshots(store: string, filter: { tenant?: string; agent?: string } = {}, onBad?: (path: string, e: unknown) => void): Promise<StoredSnapshot[]> {
+export async function s3ListSnapshots(
+  store: string, filter: Filter = {}, onBad?: (path: string, e: unknown) => void,
+): Promise<StoredSnapshot[]> {
   const objects = await s3BundleObjects(store, filter);
   const out: (StoredSnapshot | null)[] = new Array(objects.length).fill(null);
   let next = 0;
@@ -118,8 +128,9 @@ export async function s3ListSnapshots(store: string, filter: { tenant?: string; 
           const layout = await layoutOf(f);
           const m = parseManifest(layout.manifestBytes);
           out[i] = {
-            id: m.snapshot_id, path: url, tenant: m.tenant, agent: m.agent, created_at: m.created_at, created_by: m.created_by,
-            label: m.label, size: layout.fileSize, encrypted: m.payload.encryption !== null, signed: m.signature !== undefined, manifest: m,
+            id: m.snapshot_id, path: url, tenant: m.tenant, agent: m.agent,
+            created_at: m.created_at, created_by: m.created_by, label: m.label, size: layout.fileSize,
+            encrypted: m.payload.encryption !== null, signed: m.signature !== undefined, manifest: m,
           };
         } finally {
           await f.close();
@@ -133,13 +144,6 @@ export async function s3ListSnapshots(store: string, filter: { tenant?: string; 
   };
   await Promise.all(Array.from({ length: Math.min(LIST_CONCURRENCY, objects.length) }, work));
   return (out.filter((s) => s !== null) as StoredSnapshot[]).sort((a, b) => (a.id < b.id ? -1 : a.id > b.id ? 1 : 0));
-}
-
-/** Whether an object exists (and its size), by listing its exact key. */
-export async function s3ObjectSize(url: string): Promise<number | null> {
-  const loc = s3Loc(url);
-  for await (const o of listKeys(clientFor(loc.bucket), loc.bucket, loc.prefix)) if (o.key === loc.prefix) return o.size;
-  return null;
 }
 
 async function deleteKey(client: S3Client, bucket: string, key: string): Promise<void> {
@@ -163,8 +167,10 @@ export async function probeDelete(store: string, what: string): Promise<void> {
     await deleteKey(clientFor(loc.bucket), loc.bucket, key);
   } catch (e) {
     if (e instanceof MemsnapError && e.code === "MEMSNAP_STORE_DENIED") {
-      throw new MemsnapError("MEMSNAP_STORE_DENIED", `${what}: these credentials may not delete in ${loc.url}; nothing was deleted`, {
-        hint: "snapshot, verify and restore need no delete permission, prune and delete do: run them with credentials " +
+      const msg = `${what}: these credentials may not delete in ${loc.url}; nothing was deleted`;
+      throw new MemsnapError("MEMSNAP_STORE_DENIED", msg, {
+        hint: "snapshot, verify and restore need no delete permission, prune and delete do: " +
+          "run them with credentials " +
           "that have s3:DeleteObject (and s3:AbortMultipartUpload, s3:ListBucketMultipartUploads)",
         cause: e,
       });
@@ -194,7 +200,8 @@ const control = (store: string, tenant: string, agent: string, rel: string): { b
 
 async function putJson(client: S3Client, bucket: string, key: string, v: unknown): Promise<void> {
   try {
-    await client.send(new PutObjectCommand({ Bucket: bucket, Key: key, Body: JSON.stringify(v), ContentType: "application/json" }));
+    const input = { Bucket: bucket, Key: key, Body: JSON.stringify(v), ContentType: "application/json" };
+    await client.send(new PutObjectCommand(input));
   } catch (e) {
     throw s3Error(e, `writing s3://${bucket}/${key}`);
   }
@@ -213,7 +220,9 @@ export async function condemnedIds(agentUrl: string): Promise<Map<string, number
 }
 
 /** A prune's lease on one agent (see above). */
-async function takeLease(store: string, tenant: string, agent: string, waitMs: number): Promise<{ release(): Promise<void>; renew(): Promise<void> }> {
+type Lease = { release(): Promise<void>; renew(): Promise<void> };
+
+async function takeLease(store: string, tenant: string, agent: string, waitMs: number): Promise<Lease> {
   const { bucket, key: dir } = control(store, tenant, agent, "prune-lease/");
   const client = clientFor(bucket);
   const deadline = Date.now() + waitMs;
@@ -243,8 +252,10 @@ async function takeLease(store: string, tenant: string, agent: string, waitMs: n
     }
     await deleteKey(client, bucket, mine);
     if (Date.now() >= deadline) {
-      throw new MemsnapError("MEMSNAP_LOCKED", `another prune of ${tenant}/${agent} is running (lease s3://${bucket}/${held[0]!.key})`, {
-        hint: `wait for it to finish; a lease of a prune that died expires ${LEASE_MS / 60_000} minutes after it was written`,
+      const msg = `another prune of ${tenant}/${agent} is running (lease s3://${bucket}/${held[0]!.key})`;
+      throw new MemsnapError("MEMSNAP_LOCKED", msg, {
+        hint: `wait for it to finish; the lease of a prune that died expires ${LEASE_MS / 60_000} minutes ` +
+          "after it was written",
       });
     }
     await new Promise((r) => setTimeout(r, 200 + Math.random() * 300));
@@ -273,7 +284,8 @@ async function abortStaleUploads(store: string, tenant: string, agent: string, g
     let r;
     try {
       r = await client.send(new ListMultipartUploadsCommand({
-        Bucket: loc.bucket, Prefix: prefix, ...(keyMarker ? { KeyMarker: keyMarker } : {}), ...(idMarker ? { UploadIdMarker: idMarker } : {}),
+        Bucket: loc.bucket, Prefix: prefix,
+        ...(keyMarker ? { KeyMarker: keyMarker } : {}), ...(idMarker ? { UploadIdMarker: idMarker } : {}),
       }));
     } catch (e) {
       throw s3Error(e, `listing the incomplete uploads of ${urlOf(loc.bucket, prefix)}`);
@@ -299,7 +311,9 @@ async function abortStaleUploads(store: string, tenant: string, agent: string, g
  * delete what was condemned at least `graceMs` ago and is still not kept, un-condemn what is
  * kept again, abort incomplete uploads older than `graceMs`.
  */
-export async function s3PruneAgent(store: string, tenant: string, agent: string, policy: RetentionPolicy, opts: { graceMs: number; waitMs?: number }): Promise<S3PruneResult> {
+export async function s3PruneAgent(
+  store: string, tenant: string, agent: string, policy: RetentionPolicy, opts: { graceMs: number; waitMs?: number },
+): Promise<S3PruneResult> {
   await probeDelete(store, "prune");
   const lease = await takeLease(store, tenant, agent, opts.waitMs ?? 10_000);
   const loc = s3Loc(store);
@@ -324,7 +338,8 @@ export async function s3PruneAgent(store: string, tenant: string, agent: string,
         continue;
       }
       if (opts.graceMs > 0 && (since === undefined || Date.now() - since < opts.graceMs)) {
-        if (since === undefined) await putJson(client, marker.bucket, marker.key, { snapshot_id: d.snapshot.id, condemned_at: new Date().toISOString() });
+        const note = { snapshot_id: d.snapshot.id, condemned_at: new Date().toISOString() };
+        if (since === undefined) await putJson(client, marker.bucket, marker.key, note);
         condemned.push(d.snapshot.path);
         continue;
       }
