@@ -2,6 +2,7 @@ import { existsSync } from "node:fs";
 import { resolve } from "node:path";
 import { loadConfig } from "../config.js";
 import { isMemsnapError, MemsnapError } from "../errors.js";
+import { isBundleUrl } from "../format/bundle-file.js";
 import { runHook, type HookEvent, type HooksConfig } from "../hooks.js";
 import { resolveStore } from "../store/paths.js";
 import { findSnapshot } from "../store/store.js";
@@ -53,7 +54,7 @@ const ID_REF = /^[0-9a-hjkmnp-tv-z]{6,26}$/i;
  * Throws MEMSNAP_SOURCE_MISSING ("no such file: PATH") when it is neither, MEMSNAP_USAGE for an ambiguous prefix.
  */
 export async function bundleArg(ref: string, storeOf: () => Promise<string>, filter: { tenant?: string; agent?: string } = {}): Promise<string> {
-  if (existsSync(ref)) return ref;
+  if (existsSync(ref) || isBundleUrl(ref)) return ref;
   if (!ID_REF.test(ref)) {
     // A mistyped path is not a damaged bundle: say what happened before anything reads it.
     throw new MemsnapError("MEMSNAP_SOURCE_MISSING", `no such file: ${resolve(ref)}`, {

@@ -14,6 +14,7 @@ import { open, stat, type FileHandle } from "node:fs/promises";
 import { basename, dirname, join } from "node:path";
 import { Writable } from "node:stream";
 import { MemsnapError, destinationError } from "../errors.js";
+import { withBundle, type BundleFile } from "./bundle-file.js";
 import { commitRename, unlinkQuiet } from "../util/fs-atomic.js";
 import {
   MANIFEST_MAX_BYTES, MANIFEST_MEMBER, PAYLOAD_MEMBER_ENCRYPTED, PAYLOAD_MEMBER_PLAIN,
@@ -189,68 +190,65 @@ export async function readAt(fh: FileHandle, pos: number, len: number): Promise<
 
 /**
  * Locate the payload and read the manifest bytes with a few positioned reads; the payload
- * itself is not read. Throws MEMSNAP_BUNDLE_TRUNCATED, MEMSNAP_BUNDLE_MALFORMED, or
- * MEMSNAP_SOURCE_MISSING when the file does not exist.
+ * itself is not read. `path` is a local path or a bundle URL (./bundle-file.ts); `knownSize`
+ * the size a store listing gave. Throws MEMSNAP_BUNDLE_TRUNCATED, MEMSNAP_BUNDLE_MALFORMED, or
+ * MEMSNAP_SOURCE_MISSING when the bundle does not exist.
  */
-export async function readLayout(path: string): Promise<BundleLayout> {
-  let fh: FileHandle;
+export async function readLayout(path: string, knownSize?: number): Promise<BundleLayout> {
+  return withBundle(path, layoutOf, knownSize);
+}
+
+/** {@link readLayout} of a bundle already open. */
+export async function layoutOf(f: BundleFile): Promise<BundleLayout> {
+  const path = f.path;
+  const readAt = async (pos: number, len: number): Promise<Buffer> => {
+    const buf = Buffer.alloc(len);
+    return buf.subarray(0, len > 0 ? await f.read(buf, 0, len, pos) : 0);
+  };
+  const fileSize = f.size;
+  const h0 = await readAt(0, BLOCK);
+  if (h0.length < BLOCK) throw fileSize === 0 ? truncated(path, "empty file") : truncated(path, "inside the first header");
+  let first;
   try {
-    fh = await open(path, "r");
+    first = decodeHeader(h0);
   } catch (e) {
-    const code = (e as NodeJS.ErrnoException).code;
-    throw new MemsnapError(code === "ENOENT" ? "MEMSNAP_SOURCE_MISSING" : "MEMSNAP_SOURCE_UNREADABLE",
-      `cannot open bundle ${path}: ${(e as Error).message}`, { path, hint: "check the bundle path" });
+    throw malformed(path, `payload header: ${(e as Error).message}`);
   }
+  if (!first) throw malformed(path, "empty archive");
+  if (first.name !== PAYLOAD_MEMBER_PLAIN && first.name !== PAYLOAD_MEMBER_ENCRYPTED) {
+    throw malformed(path, `first member is ${JSON.stringify(first.name)}`);
+  }
+  if (first.type !== "0") throw malformed(path, "payload member is not a regular file");
+  const payloadOffset = BLOCK;
+  const mPos = payloadOffset + first.size + padding(first.size);
+  if (mPos + BLOCK > fileSize) throw truncated(path, "inside the payload or before the manifest");
+  let second;
   try {
-    const st = await fh.stat();
-    if (!st.isFile()) throw malformed(path, "not a regular file");
-    const fileSize = st.size;
-    const h0 = await readAt(fh, 0, BLOCK);
-    if (h0.length < BLOCK) throw fileSize === 0 ? truncated(path, "empty file") : truncated(path, "inside the first header");
-    let first;
-    try {
-      first = decodeHeader(h0);
-    } catch (e) {
-      throw malformed(path, `payload header: ${(e as Error).message}`);
-    }
-    if (!first) throw malformed(path, "empty archive");
-    if (first.name !== PAYLOAD_MEMBER_PLAIN && first.name !== PAYLOAD_MEMBER_ENCRYPTED) {
-      throw malformed(path, `first member is ${JSON.stringify(first.name)}`);
-    }
-    if (first.type !== "0") throw malformed(path, "payload member is not a regular file");
-    const payloadOffset = BLOCK;
-    const mPos = payloadOffset + first.size + padding(first.size);
-    if (mPos + BLOCK > fileSize) throw truncated(path, "inside the payload or before the manifest");
-    let second;
-    try {
-      second = decodeHeader(await readAt(fh, mPos, BLOCK));
-    } catch (e) {
-      throw malformed(path, `manifest header: ${(e as Error).message}`);
-    }
-    if (!second) throw truncated(path, "no manifest member");
-    if (second.name !== MANIFEST_MEMBER || second.type !== "0") throw malformed(path, `second member is ${JSON.stringify(second.name)}`);
-    if (second.size > MANIFEST_MAX_BYTES) {
-      throw new MemsnapError("MEMSNAP_UNSAFE_BUNDLE", `${path}: manifest of ${second.size} bytes is over the ${MANIFEST_MAX_BYTES}-byte cap`, {
-        path, hint: "refusing to read it; this bundle was not written by memsnap or was tampered with",
-      });
-    }
-    const end = mPos + BLOCK + second.size + padding(second.size) + 2 * BLOCK;
-    if (fileSize < mPos + BLOCK + second.size) throw truncated(path, "inside the manifest");
-    if (fileSize < end) throw truncated(path, "in the end-of-archive blocks");
-    if (fileSize > end) {
-      const extra = await readAt(fh, end, Math.min(fileSize - end, 1 << 20));
-      if (fileSize - end > 1 << 20 || !extra.every((b) => b === 0)) throw malformed(path, "data after the end of the archive");
-    }
-    const manifestBytes = await readAt(fh, mPos + BLOCK, second.size);
-    const trailer = await readAt(fh, mPos + BLOCK + second.size, padding(second.size) + 2 * BLOCK);
-    if (!trailer.every((b) => b === 0)) throw malformed(path, "end-of-archive blocks are not zero");
-    const payloadHead = await readAt(fh, payloadOffset, Math.min(64, first.size));
-    const payloadPad = await readAt(fh, payloadOffset + first.size, padding(first.size));
-    if (!payloadPad.every((b) => b === 0)) throw malformed(path, "the padding after the payload is not zero");
-    return { path, fileSize, payloadMember: first.name, payloadOffset, payloadSize: first.size, manifestBytes, payloadHead };
-  } finally {
-    await fh.close();
+    second = decodeHeader(await readAt(mPos, BLOCK));
+  } catch (e) {
+    throw malformed(path, `manifest header: ${(e as Error).message}`);
   }
+  if (!second) throw truncated(path, "no manifest member");
+  if (second.name !== MANIFEST_MEMBER || second.type !== "0") throw malformed(path, `second member is ${JSON.stringify(second.name)}`);
+  if (second.size > MANIFEST_MAX_BYTES) {
+    throw new MemsnapError("MEMSNAP_UNSAFE_BUNDLE", `${path}: manifest of ${second.size} bytes is over the ${MANIFEST_MAX_BYTES}-byte cap`, {
+      path, hint: "refusing to read it; this bundle was not written by memsnap or was tampered with",
+    });
+  }
+  const end = mPos + BLOCK + second.size + padding(second.size) + 2 * BLOCK;
+  if (fileSize < mPos + BLOCK + second.size) throw truncated(path, "inside the manifest");
+  if (fileSize < end) throw truncated(path, "in the end-of-archive blocks");
+  if (fileSize > end) {
+    const extra = await readAt(end, Math.min(fileSize - end, 1 << 20));
+    if (fileSize - end > 1 << 20 || !extra.every((b) => b === 0)) throw malformed(path, "data after the end of the archive");
+  }
+  const manifestBytes = await readAt(mPos + BLOCK, second.size);
+  const trailer = await readAt(mPos + BLOCK + second.size, padding(second.size) + 2 * BLOCK);
+  if (!trailer.every((b) => b === 0)) throw malformed(path, "end-of-archive blocks are not zero");
+  const payloadHead = await readAt(payloadOffset, Math.min(64, first.size));
+  const payloadPad = await readAt(payloadOffset + first.size, padding(first.size));
+  if (!payloadPad.every((b) => b === 0)) throw malformed(path, "the padding after the payload is not zero");
+  return { path, fileSize, payloadMember: first.name, payloadOffset, payloadSize: first.size, manifestBytes, payloadHead };
 }
 
 /** Size of a file, or null when it does not exist. */

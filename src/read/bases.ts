@@ -9,9 +9,9 @@
  * one of its entries with the size and SHA-256 the referencing index records. Only the
  * referenced entries are written; the others are hashed and dropped.
  */
-import { dirname, join } from "node:path";
 import { MemsnapError } from "../errors.js";
 import { readLayout, type BundleLayout } from "../format/container.js";
+import { siblingBundle } from "../format/bundle-file.js";
 import { basesOf, checkSeal, parseManifest, referencedIn, type IndexEntry, type Manifest } from "../format/manifest.js";
 import type { EntryTable } from "./entry-table.js";
 import type { EntryHandler, Keys } from "./read-payload.js";
@@ -26,7 +26,7 @@ export interface OpenBase {
 
 /** Where a bundle's base `id` must be: beside it. */
 export function basePath(bundle: string, id: string): string {
-  return join(dirname(bundle), `${id}.memsnap`);
+  return siblingBundle(bundle, id);
 }
 
 /**

@@ -28,6 +28,7 @@ import { Readable } from "node:stream";
 import { Worker } from "node:worker_threads";
 import { createRequire } from "node:module";
 import { MemsnapError } from "../errors.js";
+import { isBundleUrl, openBundle, type BundleFile } from "../format/bundle-file.js";
 import { AEAD_LOAD_SOURCE, aeadAddonPath } from "../codecs/aead.js";
 import { directIoAddon } from "../util/directio.js";
 import { SlotPool } from "../util/slots.js";
@@ -46,7 +47,10 @@ const OUT_CREDIT = 4 * 1024 * 1024;
 const SCAN_SLOTS = 10;
 
 export interface PayloadDecoderOptions {
+  /** A local path (read by the worker itself), or a bundle URL (read here and fed to the worker). */
   path: string;
+  /** The bundle's size, when known (saves a remote bundle's HeadObject). */
+  fileSize?: number;
   /** Byte range of the payload member in the bundle file. */
   offset: number;
   size: number;
@@ -323,6 +327,7 @@ function nextDirect(n) {
 }
 /** Read the next block and feed it on: true to go on, false on failure, WAIT for a read. */
 function readBlock() {
+  if (wd.feed) return readFed();
   const n = Math.min(wd.readBlock, wd.size - at);
   let buf = direct ? nextDirect(n) : null;
   if (buf === WAIT) return WAIT;
@@ -336,6 +341,29 @@ function readBlock() {
     }
   }
   if (got < n) { fail("short", "the bundle ends inside the payload"); return false; }
+  return take(buf, n);
+}
+// -- a remote bundle (wd.feed): the main thread streams the payload's bytes and posts them
+// here, two blocks queued at most; "need" asks for the next.
+const inQ = [];
+let inEnd = false, asked = false;
+function ask() {
+  if (!asked && !inEnd && inQ.length < 2) { asked = true; parentPort.postMessage({ t: "need" }); }
+}
+function readFed() {
+  if (inQ.length === 0) {
+    if (inEnd) { fail("short", "the bundle ends inside the payload"); return false; }
+    ask();
+    return WAIT;
+  }
+  let buf = inQ.shift();
+  ask();
+  const n = Math.min(buf.length, wd.size - at);
+  if (buf.length > n) buf = buf.subarray(0, n);
+  return take(buf, n);
+}
+/** Hash a block of payload bytes read and feed it on. */
+function take(buf, n) {
   hash.update(buf);
   const from = at;
   at += n;
@@ -383,11 +411,17 @@ parentPort.on("message", (m) => {
   if (m.t === "free") {
     freeSlots.push(m.slot);
     pump();
+  } else if (m.t === "in") {
+    asked = false;
+    if (m.end) inEnd = true;
+    else inQ.push(Buffer.from(m.buf));
+    ask();
+    if (waiting) { waiting = false; pump(); }
   }
 });
 
 fd = wd.fd;
-if (fd < 0) fail("open", wd.openError);
+if (!wd.feed && fd < 0) fail("open", wd.openError);
 else pump();
 `;
 
@@ -400,6 +434,7 @@ function bindingPath(): string {
 type Msg =
   | { t: "out"; slot: number; len: number; ops?: (number | string)[] }
   | { t: "stored"; n: number }
+  | { t: "need" }
   | { t: "done"; sha256: string; size: number; directBytes: number }
   | { t: "err"; kind: "decrypt" | "corrupt" | "truncated" | "too-big" | "bomb" | "tar" | "short" | "open" | "internal"; msg: string };
 
@@ -461,10 +496,13 @@ export class PayloadDecoder extends Readable {
     let fd = -1;
     let dfd = -1;
     let openError = "";
-    try {
-      fd = openSync(opts.path, "r");
-    } catch (e) {
-      openError = (e as Error).message;
+    const feed = isBundleUrl(opts.path);
+    if (!feed) {
+      try {
+        fd = openSync(opts.path, "r");
+      } catch (e) {
+        openError = (e as Error).message;
+      }
     }
     const direct = fd >= 0 && opts.age !== null ? directIoAddon() : null;
     if (direct !== null) {
@@ -483,16 +521,61 @@ export class PayloadDecoder extends Readable {
         ageKey: opts.age ? Uint8Array.from(opts.age.key) : null, ageOffset: opts.age?.offset ?? 0,
         maxOut: opts.maxOutputBytes, sealedChunk: AGE_SEALED_CHUNK, readBlock: READ_BLOCK, outChunk: OUT_CHUNK, slots, memory: this.#slots.memory,
         aeadAddon: aeadAddonPath(), directAddon: direct, fd, dfd, openError, scan: opts.scan ?? null,
-        progress: opts.onStored !== undefined,
+        progress: opts.onStored !== undefined, feed,
       },
     });
     this.#worker.on("message", (m: Msg) => this.#onMessage(m));
     this.#worker.on("error", (e: Error) => this.#fail(new MemsnapError("MEMSNAP_INTERNAL", `payload worker failed: ${e.message}`, { cause: e })));
     this.#worker.on("exit", (code: number) => {
       for (const d of [fd, dfd]) if (d >= 0) closeSync(d);
+      void this.#closeFeed();
       this.#gone = true;
       if (!this.destroyed && !this.#done) this.#fail(new MemsnapError("MEMSNAP_INTERNAL", `payload worker exited unexpectedly (code ${code})`));
     });
+  }
+
+  /** A remote bundle's payload stream, opened on the worker's first "need". */
+  #feed: { file: BundleFile | null; it: AsyncIterator<Buffer> | null; busy: boolean; closed: boolean } = {
+    file: null, it: null, busy: false, closed: false,
+  };
+
+  /** Post the worker the next block of a remote payload (or its end). */
+  async #pull(): Promise<void> {
+    const f = this.#feed;
+    if (f.busy || f.closed) return;
+    f.busy = true;
+    try {
+      if (!f.it) {
+        f.file = await openBundle(this.opts.path, this.opts.fileSize);
+        f.it = f.file.stream(this.opts.offset, this.opts.offset + this.opts.size)[Symbol.asyncIterator]();
+      }
+      const r = await f.it.next();
+      if (this.#gone || f.closed) return;
+      if (r.done) {
+        this.#worker.postMessage({ t: "in", end: true });
+        return;
+      }
+      // A copy of its own, moved to the worker (the chunk is the stream's to reuse).
+      const ab = new ArrayBuffer(r.value.length);
+      Buffer.from(ab).set(r.value);
+      this.#worker.postMessage({ t: "in", buf: ab }, [ab]);
+    } catch (e) {
+      if (!this.#gone && !f.closed) {
+        this.#fail(e instanceof MemsnapError ? e : new MemsnapError("MEMSNAP_SOURCE_UNREADABLE", `cannot read bundle ${this.opts.path}: ${(e as Error).message}`, {
+          path: this.opts.path, hint: "check the bundle path", cause: e,
+        }));
+      }
+    } finally {
+      f.busy = false;
+    }
+  }
+
+  async #closeFeed(): Promise<void> {
+    const f = this.#feed;
+    if (f.closed) return;
+    f.closed = true;
+    await f.it?.return?.(undefined).catch(() => undefined);
+    await f.file?.close().catch(() => undefined);
   }
 
   #fail(e: Error): void {
@@ -535,6 +618,9 @@ export class PayloadDecoder extends Readable {
       }
       case "stored":
         this.opts.onStored?.(m.n, this.opts.size);
+        return;
+      case "need":
+        void this.#pull();
         return;
       case "done":
         this.#done = true;

@@ -10,12 +10,11 @@
  * collects every finding instead of stopping at the first.
  */
 import { createHash } from "node:crypto";
-import { createReadStream } from "node:fs";
-import { open } from "node:fs/promises";
 import { Writable } from "node:stream";
 import { heapPacer } from "../util/gc.js";
 import { MemsnapError, type Finding } from "../errors.js";
-import { readAt, type BundleLayout } from "../format/container.js";
+import type { BundleLayout } from "../format/container.js";
+import { withBundle } from "../format/bundle-file.js";
 import { encodeIndex, indexHash, INDEX_PATH, refOf, type IndexDocument, type IndexEntry, type Manifest } from "../format/manifest.js";
 import { AGE_PREFIX_MAX, openAgePrefix } from "../codecs/age/stream-open.js";
 import { PayloadDecoder, type ScannedBatch } from "./decoder.js";
@@ -80,13 +79,11 @@ const INDEX_MAX_BYTES = 256 * 1024 * 1024;
 const EMPTY = Buffer.alloc(0);
 const BOMB_MARGIN = 4 * 1024 * 1024;
 
-async function readRange(path: string, pos: number, len: number): Promise<Buffer> {
-  const fh = await open(path, "r");
-  try {
-    return await readAt(fh, pos, len);
-  } finally {
-    await fh.close();
-  }
+async function readRange(path: string, pos: number, len: number, size: number): Promise<Buffer> {
+  return withBundle(path, async (f) => {
+    const buf = Buffer.alloc(len);
+    return buf.subarray(0, await f.read(buf, 0, len, pos));
+  }, size);
 }
 
 /** Hash a byte range of the bundle file without decrypting it (verify without a key). */
@@ -95,14 +92,14 @@ export async function hashStoredPayload(layout: BundleLayout, onStored?: (stored
   let size = 0;
   let head = Buffer.alloc(0);
   if (layout.payloadSize > 0) {
-    const src = createReadStream(layout.path, { start: layout.payloadOffset, end: layout.payloadOffset + layout.payloadSize - 1, highWaterMark: 1 << 20 });
-    for await (const c of src) {
-      const b = c as Buffer;
-      if (head.length < 64) head = Buffer.concat([head, b.subarray(0, 64 - head.length)]);
-      h.update(b);
-      size += b.length;
-      onStored?.(size, layout.payloadSize);
-    }
+    await withBundle(layout.path, async (f) => {
+      for await (const b of f.stream(layout.payloadOffset, layout.payloadOffset + layout.payloadSize)) {
+        if (head.length < 64) head = Buffer.concat([head, b.subarray(0, 64 - head.length)]);
+        h.update(b);
+        size += b.length;
+        onStored?.(size, layout.payloadSize);
+      }
+    }, layout.fileSize);
   }
   return { sha256: h.digest("hex"), size, head };
 }
@@ -225,13 +222,13 @@ export async function readPayload(
   const { signal, onStored, onEntry } = opts;
   let age: { key: Buffer; offset: number } | null = null;
   if (manifest.payload.encryption) {
-    const prefix = await readRange(layout.path, layout.payloadOffset, Math.min(layout.payloadSize, AGE_PREFIX_MAX));
+    const prefix = await readRange(layout.path, layout.payloadOffset, Math.min(layout.payloadSize, AGE_PREFIX_MAX), layout.fileSize);
     age = await openAgePrefix(prefix, prefix.length === layout.payloadSize, keys);
   }
   // The manifest declares the tar size: past it the payload is a bomb (the scanner stops
   // there, MEMSNAP_UNSAFE_BUNDLE). The decoder's own hard stop sits a margin above.
   const decoder = new PayloadDecoder({
-    path: layout.path, offset: layout.payloadOffset, size: layout.payloadSize, age,
+    path: layout.path, offset: layout.payloadOffset, size: layout.payloadSize, fileSize: layout.fileSize, age,
     maxOutputBytes: manifest.payload.tar_size + BOMB_MARGIN, ...(onStored ? { onStored } : {}),
     scan: { tarSize: manifest.payload.tar_size },
   });

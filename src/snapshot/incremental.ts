@@ -22,6 +22,7 @@ import { closeSync, openSync, readSync } from "node:fs";
 import { mkdir, open, readdir, rename, rm } from "node:fs/promises";
 import { basename, dirname, join } from "node:path";
 import { readLayout } from "../format/container.js";
+import { bundleIn, isBundleUrl } from "../format/bundle-file.js";
 import { parseManifest, checkSeal, type BaseRef, type IndexEntry, type Manifest } from "../format/manifest.js";
 import type { RuleCounts } from "../redact/types.js";
 import { kvPageFingerprint, type Artifact } from "../sources/types.js";
@@ -211,9 +212,14 @@ export class ReferenceSet {
     if (!header) return ReferenceSet.empty("the incremental cache is empty");
     // A base must still be in the store, whole and sealed as recorded (the manifest alone:
     // restore and verify check its payload).
+    // In an s3 store, a bundle a prune condemned is deleted once the grace has passed: never a new base (store/s3/store.ts).
+    const condemned = isBundleUrl(storeDir)
+      ? await (await import("../store/s3/store.js")).condemnedIds(storeDir).catch(() => null)
+      : new Map<string, number>();
     for (const [id, seal] of seals) {
+      if (condemned === null || condemned.has(id)) continue; // (the markers unreadable: no bases)
       try {
-        const m = parseManifest((await readLayout(join(storeDir, `${id}.memsnap`))).manifestBytes);
+        const m = parseManifest((await readLayout(bundleIn(storeDir, id))).manifestBytes);
         if (m.snapshot_id === id && m.seal === seal && checkSeal(m) && m.tenant === key.tenant && m.agent === key.agent) {
           out.#bases.set(id, seal);
           out.#manifests.set(id, { ...m, index: [] }); // the layers' meta is what is kept (a plaintext one's index can be large)

@@ -4,6 +4,10 @@ import { removeOrphans } from "../agent/orphans.js";
 import { decide, type PruneDecision, type RetentionPolicy } from "./prune.js";
 import { agentDir, listSnapshots, type StoredSnapshot } from "./store.js";
 import { unlink } from "node:fs/promises";
+import { isS3Url } from "./s3/location.js";
+
+/** How long an s3 prune waits before deleting what it condemned, and before aborting an incomplete upload. */
+export const DEFAULT_S3_GRACE_MS = 24 * 3_600_000;
 
 export interface PruneResult {
   tenant: string;
@@ -11,6 +15,10 @@ export interface PruneResult {
   decisions: PruneDecision[];
   removed: string[];
   orphans: string[];
+  /** s3 stores: snapshots condemned by this prune, deleted by a prune once `graceMs` has passed (./s3/store.ts). */
+  condemned?: string[];
+  /** s3 stores: incomplete multipart uploads aborted. */
+  uploads?: string[];
 }
 
 /**
@@ -18,7 +26,7 @@ export interface PruneResult {
  * its store lock; leftovers of dead memsnap processes older than `orphanMinAgeMs` are removed,
  * never those of a live process.
  */
-export async function pruneStore(store: string, policy: RetentionPolicy, opts: { tenant?: string; agent?: string; dryRun?: boolean; orphanMinAgeMs?: number; waitMs?: number } = {}): Promise<PruneResult[]> {
+export async function pruneStore(store: string, policy: RetentionPolicy, opts: { tenant?: string; agent?: string; dryRun?: boolean; orphanMinAgeMs?: number; waitMs?: number; graceMs?: number } = {}): Promise<PruneResult[]> {
   const all = await listSnapshots(store, { ...(opts.tenant ? { tenant: opts.tenant } : {}), ...(opts.agent ? { agent: opts.agent } : {}) });
   const agents = new Map<string, StoredSnapshot[]>();
   for (const s of all) agents.set(`${s.tenant}/${s.agent}`, [...(agents.get(`${s.tenant}/${s.agent}`) ?? []), s]);
@@ -28,6 +36,12 @@ export async function pruneStore(store: string, policy: RetentionPolicy, opts: {
     const dir = agentDir(store, tenant, agent);
     if (opts.dryRun) {
       out.push({ tenant, agent, decisions: decide(snaps, policy), removed: [], orphans: [] });
+      continue;
+    }
+    if (isS3Url(store)) {
+      const { s3PruneAgent } = await import("./s3/store.js");
+      const r = await s3PruneAgent(store, tenant, agent, policy, { graceMs: opts.graceMs ?? DEFAULT_S3_GRACE_MS, ...(opts.waitMs !== undefined ? { waitMs: opts.waitMs } : {}) });
+      out.push({ tenant, agent, decisions: r.decisions, removed: r.removed, orphans: [], condemned: r.condemned, uploads: r.uploads });
       continue;
     }
     const lock = await acquireLock(dir, { waitMs: opts.waitMs ?? 10_000, command: "prune" });

@@ -6,10 +6,13 @@
  * so concurrent memsnap processes never race past the delete floor: an agent's last
  * snapshot is never deleted without --force.
  */
-import { copyFile, open, readdir, stat, unlink } from "node:fs/promises";
+import { copyFile, open, readdir, stat, unlink, type FileHandle } from "node:fs/promises";
 import { join } from "node:path";
 import { MemsnapError, destinationError } from "../errors.js";
-import { readLayout, tempPathFor } from "../format/container.js";
+import { layoutOf, readLayout, tempPathFor } from "../format/container.js";
+import { isBundleUrl, openBundle } from "../format/bundle-file.js";
+import { isS3Url, parseStoreLocation, s3Key } from "./s3/location.js";
+import { createHash } from "node:crypto";
 import { basesOf, checkSeal, ID_PATTERN, parseManifest, type Manifest } from "../format/manifest.js";
 import { acquireLock } from "../agent/lock.js";
 import { commitRename, unlinkQuiet } from "../util/fs-atomic.js";
@@ -31,8 +34,15 @@ export interface StoredSnapshot {
 
 /** Where an agent's bundles live in a store. */
 export function agentDir(store: string, tenant: string, agent: string): string {
+  if (isS3Url(store)) {
+    const loc = parseStoreLocation(store) as { bucket: string; prefix: string };
+    return `s3://${loc.bucket}/${s3Key(loc, `${tenant}/${agent}`)}`;
+  }
   return join(store, tenant, agent);
 }
+
+/** The s3 store's functions (./s3/store.ts), loaded with the SDK only when a store is an s3 URL. */
+const s3 = (): Promise<typeof import("./s3/store.js")> => import("./s3/store.js");
 
 async function dirs(p: string): Promise<string[]> {
   const names = await readdir(p, { withFileTypes: true }).catch(() => []);
@@ -44,6 +54,7 @@ async function dirs(p: string): Promise<string[]> {
  * bundles are reported through `onBad` and skipped.
  */
 export async function listSnapshots(store: string, filter: { tenant?: string; agent?: string } = {}, onBad?: (path: string, e: unknown) => void): Promise<StoredSnapshot[]> {
+  if (isS3Url(store)) return (await s3()).s3ListSnapshots(store, filter, onBad);
   const out: StoredSnapshot[] = [];
   for (const path of await bundlePaths(store, filter)) {
     try {
@@ -65,6 +76,7 @@ export async function listSnapshots(store: string, filter: { tenant?: string; ag
  * tenant/agent, by tenant, agent and id; nothing is opened, so damaged bundles are listed too.
  */
 export async function bundlePaths(store: string, filter: { tenant?: string; agent?: string } = {}): Promise<string[]> {
+  if (isS3Url(store)) return (await (await s3()).s3BundleObjects(store, filter)).map((o) => o.url);
   const out: string[] = [];
   for (const tenant of filter.tenant ? [filter.tenant] : await dirs(store)) {
     for (const agent of filter.agent ? [filter.agent] : await dirs(join(store, tenant))) {
@@ -94,6 +106,39 @@ export async function findSnapshot(store: string, ref: string, filter: { tenant?
   });
 }
 
+/**
+ * Stream a remote bundle into a new local file `dest` (created here, fsynced by the caller),
+ * checking the payload's SHA-256 against the manifest as it goes. Throws MEMSNAP_PAYLOAD_HASH_MISMATCH.
+ */
+export async function downloadBundle(url: string, dest: string, size?: number): Promise<void> {
+  const f = await openBundle(url, size);
+  let out: FileHandle | undefined;
+  try {
+    const layout = await layoutOf(f);
+    const m = parseManifest(layout.manifestBytes);
+    out = await open(dest, "wx", 0o600);
+    const h = createHash("sha256");
+    const payloadEnd = layout.payloadOffset + layout.payloadSize;
+    let pos = 0;
+    for await (const c of f.stream(0, f.size)) {
+      const from = Math.max(pos, layout.payloadOffset);
+      const to = Math.min(pos + c.length, payloadEnd);
+      if (to > from) h.update(c.subarray(from - pos, to - pos));
+      let w = 0;
+      while (w < c.length) w += (await out.write(c, w, c.length - w, pos + w)).bytesWritten;
+      pos += c.length;
+    }
+    if (pos !== layout.fileSize || h.digest("hex") !== m.payload.sha256) {
+      throw new MemsnapError("MEMSNAP_PAYLOAD_HASH_MISMATCH", `${url}: the payload read does not hash to the manifest's SHA-256`, {
+        path: url, hint: "the stored bundle is damaged (memsnap verify says more); nothing was written",
+      });
+    }
+  } finally {
+    await out?.close();
+    await f.close();
+  }
+}
+
 /** Copy a bundle to `to` (temp → fsync → rename), then check the copy's container and seal. Throws MEMSNAP_DEST_*. */
 export async function exportSnapshot(s: StoredSnapshot, to: string): Promise<void> {
   if (await stat(to).then(() => true, () => false)) {
@@ -101,7 +146,8 @@ export async function exportSnapshot(s: StoredSnapshot, to: string): Promise<voi
   }
   const tmp = tempPathFor(to);
   try {
-    await copyFile(s.path, tmp);
+    if (isBundleUrl(s.path)) await downloadBundle(s.path, tmp, s.size);
+    else await copyFile(s.path, tmp);
     const fh = await open(tmp, "r+");
     await fh.sync();
     await fh.close();
@@ -125,7 +171,9 @@ export async function deleteSnapshots(store: string, targets: StoredSnapshot[], 
   for (const [, ts] of byAgent) {
     const { tenant, agent } = ts[0]!;
     const dir = agentDir(store, tenant, agent);
-    const lock = await acquireLock(dir, { waitMs: opts.waitMs ?? 10_000, command: "delete" });
+    // An s3 store has no lock to take: see ./s3/store.ts (deleting there is a user's explicit act).
+    const remote = isS3Url(store);
+    const lock = remote ? null : await acquireLock(dir, { waitMs: opts.waitMs ?? 10_000, command: "delete" });
     try {
       const remaining = await listSnapshots(store, { tenant, agent });
       const doomed = new Set(ts.map((t) => t.id));
@@ -144,12 +192,13 @@ export async function deleteSnapshots(store: string, targets: StoredSnapshot[], 
           });
         }
       }
+      if (remote) await (await s3()).s3DeleteBundles(store, ts.map((t) => t.path));
       for (const t of ts) {
-        await unlink(t.path).catch((e: NodeJS.ErrnoException) => { if (e.code !== "ENOENT") throw e; });
+        if (!remote) await unlink(t.path).catch((e: NodeJS.ErrnoException) => { if (e.code !== "ENOENT") throw e; });
         deleted.push(t.path);
       }
     } finally {
-      await lock.release();
+      await lock?.release();
     }
   }
   return deleted;

@@ -11,7 +11,8 @@ import { resolveStore } from "../../store/paths.js";
 import type { RetentionPolicy } from "../../store/prune.js";
 import { deleteSnapshots, exportSnapshot, findSnapshot, listSnapshots } from "../../store/store.js";
 import { fmtBytes, printJson } from "../output.js";
-import { collect, type GlobalOpts } from "../common.js";
+import { collect, type GlobalOpts, withAbort } from "../common.js";
+import { copySnapshots } from "../../store/copy.js";
 
 interface StoreOpts {
   store?: string;
@@ -151,6 +152,40 @@ Examples:
       }
     });
 
+  program.command("copy <from> <to> [ids...]")
+    .description("copy snapshots between stores (a directory or s3://bucket/prefix), checking hashes; skips those already there")
+    .option("--tenant <id>", "only this tenant")
+    .option("--agent <id>", "only this agent")
+    .addHelpText("after", `
+Every snapshot of FROM (or the IDS given, with the bases an incremental one needs) is copied to
+the same <tenant>/<agent>/<id>.memsnap in TO, streamed, its payload SHA-256 and seal checked on
+the way; the copy appears only once complete. A snapshot already in TO with the same seal is
+skipped; one with another seal is refused. Bases are copied before what references them.
+
+Examples:
+  $ memsnap copy ~/.local/share/memsnap/store s3://backups/memsnap      # ship local snapshots off the host
+  $ memsnap copy s3://backups/memsnap /srv/restore-store 01JD0K7Q --agent scribe`)
+    .action(async (from: string, to: string, ids: string[], o: { tenant?: string; agent?: string }) => {
+      const src = resolveStore(from, undefined);
+      const dst = resolveStore(to, undefined);
+      if (src === dst) throw new MemsnapError("MEMSNAP_USAGE", "FROM and TO are the same store", { hint: "copy between two different stores" });
+      const filter = { ...(o.tenant ? { tenant: o.tenant } : {}), ...(o.agent ? { agent: o.agent } : {}) };
+      const json = global().json;
+      const items = await withAbort((signal) => copySnapshots(src, dst, ids, filter, {
+        signal, onItem: (i) => {
+          if (json) return;
+          process.stdout.write(i.action === "copied" ? `copied ${i.id} to ${i.to} (${fmtBytes(i.size)})\n` : `skipped ${i.id}: already in ${dst} with the same seal\n`);
+        },
+      }));
+      const copied = items.filter((i) => i.action === "copied").length;
+      if (json) {
+        printJson({
+          ok: true, from: src, to: dst, copied, skipped: items.length - copied,
+          snapshots: items.map((i) => ({ id: i.id, snapshot_id: i.id, tenant: i.tenant, agent: i.agent, action: i.action, from: i.from, path: i.to, size: i.size })),
+        });
+      } else process.stdout.write(`${items.length} snapshot(s): ${copied} copied, ${items.length - copied} skipped\n`);
+    });
+
   storeOptions(program.command("delete <id...>").description("delete snapshots (never an agent's last one without --force)"))
     .option("--force", "allow deleting an agent's last snapshot")
     .action(async (ids: string[], o: StoreOpts & { force?: boolean }) => {
@@ -165,6 +200,7 @@ Examples:
   addRetentionOptions(storeOptions(program.command("prune").description("delete snapshots the retention policy does not keep, and dead processes' leftovers")))
     .option("--dry-run", "list what would be kept and removed, with the rule or protection that decided each")
     .option("--scheduled-only", "decide only over snapshots a schedule made (and safety snapshots past --keep-safety), as `schedule` does; keep the others")
+    .option("--grace <duration>", "s3 stores: delete what a prune condemned only this long after, and abort incomplete uploads older than this (default 24h; 0: at once)")
     .addHelpText("after", `
 Examples:
   $ memsnap prune --keep-last 5 --keep-daily 7 --keep-weekly 4 --dry-run
@@ -180,11 +216,13 @@ An incremental snapshot's bases are kept as long as it is.`)
       const { store, filter } = await context(o);
       const policy = policyFrom(o as Record<string, string | string[] | undefined>);
       if (o.scheduledOnly) policy.createdBy = ["schedule", "pre-restore"];
-      const res = await pruneStore(store, policy, { ...filter, dryRun: !!o.dryRun });
+      const graceMs = typeof o.grace === "string" ? parseDuration(o.grace) : undefined;
+      const res = await pruneStore(store, policy, { ...filter, dryRun: !!o.dryRun, ...(graceMs !== undefined ? { graceMs } : {}) });
       if (global().json) {
         printJson({
           ok: true, dry_run: !!o.dryRun, agents: res.map((r) => ({
             tenant: r.tenant, agent: r.agent, removed: r.removed, orphans: r.orphans,
+            ...(r.condemned ? { condemned: r.condemned, uploads_aborted: r.uploads ?? [] } : {}),
             decisions: r.decisions.map((d) => ({
               id: d.snapshot.id, snapshot_id: d.snapshot.id, keep: d.keep, reasons: d.reasons, created_at: d.snapshot.created_at,
               created_by: d.snapshot.created_by, label: d.snapshot.label,
@@ -195,8 +233,15 @@ An incremental snapshot's bases are kept as long as it is.`)
       }
       for (const r of res) {
         process.stdout.write(`${r.tenant}/${r.agent}:\n`);
-        for (const d of r.decisions) process.stdout.write(`  ${d.keep ? "keep  " : o.dryRun ? "would remove" : "remove"} ${d.snapshot.id} ${d.snapshot.created_at}${d.keep ? `  (${d.reasons.join(", ")})` : "  (no rule keeps it)"}\n`);
+        const later = new Set(r.condemned ?? []);
+        for (const d of r.decisions) {
+          const verb = d.keep ? "keep  " : o.dryRun ? "would remove" : later.has(d.snapshot.path) ? "condemn" : "remove";
+          const why = d.keep ? `  (${d.reasons.join(", ")})` : later.has(d.snapshot.path)
+            ? "  (no rule keeps it; deleted by a prune once the grace has passed, see --grace)" : "  (no rule keeps it)";
+          process.stdout.write(`  ${verb} ${d.snapshot.id} ${d.snapshot.created_at}${why}\n`);
+        }
         for (const p of r.orphans) process.stdout.write(`  removed leftover ${p}\n`);
+        for (const p of r.uploads ?? []) process.stdout.write(`  aborted incomplete upload ${p}\n`);
       }
     });
 }
