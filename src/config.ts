@@ -10,7 +10,7 @@ import { ID_PATTERN } from "./format/manifest.js";
 import { parseHooks, type HooksConfig } from "./hooks.js";
 import { parseRedactionConfig, type RedactionConfig } from "./redact/index.js";
 import { sourceKind, SOURCE_KINDS } from "./sources/registry.js";
-import { locationString, parseStoreLocation } from "./store/s3/location.js";
+import { locationString, parseStoreLocation } from "./objstore/location.js";
 import type { SourceKind } from "./sources/types.js";
 import {
   configInvalid, isPlainObject, optInt, optString, optStringArray, rejectUnknownKeys, reqString,

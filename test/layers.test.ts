@@ -13,6 +13,7 @@ const SRC = join(dirname(fileURLToPath(import.meta.url)), "..", "src");
 export const LAYERS: string[][] = [
   ["errors", "version"],
   ["util"],
+  ["objstore"],
   ["codecs"],
   ["format"],
   ["redact"],
@@ -21,8 +22,8 @@ export const LAYERS: string[][] = [
   ["config", "sign"],
   ["agent"],
   ["read"],
-  ["snapshot", "browse"],
   ["store"],
+  ["snapshot", "browse"],
   ["restore"],
   ["verify"],
   ["init", "schedule"],

@@ -1,7 +1,7 @@
 /**
  * A stored bundle opened for reading, wherever it is: a local file (positioned reads on one
  * descriptor, as before) or an object in an S3 store (`s3://bucket/key`: HeadObject for the
- * size, ranged GETs, a sequential stream with bounded read-ahead; ../store/s3/object-reader.ts).
+ * size, ranged GETs, a sequential stream with bounded read-ahead; ../objstore/object-reader.ts).
  *
  * Every reader of stored bundles goes through {@link openBundle}: the container's layout, the
  * payload's stream (the decoder worker reads a local file itself, by descriptor, and is fed
@@ -79,7 +79,7 @@ class LocalBundle implements BundleFile {
  */
 export async function openBundle(path: string, knownSize?: number): Promise<BundleFile> {
   if (isBundleUrl(path)) {
-    const { openObjectBundle } = await import("../store/s3/object-reader.js");
+    const { openObjectBundle } = await import("../objstore/object-reader.js");
     return openObjectBundle(path, knownSize);
   }
   let fh: FileHandle;

@@ -47,9 +47,9 @@ import { cachePath, CacheWriter, incrementalKey, ReferenceSet, type Reference } 
 import { IndexSpill } from "./index-spill.js";
 import { LevelPolicy } from "./levels.js";
 import type { S3Client } from "@aws-sdk/client-s3";
-import { S3BundleWriter, newestSnapshotIn } from "../store/s3/bundle-writer.js";
-import { s3ClientFor } from "../store/s3/client.js";
-import { isS3Url, parseStoreLocation, s3Key } from "../store/s3/location.js";
+import { S3BundleWriter, newestSnapshotIn } from "../format/s3-bundle-writer.js";
+import { s3ClientFor } from "../objstore/client.js";
+import { isS3Url, parseStoreLocation, s3Key } from "../objstore/location.js";
 
 /** Progress reported while a snapshot runs. */
 export interface SnapshotProgress {

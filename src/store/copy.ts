@@ -19,7 +19,7 @@ import { bundleIn, openBundle } from "../format/bundle-file.js";
 import { layoutOf, tempPathFor } from "../format/container.js";
 import { basesOf, checkSeal, parseManifest } from "../format/manifest.js";
 import { commitRename, unlinkQuiet } from "../util/fs-atomic.js";
-import { isS3Url, parseObjectUrl } from "./s3/location.js";
+import { isS3Url, parseObjectUrl } from "../objstore/location.js";
 import { agentDir, findSnapshot, listSnapshots, type StoredSnapshot } from "./store.js";
 
 export interface CopyItem {
@@ -110,7 +110,7 @@ async function copyToFile(src: StoredSnapshot, to: string): Promise<void> {
 /** Copy one bundle to an object URL `to` (a multipart upload completed only once the copy checks out). */
 async function copyToObject(src: StoredSnapshot, to: string, signal?: AbortSignal): Promise<void> {
   const [{ BundleUpload }, { clientFor }] = await Promise.all([
-    import("./s3/upload.js"), import("./s3/object-reader.js"),
+    import("../objstore/upload.js"), import("../objstore/object-reader.js"),
   ]);
   const { bucket, key } = parseObjectUrl(to);
   const up = new BundleUpload(clientFor(bucket), bucket, key, signal ? { signal } : {});

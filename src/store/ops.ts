@@ -4,7 +4,7 @@ import { removeOrphans } from "../agent/orphans.js";
 import { decide, type PruneDecision, type RetentionPolicy } from "./prune.js";
 import { agentDir, listSnapshots, type StoredSnapshot } from "./store.js";
 import { unlink } from "node:fs/promises";
-import { isS3Url } from "./s3/location.js";
+import { isS3Url } from "../objstore/location.js";
 
 /** How long an s3 prune waits before deleting what it condemned, and before aborting an incomplete upload. */
 export const DEFAULT_S3_GRACE_MS = 24 * 3_600_000;

@@ -1,7 +1,7 @@
 /** Where bundles live by default. */
 import { homedir } from "node:os";
 import { join } from "node:path";
-import { locationString, parseStoreLocation } from "./s3/location.js";
+import { locationString, parseStoreLocation } from "../objstore/location.js";
 
 /**
  * The store: explicit, else $MEMSNAP_STORE, else the config's, else $XDG_DATA_HOME/memsnap/store.

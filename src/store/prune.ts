@@ -19,7 +19,7 @@
 import { MemsnapError } from "../errors.js";
 import { basesOf } from "../format/manifest.js";
 import { compileGlobs } from "../util/glob.js";
-import type { StoredSnapshot } from "./store.js";
+import type { StoredSnapshot } from "./types.js";
 
 export interface RetentionPolicy {
   last?: number;

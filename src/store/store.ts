@@ -11,26 +11,16 @@ import { join } from "node:path";
 import { MemsnapError, destinationError } from "../errors.js";
 import { layoutOf, readLayout, tempPathFor } from "../format/container.js";
 import { isBundleUrl, openBundle } from "../format/bundle-file.js";
-import { isS3Url, parseStoreLocation, s3Key } from "./s3/location.js";
+import { isS3Url, parseStoreLocation, s3Key } from "../objstore/location.js";
 import { createHash } from "node:crypto";
-import { basesOf, checkSeal, ID_PATTERN, parseManifest, type Manifest } from "../format/manifest.js";
+import { basesOf, checkSeal, ID_PATTERN, parseManifest } from "../format/manifest.js";
 import { acquireLock } from "../agent/lock.js";
 import { commitRename, unlinkQuiet } from "../util/fs-atomic.js";
 import { isUlid } from "../util/ulid.js";
+import type { StoredSnapshot } from "./types.js";
 
-export interface StoredSnapshot {
-  id: string;
-  path: string;
-  tenant: string;
-  agent: string;
-  created_at: string;
-  created_by: string;
-  label: string | null;
-  size: number;
-  encrypted: boolean;
-  signed: boolean;
-  manifest: Manifest;
-}
+export type { StoredSnapshot } from "./types.js";
+
 
 /** Where an agent's bundles live in a store. */
 export function agentDir(store: string, tenant: string, agent: string): string {

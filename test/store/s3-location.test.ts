@@ -6,7 +6,7 @@ import { existsSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { describe, expect, it } from "vitest";
 import { isMemsnapError } from "../../src/errors.js";
-import { isS3Url, parseObjectUrl, parseStoreLocation } from "../../src/store/s3/location.js";
+import { isS3Url, parseObjectUrl, parseStoreLocation } from "../../src/objstore/location.js";
 import { resolveStore } from "../../src/store/paths.js";
 import { parseConfig } from "../../src/config.js";
 import { expectCliError, listTree, makeAgent, runCli } from "../helpers/cli.js";

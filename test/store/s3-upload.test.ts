@@ -1,5 +1,5 @@
 /**
- * The bundle upload (src/store/s3/upload.ts) against the real S3 server: one PutObject for a
+ * The bundle upload (src/objstore/upload.ts) against the real S3 server: one PutObject for a
  * small bundle; a multipart upload whose first part is held back, patched and sent last, with
  * a bounded number of parts in flight; the bytes read back equal those written; and a failure
  * mid-upload leaves no object and, once the abort reaches the server, no open multipart upload.
@@ -10,8 +10,8 @@ import {
 import { createHash, randomBytes } from "node:crypto";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { isMemsnapError } from "../../src/errors.js";
-import { s3ClientFor } from "../../src/store/s3/client.js";
-import { BundleUpload } from "../../src/store/s3/upload.js";
+import { s3ClientFor } from "../../src/objstore/client.js";
+import { BundleUpload } from "../../src/objstore/upload.js";
 import { startS3Server, type S3Server } from "../helpers/s3-server.js";
 
 let server: S3Server;

@@ -6,7 +6,7 @@ import { loadSigningKey } from "../../sign.js";
 import { snapshot } from "../../snapshot/snapshot.js";
 import { resolveStore } from "../../store/paths.js";
 import { fmtMiB, uncoveredLargeFiles } from "../../init.js";
-import { isS3Url } from "../../store/s3/location.js";
+import { isS3Url } from "../../objstore/location.js";
 import { fmtBytes, fmtRate, printJson, Progress, redactionLine } from "../output.js";
 import { collect, errorJson, hook, type GlobalOpts, withAbort } from "../common.js";
 

@@ -45,10 +45,10 @@ import { openBundle } from "../../format/bundle-file.js";
 import { basesOf, ID_PATTERN, parseManifest } from "../../format/manifest.js";
 import { isUlid, ulid } from "../../util/ulid.js";
 import { decide, type PruneDecision, type RetentionPolicy } from "../prune.js";
-import type { StoredSnapshot } from "../store.js";
-import { s3Error } from "./client.js";
-import { parseStoreLocation, s3Key } from "./location.js";
-import { clientFor } from "./object-reader.js";
+import type { StoredSnapshot } from "../types.js";
+import { s3Error } from "../../objstore/client.js";
+import { parseStoreLocation, s3Key } from "../../objstore/location.js";
+import { clientFor } from "../../objstore/object-reader.js";
 
 type S3Loc = { bucket: string; prefix: string; url: string };
 

@@ -1,5 +1,5 @@
 /**
- * Reading one object of an S3 store: the BundleFile of a bundle URL (../../format/bundle-file.ts).
+ * Reading one object of an S3 store: the BundleFile of a bundle URL (../format/bundle-file.ts).
  *
  * - The size comes from the listing that found the object, else from HeadObject.
  * - Small positioned reads (a bundle's headers, its manifest, the age header) are served from
@@ -10,8 +10,7 @@
  *   range whose body fails midway is fetched again (the SDK retries the requests themselves).
  */
 import { GetObjectCommand, HeadObjectCommand, type S3Client } from "@aws-sdk/client-s3";
-import { MemsnapError } from "../../errors.js";
-import type { BundleFile } from "../../format/bundle-file.js";
+import { MemsnapError } from "../errors.js";
 import { s3ClientFor, s3Error } from "./client.js";
 import { parseObjectUrl } from "./location.js";
 
@@ -74,7 +73,8 @@ export async function getRange(
 }
 
 /** A bundle object opened for reading. */
-export class ObjectBundle implements BundleFile {
+/** An object opened for positioned reads and streams: a BundleFile (../format/bundle-file.ts) by shape. */
+export class ObjectBundle {
   readonly local = false;
   readonly #blocks = new Map<number, Buffer>();
 

@@ -11,7 +11,7 @@ import {
   AbortMultipartUploadCommand, CompleteMultipartUploadCommand, CreateMultipartUploadCommand, PutObjectCommand,
   UploadPartCommand, type S3Client,
 } from "@aws-sdk/client-s3";
-import { MemsnapError } from "../../errors.js";
+import { MemsnapError } from "../errors.js";
 import { s3Error } from "./client.js";
 
 /** S3's smallest part (all but the last) and most parts per upload. */

@@ -6,10 +6,10 @@
  * abort() aborts it.
  */
 import { ListObjectsV2Command, type S3Client } from "@aws-sdk/client-s3";
-import { bundleTail, payloadHeader } from "../../format/container.js";
-import { patchSize } from "../../format/tar-header.js";
-import { s3Error } from "./client.js";
-import { BundleUpload, type UploadOptions } from "./upload.js";
+import { bundleTail, payloadHeader } from "./container.js";
+import { patchSize } from "./tar-header.js";
+import { s3Error } from "../objstore/client.js";
+import { BundleUpload, type UploadOptions } from "../objstore/upload.js";
 
 export class S3BundleWriter {
   readonly destPath: string;

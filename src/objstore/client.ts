@@ -11,7 +11,7 @@
 import { S3Client } from "@aws-sdk/client-s3";
 import { readFileSync } from "node:fs";
 import { rootCertificates } from "node:tls";
-import { MemsnapError } from "../../errors.js";
+import { MemsnapError } from "../errors.js";
 
 export interface S3ClientOptions {
   /** The config's s3_endpoint (MEMSNAP_S3_ENDPOINT wins over it). */

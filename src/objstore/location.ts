@@ -4,7 +4,7 @@
  * not turn into a fake off-site copy under ./s3:/...).
  */
 import { resolve } from "node:path";
-import { MemsnapError } from "../../errors.js";
+import { MemsnapError } from "../errors.js";
 
 export type StoreLocation =
   | { kind: "local"; dir: string }
