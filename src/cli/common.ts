@@ -1,11 +1,19 @@
 import { existsSync } from "node:fs";
 import { resolve } from "node:path";
-import { loadConfig } from "../config.js";
+import { loadConfig as readConfig, type MemsnapConfig } from "../config.js";
 import { isMemsnapError, MemsnapError } from "../errors.js";
 import { isBundleUrl } from "../format/bundle-file.js";
+import { useConfiguredEndpoint } from "../objstore/client.js";
 import { runHook, type HookEvent, type HooksConfig } from "../hooks.js";
 import { resolveStore } from "../store/paths.js";
 import { findSnapshot } from "../store/store.js";
+
+/** Load memsnap.json; its `s3_endpoint` then applies to every s3 store this command opens. */
+export async function loadConfig(path: string): Promise<MemsnapConfig> {
+  const config = await readConfig(path);
+  useConfiguredEndpoint(config.s3Endpoint);
+  return config;
+}
 
 /** Helpers shared by the CLI commands. */
 export interface GlobalOpts {

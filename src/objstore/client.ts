@@ -29,8 +29,15 @@ function intEnv(env: NodeJS.ProcessEnv, name: string, dflt: number, min: number,
 }
 
 /** The endpoint a client for `env` uses, or undefined for AWS itself. */
+let configured: string | undefined;
+
+/** The endpoint the agent's config names (`s3_endpoint`), for every client this process makes without one. */
+export function useConfiguredEndpoint(endpoint: string | undefined): void {
+  configured = endpoint;
+}
+
 export function s3Endpoint(env: NodeJS.ProcessEnv = process.env, opts: S3ClientOptions = {}): string | undefined {
-  const e = env.MEMSNAP_S3_ENDPOINT || opts.endpoint;
+  const e = env.MEMSNAP_S3_ENDPOINT || opts.endpoint || configured;
   if (e !== undefined && !/^https?:\/\/[^/?#\s]+\/?$/.test(e)) {
     throw new MemsnapError("MEMSNAP_USAGE", `MEMSNAP_S3_ENDPOINT must be an http:// or https:// URL of a host, got ${JSON.stringify(e)}`);
   }

@@ -42,6 +42,26 @@ async function snap(a: Agent, store: string, extra: string[] = []): Promise<stri
 const plain = (s: string, where: string): string => s.split(where).join("<STORE>");
 
 describe("an s3 store, read", () => {
+  it("the config's store and s3_endpoint serve every command, with no MEMSNAP_S3_ENDPOINT", async () => {
+    const b = await bucket();
+    const store = `s3://${b}/cfg`;
+    const a = makeAgent();
+    const cfg = JSON.parse(readFileSync(a.config, "utf8"));
+    writeFileSync(a.config, JSON.stringify({ ...cfg, store, s3_endpoint: server.endpoint }));
+    const noEnv = { MEMSNAP_S3_ENDPOINT: undefined };
+    const s = await cli(["snapshot", "-c", a.config, "--json"], a.dir, noEnv);
+    expectOk(s);
+    const id = jsonOut(s).snapshot_id as string;
+    for (const args of [["list", "-c", a.config], ["verify", id], ["inspect", id]]) {
+      const r = await cli(args, a.dir, noEnv);
+      expect(r.code, `${args[0]}: ${r.stderr}`).toBe(0);
+      expect(r.stdout).toContain(id);
+    }
+    // Without the config, nothing says where the server is: the SDK's default endpoint is not this server.
+    const bare = await cli(["list", "--store", store], undefined, { ...noEnv, MEMSNAP_S3_MAX_ATTEMPTS: "1", AWS_EC2_METADATA_DISABLED: "true" });
+    expect(bare.code).not.toBe(0);
+  }, 180_000);
+
   it("list, inspect, verify, verify --all, ls and cat say what they say for the local store", async () => {
     const b = await bucket();
     const store = `s3://${b}/team/memsnap`;

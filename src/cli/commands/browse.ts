@@ -1,7 +1,7 @@
 import type { Command } from "commander";
 import { existsSync } from "node:fs";
 import { catArtifact, loadIndex, openSnapshot, pathFilter } from "../../browse/index.js";
-import { loadConfig } from "../../config.js";
+import { loadConfig, bundleArg, collect, defaultStore, type GlobalOpts, withAbort } from "../common.js";
 import { isMemsnapError, MemsnapError } from "../../errors.js";
 import type { IndexEntry, Manifest } from "../../format/manifest.js";
 import { loadIdentities, loadPassphrase } from "../../keys.js";
@@ -10,7 +10,6 @@ import type { Keys } from "../../read/read-payload.js";
 import { resolveStore } from "../../store/paths.js";
 import { listSnapshots } from "../../store/store.js";
 import { fmtBytes, printJson } from "../output.js";
-import { bundleArg, collect, defaultStore, type GlobalOpts, withAbort } from "../common.js";
 
 interface KeyOpts {
   identity: string[];

@@ -1,7 +1,7 @@
 import type { Command } from "commander";
 import { existsSync } from "node:fs";
 import { parseDuration } from "../../agent/lock.js";
-import { loadConfig } from "../../config.js";
+import { loadConfig, bundleArg, collect, defaultStore, errorJson, hook, type GlobalOpts, withAbort } from "../common.js";
 import { MemsnapError } from "../../errors.js";
 import type { Manifest } from "../../format/manifest.js";
 import { runHook } from "../../hooks.js";
@@ -15,7 +15,6 @@ import { loadTrusted } from "../../sign.js";
 import { resolveStore } from "../../store/paths.js";
 import { describeProcess, type LiveProcess } from "../../agent/live-procs.js";
 import { fmtBytes, fmtRate, printJson, Progress } from "../output.js";
-import { bundleArg, collect, defaultStore, errorJson, hook, type GlobalOpts, withAbort } from "../common.js";
 
 interface RestoreOpts {
   to?: string;

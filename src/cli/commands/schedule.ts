@@ -2,7 +2,7 @@ import type { Command } from "commander";
 import { closeSync, openSync, readSync, statSync } from "node:fs";
 import { resolve } from "node:path";
 import { parseDuration } from "../../agent/lock.js";
-import { loadConfig } from "../../config.js";
+import { loadConfig } from "../common.js";
 import { MemsnapError } from "../../errors.js";
 import { parseCron, printUnits, runSchedule } from "../../schedule.js";
 import { loadSigningKey } from "../../sign.js";

@@ -1,6 +1,6 @@
 import type { Command } from "commander";
 import { parseDuration } from "../../agent/lock.js";
-import { loadConfig } from "../../config.js";
+import { loadConfig, collect, errorJson, hook, type GlobalOpts, withAbort } from "../common.js";
 import { loadPassphrase, loadRecipients } from "../../keys.js";
 import { loadSigningKey } from "../../sign.js";
 import { snapshot } from "../../snapshot/snapshot.js";
@@ -8,7 +8,6 @@ import { resolveStore } from "../../store/paths.js";
 import { fmtMiB, uncoveredLargeFiles } from "../../init.js";
 import { isS3Url } from "../../objstore/location.js";
 import { fmtBytes, fmtRate, printJson, Progress, redactionLine } from "../output.js";
-import { collect, errorJson, hook, type GlobalOpts, withAbort } from "../common.js";
 
 interface SnapshotOpts {
   incremental?: boolean;

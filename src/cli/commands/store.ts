@@ -2,7 +2,8 @@ import type { Command } from "commander";
 import { existsSync } from "node:fs";
 import { dirname, join } from "node:path";
 import { parseDuration } from "../../agent/lock.js";
-import { loadConfig, type MemsnapConfig } from "../../config.js";
+import { loadConfig, collect, type GlobalOpts, withAbort } from "../common.js";
+import type { MemsnapConfig } from "../../config.js";
 import { MemsnapError } from "../../errors.js";
 import { basesOf } from "../../format/manifest.js";
 import { loadIdentities, loadPassphrase } from "../../keys.js";
@@ -11,7 +12,6 @@ import { resolveStore } from "../../store/paths.js";
 import type { RetentionPolicy } from "../../store/prune.js";
 import { deleteSnapshots, exportSnapshot, findSnapshot, listSnapshots } from "../../store/store.js";
 import { fmtBytes, printJson } from "../output.js";
-import { collect, type GlobalOpts, withAbort } from "../common.js";
 import { copySnapshots } from "../../store/copy.js";
 
 interface StoreOpts {
