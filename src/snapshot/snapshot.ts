@@ -422,14 +422,11 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
     }
     const levels = new LevelPolicy(level);
 
-    // Bases are read from beside the bundle, which an object store does not offer yet (reading
-    // bases from s3 is to come): there an incremental snapshot is a full one, and says why.
-    const s3Full = opts.incremental && s3 ? "incremental snapshots into an s3 store are not supported yet: this one is full" : null;
-    const incKey = !opts.incremental || s3Full ? null
+    // Bases are the bundles beside this one: the same directory, or the same key prefix of an s3 store.
+    const incKey = !opts.incremental ? null
       : incrementalKey(cfg.tenant, cfg.agent, opts.passphrase ? null : recipients.map(recipientFingerprint),
         redactor ? { settings: cfg.redaction, rules: secretlintVersions() } : null);
     const refs = !opts.incremental ? null
-      : s3Full ? ReferenceSet.empty(s3Full)
       : incKey ? await ReferenceSet.load(cachePath(cfg.baseDir, cfg.tenant, cfg.agent), incKey, dirname(dest))
       : ReferenceSet.empty("a passphrase-encrypted snapshot references nothing (passphrases cannot be compared)");
     if (incKey) {

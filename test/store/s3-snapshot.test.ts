@@ -3,7 +3,7 @@
  * <prefix>/<tenant>/<agent>/<id>.memsnap, byte for byte a bundle that verifies and restores
  * (checked on a downloaded copy); the parent is the agent's newest snapshot there; --store,
  * MEMSNAP_STORE and the config's store all take the URL; nothing is written on the local disk
- * (no bundle, no temp file, no work dir); --incremental takes a full snapshot and says why.
+ * (no bundle, no temp file, no work dir); --incremental references the bundle before it in the same prefix.
  */
 import { GetObjectCommand, HeadObjectCommand, ListObjectsV2Command, type S3Client } from "@aws-sdk/client-s3";
 import { randomBytes } from "node:crypto";
@@ -97,20 +97,31 @@ describe("snapshot --store s3://", () => {
     expectOk(await runCli(["verify", local, "-i", join(a.dir, "key.txt")], { cwd: a.dir }));
   });
 
-  it("--incremental into s3 takes a full snapshot and says why", async () => {
+  it("--incremental into s3 references the unchanged artifacts of the bundle before it in the same prefix", async () => {
     await server.createBucket("snap-inc");
     const a = makeAgent();
     const { env } = s3env();
-    for (let i = 0; i < 2; i++) {
-      const r = await runCli(["snapshot", "-c", a.config, "--store", "s3://snap-inc", "--incremental"], { cwd: a.dir, env });
-      expectOk(r);
-      expect(r.stdout).toMatch(/refs +none: incremental snapshots into an s3 store are not supported yet: this one is full \(a full snapshot\)/);
-    }
+    const first = await runCli(["snapshot", "-c", a.config, "--store", "s3://snap-inc", "--incremental", "--json"],
+      { cwd: a.dir, env });
+    expectOk(first);
+    writeFileSync(join(a.dir, "memory", "new-note.md"), "a note written after the first snapshot\n");
+    const second = await runCli(["snapshot", "-c", a.config, "--store", "s3://snap-inc", "--incremental", "--json"],
+      { cwd: a.dir, env });
+    expectOk(second);
+    const inc = JSON.parse(second.stdout).incremental;
+    expect(inc.referenced).toBeGreaterThan(0);
+    expect(inc.bases).toEqual([JSON.parse(first.stdout).snapshot_id]);
     const ks = await keys("snap-inc");
     expect(ks.length).toBe(2);
     const local = join(tempDir(), "i.memsnap");
     await download("snap-inc", ks[1]!, local);
-    expect(readBundle(local).manifest.bases).toBeUndefined();
-    expectOk(await runCli(["verify", local], { cwd: a.dir }));
+    expect(readBundle(local).manifest.bases?.map((b: { snapshot_id: string }) => b.snapshot_id))
+      .toEqual([JSON.parse(first.stdout).snapshot_id]);
+    // Restored from the store, the base is read from the same prefix; the tree is the live one.
+    const out = join(tempDir(), "restored");
+    const id = JSON.parse(second.stdout).snapshot_id as string;
+    expectOk(await runCli(["restore", `s3://snap-inc/${ks[1]!}`, "--to", out, "--layout", "layers"], { cwd: a.dir, env }));
+    expect(readFileSync(join(out, "memory", "new-note.md"), "utf8")).toBe("a note written after the first snapshot\n");
+    expect(id).toMatch(/^[0-9A-Z]{26}$/);
   });
 });
