@@ -6,6 +6,7 @@
  *   node scripts/bench.mjs [--scale S] [--seed N] [--report] [--readme] [--keep] [--skip-gen]
  *                          [--regen] [--cold] [--runs N] [--baseline-only] [--cli PATH]
  *                          [--workdir DIR]
+ *   node scripts/bench.mjs --store s3://BUCKET/PREFIX [--scale S] [--runs N]   # see scripts/bench-s3.mjs
  *
  *   --scale S        size of the mix in GiB (default 1; e.g. 0.05 for a quick run, 10 for ~10 GiB)
  *   --seed N         generator seed (default 1)
@@ -1052,7 +1053,9 @@ function classLine(summary) {
     .join(", ");
 }
 
-main().then(
+// `--store s3://…`: the object-store comparison (scripts/bench-s3.mjs) instead of the pipeline one.
+const run = process.argv.includes("--store") ? import("./bench-s3.mjs").then(() => new Promise(() => {})) : main();
+run.then(
   (code) => process.exit(code),
   (e) => {
     console.error(`bench: ${e.stack || e.message}`);

@@ -13,7 +13,8 @@ import type { MemsnapConfig } from "./config.js";
 import { MemsnapError, isMemsnapError } from "./errors.js";
 import { runHook } from "./hooks.js";
 import { snapshot } from "./snapshot/snapshot.js";
-import { acquireLock, parseDuration } from "./agent/lock.js";
+import { acquireLock } from "./agent/lock.js";
+import { parseDuration } from "./util/duration.js";
 import { pruneStore } from "./store/ops.js";
 import { hasRules, type RetentionPolicy } from "./store/prune.js";
 

@@ -35,7 +35,7 @@ describe("destinationError", () => {
 
 describe("parseDuration", () => {
   it("takes ms, s, m, h and d, and bare seconds; anything else is MEMSNAP_USAGE", async () => {
-    const { parseDuration } = await import("../src/agent/lock.js");
+    const { parseDuration } = await import("../src/util/duration.js");
     expect(parseDuration("500ms")).toBe(500);
     expect(parseDuration("30")).toBe(30_000);
     expect(parseDuration("1.5m")).toBe(90_000);

@@ -11,11 +11,12 @@
  * directory, fails the restore with nothing written. A layer of a kind that has no live place
  * (pfimg, criu, exec) goes under its layer name.
  */
-import { lstat, mkdir, readdir, rename, rm } from "node:fs/promises";
+import { mkdir, readdir, rename, rm } from "node:fs/promises";
 import { isAbsolute, join, relative, resolve, sep } from "node:path";
 import type { MemsnapConfig } from "../config.js";
 import { MemsnapError, destinationError } from "../errors.js";
 import type { Manifest } from "../format/manifest.js";
+import { lexists } from "../util/fs-atomic.js";
 
 export interface LayerPlace {
   layer: string;
@@ -86,7 +87,6 @@ async function filesUnder(dir: string, rel = ""): Promise<string[]> {
   return out;
 }
 
-const exists = async (p: string): Promise<boolean> => (await lstat(p).catch(() => null)) !== null;
 
 /**
  * Move the layers staged under their names in `staging` to their places (inside `staging`).
@@ -98,7 +98,7 @@ export async function arrange(staging: string, places: LayerPlace[]): Promise<{ 
   await mkdir(aside).catch((e: unknown) => { throw destinationError(e, aside); });
   const present: LayerPlace[] = [];
   for (const p of places) {
-    if (!(await exists(join(staging, p.layer)))) continue; // a layer with nothing selected to write
+    if (!(await lexists(join(staging, p.layer)))) continue; // a layer with nothing selected to write
     await rename(join(staging, p.layer), join(aside, p.layer));
     present.push(p);
   }
@@ -108,12 +108,12 @@ export async function arrange(staging: string, places: LayerPlace[]): Promise<{ 
     const dest = join(staging, p.rel);
     if (p.rel === "") {
       for (const f of await readdir(join(aside, p.layer))) {
-        if (await exists(join(staging, f))) throw clash(`layer ${p.layer}'s ${f} would replace ${f} of the restore`);
+        if (await lexists(join(staging, f))) throw clash(`layer ${p.layer}'s ${f} would replace ${f} of the restore`);
         await rename(join(aside, p.layer, f), join(staging, f));
       }
       continue;
     }
-    if (await exists(dest)) throw clash(`layer ${p.layer} would go to ${p.rel}, where something else already is`);
+    if (await lexists(dest)) throw clash(`layer ${p.layer} would go to ${p.rel}, where something else already is`);
     await mkdir(join(dest, ".."), { recursive: true });
     await rename(join(aside, p.layer), dest);
   }
@@ -124,7 +124,7 @@ export async function arrange(staging: string, places: LayerPlace[]): Promise<{ 
       if (inDir) throw clash(`layer ${p.layer}'s ${f} would go to ${rel}, inside layer ${inDir.layer}'s directory`);
       if (rel === ".memsnap" || rel.startsWith(`.memsnap${sep}`)) throw clash(`layer ${p.layer}'s ${f} would go to ${rel}, where the restore keeps the manifest`);
       const dest = join(staging, rel);
-      if (owner.has(rel) || (await exists(dest))) throw clash(`layers ${owner.get(rel) ?? "?"} and ${p.layer} both have a file at ${rel}`);
+      if (owner.has(rel) || (await lexists(dest))) throw clash(`layers ${owner.get(rel) ?? "?"} and ${p.layer} both have a file at ${rel}`);
       try {
         await mkdir(join(dest, ".."), { recursive: true });
       } catch (e) {

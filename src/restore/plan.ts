@@ -1,6 +1,4 @@
 /** restore --dry-run: what an in-place restore would change, computed without touching anything. */
-import { createHash } from "node:crypto";
-import { createReadStream } from "node:fs";
 import { join } from "node:path";
 import type { ConfiguredSource, MemsnapConfig } from "../config.js";
 import type { BundleLayout } from "../format/container.js";
@@ -10,6 +8,7 @@ import type { Selection } from "../browse/index.js";
 import type { LiveTarget } from "../sources/types.js";
 import { listFiles } from "../agent/live-files.js";
 import { lstatOrNull, parentProblem, Protected, realish } from "../agent/live-guard.js";
+import { sha256File } from "../util/fs-atomic.js";
 
 /** A layer to restore with its config source and live target. */
 export interface SelectedLayer {
@@ -38,11 +37,6 @@ export interface RestorePlan {
   layers: LayerPlan[];
 }
 
-async function sha256File(path: string): Promise<string> {
-  const h = createHash("sha256");
-  for await (const c of createReadStream(path)) h.update(c as Buffer);
-  return h.digest("hex");
-}
 
 /**
  * Build the plan. Reads the payload (hashing only) when the manifest does not list the index:

@@ -12,6 +12,7 @@ import { optStringArray, rejectUnknownKeys, reqString } from "../util/config-che
 import type { Artifact, SourceKind } from "./types.js";
 import { sourceChanged, sourceError, walkFiles, walkNotices } from "./walk.js";
 import { pathTarget } from "./live-target.js";
+import { collect } from "../util/streams.js";
 
 export const STATE_MAX_BYTES = 16 * 1024 * 1024;
 
@@ -23,16 +24,6 @@ export interface StateConfig {
   exclude?: string[];
 }
 
-async function collect(it: AsyncIterable<Buffer>, limit: number): Promise<Buffer | null> {
-  const parts: Buffer[] = [];
-  let n = 0;
-  for await (const c of it) {
-    n += c.length;
-    if (n > limit) return null;
-    parts.push(c);
-  }
-  return Buffer.concat(parts);
-}
 
 /** JSON state files; a file that is not valid JSON is MEMSNAP_SOURCE_INVALID. */
 export const stateSource: SourceKind<StateConfig> = {

@@ -32,6 +32,7 @@ import { optStringArray, rejectUnknownKeys, reqString } from "../util/config-che
 import type { Artifact, SourceKind } from "./types.js";
 import { pathTarget } from "./live-target.js";
 import { completeLinesPrefix, fileArtifact, sourceChanged, sourceError, walkFiles, walkNotices, type FoundFile } from "./walk.js";
+import { consumeAll } from "../util/streams.js";
 
 export interface TraceConfig {
   kind: "trace";
@@ -345,18 +346,6 @@ async function resealTrace(f: FoundFile, size: number, spool: string, redactor: 
   return stats;
 }
 
-/** Drain `bytes` completely, whatever `fn` does with them (a deep check must not stop the payload read). */
-async function consumeAll<T>(bytes: AsyncIterable<Buffer>, fn: (b: AsyncIterable<Buffer>) => Promise<T>): Promise<T> {
-  const it = bytes[Symbol.asyncIterator]();
-  const view: AsyncIterable<Buffer> = {
-    [Symbol.asyncIterator]: () => ({ next: () => it.next(), return: async () => ({ done: true as const, value: undefined }) }),
-  };
-  try {
-    return await fn(view);
-  } finally {
-    for (;;) if ((await it.next()).done) break;
-  }
-}
 
 /** agentlog traces; see the module comment. */
 export const traceSource: SourceKind<TraceConfig> = {

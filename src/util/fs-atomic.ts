@@ -1,5 +1,7 @@
 import { execFile } from "node:child_process";
-import { access, open, rename, unlink } from "node:fs/promises";
+import { createHash } from "node:crypto";
+import { createReadStream } from "node:fs";
+import { access, lstat, open, rename, unlink } from "node:fs/promises";
 import { dirname } from "node:path";
 import { promisify } from "node:util";
 import { destinationError } from "../errors.js";
@@ -48,7 +50,18 @@ export async function syncFilesystem(dir: string): Promise<void> {
   }
 }
 
-const exists = (p: string): Promise<boolean> => access(p).then(() => true, () => false);
+/** Whether something is at `p`, following a symbolic link (a dangling link is not there). */
+export const exists = (p: string): Promise<boolean> => access(p).then(() => true, () => false);
+
+/** Whether anything is at `p`, a symbolic link itself included (lstat). */
+export const lexists = (p: string): Promise<boolean> => lstat(p).then(() => true, () => false);
+
+/** The SHA-256 (hex) of a file's bytes, streamed. */
+export async function sha256File(path: string): Promise<string> {
+  const h = createHash("sha256");
+  for await (const c of createReadStream(path, { highWaterMark: 1 << 20 })) h.update(c as Buffer);
+  return h.digest("hex");
+}
 
 /** Bytes restored between two early syncs (see {@link EarlySync}). */
 export const EARLY_SYNC_BYTES = 128 * 1024 * 1024;

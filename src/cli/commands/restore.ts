@@ -1,6 +1,6 @@
 import type { Command } from "commander";
 import { existsSync } from "node:fs";
-import { parseDuration } from "../../agent/lock.js";
+import { parseDuration } from "../../util/duration.js";
 import { loadConfig, bundleArg, collect, defaultStore, errorJson, hook, type GlobalOpts, withAbort } from "../common.js";
 import { MemsnapError } from "../../errors.js";
 import type { Manifest } from "../../format/manifest.js";

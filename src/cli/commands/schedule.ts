@@ -1,7 +1,7 @@
 import type { Command } from "commander";
 import { closeSync, openSync, readSync, statSync } from "node:fs";
 import { resolve } from "node:path";
-import { parseDuration } from "../../agent/lock.js";
+import { parseDuration } from "../../util/duration.js";
 import { loadConfig } from "../common.js";
 import { MemsnapError } from "../../errors.js";
 import { parseCron, printUnits, runSchedule } from "../../schedule.js";

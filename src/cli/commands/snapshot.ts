@@ -1,5 +1,5 @@
 import type { Command } from "commander";
-import { parseDuration } from "../../agent/lock.js";
+import { parseDuration } from "../../util/duration.js";
 import { loadConfig, collect, errorJson, hook, type GlobalOpts, withAbort } from "../common.js";
 import { loadPassphrase, loadRecipients } from "../../keys.js";
 import { loadSigningKey } from "../../sign.js";

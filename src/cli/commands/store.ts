@@ -1,7 +1,7 @@
 import type { Command } from "commander";
 import { existsSync } from "node:fs";
 import { dirname, join } from "node:path";
-import { parseDuration } from "../../agent/lock.js";
+import { parseDuration } from "../../util/duration.js";
 import { loadConfig, collect, type GlobalOpts, withAbort } from "../common.js";
 import type { MemsnapConfig } from "../../config.js";
 import { MemsnapError } from "../../errors.js";

@@ -25,21 +25,8 @@ import {
 import type { SourceKind } from "../types.js";
 import { captureCriu } from "./capture.js";
 import { parseCriuConfig, type CriuConfig } from "./config.js";
+import { consumeAll } from "../../util/streams.js";
 
-/** Drain `bytes` completely, whatever `fn` does with them (a deep check must not stop the payload read). */
-async function consumeAll<T>(bytes: AsyncIterable<Buffer>, fn: (b: AsyncIterable<Buffer>) => Promise<T>): Promise<T> {
-  const it = bytes[Symbol.asyncIterator]();
-  const view: AsyncIterable<Buffer> = {
-    [Symbol.asyncIterator]: () => ({
-      next: () => it.next(), return: async () => ({ done: true as const, value: undefined }),
-    }),
-  };
-  try {
-    return await fn(view);
-  } finally {
-    for (;;) if ((await it.next()).done) break;
-  }
-}
 
 /** CRIU dumps; see the module comment. */
 export const criuSource: SourceKind<CriuConfig> = {

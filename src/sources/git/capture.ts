@@ -11,7 +11,8 @@ import { readAhead } from "../prefetch.js";
 import type { Artifact, CaptureContext, LayerCapture } from "../types.js";
 import { fileArtifact, fingerprintOf, SMALL_FILE, walkNotices, type FoundFile } from "../walk.js";
 import type { GitConfig } from "./config.js";
-import { findRepo, stateFlags, exists, type RepoPaths } from "./discover.js";
+import { findRepo, stateFlags, type RepoPaths } from "./discover.js";
+import { lexists as exists } from "../../util/fs-atomic.js";
 import {
   BUNDLE_ARTIFACT, commitFacts, readBundleHeader, WORKTREE_DIR, WORKTREE_DOC_ARTIFACT,
   type BundleHeader, type HeadFacts, type WorktreeDoc,

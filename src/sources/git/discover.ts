@@ -4,6 +4,7 @@ import type { Stats } from "node:fs";
 import { join, resolve } from "node:path";
 import { sourceError } from "../walk.js";
 import { sourceInvalid } from "./run.js";
+import { lexists } from "../../util/fs-atomic.js";
 
 export interface RepoPaths {
   /** `<root>/.git` (a directory, or a `gitdir:` file). */
@@ -14,7 +15,6 @@ export interface RepoPaths {
   commondir: string;
 }
 
-export const exists = (p: string): Promise<boolean> => lstat(p).then(() => true, () => false);
 
 export async function findRepo(root: string): Promise<RepoPaths> {
   let st: Stats;
@@ -55,7 +55,7 @@ export async function findRepo(root: string): Promise<RepoPaths> {
 
 /** In-progress operations and locks, recorded in the layer meta. */
 export async function stateFlags(p: RepoPaths): Promise<Record<string, boolean>> {
-  const has = (rel: string, dir = p.gitdir): Promise<boolean> => exists(join(dir, rel));
+  const has = (rel: string, dir = p.gitdir): Promise<boolean> => lexists(join(dir, rel));
   const applying = await has("rebase-apply/applying");
   return {
     rebase: (await has("rebase-merge")) || ((await has("rebase-apply")) && !applying),

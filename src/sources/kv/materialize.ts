@@ -1,5 +1,5 @@
 /** Restore of a kv layer: the dump's files rebuilt, byte for byte, from the staged artifacts. */
-import { createHash, randomBytes } from "node:crypto";
+import { randomBytes } from "node:crypto";
 import { closeSync, createReadStream, ftruncateSync, openSync, writeSync } from "node:fs";
 import { chmod, lstat, mkdir, readdir, rename, rm, stat, utimes } from "node:fs/promises";
 import { dirname, join } from "node:path";
@@ -13,6 +13,7 @@ import { KV_INDEX, KV_WORK_PREFIX } from "./format.js";
 import { KvIndexUnsafe, readKvIndex, type KvIndexFile } from "./index-format.js";
 import { KvContents, PageReader } from "./page-reader.js";
 import { SpoolReader, restoreBad } from "./spool-reader.js";
+import { sha256File } from "../../util/fs-atomic.js";
 
 /** Restore: tiles are gathered into one buffer of this size and written with one call. */
 const WRITE_BATCH = 4 * 1024 * 1024;
@@ -27,16 +28,6 @@ function writeFully(fd: number, buf: Buffer, len: number, pos: number): void {
   while (off < len) off += writeSync(fd, buf, off, len - off, pos + off);
 }
 
-/** SHA-256 (hex) of a file, streamed; null when it cannot be read. */
-async function sha256File(path: string): Promise<string | null> {
-  try {
-    const h = createHash("sha256");
-    for await (const c of createReadStream(path, { highWaterMark: 1 << 20 })) h.update(c as Buffer);
-    return h.digest("hex");
-  } catch {
-    return null;
-  }
-}
 
 /** What one rebuild works with, shared by the files it rebuilds. */
 interface Rebuild {
@@ -115,7 +106,7 @@ export async function materializeKv(dir: string, layer: LayerEntry, verified?: V
  */
 async function checkIndex(dir: string, layer: LayerEntry): Promise<number> {
   const idxAbs = join(dir, KV_INDEX);
-  const have = await sha256File(idxAbs);
+  const have = await sha256File(idxAbs).catch(() => null);
   const want = layer.meta?.index_sha256;
   if (have === null) throw restoreBad(`${layer.name}: the layer has no ${KV_INDEX}`, `${layer.name}/${KV_INDEX}`);
   if (have !== want) {

@@ -7,17 +7,8 @@ import { hashFrameChunks } from "../pfimg/frames.js";
 import type { DeepVerifyContext } from "../types.js";
 import { readKvIndex } from "./index-format.js";
 import { readKvManifest } from "./manifest.js";
+import { collect } from "../../util/streams.js";
 
-async function collect(it: AsyncIterable<Buffer>, limit: number): Promise<Buffer | null> {
-  const parts: Buffer[] = [];
-  let n = 0;
-  for await (const c of it) {
-    n += c.length;
-    if (n > limit) return null;
-    parts.push(c);
-  }
-  return Buffer.concat(parts);
-}
 
 /** Check one artifact of a kv layer; a message when it is bad, null when it is good. */
 export async function deepVerifyKv({ entry, bytes }: DeepVerifyContext): Promise<string | null> {

@@ -11,6 +11,7 @@ import {
 } from "./format.js";
 import { decompressToBuffer } from "./frames.js";
 import { sourceChanged, sourceError } from "../walk.js";
+import { exists } from "../../util/fs-atomic.js";
 
 /** Image manifests larger than this are refused (they are small JSON documents). */
 export const IMAGE_MAX_BYTES = 64 * 1024 * 1024;
@@ -94,9 +95,6 @@ export function pfStoreRoot(store: string | undefined, baseDir: string): string 
   return join(homedir(), ".processfork");
 }
 
-async function exists(p: string): Promise<boolean> {
-  return stat(p).then(() => true, () => false);
-}
 
 /**
  * Walk a store from the selected images to every blob they reach. Reads and verifies image

@@ -5,17 +5,8 @@ import { hashFrameChunks } from "./frames.js";
 import type { DeepVerifyContext } from "../types.js";
 import { IMAGE_MAX_BYTES } from "./plan.js";
 import { RawBudget, declaredRawBytes } from "./materialize.js";
+import { collect } from "../../util/streams.js";
 
-async function collect(it: AsyncIterable<Buffer>, limit: number): Promise<Buffer | null> {
-  const parts: Buffer[] = [];
-  let n = 0;
-  for await (const c of it) {
-    n += c.length;
-    if (n > limit) return null;
-    parts.push(c);
-  }
-  return Buffer.concat(parts);
-}
 
 /** Deep verify's budgets, one per layer entry of the manifest being verified. */
 const deepBudgets = new WeakMap<LayerEntry, RawBudget>();
