@@ -84,9 +84,6 @@ const SECRETLINT_TEST = new RegExp(SECRETLINT_SRC);
 
 // ------------------------------------------------------------------------------------------ finders
 
-/** The main scanner's alternatives by name (regex sources), for the SQLite worker's copy of the finders. */
-export const MAIN_ALTERNATIVES: Readonly<Record<string, string>> = ALT as unknown as Record<string, string>;
-
 /**
  * {@link SCANNERS}, in the same order, each finding exactly the positions its regex matches at
  * (./finders.ts, which the SQLite worker runs too): one anchor per alternative found with
