@@ -341,7 +341,7 @@ static int hex(int c) { return c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <=
 
 /*
  * The first backslash in [from, to) that starts a JSON escape which can hide a secret from the
- * scan (src/redact/escapes-js.ts, hidingEscapeAt): `\/`, or `\uXXXX` for a letter, a digit, one of
+ * scan (src/redact/escapes.ts, hidingEscapeAt): `\/`, or `\uXXXX` for a letter, a digit, one of
  * `_ - . : = / @ \ " '` or a character JS counts as whitespace; -1 if none. An escape must end by `end`.
  */
 long memsnap_hiding_escape(const uint8_t *b, long from, long to, long end) {

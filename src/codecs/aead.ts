@@ -50,13 +50,6 @@ export function loadAead(path: string | null): AeadAddon | null {
   }
 }
 
-/** Worker-source helper: the addon at `path`, or null (not built, or built for another ABI). */
-export const AEAD_LOAD_SOURCE = String.raw`
-function loadAead(path) {
-  if (!path) return null;
-  try { return require(path); } catch { return null; }
-}`;
-
 /** The addon in this thread, or null. */
 export function aeadAddon(): AeadAddon | null {
   const path = aeadAddonPath();

@@ -2,9 +2,8 @@
  * zstd compression and decompression as Node streams whose work runs in a
  * `worker_threads` Worker, so the main thread stays free to hash and encrypt.
  *
- * Each stream starts one Worker running an inline (eval'd) CommonJS script that loads the
- * `zstd-napi` native binding. The inline script works the same whether memsnap runs from
- * the TypeScript sources (vitest) or from the compiled `dist/`.
+ * Each stream starts one Worker (./zstd.worker.ts, from dist/: see util/worker-path.ts) that
+ * loads the `zstd-napi` native binding.
  *
  * Flow control, both directions:
  * - input: written bytes are copied into recycled {@link IN_BUF}-byte ArrayBuffers that are
@@ -27,8 +26,10 @@
 
 import { Duplex } from "node:stream";
 import { Worker } from "node:worker_threads";
-import { createRequire } from "node:module";
 import { MemsnapError } from "../errors.js";
+import { workerUrl } from "../util/worker-path.js";
+import { zstdBindingPath } from "./zstd-binding.js";
+import type { ZstdReply, ZstdRequest, ZstdWorkerData } from "./zstd.worker.js";
 
 /** The four bytes every zstd frame starts with (0xFD2FB528 little-endian). */
 export const ZSTD_MAGIC: Buffer = Buffer.from([0x28, 0xb5, 0x2f, 0xfd]);
@@ -77,168 +78,6 @@ const WRITABLE_HWM = 256 * 1024;
 const MIN_LEVEL = -131072;
 const MAX_LEVEL = 22;
 
-/**
- * The worker script (CommonJS, run with `eval: true`). Messages:
- * main → worker: `{ t: "data", ab, len }` (ab transferred), `{ t: "end" }`,
- * `{ t: "credit", n, ab? }` (ab: an output buffer given back for reuse, transferred);
- * worker → main: `{ t: "out", ab, len }` (ab transferred), `{ t: "ack", ab }` (the input
- * buffer, transferred back for reuse), `{ t: "done" }`,
- * `{ t: "err", kind: "corrupt" | "truncated" | "too-big" | "internal", msg }`.
- */
-const WORKER_SOURCE = String.raw`
-"use strict";
-const { parentPort, workerData } = require("node:worker_threads");
-const b = require(workerData.bindingPath);
-const OUT_CHUNK = workerData.outChunk;
-const EMPTY = Buffer.alloc(0);
-const compress = workerData.mode === "compress";
-let credit = workerData.outCredit;
-const freeOut = []; // output buffers the main thread gave back
-let out = Buffer.allocUnsafeSlow(OUT_CHUNK);
-let outPos = 0;
-const queue = [];
-let failed = false;
-let cctx = null, dctx = null;
-let lastRet = 0, totalIn = 0, totalOut = 0;
-const maxOut = workerData.maxOutputBytes; // number or null
-
-function fail(kind, msg) {
-  failed = true;
-  queue.length = 0;
-  parentPort.postMessage({ t: "err", kind, msg });
-}
-function post() {
-  if (outPos === 0) return;
-  const ab = out.buffer;
-  parentPort.postMessage({ t: "out", ab, len: outPos }, [ab]);
-  credit -= outPos;
-  const next = freeOut.pop();
-  out = next === undefined ? Buffer.allocUnsafeSlow(OUT_CHUNK) : Buffer.from(next);
-  outPos = 0;
-}
-
-try {
-  if (compress) {
-    cctx = new b.CCtx();
-    cctx.setParameter(b.CParameter.compressionLevel, workerData.level);
-    cctx.setParameter(b.CParameter.checksumFlag, workerData.checksum ? 1 : 0);
-    if (workerData.threads > 0) {
-      cctx.setParameter(b.CParameter.nbWorkers, workerData.threads);
-      // zstd's default job is 4x the window (8 MiB at level 3, 32 MiB at 19) and it keeps
-      // several jobs' buffers per thread; 4 MiB jobs halve that memory at no measured cost.
-      cctx.setParameter(b.CParameter.jobSize, workerData.jobSize);
-    }
-  } else {
-    dctx = new b.DCtx();
-  }
-} catch (e) {
-  fail("internal", "zstd setup failed: " + (e && e.message));
-}
-
-// Compress queue[0] (a data item) as far as credit allows; true when fully consumed.
-function compressItem(item) {
-  while (item.pos < item.buf.length) {
-    if (credit <= 0) return false;
-    const r = cctx.compressStream2(out.subarray(outPos), item.buf.subarray(item.pos), b.EndDirective.continue);
-    outPos += r[1];
-    item.pos += r[2];
-    if (outPos === OUT_CHUNK) post();
-  }
-  return true;
-}
-// End the frame as far as credit allows; true when the frame is complete.
-function compressEnd() {
-  for (;;) {
-    if (credit <= 0) return false;
-    const r = cctx.compressStream2(out.subarray(outPos), EMPTY, b.EndDirective.end);
-    outPos += r[1];
-    if (outPos === OUT_CHUNK) post();
-    if (r[0] === 0) return true;
-  }
-}
-function decompressItem(item) {
-  for (;;) {
-    if (credit <= 0) return false;
-    let end = OUT_CHUNK;
-    if (maxOut !== null) end = Math.min(end, outPos + (maxOut - totalOut) + 1);
-    const dst = out.subarray(outPos, end);
-    let r;
-    try {
-      r = dctx.decompressStream(dst, item.buf.subarray(item.pos));
-    } catch (e) {
-      fail("corrupt", String(e && e.message));
-      return false;
-    }
-    // A call that neither reads nor writes says nothing about frame state (after a frame
-    // ends, an empty call already returns the next header's size hint).
-    if (r[1] > 0 || r[2] > 0) lastRet = r[0];
-    outPos += r[1];
-    totalOut += r[1];
-    item.pos += r[2];
-    if (maxOut !== null && totalOut > maxOut) {
-      fail("too-big", "");
-      return false;
-    }
-    if (outPos === OUT_CHUNK) post();
-    if (item.pos === item.buf.length && (r[1] < dst.length || r[0] === 0)) return true;
-  }
-}
-
-function pump() {
-  try {
-    while (!failed && queue.length > 0) {
-      const item = queue[0];
-      if (item.end) {
-        if (compress) {
-          if (!compressEnd()) return;
-        } else if (totalIn === 0) {
-          return fail("truncated", "the input is empty (no zstd frame)");
-        } else if (lastRet !== 0) {
-          return fail("truncated", "the input ends inside a zstd frame");
-        }
-        post();
-        queue.shift();
-        parentPort.postMessage({ t: "done" });
-        return;
-      }
-      if (!(compress ? compressItem(item) : decompressItem(item))) return;
-      queue.shift();
-      const ab = item.buf.buffer;
-      parentPort.postMessage({ t: "ack", ab }, [ab]);
-    }
-  } catch (e) {
-    fail("internal", "zstd failed: " + (e && e.message));
-  }
-}
-
-parentPort.on("message", (m) => {
-  if (failed) return;
-  if (m.t === "data") {
-    const buf = Buffer.from(m.ab, 0, m.len);
-    totalIn += buf.length;
-    queue.push({ buf, pos: 0 });
-  } else if (m.t === "end") {
-    queue.push({ end: true });
-  } else if (m.t === "credit") {
-    credit += m.n;
-    if (m.ab !== undefined) freeOut.push(m.ab);
-  }
-  pump();
-});
-`;
-
-let bindingPathCache: string | undefined;
-function bindingPath(): string {
-  bindingPathCache ??= createRequire(import.meta.url).resolve("zstd-napi/binding");
-  return bindingPathCache;
-}
-
-type WorkerMessage =
-  | { t: "out"; ab: ArrayBuffer; len: number }
-  | { t: "ack"; ab: ArrayBuffer }
-  | { t: "done" }
-  | { t: "err"; kind: "corrupt" | "truncated" | "too-big" | "internal"; msg: string };
-
 type Callback = (error?: Error | null) => void;
 
 /** A Duplex that feeds a zstd worker and pushes what it produces. */
@@ -262,25 +101,28 @@ class ZstdWorkerStream extends Duplex implements ZstdDuplex {
   #workerGone = false;
   #refed = true;
 
-  constructor(mode: "compress" | "decompress", data: Record<string, unknown>, maxOutputBytes: number | null) {
+  constructor(
+    mode: "compress" | "decompress",
+    data: Pick<ZstdWorkerData, "level" | "threads" | "checksum" | "maxOutputBytes">,
+    maxOutputBytes: number | null,
+  ) {
     super({ writableHighWaterMark: WRITABLE_HWM, decodeStrings: true });
     this.#mode = mode;
     this.#maxOutputBytes = maxOutputBytes;
-    this.#worker = new Worker(WORKER_SOURCE, {
-      eval: true,
+    this.#worker = new Worker(workerUrl("codecs/zstd.worker.js"), {
       execArgv: [],
       // The worker's JS only shuffles buffers: a small young generation keeps its heap (and peak RSS) small.
       resourceLimits: { maxYoungGenerationSizeMb: 4 },
       workerData: {
         ...data,
         mode,
-        bindingPath: bindingPath(),
+        bindingPath: zstdBindingPath(),
         outChunk: OUT_CHUNK,
         outCredit: OUT_CREDIT,
         jobSize: MT_JOB_SIZE,
-      },
+      } satisfies ZstdWorkerData,
     });
-    this.#worker.on("message", (m: WorkerMessage) => this.#onMessage(m));
+    this.#worker.on("message", (m: ZstdReply) => this.#onMessage(m));
     this.#worker.on("error", (e: Error) => {
       this.#workerGone = true;
       this.destroy(new MemsnapError("MEMSNAP_INTERNAL", `zstd worker failed: ${e.message}`, { cause: e }));
@@ -319,7 +161,7 @@ class ZstdWorkerStream extends Duplex implements ZstdDuplex {
     this.#worker.terminate().catch(() => undefined);
   }
 
-  #onMessage(m: WorkerMessage): void {
+  #onMessage(m: ZstdReply): void {
     if (this.destroyed) return;
     switch (m.t) {
       case "out": {
@@ -381,8 +223,8 @@ class ZstdWorkerStream extends Duplex implements ZstdDuplex {
 
   #returnCredit(n: number, ab?: ArrayBuffer): void {
     this.#unreturned -= n;
-    if (ab === undefined) this.#worker.postMessage({ t: "credit", n });
-    else this.#worker.postMessage({ t: "credit", n, ab }, [ab]);
+    if (ab === undefined) this.#worker.postMessage({ t: "credit", n } satisfies ZstdRequest);
+    else this.#worker.postMessage({ t: "credit", n, ab } satisfies ZstdRequest, [ab]);
   }
 
   /**
@@ -414,7 +256,7 @@ class ZstdWorkerStream extends Duplex implements ZstdDuplex {
         break;
       }
       this.#inFlight++;
-      this.#worker.postMessage({ t: "data", ab, len }, [ab]);
+      this.#worker.postMessage({ t: "data", ab, len } satisfies ZstdRequest, [ab]);
     }
     if (p.idx === p.chunks.length) {
       this.#pending = null;
@@ -436,7 +278,7 @@ class ZstdWorkerStream extends Duplex implements ZstdDuplex {
 
   override _final(cb: Callback): void {
     this.#finalCb = cb;
-    this.#worker.postMessage({ t: "end" });
+    this.#worker.postMessage({ t: "end" } satisfies ZstdRequest);
     this.#updateRef();
   }
 

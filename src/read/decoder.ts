@@ -1,7 +1,7 @@
 /**
- * The read side of the payload, in one worker thread: bundle file ─pread─▶ SHA-256 of the
- * stored bytes ─▶ [age STREAM open] ─▶ zstd -d (bounded) ─▶ tar bytes, pushed to the main
- * thread as a Readable; with `scan` (what readPayload uses), the tar's framing is parsed here
+ * The read side of the payload, in one worker thread (./decoder.worker.ts): bundle file
+ * ─pread─▶ SHA-256 of the stored bytes ─▶ [age STREAM open] ─▶ zstd -d (bounded) ─▶ tar bytes,
+ * pushed to the main thread as a Readable; with `scan` (what readPayload uses), the tar's framing is parsed here
  * too (./tar-scan.ts) and the main thread gets each batch of bytes with its entries' ranges.
  *
  * The main thread only writes each artifact (restore) and hashes the entries the worker left
@@ -26,15 +26,15 @@
 import { closeSync, constants, openSync } from "node:fs";
 import { Readable } from "node:stream";
 import { Worker } from "node:worker_threads";
-import { createRequire } from "node:module";
 import { MemsnapError } from "../errors.js";
 import { isBundleUrl, openBundle, type BundleFile } from "../format/bundle-file.js";
-import { AEAD_LOAD_SOURCE, aeadAddonPath } from "../codecs/aead.js";
+import { aeadAddonPath } from "../codecs/aead.js";
 import { directIoAddon } from "../util/directio.js";
 import { SlotPool } from "../util/slots.js";
-import { WORKER_MINOR_GC_JS } from "../util/gc.js";
+import { workerUrl } from "../util/worker-path.js";
 import { AGE_DAMAGED_HINT, AGE_SEALED_CHUNK } from "../codecs/age/stream-open.js";
-import { TarScanner } from "./tar-scan.js";
+import type { DecoderData, DecoderErrorKind, DecoderReply, DecoderRequest } from "./decoder.worker.js";
+import { zstdBindingPath } from "../codecs/zstd-binding.js";
 
 const READ_BLOCK = 1024 * 1024;
 const OUT_CHUNK = 1024 * 1024;
@@ -82,363 +82,7 @@ export interface StoredResult {
   directBytes: number;
 }
 
-const WORKER_SOURCE = String.raw`
-"use strict";
-const { parentPort, workerData: wd } = require("node:worker_threads");
-const crypto = require("node:crypto");
-const fs = require("node:fs");
-const b = require(wd.bindingPath);
-${AEAD_LOAD_SOURCE}
-const SEALED = wd.sealedChunk, TAG = 16;
-let failed = false, finished = false;
-// Output slots of the shared memory (see util/slots.ts) that the main thread has given back.
-const freeSlots = [];
-for (let i = 0; i < wd.slots; i++) freeSlots.push(i);
-
-function fail(kind, msg) {
-  failed = true;
-  // Scanning: what was decoded before the failure goes first (the reader meets its entries,
-  // then the error, in payload order).
-  if (scanner !== null) post();
-  parentPort.postMessage({ t: "err", kind, msg });
-}
-
-// -- tar framing and per-entry SHA-256 (wd.scan; see tar-scan.ts)
-// (an expression: a bundler may name the class itself differently, e.g. _TarScanner)
-const TarScanner = (${TarScanner.toString()});
-// An entry is hashed here when this thread found no free slot since the previous entry began
-// (the main thread is behind), by the main thread otherwise. Measured: deciding by how much
-// room is left instead had this thread hashing while the main thread was mostly idle,
-// waiting for its writes (batches queue up behind a write's latency, not its CPU).
-let starved = false;
-const scanner = wd.scan ? new TarScanner(() => crypto.createHash("sha256"), () => {
-  const here = starved;
-  starved = false;
-  return here;
-}) : null;
-
-// -- output (tar bytes), decompressed straight into a free slot; none free: wait for one
-let out = null, outSlot = -1;
-let outPos = 0;
-function post() {
-  if (outPos === 0) return;
-  if (scanner !== null) {
-    parentPort.postMessage({ t: "out", slot: outSlot, len: outPos, ops: scanner.ops });
-    scanner.ops = [];
-  } else parentPort.postMessage({ t: "out", slot: outSlot, len: outPos });
-  out = null;
-  outPos = 0;
-}
-
-// -- zstd
-const dctx = new b.DCtx();
-let lastRet = 0, totalIn = 0, totalOut = 0;
-const plain = []; // plaintext (zstd input) waiting: { buf, pos }
-function decompressSome() {
-  // Returns false when no slot is free; true when everything queued was consumed.
-  while (plain.length > 0) {
-    const item = plain[0];
-    for (;;) {
-      if (out === null) {
-        if (freeSlots.length === 0) { starved = true; return false; }
-        outSlot = freeSlots.shift();
-        out = Buffer.from(wd.memory, outSlot * wd.outChunk, wd.outChunk);
-      }
-      const end = Math.min(out.length, outPos + (wd.maxOut - totalOut) + 1);
-      const dst = out.subarray(outPos, end);
-      let r;
-      try {
-        r = dctx.decompressStream(dst, item.buf.subarray(item.pos));
-      } catch (e) {
-        fail("corrupt", String(e && e.message));
-        return false;
-      }
-      if (r[1] > 0 || r[2] > 0) lastRet = r[0];
-      outPos += r[1];
-      totalOut += r[1];
-      item.pos += r[2];
-      if (totalOut > wd.maxOut) { outPos -= r[1]; fail("too-big", ""); return false; }
-      if (scanner !== null && r[1] > 0) {
-        if (totalOut > wd.scan.tarSize) { outPos -= r[1]; fail("bomb", ""); return false; }
-        if (!scanner.scan(out, outPos - r[1], outPos)) { fail("tar", scanner.error); return false; }
-      }
-      if (outPos === out.length) post();
-      if (item.pos === item.buf.length && (r[1] < dst.length || r[0] === 0)) break;
-    }
-    plain.shift();
-    if (item.buf.pooled !== undefined) plainFree.push(item.buf.pooled);
-  }
-  return true;
-}
-function feedPlain(buf) {
-  if (buf.length === 0) return;
-  totalIn += buf.length;
-  plain.push({ buf, pos: 0 });
-}
-
-// collect(n): a minor GC every 4 MiB opened (see WORKER_MINOR_GC_JS).
-${WORKER_MINOR_GC_JS}
-// -- age STREAM open
-const key = wd.ageKey ? Buffer.from(wd.ageKey) : null;
-const sealedBuf = key ? Buffer.allocUnsafeSlow(SEALED) : null;
-let used = 0, counter = 0, sealedDone = false;
-const nonce = Buffer.alloc(12);
-// With native/aead, chunks open into recycled 64 KiB buffers (given back once zstd has
-// consumed them); node:crypto otherwise (a cipher object and a fresh buffer per chunk).
-const AEAD = key ? loadAead(wd.aeadAddon) : null;
-const plainFree = [];
-function tryOpen(sealed, last) {
-  if (AEAD !== null) {
-    const p = plainFree.pop() || Buffer.allocUnsafeSlow(SEALED - TAG);
-    const n = AEAD.open(key, counter, last, sealed, 0, sealed.length, p, 0);
-    if (n < 0) { plainFree.push(p); return null; }
-    const r = p.subarray(0, n);
-    r.pooled = p;
-    return r;
-  }
-  nonce.fill(0);
-  nonce.writeUIntBE(counter, 5, 6);
-  nonce[11] = last ? 1 : 0;
-  const d = crypto.createDecipheriv("chacha20-poly1305", key, nonce, { authTagLength: TAG });
-  d.setAuthTag(sealed.subarray(sealed.length - TAG));
-  const p = d.update(sealed.subarray(0, sealed.length - TAG));
-  try { d.final(); } catch { return null; }
-  return p;
-}
-function openChunk(sealed, last) {
-  const p = tryOpen(sealed, last);
-  if (p !== null) { counter++; feedPlain(p); if (AEAD === null) collect(p.length); return true; }
-  if (!last && tryOpen(sealed, true) !== null) return fail("decrypt", "trailing data after the final age chunk (chunk " + counter + ")"), false;
-  if (last && sealed.length === SEALED && tryOpen(sealed, false) !== null) {
-    return fail("decrypt", "the age payload is truncated: it ends after chunk " + counter + ", which is not marked final"), false;
-  }
-  fail("decrypt", "age payload chunk " + counter + " does not authenticate" + (last ? " (the file is truncated or damaged)" : ""));
-  return false;
-}
-function feedSealed(data) {
-  while (data.length > 0) {
-    if (used === SEALED) {
-      if (!openChunk(sealedBuf, false)) return false;
-      used = 0;
-    }
-    if (used === 0 && data.length > SEALED) {
-      if (!openChunk(data.subarray(0, SEALED), false)) return false;
-      data = data.subarray(SEALED);
-      continue;
-    }
-    const n = Math.min(SEALED - used, data.length);
-    data.copy(sealedBuf, used, 0, n);
-    used += n;
-    data = data.subarray(n);
-  }
-  return true;
-}
-function finishSealed() {
-  if (used < TAG) {
-    fail("decrypt", used === 0 && counter === 0
-      ? "the age file is truncated: it has no payload after the nonce"
-      : "the age file is truncated inside a chunk");
-    return false;
-  }
-  if (used === TAG && counter > 0) {
-    fail("decrypt", "the age payload ends with an empty final chunk, which is invalid");
-    return false;
-  }
-  return openChunk(sealedBuf.subarray(0, used), true);
-}
-
-// -- the file
-const hash = crypto.createHash("sha256");
-let fd;
-let at = 0; // bytes of the payload read
-const streamStart = key ? wd.ageOffset : 0;
-// An encrypted payload is read into one reused buffer: feedSealed consumes a block before the
-// next read (it copies a partial chunk into sealedBuf and decrypts whole ones into new buffers).
-// A fresh block per read cost its page faults: measured reading a 551 MB bundle from the page
-// cache, 100-190 ms against 40-50 ms. A plaintext block stays queued for zstd, so it is fresh.
-const readBuf = key ? Buffer.allocUnsafeSlow(wd.readBlock) : null;
-// An encrypted payload is read with O_DIRECT where native/directio gives aligned memory and the
-// file system takes it: a bundle is written with O_DIRECT, so it is not in the page cache, and a
-// buffered read of it cost ~0.4 CPU-s of kernel time per 550 MB (filling the page cache, then
-// copying out of it) against ~0.04 s. Reads are whole 4 KiB blocks at aligned offsets into two
-// aligned buffers; the payload's bytes are sliced out of them. The next block is read on the
-// thread pool while this one is opened and decompressed (a direct read waits for the device).
-// EINVAL (an alignment the device refuses) turns it off for the rest of the payload.
-// The descriptors (wd.fd, and wd.dfd opened with O_DIRECT or -1) belong to the main thread,
-// which closes them once this worker has exited, whatever the outcome (the thread pool finishes
-// a read in flight before the worker's teardown completes).
-const ALIGN = 4096;
-let direct = null; // { fd, bufs, k, job: read in flight or done, gen }
-if (key && wd.dfd >= 0 && wd.directAddon) {
-  try {
-    // MEMSNAP_DIRECT_IO=misaligned (tests): memory one byte off, which O_DIRECT refuses (EINVAL).
-    const off = process.env.MEMSNAP_DIRECT_IO === "misaligned" ? 1 : 0;
-    const alloc = () => Buffer.from(require(wd.directAddon).alignedBuffer(wd.readBlock + 2 * ALIGN + off, ALIGN), off, wd.readBlock + 2 * ALIGN);
-    direct = { fd: wd.dfd, bufs: [alloc(), alloc()], k: 0, job: null };
-  } catch {
-    direct = null;
-  }
-}
-let waiting = false; // pump() returned to wait for a read
-let directBytes = 0; // payload bytes read with O_DIRECT
-function stopDirect() {
-  direct = null;
-}
-/** Start reading payload bytes [from, from + n) into the next aligned buffer. */
-function startDirect(from) {
-  const d = direct;
-  const n = Math.min(wd.readBlock, wd.size - from);
-  const pos = wd.offset + from;
-  const lead = pos % ALIGN;
-  const want = lead + n;
-  const len = Math.ceil(want / ALIGN) * ALIGN;
-  const buf = d.bufs[d.k];
-  d.k ^= 1;
-  const job = { from, n, lead, want, buf, got: 0, done: false, err: null };
-  d.job = job;
-  const step = () => fs.read(d.fd, buf, job.got, len - job.got, pos - lead + job.got, (err, r) => {
-    if (!err && r > 0 && (job.got += r) < want) return step();
-    job.err = err;
-    job.done = true;
-    if (waiting && direct === d) { waiting = false; pump(); }
-  });
-  step();
-}
-/**
- * The next block through O_DIRECT: its bytes, WAIT while its read is in flight, or null when
- * O_DIRECT was refused (then off for good; the block is read through wd.fd).
- */
-const WAIT = 0;
-function nextDirect(n) {
-  const d = direct;
-  if (d.job === null) startDirect(at);
-  const job = d.job;
-  if (!job.done) return WAIT;
-  d.job = null;
-  if (job.err) {
-    if (job.err.code !== "EINVAL") throw job.err;
-    stopDirect();
-    return null;
-  }
-  if (at + n < wd.size) startDirect(at + n); // into the other buffer, while this one is used
-  const got = job.buf.subarray(job.lead, Math.max(job.lead, Math.min(job.want, job.got)));
-  directBytes += got.length;
-  return got;
-}
-/** Read the next block and feed it on: true to go on, false on failure, WAIT for a read. */
-function readBlock() {
-  if (wd.feed) return readFed();
-  const n = Math.min(wd.readBlock, wd.size - at);
-  let buf = direct ? nextDirect(n) : null;
-  if (buf === WAIT) return WAIT;
-  let got = buf ? buf.length : 0;
-  if (buf === null) {
-    buf = readBuf ? readBuf.subarray(0, n) : Buffer.allocUnsafe(n);
-    while (got < n) {
-      const r = fs.readSync(fd, buf, got, n - got, wd.offset + at + got);
-      if (r === 0) break;
-      got += r;
-    }
-  }
-  if (got < n) { fail("short", "the bundle ends inside the payload"); return false; }
-  return take(buf, n);
-}
-// -- a remote bundle (wd.feed): the main thread streams the payload's bytes and posts them
-// here, two blocks queued at most; "need" asks for the next.
-const inQ = [];
-let inEnd = false, asked = false;
-function ask() {
-  if (!asked && !inEnd && inQ.length < 2) { asked = true; parentPort.postMessage({ t: "need" }); }
-}
-function readFed() {
-  if (inQ.length === 0) {
-    if (inEnd) { fail("short", "the bundle ends inside the payload"); return false; }
-    ask();
-    return WAIT;
-  }
-  let buf = inQ.shift();
-  ask();
-  const n = Math.min(buf.length, wd.size - at);
-  if (buf.length > n) buf = buf.subarray(0, n);
-  return take(buf, n);
-}
-/** Hash a block of payload bytes read and feed it on. */
-function take(buf, n) {
-  hash.update(buf);
-  const from = at;
-  at += n;
-  if (wd.progress) parentPort.postMessage({ t: "stored", n: at }); // a message costs both threads ~0.1 ms
-  let data = buf;
-  if (from < streamStart) data = buf.subarray(Math.min(n, streamStart - from));
-  if (data.length === 0) return true;
-  if (key) return feedSealed(data);
-  feedPlain(data);
-  return true;
-}
-
-function pump() {
-  try {
-    while (!failed && !finished) {
-      if (!decompressSome()) return;
-      if (failed) return;
-      if (at < wd.size) {
-        const r = readBlock();
-        if (r === WAIT) { waiting = true; return; }
-        if (!r) return;
-        continue;
-      }
-      // Everything read: the last sealed chunk, then the end of the zstd stream.
-      if (key && !sealedDone) {
-        sealedDone = true;
-        if (!finishSealed()) return;
-        continue;
-      }
-      if (totalIn === 0) return fail("truncated", "the input is empty (no zstd frame)");
-      if (lastRet !== 0) return fail("truncated", "the input ends inside a zstd frame");
-      if (scanner !== null && !scanner.end()) return fail("tar", scanner.error);
-      post();
-      finished = true;
-      stopDirect();
-      parentPort.postMessage({ t: "done", sha256: hash.digest("hex"), size: at, directBytes });
-    }
-  } catch (e) {
-    fail("internal", String(e && e.message));
-  }
-}
-
-parentPort.on("message", (m) => {
-  if (failed) return;
-  if (m.t === "free") {
-    freeSlots.push(m.slot);
-    pump();
-  } else if (m.t === "in") {
-    asked = false;
-    if (m.end) inEnd = true;
-    else inQ.push(Buffer.from(m.buf));
-    ask();
-    if (waiting) { waiting = false; pump(); }
-  }
-});
-
-fd = wd.fd;
-if (!wd.feed && fd < 0) fail("open", wd.openError);
-else pump();
-`;
-
-let bindingPathCache: string | undefined;
-function bindingPath(): string {
-  bindingPathCache ??= createRequire(import.meta.url).resolve("zstd-napi/binding");
-  return bindingPathCache;
-}
-
-type Msg =
-  | { t: "out"; slot: number; len: number; ops?: (number | string)[] }
-  | { t: "stored"; n: number }
-  | { t: "need" }
-  | { t: "done"; sha256: string; size: number; directBytes: number }
-  | { t: "err"; kind: "decrypt" | "corrupt" | "truncated" | "too-big" | "bomb" | "tar" | "short" | "open" | "internal"; msg: string };
-
-function toError(kind: Extract<Msg, { t: "err" }>["kind"], msg: string, o: PayloadDecoderOptions): MemsnapError {
+function toError(kind: DecoderErrorKind, msg: string, o: PayloadDecoderOptions): MemsnapError {
   switch (kind) {
     case "decrypt":
       return new MemsnapError("MEMSNAP_DECRYPT_FAILED", msg, { hint: AGE_DAMAGED_HINT });
@@ -484,7 +128,7 @@ export class PayloadDecoder extends Readable {
     super(opts.scan ? { objectMode: true, highWaterMark: SCAN_SLOTS } : { highWaterMark: OUT_CREDIT });
     const slots = opts.scan ? SCAN_SLOTS : OUT_CREDIT / OUT_CHUNK + 1;
     this.#slots = new SlotPool(slots, OUT_CHUNK, (slot) => {
-      if (!this.#gone) this.#worker.postMessage({ t: "free", slot });
+      if (!this.#gone) this.#worker.postMessage({ t: "free", slot } satisfies DecoderRequest);
     });
     this.stored = new Promise((res, rej) => {
       this.#resolveStored = res;
@@ -512,19 +156,18 @@ export class PayloadDecoder extends Readable {
         dfd = -1; // no O_DIRECT on this file system: buffered reads
       }
     }
-    this.#worker = new Worker(WORKER_SOURCE, {
-      eval: true,
+    this.#worker = new Worker(workerUrl("read/decoder.worker.js"), {
       execArgv: [],
       resourceLimits: { maxYoungGenerationSizeMb: 4 },
       workerData: {
-        bindingPath: bindingPath(), path: opts.path, offset: opts.offset, size: opts.size,
+        bindingPath: zstdBindingPath(), path: opts.path, offset: opts.offset, size: opts.size,
         ageKey: opts.age ? Uint8Array.from(opts.age.key) : null, ageOffset: opts.age?.offset ?? 0,
         maxOut: opts.maxOutputBytes, sealedChunk: AGE_SEALED_CHUNK, readBlock: READ_BLOCK, outChunk: OUT_CHUNK, slots, memory: this.#slots.memory,
         aeadAddon: aeadAddonPath(), directAddon: direct, fd, dfd, openError, scan: opts.scan ?? null,
         progress: opts.onStored !== undefined, feed,
-      },
+      } satisfies DecoderData,
     });
-    this.#worker.on("message", (m: Msg) => this.#onMessage(m));
+    this.#worker.on("message", (m: DecoderReply) => this.#onMessage(m));
     this.#worker.on("error", (e: Error) => this.#fail(new MemsnapError("MEMSNAP_INTERNAL", `payload worker failed: ${e.message}`, { cause: e })));
     this.#worker.on("exit", (code: number) => {
       for (const d of [fd, dfd]) if (d >= 0) closeSync(d);
@@ -590,7 +233,7 @@ export class PayloadDecoder extends Readable {
     void this.#worker.terminate().catch(() => undefined);
   }
 
-  #onMessage(m: Msg): void {
+  #onMessage(m: DecoderReply): void {
     if (this.destroyed) return;
     switch (m.t) {
       case "out": {

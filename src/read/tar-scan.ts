@@ -1,9 +1,8 @@
 /**
  * The payload's tar framing, parsed where the bytes are decompressed (the decoder worker,
- * ./decoder.ts) so that each entry is hashed there too, and the main thread only writes.
+ * ./decoder.worker.ts) so that each entry is hashed there too, and the main thread only writes.
  *
- * The class is self-contained (no imports, no module-level helpers): the worker's source is
- * built from `TarScanner.toString()`. It reads what memsnap writes (ustar, with the name split
+ * It reads what memsnap writes (ustar, with the name split
  * into prefix/name, and a pax `path` record for other names) and what older memsnap versions
  * and tar-stream wrote (pax `path`/`size`, pax global headers, GNU long names); it follows
  * tar-stream's extract on the points a hostile bundle could use to make two parsers disagree:

@@ -20,7 +20,7 @@
  * second time, decoded ({@link decodeJsonEscapes}), with their matches mapped back onto the
  * escaped text; the escaped form is what is replaced.
  */
-import { ESCAPES_JS } from "./escapes-js.js";
+import { type Decoded, decode, decodeText, hidingEscapeAt as escapeAt } from "./escapes.js";
 import { candidate } from "./prefilter.js";
 
 /** Tokenizer state at a line start that continues a line cut mid-way: 0 outside a string, 1 inside, 2 inside right after a backslash. */
@@ -157,7 +157,7 @@ export function escapeView(text: string): string {
 // ------------------------------------------------------------------------------ escaped text
 
 /**
- * A JSON escape that can hide what a rule looks for (./escapes-js.ts, where the bytes version
+ * A JSON escape that can hide what a rule looks for (./escapes.ts, where the bytes version
  * is): `\/`, and a `\uXXXX` that stands for a letter, a digit, one of `_ - . : = / @ \ " '`
  * (`g\u0068p_…` is `ghp_…`) or a character JS counts as whitespace (a separator between a key
  * and its `=`). Other escapes (`\"`, `\n`, `\u00e9`, `\u001b`, Go's `\u003c`) stand for
@@ -173,26 +173,14 @@ export function hasHidingEscape(text: string): boolean {
   return text.includes("\\") && HIDING_ESCAPE.test(text);
 }
 
-export interface Decoded {
-  /** The text with every JSON escape replaced by the character it stands for. */
-  text: string;
-  /** at[i]: the offset in the escaped text of decoded character i; at[text.length]: the escaped text's length. */
-  at: Int32Array;
-}
-
-// eslint-disable-next-line @typescript-eslint/no-implied-eval -- the source is a constant of this package
-const ESCAPES = new Function(ESCAPES_JS)() as {
-  hidingEscapeAt(b: Uint8Array, from?: number, end?: number): number;
-  decode(text: string): Decoded | null;
-  decodeText(text: string): string;
-};
+export type { Decoded } from "./escapes.js";
 
 /**
  * The first offset in `b` at or after `from` (and before `end`) where a {@link HIDING_ESCAPE}
  * starts, or -1: the same test on bytes (UTF-8, or any ASCII-compatible encoding).
  */
 export function hidingEscapeAt(b: Uint8Array, from = 0, end = b.length): number {
-  return ESCAPES.hidingEscapeAt(b, from, end);
+  return escapeAt(b, from, end);
 }
 
 /**
@@ -201,12 +189,12 @@ export function hidingEscapeAt(b: Uint8Array, from = 0, end = b.length): number 
  * from. An escape that is not valid JSON stays as it is. Null when there is nothing to decode.
  */
 export function decodeJsonEscapes(text: string): Decoded | null {
-  return ESCAPES.decode(text);
+  return decode(text);
 }
 
 /** Is `text` a pre-filter candidate once its JSON escapes are decoded (and not already as it is)? */
 export function escapedCandidate(text: string): boolean {
-  return hasHidingEscape(text) && candidate(ESCAPES.decodeText(text));
+  return hasHidingEscape(text) && candidate(decodeText(text));
 }
 
 /**
@@ -221,7 +209,7 @@ export function escapedLines(text: string, end: number): Array<{ start: number; 
     const ls = text.lastIndexOf("\n", m.index) + 1;
     let le = text.indexOf("\n", m.index);
     if (le < 0 || le > end) le = end;
-    if (candidate(ESCAPES.decodeText(text.slice(ls, le)))) out.push({ start: ls, end: le });
+    if (candidate(decodeText(text.slice(ls, le)))) out.push({ start: ls, end: le });
     HIDING_ESCAPE_G.lastIndex = le + 1;
   }
   return out;

@@ -23,16 +23,18 @@
  * no regex here folds case beyond ASCII.
  */
 
-/** `[Pp][Aa]…`: ASCII case-insensitive without the `i` flag. */
-import { FINDERS_JS } from "./finders-js.js";
+import { buildFinders, type Finder, type FinderAlternatives } from "./finders.js";
 
+export type { Cursor, Finder } from "./finders.js";
+
+/** `[Pp][Aa]…`: ASCII case-insensitive without the `i` flag. */
 const ci = (w: string): string => w.replace(/[a-z]/g, (c) => `[${c.toUpperCase()}${c}]`);
 
 /** Key names that introduce a secret value (assignments, AWS secret key / account id). */
 const KEYS = ["passw(?:or)?d", "passphrase", "pwd", "secret", "token", "key", "credentials?", "account(?:_?id)?"].map(ci).join("|");
 
 /** The alternatives of the main scanner, each named by its trigger. */
-const ALT = {
+const ALT: FinderAlternatives = {
   // token prefixes ending in `_` (GitHub, Hugging Face, npm, Stripe, Shopify, Grafana, 1Password, Groq, Linear, Notion, Vercel, Docker, Figma)
   underscore: String.raw`_(?<=(?:gh[pousr]|github_pat|hf|npm|[sr]k_(?:live|test)|shp(?:pa|ca|at|ss)|glc|glsa|ops|gsk|lin_api|ntn|vc[pirak]|dckr_pat|figd)_)`,
   // PEM blocks, GitHub x-oauth-basic URLs, OpenAI / Anthropic keys, Slack and GitLab tokens
@@ -73,7 +75,7 @@ const SECRETLINT_SRC = [
 /**
  * The pre-filter's definition: global (stateful) regexes, main first; a match of any of them
  * is a candidate position. Callers reset lastIndex. The hot path uses {@link FINDERS}, which
- * find the same positions (the SQLite worker builds them too, from {@link FINDERS_JS}).
+ * find the same positions (the SQLite worker runs them too).
  */
 export const MAIN_RE = new RegExp(MAIN_SRC, "g");
 export const LIT_RES: readonly RegExp[] = LIT_SRCS.map((s) => new RegExp(s, "g"));
@@ -83,27 +85,12 @@ const SECRETLINT_TEST = new RegExp(SECRETLINT_SRC);
 // ------------------------------------------------------------------------------------------ finders
 
 /**
- * The first position at or after `from` where a scanner matches, or -1. A cursor belongs to
- * one text; positions asked for must not decrease (each anchor's next hit is kept).
+ * {@link SCANNERS}, in the same order, each finding exactly the positions its regex matches at
+ * (./finders.ts, which the SQLite worker runs too): one anchor per alternative found with
+ * `indexOf`, rejected by a character test or two, confirmed by the alternative's own regex run
+ * sticky at that position.
  */
-export type Cursor = (from: number) => number;
-
-/** A scanner as used on the hot path: {@link SCANNERS}' positions, found by anchors. */
-export interface Finder {
-  cursor(text: string): Cursor;
-}
-
-/** The main scanner's alternatives by name (regex sources), from which {@link FINDERS_JS} builds its finders. */
-export const MAIN_ALTERNATIVES: Readonly<Record<string, string>> = ALT;
-
-/**
- * {@link SCANNERS}, in the same order, each finding exactly the positions its regex matches at.
- * Built from JavaScript source shared with the SQLite worker (./finders-js.ts): one anchor per
- * alternative found with `indexOf`, rejected by a character test or two, confirmed by the
- * alternative's own regex run sticky at that position.
- */
-// eslint-disable-next-line @typescript-eslint/no-implied-eval -- the source is a constant of this package
-export const FINDERS: readonly Finder[] = new Function("ALT", FINDERS_JS)(ALT) as Finder[];
+export const FINDERS: readonly Finder[] = buildFinders(ALT);
 
 /** False means no rule (memsnap's or secretlint's) can match anywhere in `text`. */
 export function candidate(text: string): boolean {

@@ -80,26 +80,3 @@ export function collectNow(type: "minor" | "major"): void {
   if (type === "major") fn?.();
   else fn?.({ type });
 }
-
-/**
- * For the eval'd worker sources, which cannot import this module: defines `collect(n)`, which
- * runs a minor GC once `n` has added up to 4 MiB. Those workers seal or open age chunks, each a
- * fresh 64 KiB Buffer (node:crypto has no update-into); left to V8's own pacing they pile up as
- * external memory (measured: +38 MiB of peak RSS on a 1 GiB snapshot). A minor GC costs well
- * under a millisecond.
- */
-export const WORKER_MINOR_GC_JS = String.raw`
-let runGc = null;
-try {
-  require("node:v8").setFlagsFromString("--expose-gc");
-  runGc = require("node:vm").runInNewContext("gc");
-} catch { runGc = null; }
-let sinceGc = 0;
-function collect(n) {
-  sinceGc += n;
-  if (runGc !== null && sinceGc >= 4 * 1024 * 1024) {
-    sinceGc = 0;
-    runGc({ type: "minor" });
-  }
-}
-`;

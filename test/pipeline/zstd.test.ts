@@ -497,25 +497,27 @@ describe("errors and worker lifetime", () => {
   });
 
   it("a process with a destroyed, abandoned, stalled or finished stream exits on its own", async () => {
-    // Run the module in a fresh Node process (transpiled here), so "the process exits" is real.
+    // Run the module in a fresh Node process (transpiled here, with its worker, into a dist/ of
+    // its own: see src/util/worker-path.ts), so "the process exits" is real.
     const tsModule = await import("typescript");
     const ts = (tsModule as { default?: typeof tsModule }).default ?? tsModule;
     const root = join(dirname(fileURLToPath(import.meta.url)), "..", "..");
     const dir = await mkdtemp(join(tmpdir(), "memsnap-zstd-"));
     try {
-      await mkdir(join(dir, "codecs"), { recursive: true });
-      for (const f of ["errors.ts", "codecs/zstd.ts"]) {
+      await mkdir(join(dir, "dist", "codecs"), { recursive: true });
+      await mkdir(join(dir, "dist", "util"), { recursive: true });
+      for (const f of ["errors.ts", "util/worker-path.ts", "codecs/zstd-binding.ts", "codecs/zstd.ts", "codecs/zstd.worker.ts"]) {
         const src = await readFile(join(root, "src", f), "utf8");
         const js = ts.transpileModule(src, {
           compilerOptions: { module: ts.ModuleKind.ESNext, target: ts.ScriptTarget.ES2022 },
         }).outputText;
-        await writeFile(join(dir, f.replace(/\.ts$/, ".js")), js);
+        await writeFile(join(dir, "dist", f.replace(/\.ts$/, ".js")), js);
       }
       await writeFile(join(dir, "package.json"), '{"type":"module"}');
       await writeFile(
         join(dir, "child.js"),
         `
-import { createZstdCompressor, createZstdDecompressor } from "./codecs/zstd.js";
+import { createZstdCompressor, createZstdDecompressor } from "./dist/codecs/zstd.js";
 import { pipeline } from "node:stream/promises";
 import { Readable, Writable } from "node:stream";
 const big = Buffer.alloc(8 << 20, 7);

@@ -20,7 +20,7 @@ import { decodeJsonEscapes, hasHidingEscape, hidingEscapeAt, HIDING_ESCAPE } fro
 import { nativePrefilter } from "../../src/redact/native.js";
 import type { RedactionReport } from "../../src/redact/types.js";
 import { emptyScan, scanObject } from "../../src/sources/git/history-scan.js";
-import { SqliteWorker, type LiveBeginResult } from "../../src/sources/sqlite-worker.js";
+import { SqliteWorker, type LiveBeginResult } from "../../src/sources/sqlite/worker-host.js";
 import { readBundle } from "../helpers/cli.js";
 import { requireTool } from "../helpers/tools.js";
 import { redactBytes, redactor, removeTempDirs, tempDir } from "./helpers/redactor.js";

@@ -22,7 +22,7 @@ import { candidate as prefilterCandidate } from "../../src/redact/prefilter.js";
 import type { RedactionReport, Redactor } from "../../src/redact/types.js";
 import { sqliteSource } from "../../src/sources/sqlite/index.js";
 import type { SqliteDbMeta } from "../../src/sources/sqlite/meta.js";
-import { SqliteWorker, type LiveBeginResult, type LiveVerifyResult } from "../../src/sources/sqlite-worker.js";
+import { SqliteWorker, type LiveBeginResult, type LiveVerifyResult } from "../../src/sources/sqlite/worker-host.js";
 import type { Artifact } from "../../src/sources/types.js";
 import { readBundle, tempDir } from "../helpers/cli.js";
 import { registerSeededBlob } from "../helpers/seeded-blob.js";

@@ -14,7 +14,7 @@ import fc from "fast-check";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { candidate } from "../../src/redact/prefilter.js";
 import { nativePrefilter } from "../../src/redact/native.js";
-import { SqliteWorker, type LiveBeginResult } from "../../src/sources/sqlite-worker.js";
+import { SqliteWorker, type LiveBeginResult } from "../../src/sources/sqlite/worker-host.js";
 import { tempDir } from "../helpers/cli.js";
 import { registerSeededBlob } from "../helpers/seeded-blob.js";
 

@@ -8,7 +8,7 @@ import { join, resolve } from "node:path";
 import { MemsnapError } from "../../errors.js";
 import {
   SqliteWorker, type CheckResult, type CopyResult, type LiveBeginResult, type LiveVerifyResult,
-} from "../sqlite-worker.js";
+} from "./worker-host.js";
 import type { Artifact, CaptureContext, LayerCapture } from "../types.js";
 import { fileArtifact, fingerprintOf, sourceError, walkFiles, walkNotices, type FoundFile } from "../walk.js";
 import { SIDE_FILE, SQLITE_DEFAULT_INCLUDE, type SqliteConfig } from "./config.js";

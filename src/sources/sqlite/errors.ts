@@ -1,7 +1,7 @@
 /** SQLite failures as MemsnapErrors that name the database, and the sniff of a file's first bytes. */
 import { open, type FileHandle } from "node:fs/promises";
 import { MemsnapError } from "../../errors.js";
-import { SqliteJobError } from "../sqlite-worker.js";
+import { SqliteJobError } from "./worker-host.js";
 import { sourceError } from "../walk.js";
 
 const HEADER = Buffer.from("SQLite format 3\0", "latin1");

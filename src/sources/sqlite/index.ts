@@ -20,7 +20,7 @@ import { basename, join, resolve } from "node:path";
 import { Readable } from "node:stream";
 import { pipeline } from "node:stream/promises";
 import { isPlainObject } from "../../util/config-check.js";
-import { runSqliteJob, SqliteJobError, type CheckResult } from "../sqlite-worker.js";
+import { runSqliteJob, SqliteJobError, type CheckResult } from "./worker-host.js";
 import { pathTarget } from "../live-target.js";
 import type { SourceKind } from "../types.js";
 import { captureLayer } from "./capture.js";

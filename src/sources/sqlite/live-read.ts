@@ -6,7 +6,7 @@
 import { stat, type FileHandle } from "node:fs/promises";
 import { MemsnapError } from "../../errors.js";
 import { reusedChunks } from "../../util/reused-chunks.js";
-import type { LiveBeginResult, LiveVerifyResult, SqliteWorker } from "../sqlite-worker.js";
+import type { LiveBeginResult, LiveVerifyResult, SqliteWorker } from "./worker-host.js";
 import type { Artifact, OpenOptions } from "../types.js";
 import { fingerprintOf, sourceChanged, sourceError, type FoundFile } from "../walk.js";
 import type { SqliteDbMeta } from "./meta.js";

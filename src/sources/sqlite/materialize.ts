@@ -3,7 +3,7 @@ import { rm } from "node:fs/promises";
 import { MemsnapError } from "../../errors.js";
 import type { LayerEntry } from "../../format/manifest.js";
 import { isPlainObject } from "../../util/config-check.js";
-import { SqliteJobError, SqliteWorker } from "../sqlite-worker.js";
+import { SqliteJobError, SqliteWorker } from "./worker-host.js";
 import { walkFiles } from "../walk.js";
 import { SIDE_FILE } from "./config.js";
 

@@ -1,5 +1,5 @@
 /** The layer meta of a sqlite layer: the facts recorded per database, and the redaction's counts. */
-import type { LiveScanStats, SourcePragmas } from "../sqlite-worker.js";
+import type { LiveScanStats, SourcePragmas } from "./worker-host.js";
 
 /** Per-database facts in the layer meta (`meta.databases[<artifact path>]`). */
 export interface SqliteDbMeta extends SourcePragmas {

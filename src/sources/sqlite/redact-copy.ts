@@ -8,7 +8,7 @@ import { isUtf8 } from "node:buffer";
 import { createRequire } from "node:module";
 import { MemsnapError } from "../../errors.js";
 import type { Redactor } from "../../redact/types.js";
-import { betterSqlitePath } from "../sqlite-worker.js";
+import { betterSqlitePath } from "./worker-host.js";
 import { sqliteSourceError } from "./errors.js";
 import type { SqliteRedactionStats } from "./meta.js";
 

@@ -1,0 +1,150 @@
+/**
+ * The live read's jobs in the SQLite worker: `live_begin` (a read transaction, and whether the
+ * database file itself can be captured: see the module comment of ../sqlite-worker.ts) and
+ * `live_verify` (the checks inside the held transaction).
+ */
+import { fstatSync, statSync } from "node:fs";
+import { scanCells, scanTargets } from "./worker-cells.js";
+import { closeHandle, handles, released } from "./worker-handles.js";
+import type { CellState } from "./worker-pages.js";
+import { load, ordinaryTables, qi } from "./worker-sql.js";
+import { scanStale } from "./worker-stale.js";
+import type {
+  LiveBeginJob, LiveBeginResult, LiveScanStats, LiveVerifyResult, SourcePragmas, SqliteJob,
+} from "./worker-types.js";
+
+function walBytes(src: string): number {
+  try {
+    return statSync(src + "-wal").size;
+  } catch (e) {
+    if (e && (e as NodeJS.ErrnoException).code === "ENOENT") return 0;
+    throw e;
+  }
+}
+
+/** Start (or look ahead on) a live read; see the module comment of ../sqlite-worker.ts. */
+export async function liveBegin(job: LiveBeginJob): Promise<LiveBeginResult> {
+  const D = load();
+  const t0 = performance.now();
+  let h = handles.get(job.handle);
+  if (!h) {
+    h = { id: job.handle, db: null, fd: job.fd, released: false, cache: null };
+    handles.set(job.handle, h);
+    try {
+      h.db = new D(job.src, { readonly: true, fileMustExist: true, timeout: job.busyTimeoutMs });
+      h.db.pragma("cache_size = -4096"); // every page is read about once: a small cache will do
+    } catch (e) {
+      closeHandle(h);
+      throw e;
+    }
+  }
+  const db = h.db!;
+  h.busy = true;
+  try {
+    db.exec("BEGIN");
+    db.prepare("SELECT count(*) FROM sqlite_schema").pluck().get(); // the read transaction starts here
+    const pragmas: SourcePragmas = {
+      journal_mode: String(db.pragma("journal_mode", { simple: true })).toLowerCase(),
+      page_size: db.pragma("page_size", { simple: true }) as number,
+      user_version: db.pragma("user_version", { simple: true }) as number,
+      schema_version: db.pragma("schema_version", { simple: true }) as number,
+      application_id: db.pragma("application_id", { simple: true }) as number,
+      encoding: db.pragma("encoding", { simple: true }) as string,
+    };
+    const dataVersion = db.pragma("data_version", { simple: true }) as number;
+    const pageCount = db.pragma("page_count", { simple: true }) as number;
+    const wal = pragmas.journal_mode === "wal" ? walBytes(job.src) : 0;
+    const stat = fstatSync(h.fd);
+    const virtualTables = db.prepare<[], { name: string; sql: string | null }>(
+      "SELECT name, sql FROM sqlite_schema WHERE type = 'table' AND sql LIKE 'CREATE VIRTUAL%'",
+    ).all().map((r) => ({ name: r.name, sql: r.sql || "" }));
+    const out: LiveBeginResult = {
+      eligible: false, pragmas, size: stat.size, mtimeMs: stat.mtimeMs, walBytes: wal, virtualTables, ms: 0,
+    };
+    let reason: string | null = null;
+    if (pragmas.journal_mode === "wal") {
+      if (wal > 0) reason = "wal_frames";
+    } else if (!["delete", "truncate", "persist"].includes(pragmas.journal_mode)) {
+      reason = "journal_mode=" + pragmas.journal_mode;
+    }
+    if (!reason && stat.size < pageCount * pragmas.page_size) reason = "size";
+    // The stale-byte scan reads a latin1 view of the bytes: only UTF-8 text shows there as text.
+    if (!reason && job.redact && pragmas.encoding !== "UTF-8") reason = "encoding=" + pragmas.encoding;
+    if (!reason && job.redact) {
+      const c = h.cache;
+      if (c && c.dataVersion === dataVersion && c.size === stat.size && c.mtimeMs === stat.mtimeMs) {
+        out.scan = c.scan;
+        out.reused = true;
+        reason = c.reason;
+      } else {
+        const st: LiveScanStats = {
+          tables: 0, cells_scanned: 0, text_bytes: 0, candidates: 0, stale_bytes: 0, free_pages: 0, ms: 0,
+        };
+        const s0 = performance.now();
+        try {
+          // One pass over the pages: the stale bytes and (the fast path) every cell's TEXT.
+          // "scan" once the walk starts (an empty file or a refused freelist never does)
+          const cells: { state: CellState } = { state: "unparsed" };
+          const stale = await scanStale(h, st, stat.size, pageCount, cells);
+          st.cells_via = "pages";
+          if (cells.state !== "scan") {
+            // a hit, or pages this parser cannot read (or a freelist it refused): SQL decides
+            st.cells_via = "sql";
+            st.cells_scanned = 0;
+            st.text_bytes = 0;
+            st.candidates = 0;
+            const c0 = performance.now();
+            await scanCells(h, st);
+            st.cells_ms = Math.round(performance.now() - c0);
+          }
+          st.tables = scanTargets(db).length;
+          if (st.candidates) reason = "redaction_candidate";
+          else reason = stale;
+        } catch (e) {
+          const x = e as { code?: unknown; message?: unknown } | null;
+          const code = x && typeof x.code === "string" ? x.code : "";
+          if (code.startsWith("SQLITE_") || code === "MEMSNAP_RELEASED") throw e;
+          // a value the scan cannot read as a string: copy instead
+          reason = "scan_failed: " + String((x && x.message) || e);
+        }
+        st.ms = Math.round(performance.now() - s0);
+        out.scan = st;
+        h.cache = { dataVersion, size: stat.size, mtimeMs: stat.mtimeMs, scan: st, reason };
+      }
+    }
+    if (h.released) throw released();
+    out.eligible = !reason;
+    if (reason) out.reason = reason;
+    out.ms = Math.round(performance.now() - t0);
+    if (job.hold && out.eligible) {
+      h.holding = true;
+      return out;
+    }
+    db.exec("COMMIT"); // a look-ahead (or a no): end the transaction now
+    if (job.hold) closeHandle(h);
+    return out;
+  } catch (e) {
+    h.busy = false;
+    closeHandle(h);
+    throw e;
+  } finally {
+    h.busy = false;
+  }
+}
+
+/** Run `PRAGMA quick_check` and the row counts inside the held transaction. */
+export function liveVerify(job: Extract<SqliteJob, { op: "live_verify" }>): LiveVerifyResult {
+  const h = handles.get(job.handle);
+  if (!h || !h.holding) throw new Error("no live read transaction " + job.handle);
+  const db = h.db!;
+  const t0 = performance.now();
+  const problems = db.prepare<[], unknown>("PRAGMA quick_check(" + Number(job.limit) + ")").pluck().all().map(String);
+  const t1 = performance.now();
+  const tables: Record<string, number> = {};
+  if (problems.length === 1 && problems[0] === "ok") {
+    for (const t of ordinaryTables(db)) {
+      tables[t] = db.prepare<[], number>("SELECT count(*) FROM " + qi(t)).pluck().get()!;
+    }
+  }
+  return { problems, tables, quickCheckMs: Math.round(t1 - t0), countMs: Math.round(performance.now() - t1) };
+}

@@ -1,0 +1,144 @@
+/**
+ * What the SQLite worker (./jobs.worker.ts) is asked (jobs) and answers, shared by the worker's
+ * modules and its host (../sqlite-worker.ts).
+ */
+
+/** What the host gives the worker. */
+export interface SqliteWorkerData {
+  /** better-sqlite3's resolved entry (the worker loads the same copy as the main thread). */
+  bsqlPath: string;
+  /** The native pre-filter's path (src/redact/native.ts), or null: the JS finders alone. */
+  prefilterPath: string | null;
+  /** `js` keeps the live read's page walk in JS even where the native one is built. */
+  walk: "native" | "js";
+}
+
+/** A job and its number, host → worker. */
+export interface SqliteRequest {
+  id: number;
+  job: SqliteJob;
+}
+
+/** The answer to job `id`: its result, or the SQLite (or Node) error code and message. */
+export type SqliteReply =
+  | { id: number; ok: true; result: unknown }
+  | { id: number; ok: false; code?: string; message: string };
+
+/** Source pragmas read in one read transaction before the copy. */
+export interface SourcePragmas {
+  journal_mode: string;
+  page_size: number;
+  user_version: number;
+  schema_version: number;
+  application_id: number;
+  encoding: string;
+}
+
+/** What the `copy` job returns. */
+export interface CopyResult {
+  pragmas: SourcePragmas;
+  /** `vacuum_into`, or `backup` (one-step online backup) when VACUUM INTO failed with a plain SQL error. */
+  method: "vacuum_into" | "backup";
+  /** Wall time of the copy alone, in milliseconds. */
+  ms: number;
+}
+
+/** What the `check` job returns. */
+export interface CheckResult {
+  /** The pragma's rows: `["ok"]` when the database is sound. */
+  problems: string[];
+  /** Row count of every ordinary table (not `sqlite_%`, shadow or virtual tables), when asked. */
+  tables?: Record<string, number>;
+}
+
+/** What the live read's redaction scan found (counts, never content). */
+export interface LiveScanStats {
+  /**
+   * Tables whose TEXT and BLOB cells were scanned (every real table but sqlite_schema: ordinary,
+   * shadow and sqlite_stat*).
+   */
+  tables: number;
+  cells_scanned: number;
+  /** Bytes of TEXT (UTF-8) and BLOB cells scanned. */
+  text_bytes: number;
+  /** Cells (or, when the scan stops, chunks of cells) the pre-filter flagged; the scan stops at the first. */
+  candidates: number;
+  /**
+   * Bytes of stale space (free pages, unallocated and freed space, overflow tails) that are not
+   * all zero and were scanned.
+   */
+  stale_bytes: number;
+  /** Pages whose whole content is stale (free pages, pages past the database's end). */
+  free_pages: number;
+  /** Wall time of the scan, milliseconds, and of its TEXT-cell part. */
+  ms: number;
+  cells_ms?: number;
+  /**
+   * How the TEXT cells were scanned: `pages` (parsed from the pages in the stale-byte walk), or
+   * `sql` (group_concat per table: when the page walk found a candidate or could not read a page).
+   */
+  cells_via?: "pages" | "sql";
+  /** Which page walk ran: `native` (native/prefilter/sqlite_walk.c) or `js` (the same walk in the worker's JS). */
+  walk?: "native" | "js";
+  /** Where the first hit is (`table`, or `stale page N`), never the text. */
+  found?: string;
+  /** Set by the source when the result came from a look-ahead and still held (same `data_version`, size and mtime). */
+  reused?: boolean;
+}
+
+/** What `live_begin` returns. */
+export interface LiveBeginResult {
+  /** True when the database file itself may be captured (with `hold`: the read transaction is held). */
+  eligible: boolean;
+  /**
+   * Why not: `journal_mode=<mode>`, `wal_frames`, `redaction_candidate`, `stale_candidate`,
+   * `stale_token`, `freelist`, `size`, `encoding=<enc>` (with redaction), `scan_failed: …`.
+   */
+  reason?: string;
+  pragmas: SourcePragmas;
+  /** The file's size, read through `fd` inside the read transaction. */
+  size: number;
+  mtimeMs: number;
+  /** `-wal` size in bytes (0 when absent). */
+  walBytes: number;
+  /** With `redact`: the scan, fresh or reused from a look-ahead (`reused`). */
+  scan?: LiveScanStats;
+  reused?: boolean;
+  /** Virtual tables (name and declaration), for the redaction meta. */
+  virtualTables: Array<{ name: string; sql: string }>;
+  /** Wall time of the job, milliseconds. */
+  ms: number;
+}
+
+/** What `live_verify` returns. */
+export interface LiveVerifyResult {
+  problems: string[];
+  tables: Record<string, number>;
+  quickCheckMs: number;
+  countMs: number;
+}
+
+/** Start (or look ahead on) a live read; see the module comment. */
+export interface LiveBeginJob {
+  op: "live_begin";
+  handle: number;
+  src: string;
+  /**
+   * An open read-only descriptor of `src`, owned by the caller, who closes it only after
+   * `live_release` of this handle has settled (or the worker has exited).
+   */
+  fd: number;
+  busyTimeoutMs: number;
+  redact: boolean;
+  hold: boolean;
+}
+
+export type SqliteJob =
+  | { op: "copy"; src: string; dest: string; busyTimeoutMs: number; method?: "vacuum_into" | "backup" }
+  | { op: "check"; path: string; pragma: "quick_check" | "integrity_check"; limit: number; counts?: boolean }
+  | { op: "vacuum"; path: string }
+  | { op: "materialize"; path: string; journalMode: string | null }
+  | LiveBeginJob
+  | { op: "live_verify"; handle: number; limit: number }
+  | { op: "live_release"; handle: number }
+  | { op: "probe_candidate"; texts: string[] };
