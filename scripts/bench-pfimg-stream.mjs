@@ -94,7 +94,9 @@ async function main() {
   try {
     // 45 pages × K/V of 64 KiB, 4 forks: 142 blobs (the issue's store had 142).
     const sized = path.join(work, "sized", "store");
-    const g = generatePfimgStore({ root: sized, pages: 45, forks: 4, zeroPages: 0, nLayers: 4, nHeads: 8, headDim: 64 });
+    const g = generatePfimgStore({
+      root: sized, pages: 45, forks: 4, zeroPages: 0, nLayers: 4, nHeads: 8, headDim: 64,
+    });
     const streamed = path.join(work, "streamed", "store");
     fs.cpSync(sized, streamed, { recursive: true, preserveTimestamps: true });
     let noSize = 0;
@@ -136,21 +138,27 @@ async function main() {
     }
     const facts = cpuFacts();
     const rows = [];
-    const result = { blobs: g.blobs, blob_bytes: g.blobBytes, runs: o.runs, ...facts, framer: haveCli ? "zstd -3 (pipe)" : "zstd-napi streamed", steps: {} };
+    const result = {
+      blobs: g.blobs, blob_bytes: g.blobBytes, runs: o.runs, ...facts,
+      framer: haveCli ? "zstd -3 (pipe)" : "zstd-napi streamed", steps: {},
+    };
     for (const step of ["snapshot", "restore", "verify --deep"]) {
       const m = (k, f) => median(times[k][step].map((r) => r[f]));
       const a = { wall: m("sized", "seconds"), cpu: m("sized", "cpuSeconds") };
       const b = { wall: m("streamed", "seconds"), cpu: m("streamed", "cpuSeconds") };
       result.steps[step] = { sized: a, streamed: b };
       const ratio = (x, y) => (x && y ? `${(y / x).toFixed(2)}×` : "—");
-      rows.push([step, fmtS(a.wall), fmtS(b.wall), ratio(a.wall, b.wall), fmtS(a.cpu), fmtS(b.cpu), ratio(a.cpu, b.cpu)]);
+      rows.push([
+        step, fmtS(a.wall), fmtS(b.wall), ratio(a.wall, b.wall), fmtS(a.cpu), fmtS(b.cpu), ratio(a.cpu, b.cpu),
+      ]);
     }
     if (o.json) {
       process.stdout.write(`${JSON.stringify(result, null, 2)}\n`);
     } else {
       process.stdout.write(`${g.blobs} ProcessFork blobs (${(g.blobBytes / 2 ** 20).toFixed(1)} MiB stored), ` +
         `median of ${o.runs} run(s); streamed frames by ${result.framer}\n`);
-      process.stdout.write(`CPU: ${facts.cpu} (${facts.nproc} cores), SHA extensions: ${facts.shaExtensions ? "yes" : "no"}\n\n`);
+      const sha = facts.shaExtensions ? "yes" : "no";
+      process.stdout.write(`CPU: ${facts.cpu} (${facts.nproc} cores), SHA extensions: ${sha}\n\n`);
       process.stdout.write(`${textTable(
         ["step", "wall, size declared", "wall, streamed", "ratio", "CPU s, size declared", "CPU s, streamed", "ratio"],
         rows, [false, true, true, true, true, true, true])}\n`);

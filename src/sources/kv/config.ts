@@ -1,5 +1,7 @@
 /** The kv source's config: the dump's path, its input format, its shape and the shuffle. */
-import { configInvalid, isPlainObject, optInt, optString, rejectUnknownKeys, reqString } from "../../util/config-check.js";
+import {
+  configInvalid, isPlainObject, optInt, optString, rejectUnknownKeys, reqString,
+} from "../../util/config-check.js";
 import { dtypeBytes } from "../pfimg/format.js";
 import { KV_MAX_PAGE_BYTES, KV_MIN_PAGE_BYTES } from "./format.js";
 
