@@ -3,7 +3,9 @@
  * commented memsnap.json. Nothing is captured here. Detection is conservative, by layout and
  * magic, never by guessing at content:
  * - a git memdir is a directory with `.git`;
- * - a KV dump (memsnap format) is a directory with `kv-manifest.json`;
+ * - a KV dump (memsnap format) is a directory with `kv-manifest.json`; a paged KV dump of another
+ *   engine, a directory with a `manifest.json` giving `page_bytes` and binary files beside it that
+ *   are each a whole number of such pages (`layer_NN.kvpages`), is a kv source of format `paged`;
  * - a ProcessFork store is a directory with `images/` and `blobs/sha256/`;
  * - a CRIU dump is a directory with `inventory.img`;
  * - a SQLite database is a `*.db`/`*.sqlite`/`*.sqlite3` file that starts with the SQLite magic;
@@ -17,8 +19,8 @@
  * Then every byte under the home is accounted for (one more walk, lstat only): a directory
  * below the home whose files no source takes come to LARGE_BYTES (1 MiB) or more becomes a
  * `files` source (the topmost such directory, less the sources under it; a state source in it
- * gives way, so a KV dump of `layer_NN.kvpages` files and a `manifest.json` is not taken as
- * JSON state), as does each such file of 1 MiB or more at the home's top; the rest is
+ * gives way, so a dump of binary files and a `manifest.json` that is not a paged KV dump is not
+ * taken as JSON state), as does each such file of 1 MiB or more at the home's top; the rest is
  * `left_out`, per directory and reason, with its size, and `coverage` says how many bytes the
  * config captures of how many (memsnap's own `.memsnap` and `memsnap.json` are not counted).
  */
@@ -26,6 +28,7 @@ import { lstat, open, readdir, stat } from "node:fs/promises";
 import { basename, isAbsolute, join, relative, resolve } from "node:path";
 import { MemsnapError } from "./errors.js";
 import { ID_PATTERN } from "./format/manifest.js";
+import { pagedDumpAt } from "./sources/kv/detect.js";
 import { selector } from "./sources/walk.js";
 
 const SQLITE_MAGIC = Buffer.from("SQLite format 3\0", "latin1");
@@ -175,6 +178,12 @@ async function specialDir(dir: string, names: Set<string>): Promise<Pick<Detecte
   }
   if (names.has("images") && names.has("blobs") && (await stat(join(dir, "blobs", "sha256")).then((s) => s.isDirectory(), () => false))) {
     return { kind: "pfimg", note: "ProcessFork image store: every image's manifest and blobs" };
+  }
+  if (names.has("manifest.json")) {
+    const pageBytes = await pagedDumpAt(dir);
+    if (pageBytes !== null) {
+      return { kind: "kv", extra: { format: "paged" }, note: `paged KV dump (manifest.json: ${fmtMiB(pageBytes)} pages): each distinct page stored once, zero pages as flags` };
+    }
   }
   return null;
 }

@@ -10,7 +10,7 @@ import { describe, expect, it } from "vitest";
 import { expectOk, jsonOut, listTree, runCliSync, sha256, tempDir } from "../helpers/cli.js";
 import { git, writeFiles } from "../helpers/git.js";
 
-type Found = { kind: string; name: string; path: string; include?: string[]; exclude?: string[] };
+type Found = { kind: string; name: string; path: string; include?: string[]; exclude?: string[]; extra?: Record<string, string> };
 type LeftOut = { path: string; bytes: number; files: number; reason: string };
 type InitJson = { sources: Found[]; left_out: LeftOut[]; coverage: { captured_bytes: number; total_bytes: number } };
 
@@ -28,7 +28,7 @@ function treeBytes(dir: string): number {
 }
 
 describe("memsnap init: every byte under the home", () => {
-  it("a KV dump of .kvpages files and a manifest.json is captured whole, not as JSON state; the config covers every byte", () => {
+  it("a KV dump of .kvpages files and a manifest.json is captured whole, as a paged KV dump, not as JSON state; the config covers every byte", () => {
     const top = tempDir("memsnap-init-cov-");
     const home = join(top, "agent");
     writeFiles(join(home, "memory"), { "MEMORY.md": "# memory\n", "people/ada.md": "ada\n" });
@@ -51,7 +51,8 @@ describe("memsnap init: every byte under the home", () => {
     expectOk(j);
     const d = jsonOut(j) as InitJson;
     const kvSources = d.sources.filter((s) => s.path === "kv" || s.path.startsWith("kv/"));
-    expect(kvSources).toEqual([expect.objectContaining({ kind: "files", path: "kv" })]); // not a state source of manifest.json alone
+    // not a state source of manifest.json alone: a paged KV dump (its manifest gives page_bytes, the files are whole pages)
+    expect(kvSources).toEqual([expect.objectContaining({ kind: "kv", path: "kv", extra: { format: "paged" } })]);
     expect(kvSources[0]!.include).toBeUndefined();
     expect(d.sources.find((s) => s.path === "state")).toMatchObject({ kind: "state", include: ["/cursor.json"] });
     expect(d.left_out).toEqual([]);

@@ -21,6 +21,7 @@ import type { KvIndexFile } from "./index-format.js";
 import { KvIndexWriter } from "./index-writer.js";
 import { planLmcache } from "./plan-lmcache.js";
 import { planMemsnap } from "./plan-memsnap.js";
+import { planPaged } from "./plan-paged.js";
 import { planPfimgPaged } from "./plan-pfimg.js";
 import { digestMismatch, sizeWord, type DataFile, type KvPlan, type VerbatimFile } from "./plan.js";
 import { decideShuffle, type ShuffleDecision } from "./shuffle.js";
@@ -197,7 +198,8 @@ export async function captureKv(cfg: KvConfig, ctx: CaptureContext): Promise<Lay
   }
   const plan = format === "memsnap" ? await planMemsnap(target, cfg)
     : format === "pfimg-paged" ? await planPfimgPaged(target, cfg)
-      : await planLmcache(target, cfg);
+      : format === "paged" ? await planPaged(target, cfg)
+        : await planLmcache(target, cfg);
   const shuffle = await decideShuffle(plan, cfg.shuffle ?? "auto");
   const contents = new KvIndexWriter(ctx.tmpDir, randomBytes(6).toString("hex"));
   const files: KvIndexFile[] = [];

@@ -1,6 +1,9 @@
 /** The kv source's config: the dump's path, its input format, its shape and the shuffle. */
-import { configInvalid, isPlainObject, optString, rejectUnknownKeys, reqString } from "../../util/config-check.js";
+import {
+  configInvalid, isPlainObject, optInt, optString, rejectUnknownKeys, reqString,
+} from "../../util/config-check.js";
 import { dtypeBytes } from "../pfimg/format.js";
+import { KV_MAX_PAGE_BYTES, KV_MIN_PAGE_BYTES } from "./format.js";
 
 export interface KvShape {
   n_layers: number;
@@ -15,13 +18,16 @@ export interface KvConfig {
   kind: "kv";
   name: string;
   path: string;
-  format?: "memsnap" | "pfimg-paged" | "lmcache";
+  format?: "memsnap" | "pfimg-paged" | "lmcache" | "paged";
+  /** `paged`: the size of every page (else the dump's manifest.json gives it). */
+  page_bytes?: number;
   shape?: KvShape;
   shuffle?: "auto" | "on" | "off";
 }
 
 export type Format = NonNullable<KvConfig["format"]>;
 
+const FORMATS = ["memsnap", "pfimg-paged", "lmcache", "paged"];
 const SHAPE_KEYS = ["n_layers", "n_kv_heads", "head_dim", "dtype", "block_size", "tokens_per_chunk"];
 
 function parseShape(raw: unknown, where: string): KvShape {
@@ -49,10 +55,15 @@ function parseShape(raw: unknown, where: string): KvShape {
 }
 
 export function parseKvConfig(raw: Record<string, unknown>, where: string): KvConfig {
-  rejectUnknownKeys(raw, ["kind", "name", "path", "format", "shape", "shuffle"], where);
+  rejectUnknownKeys(raw, ["kind", "name", "path", "format", "page_bytes", "shape", "shuffle"], where);
   const format = optString(raw, "format", where);
-  if (format !== undefined && !["memsnap", "pfimg-paged", "lmcache"].includes(format)) {
-    throw configInvalid(where, `"format" must be "memsnap", "pfimg-paged" or "lmcache", got ${JSON.stringify(format)}`);
+  if (format !== undefined && !FORMATS.includes(format)) {
+    throw configInvalid(where,
+      `"format" must be "memsnap", "pfimg-paged", "lmcache" or "paged", got ${JSON.stringify(format)}`);
+  }
+  const pageBytes = optInt(raw, "page_bytes", where, KV_MIN_PAGE_BYTES, KV_MAX_PAGE_BYTES);
+  if (pageBytes !== undefined && format !== undefined && format !== "paged") {
+    throw configInvalid(where, `"page_bytes" is for "format": "paged" (the ${format} format gives its own page size)`);
   }
   const shuffle = optString(raw, "shuffle", where);
   if (shuffle !== undefined && !["auto", "on", "off"].includes(shuffle)) {
@@ -68,6 +79,7 @@ export function parseKvConfig(raw: Record<string, unknown>, where: string): KvCo
     name: reqString(raw, "name", where),
     path: reqString(raw, "path", where),
     ...(format !== undefined ? { format: format as Format } : {}),
+    ...(pageBytes !== undefined ? { page_bytes: pageBytes } : {}),
     ...(shape ? { shape } : {}),
     ...(shuffle !== undefined ? { shuffle: shuffle as "auto" | "on" | "off" } : {}),
   };

@@ -11,6 +11,11 @@ export const KV_DUMP_FORMAT = "memsnap-kv-dump";
 export const KV_INDEX_FORMAT = "memsnap-kv-index";
 /** Pages larger than this are refused (a page is held in memory while it is hashed). */
 export const KV_MAX_PAGE_BYTES = 64 * 1024 * 1024;
+/**
+ * A generic paged dump's pages are at least this big: the index spends ~30 bytes on each page, and tiny pages of a
+ * big file would make it larger than the pages' savings.
+ */
+export const KV_MIN_PAGE_BYTES = 512;
 /** kv-manifest.json larger than this is refused. */
 export const KV_MANIFEST_MAX_BYTES = 512 * 1024 * 1024;
 

@@ -33,7 +33,7 @@ export interface KvIndexFile {
 export interface KvIndex {
   format: typeof KV_INDEX_FORMAT;
   version: 1;
-  source_format: "memsnap" | "pfimg-paged" | "lmcache";
+  source_format: "memsnap" | "pfimg-paged" | "lmcache" | "paged";
   dtype: string;
   page_bytes: number;
   shuffle: { applied: boolean; elem_bytes: number };

@@ -6,7 +6,9 @@
  * - `pfimg-paged`: a ProcessFork `paged-batchinvariant-v1` page manifest (JSON, or its
  *   zstd blob) inside a store-like directory whose `blobs/sha256/<xx>/<hex>[.zst]` hold the
  *   K and V pages;
- * - `lmcache`: headerless LMCache-style chunk files, shape given in the config.
+ * - `lmcache`: headerless LMCache-style chunk files, shape given in the config;
+ * - `paged`: any directory of binary files made of pages of one size (`page_bytes` in the config,
+ *   or in the dump's `manifest.json`), which memsnap does not know by name.
  *
  * Each data file is cut into pages (tiles). Every page's SHA-256 (over its original bytes)
  * is computed as it streams; each distinct non-zero page is stored once as `pages/<sha256>`

@@ -1,7 +1,7 @@
 /**
  * "Decompress one zstd frame and hash what comes out" in two flavours: synchronous for small
- * frames (a few MiB at most, so the main thread is never held long) and through the zstd
- * worker stream for everything else.
+ * frames (a few MiB at most, so the main thread is never held long), whether or not the frame
+ * declares its content size, and through the zstd worker stream for everything else.
  */
 import { createHash } from "node:crypto";
 import { once } from "node:events";
@@ -9,8 +9,16 @@ import { createRequire } from "node:module";
 import { createZstdDecompressor } from "../../codecs/zstd.js";
 import { sha256Hex } from "./format.js";
 
+interface DCtx {
+  decompress(dst: Uint8Array, src: Uint8Array): number;
+  decompressStream(dst: Uint8Array, src: Uint8Array): [number, number, number];
+  setParameter(param: number, value: number): void;
+  reset(directive: number): void;
+}
 interface ZstdBinding {
-  DCtx: new () => { decompress(dst: Uint8Array, src: Uint8Array): number };
+  DCtx: new () => DCtx;
+  DParameter: { windowLogMax: number };
+  ResetDirective: { sessionOnly: number };
   getFrameContentSize(frame: Uint8Array): number | null;
   compress(dst: Uint8Array, src: Uint8Array, level: number): number;
   compressBound(n: number): number;
@@ -58,6 +66,59 @@ export function tryDecompressSmall(frame: Buffer, maxOutput?: number): Buffer | 
   } catch {
     return null;
   }
+}
+
+/** Output of the in-thread streaming path is produced this many bytes at a time. */
+const STREAM_SCRATCH = 256 * 1024;
+/**
+ * The in-thread streaming path refuses frames whose window is over 2^23 bytes (8 MiB: zstd -19's): it never
+ * produces more than SYNC_MAX_CONTENT, and a hostile header must not make it allocate a big window.
+ */
+const STREAM_WINDOW_LOG_MAX = 23;
+let streamCtx: DCtx | undefined;
+let scratch: Buffer | undefined;
+
+/**
+ * The decompressed bytes of a small zstd stream whose frames need not declare their content size
+ * (streaming compressors leave it out), in chunks; null when it is not small, or anything about it
+ * is wrong (then use the worker, which says what). Streams in the calling thread through one
+ * reused context: a worker per such frame cost ~65 ms of CPU, ten times the frame's own work.
+ * Bounds: at most SYNC_MAX_CONTENT bytes and `maxOutput` are produced (one more byte to tell), with
+ * a window of at most 2^{@link STREAM_WINDOW_LOG_MAX}, before it gives up.
+ */
+export function tryDecompressStreamSmall(frame: Buffer, maxOutput?: number): Buffer[] | null {
+  if (frame.length === 0 || frame.length > SYNC_MAX_COMPRESSED) return null;
+  const b = zstdBinding();
+  if (!streamCtx) {
+    streamCtx = new b.DCtx();
+    streamCtx.setParameter(b.DParameter.windowLogMax, STREAM_WINDOW_LOG_MAX);
+  }
+  const d = streamCtx;
+  const out = (scratch ??= Buffer.allocUnsafeSlow(STREAM_SCRATCH));
+  const cap = Math.min(SYNC_MAX_CONTENT, maxOutput ?? SYNC_MAX_CONTENT);
+  const parts: Buffer[] = [];
+  let total = 0;
+  let pos = 0;
+  // As the worker does: the frame is complete when the last call that moved data returned 0.
+  let lastRet = -1;
+  try {
+    for (;;) {
+      const room = Math.min(out.length, cap - total + 1);
+      const [ret, written, read] = d.decompressStream(out.subarray(0, room), frame.subarray(pos));
+      if (written === 0 && read === 0) return null; // no progress: not a stream zstd can finish
+      lastRet = ret;
+      pos += read;
+      total += written;
+      if (total > cap) return null;
+      if (written > 0) parts.push(Buffer.from(out.subarray(0, written)));
+      if (pos === frame.length && (written < room || ret === 0)) break;
+    }
+  } catch {
+    return null;
+  } finally {
+    d.reset(b.ResetDirective.sessionOnly);
+  }
+  return lastRet === 0 ? parts : null;
 }
 
 /** What a verified frame decompressed to. */
@@ -149,6 +210,11 @@ export class FrameHasher {
       const small = tryDecompressSmall(frame, this.#max);
       if (small) {
         await this.#take(small);
+        return this.#digest();
+      }
+      const parts = tryDecompressStreamSmall(frame, this.#max);
+      if (parts) {
+        for (const p of parts) await this.#take(p);
         return this.#digest();
       }
       this.#startWorker();
