@@ -22,13 +22,12 @@ import { EntryTable } from "./entry-table.js";
 import { artifactProblem, IndexComparer } from "./index-stream.js";
 import { OP_DATA, OP_END, OP_START } from "./tar-scan.js";
 
-/** Identities and passphrases that may open an encrypted bundle. */
-
 /** The event loop gets a turn at least this often while entries stream (ms). */
 const TURN_MS = 50;
 /** Old-generation garbage from the entries' per-entry objects is collected once 16 MiB of it may have built up (see heapPacer). */
 const collectEntries = heapPacer(16 * 1024 * 1024);
 
+/** Identities and passphrases that may open an encrypted bundle. */
 export interface Keys {
   identities?: string[];
   passphrases?: string[];
