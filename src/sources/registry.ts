@@ -3,12 +3,12 @@ import { filesSource } from "./files.js";
 import { stateSource } from "./state.js";
 import { pfimgSource } from "./pfimg/source.js";
 import { kvSource } from "./kv/source.js";
-import { sqliteSource } from "./sqlite/index.js";
-import { gitSource } from "./git/index.js";
+import { sqliteSource } from "./sqlite/source.js";
+import { gitSource } from "./git/source.js";
 import type { SourceKind } from "./types.js";
 import { criuSource } from "./criu/source.js";
 import { traceSource } from "./trace.js";
-import { execSource } from "./exec/index.js";
+import { execSource } from "./exec/source.js";
 
 export const SOURCE_KINDS: Record<string, SourceKind<{ name: string }>> = {
   files: filesSource as unknown as SourceKind<{ name: string }>,

@@ -13,7 +13,7 @@ import { Readable } from "node:stream";
 import { afterEach, beforeAll, describe, expect, it, vi } from "vitest";
 import type { RedactionReport, Redactor } from "../../src/redact/types.js";
 import type { Artifact } from "../../src/sources/types.js";
-import { gitSource } from "../../src/sources/git/index.js";
+import { gitSource } from "../../src/sources/git/source.js";
 import type { GitConfig } from "../../src/sources/git/config.js";
 import { gitImpl } from "../../src/sources/git/run.js";
 import { isMemsnapError, parseConfig, restoreToDir, snapshot, verifyBundle, type LayerEntry, type Manifest } from "../../src/index.js";

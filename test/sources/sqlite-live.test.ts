@@ -20,7 +20,7 @@ import { describe, expect, it, vi } from "vitest";
 import { isMemsnapError, parseConfig, restoreToDir, snapshot, type LayerEntry } from "../../src/index.js";
 import { candidate as prefilterCandidate } from "../../src/redact/prefilter.js";
 import type { RedactionReport, Redactor } from "../../src/redact/types.js";
-import { sqliteSource } from "../../src/sources/sqlite/index.js";
+import { sqliteSource } from "../../src/sources/sqlite/source.js";
 import type { SqliteDbMeta } from "../../src/sources/sqlite/meta.js";
 import { SqliteWorker, type LiveBeginResult, type LiveVerifyResult } from "../../src/sources/sqlite/worker-host.js";
 import type { Artifact } from "../../src/sources/types.js";

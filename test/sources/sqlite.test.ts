@@ -19,7 +19,7 @@ import { describe, expect, it, vi } from "vitest";
 import { isMemsnapError, parseConfig, restoreToDir, snapshot, verifyBundle, type LayerEntry } from "../../src/index.js";
 import { candidate as prefilterCandidate } from "../../src/redact/prefilter.js";
 import type { RedactionReport, Redactor } from "../../src/redact/types.js";
-import { sqliteSource } from "../../src/sources/sqlite/index.js";
+import { sqliteSource } from "../../src/sources/sqlite/source.js";
 import type { SqliteDbMeta } from "../../src/sources/sqlite/meta.js";
 import { SqliteWorker, type CopyResult } from "../../src/sources/sqlite/worker-host.js";
 import type { Artifact } from "../../src/sources/types.js";
