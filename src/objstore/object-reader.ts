@@ -16,9 +16,10 @@ import { parseObjectUrl } from "./location.js";
 
 const BLOCK = 64 * 1024;
 const CACHED_BLOCKS = 32;
-/** Bytes per ranged GET of a stream, and how many are fetched ahead of the consumer. */
+/** Bytes per ranged GET of a stream. */
 export const STREAM_RANGE = 8 * 1024 * 1024;
-const STREAM_AHEAD = 2;
+/** Ranges in flight ahead of the one being read (4 × 8 MiB). */
+const STREAM_AHEAD = 4;
 /** Chunks a stream yields (the decoder copies each into its worker). */
 const STREAM_CHUNK = 1024 * 1024;
 /** Attempts at one range whose body failed after the request succeeded. */

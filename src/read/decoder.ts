@@ -178,13 +178,14 @@ export class PayloadDecoder extends Readable {
   }
 
   /** A remote bundle's payload stream, opened on the worker's first "need". */
-  #feed: { file: BundleFile | null; it: AsyncIterator<Buffer> | null; busy: boolean; closed: boolean } = {
-    file: null, it: null, busy: false, closed: false,
-  };
+  #feed: {
+    file: BundleFile | null; it: AsyncIterator<Buffer> | null; busy: boolean; closed: boolean; wanted: number;
+  } = { file: null, it: null, busy: false, closed: false, wanted: 0 };
 
-  /** Post the worker the next block of a remote payload (or its end). */
-  async #pull(): Promise<void> {
+  /** Post the worker the next `n` blocks of a remote payload (or its end). */
+  async #pull(n: number): Promise<void> {
     const f = this.#feed;
+    f.wanted += n;
     if (f.busy || f.closed) return;
     f.busy = true;
     try {
@@ -192,16 +193,20 @@ export class PayloadDecoder extends Readable {
         f.file = await openBundle(this.opts.path, this.opts.fileSize);
         f.it = f.file.stream(this.opts.offset, this.opts.offset + this.opts.size)[Symbol.asyncIterator]();
       }
-      const r = await f.it.next();
-      if (this.#gone || f.closed) return;
-      if (r.done) {
-        this.#worker.postMessage({ t: "in", end: true });
-        return;
+      while (f.wanted > 0) {
+        const r = await f.it.next();
+        if (this.#gone || f.closed) return;
+        if (r.done) {
+          this.#worker.postMessage({ t: "in", end: true });
+          f.wanted = 0;
+          return;
+        }
+        f.wanted--;
+        // A copy of its own, moved to the worker (the chunk is the stream's to reuse).
+        const ab = new ArrayBuffer(r.value.length);
+        Buffer.from(ab).set(r.value);
+        this.#worker.postMessage({ t: "in", buf: ab }, [ab]);
       }
-      // A copy of its own, moved to the worker (the chunk is the stream's to reuse).
-      const ab = new ArrayBuffer(r.value.length);
-      Buffer.from(ab).set(r.value);
-      this.#worker.postMessage({ t: "in", buf: ab }, [ab]);
     } catch (e) {
       if (!this.#gone && !f.closed) {
         this.#fail(e instanceof MemsnapError ? e : new MemsnapError("MEMSNAP_SOURCE_UNREADABLE", `cannot read bundle ${this.opts.path}: ${(e as Error).message}`, {
@@ -263,7 +268,7 @@ export class PayloadDecoder extends Readable {
         this.opts.onStored?.(m.n, this.opts.size);
         return;
       case "need":
-        void this.#pull();
+        void this.#pull(m.n);
         return;
       case "done":
         this.#done = true;

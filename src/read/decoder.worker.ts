@@ -54,8 +54,8 @@ export type DecoderErrorKind =
 export type DecoderReply =
   | { t: "out"; slot: number; len: number; ops?: (number | string)[] }
   | { t: "stored"; n: number }
-  /** Ask for the next block of a remote payload. */
-  | { t: "need" }
+  /** Ask for the next `n` blocks of a remote payload. */
+  | { t: "need"; n: number }
   | { t: "done"; sha256: string; size: number; directBytes: number }
   | { t: "err"; kind: DecoderErrorKind; msg: string };
 
@@ -334,15 +334,18 @@ function readBlock(): boolean | typeof WAIT {
   return take(buf, n);
 }
 
-// -- a remote bundle (wd.feed): the main thread streams the payload's bytes and posts them here, two blocks
-// queued at most; "need" asks for the next.
+// -- a remote bundle (wd.feed): the main thread streams the payload's bytes and posts them here. Up to FEED_QUEUE
+// blocks are queued or asked for; "need" asks for several at once, so the worker never waits on one round trip
+// through a main thread busy with the entries.
+const FEED_QUEUE = 8;
 const inQ: Buffer[] = [];
 let inEnd = false;
-let asked = false;
+let requested = 0;
 function ask(): void {
-  if (!asked && !inEnd && inQ.length < 2) {
-    asked = true;
-    send({ t: "need" });
+  const want = FEED_QUEUE - inQ.length - requested;
+  if (!inEnd && want >= FEED_QUEUE / 2) {
+    requested += want;
+    send({ t: "need", n: want });
   }
 }
 function readFed(): boolean | typeof WAIT {
@@ -408,7 +411,7 @@ parentPort.on("message", (m: DecoderRequest) => {
     freeSlots.push(m.slot);
     pump();
   } else if (m.t === "in") {
-    asked = false;
+    requested = Math.max(0, requested - 1);
     if (m.end) inEnd = true;
     else if (m.buf) inQ.push(Buffer.from(m.buf));
     ask();
