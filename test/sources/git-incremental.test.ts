@@ -196,6 +196,23 @@ describe("git chains in incremental snapshots", () => {
     }
   }, 120_000);
 
+  it("verify --deep finds a chain whose links need commits the bundles before them lack, or that is a cycle", async () => {
+    const hostile = new URL("../../fixtures/hostile/", import.meta.url).pathname;
+    const cases: Array<[string, RegExp]> = [
+      ["git-chain-prerequisite-unmet.memsnap", /repo\.1\.bundle needs commit [0-9a-f]{40}, which the bundles before it do not hold/],
+      ["git-chain-out-of-order.memsnap", /repo\.1\.bundle needs commit [0-9a-f]{40}/],
+      ["git-chain-cycle.memsnap", /in a cycle of bundles/],
+      ["git-chain-first-needs-commits.memsnap", /needs 1 prerequisite commit/],
+    ];
+    for (const [file, why] of cases) {
+      const shallow = await verifyBundle(join(hostile, file), {});
+      expect(shallow.ok, file).toBe(true); // every byte is as indexed: only the git layer's own check sees it
+      const v = await verifyBundle(join(hostile, file), { deep: true });
+      expect(v.ok, file).toBe(false);
+      expect(v.findings.map((f) => f.message).join("; "), file).toMatch(why);
+    }
+  });
+
   it("links past half the full bundle's bytes: a full bundle", async () => {
     await snap();
     const big = Array.from({ length: 3000 }, (_, i) => `line ${i} ${Math.sin(i)} ${i * 7919 % 104729}\n`).join("");

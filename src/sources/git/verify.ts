@@ -51,7 +51,14 @@ export async function verifyChainFiles(files: Array<[string, string]>, repo: str
   const format = headers[0]!.objectFormat !== "sha1" ? [`--object-format=${headers[0]!.objectFormat}`] : [];
   const init = await step(["init", "-q", "--bare", "--template=", ...format, repo]);
   if (init) return init;
-  for (const [path, name] of files) {
+  for (const [i, [path, name]] of files.entries()) {
+    const need = headers[i]!.prerequisites;
+    if (need.length) {
+      const r = await runGit(["cat-file", "--batch-check=%(objecttype)"], g, `${need.join("\n")}\n`);
+      const types = r.stdout.toString("latin1").split("\n");
+      const lacking = need.find((_, k) => types[k] !== "commit");
+      if (lacking) return `${name} needs commit ${lacking}, which the bundles before it do not hold`;
+    }
     const bad = (await step(["bundle", "verify", "-q", path], files.length > 1 ? name : undefined))
       // Unbundling indexes the packfile (every object inflated and hashed) and checks that each
       // ref's history is complete.
