@@ -69,6 +69,7 @@ for (const [name, argv] of variants) {
   for (let i = 0; i < runs; i++) t.push(timed(argv, memdir, gitEnv));
   const size = fs.statSync(out).size;
   rows.push({ name, cpu: median(t.map((x) => x.cpu)), wall: median(t.map((x) => x.wall)), bytes: size, zstd: zstdSize(out) });
+  console.error(JSON.stringify(rows.at(-1)));
 }
 // ---------------------------------------------------------------- memsnap snapshots
 const agent = path.join(work, "agent");

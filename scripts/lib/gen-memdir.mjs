@@ -145,6 +145,7 @@ export function commitOne(dir, i = 1, { seed = 1, noteBytes = 1200, rev = 1_000_
   const p = path.join(dir, notePath(i));
   fs.writeFileSync(p, noteText(seed, i, rev, noteBytes));
   git(dir, ["add", "-A"]);
-  git(dir, ["commit", "-q", "-m", `memory update ${i}`]);
+  // No auto gc in the background: it would repack the memdir while it is measured.
+  git(dir, ["-c", "gc.auto=0", "commit", "-q", "-m", `memory update ${i}`]);
   return git(dir, ["rev-parse", "HEAD"]);
 }
