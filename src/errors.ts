@@ -34,6 +34,7 @@ export const ERROR_CODES = {
   MEMSNAP_INDEX_MISMATCH: { class: "integrity", meaning: "the payload's entries do not match the artifact index (missing, extra, duplicate, or unbound index)" },
   MEMSNAP_VERIFY_FAILED: { class: "integrity", meaning: "verify found one or more problems (each is listed)" },
   MEMSNAP_DEEP_VERIFY_FAILED: { class: "integrity", meaning: "a layer's deep check failed on an artifact" },
+  MEMSNAP_GIT_CHAIN_INVALID: { class: "integrity", meaning: "a git layer's chain of bundles is not one: a bundle whose prerequisites the bundles before it do not hold, a cycle, a bundle missing or named twice, or more bundles than the bound" },
   MEMSNAP_SIGNATURE_INVALID: { class: "integrity", meaning: "the manifest's signature does not verify (the manifest or the payload it commits to changed)" },
   MEMSNAP_SIGNATURE_REQUIRED: { class: "key", meaning: "--trust (or restore --require-signature) was given and the bundle is unsigned" },
   MEMSNAP_SIGNATURE_UNTRUSTED: { class: "key", meaning: "the bundle is signed by a key not given with --trust" },

@@ -279,6 +279,11 @@ export class ReferenceSet {
     return this.#manifests.get(this.#ids[e.base]!)?.layers.find((l) => l.name === layer)?.meta ?? null;
   }
 
+  /** For a source (CaptureContext.lastMeta): the meta of `layer` in the last incremental snapshot, when it is a base. */
+  lastLayerMeta(layer: string): Record<string, unknown> | null {
+    return (this.from && this.#manifests.get(this.from)?.layers.find((l) => l.name === layer)?.meta) || null;
+  }
+
   /** The bases referenced so far, for the manifest. */
   bases(): BaseRef[] {
     return [...this.#used].sort().map((id) => ({ snapshot_id: id, seal: this.#bases.get(id)! }));

@@ -462,6 +462,7 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
       ...(opts.signal ? { signal: opts.signal } : {}),
       ...(redactor ? { redactor } : {}),
       ...(refs?.size ? { unchanged: (path: string, fp: string, kind: string) => refs.unchanged(path, fp, kind) } : {}),
+      ...(refs ? { lastMeta: (layer: string) => refs.lastLayerMeta(layer) } : {}),
     };
     const startCapture = (i: number): void => {
       const src = cfg.sources[i];
@@ -476,7 +477,7 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
       startCapture(i + 1);
       const cap = await started[i]!;
       estimate = estimate === null || cap.estimatedBytes === undefined ? null : estimate + cap.estimatedBytes;
-      const layer: LayerEntry = { name: scfg.name, kind: impl.kind, schema_version: impl.schemaVersion, artifacts: 0, bytes: 0 };
+      const layer: LayerEntry = { name: scfg.name, kind: impl.kind, schema_version: cap.schemaVersion ?? impl.schemaVersion, artifacts: 0, bytes: 0 };
       redactMs += await packLayer(enc, levels, layer, cap, !!impl.independentArtifacts, !!impl.distinctPaths, redactor, opts.signal, (n) => {
         opts.signal?.throwIfAborted();
         bytes += n;

@@ -19,6 +19,8 @@ export interface LayerCapture {
   artifacts: AsyncIterable<Artifact>;
   /** Total bytes expected, for progress and ETA, when the source knows it up front. */
   estimatedBytes?: number;
+  /** The layer's schema version when not the kind's (SourceKind.schemaVersion is the newest it reads). */
+  schemaVersion?: number;
   /** Called after every artifact streamed; its result becomes the layer's `meta` in the manifest. */
   finish?(): Promise<Record<string, unknown> | undefined>;
   /** Called always (success or failure) to remove temp files the source made. */
@@ -48,6 +50,12 @@ export interface CaptureContext {
    * gets a meta yields the artifact with that fingerprint and never opens it.
    */
   unchanged?(payloadPath: string, fingerprint: string, kind: string): Record<string, unknown> | null;
+  /**
+   * Present in an incremental snapshot: the meta of layer `layer` in the last incremental
+   * snapshot of this agent (whose bundle is still in the store), or null. A git layer continues
+   * the last one's chain of bundles from it.
+   */
+  lastMeta?(layer: string): Record<string, unknown> | null;
 }
 
 /** Context given to a deep verify of one artifact. */

@@ -17,6 +17,9 @@ import {
   BUNDLE_ARTIFACT, commitFacts, readBundleHeader, WORKTREE_DIR, WORKTREE_DOC_ARTIFACT,
   type BundleHeader, type HeadFacts, type WorktreeDoc,
 } from "./format.js";
+import {
+  LINK_FRACTION, linkArtifact, MAX_LINKS, MAX_TIPS, orderChain, parseTips, tipsReachable, writeLink, type ChainLink,
+} from "./chain.js";
 import { scanHistoryGit, type HistoryScan } from "./history-scan.js";
 import { isoRepoFacts, isoScanObjects, isoStatus, isoWriteBundle, type StatusEntry } from "./iso.js";
 import { gitEnv, gitImpl, gitIn, neutralizeFilters, sourceInvalid, type GitCtx } from "./run.js";
@@ -25,10 +28,19 @@ import { classify, listWorktreeGit, type WorktreeListing } from "./worktree.js";
 interface CaptureState {
   bundle: string | null;
   bundleSize: number;
+  /** The artifact the new bundle is written as: repo.bundle, or the chain's next link. */
+  bundleName: string;
   /** The bundle's incremental fingerprint (its refs), when there is a bundle. */
   bundleFingerprint?: string;
   /** An incremental snapshot references the last one's bundle: none was written now (`bundle` is null). */
   reused?: { bytes: number; scan: HistoryScan | null };
+  /**
+   * An incremental snapshot references the last one's chain of bundles (./chain.ts); `bundle`,
+   * when not null, is its next link. `scan`: the history scan of the referenced bundles.
+   */
+  chain?: { links: ChainLink[]; scan: HistoryScan | null };
+  /** The objects the bundle's refs and HEAD point at (the layer meta's `bundle_tips`). */
+  tips?: string[];
   listing: WorktreeListing | null;
   meta: Record<string, unknown>;
   scan: Promise<HistoryScan> | null;
@@ -104,48 +116,94 @@ async function captureGit(cfg: GitConfig, root: string, repo: RepoPaths, work: s
   const refLines = refList.stdout.toString("utf8").split("\n").filter(Boolean);
   const refOids = refLines.map((l) => l.slice(0, l.indexOf(" ")));
   const g: GitCtx = { ...base, env: gitEnv({ GIT_DIR: repo.dotgit, GIT_WORK_TREE: root }, filters) };
-  const artifact = `${cfg.name}/${BUNDLE_ARTIFACT}`;
   const bundleFingerprint = refOids.length > 0 || headOid
     ? refsFingerprint("git", fmt, headRef, headOid, refLines)
     : undefined;
-  const reused = bundleFingerprint ? reusableBundle(ctx, artifact, bundleFingerprint, !!redactor) : undefined;
-  const bundle = bundleFingerprint && !reused ? join(work, BUNDLE_ARTIFACT) : null;
-  // The history scan starts now, from the refs as just read, alongside the bundle; should a
-  // ref move before `git bundle create` reads it, the difference is scanned afterwards.
   const tips = [...new Set([...refOids, ...(headOid ? [headOid] : [])])];
-  const scan0 = redactor && bundle ? scanHistoryGit(root, g, tips, redactor, artifact, children) : null;
+  // An incremental snapshot continues the last one's chain of bundles (./chain.ts) when it can;
+  // a last one that recorded no chain has its single bundle referenced when no ref moved.
+  const last = ctx?.lastMeta?.(cfg.name) ?? null;
+  const chained = last !== null && "bundle_chain" in last;
+  const chain = bundleFingerprint && chained && ctx
+    ? await chainPlan(ctx, cfg.name, last, fmt, bundleFingerprint, !!redactor, root, g, children)
+    : null;
+  const reused = bundleFingerprint && !chained
+    ? reusableBundle(ctx, `${cfg.name}/${BUNDLE_ARTIFACT}`, bundleFingerprint, !!redactor)
+    : undefined;
+  const link = chain?.fresh ? chain : null;
+  const bundleName = link ? linkArtifact(link.links.length) : BUNDLE_ARTIFACT;
+  const bundle = bundleFingerprint && !reused && (!chain || link) ? join(work, bundleName) : null;
+  const artifact = `${cfg.name}/${bundleName}`;
+  // The history scan starts now, from the refs as just read, alongside the bundle; should a
+  // ref move before `git bundle create` reads it, the difference is scanned afterwards. A
+  // link's scan covers only what the link holds.
+  const scanRevs = link ? [...tips, ...link.tips.map((o) => `^${o}`)] : tips;
+  const scan0 = redactor && bundle ? scanHistoryGit(root, g, scanRevs, redactor, artifact, children) : null;
   scan0?.catch(() => undefined);
   // The HEAD commit, the work-tree listing and the bundle are independent: run them at once.
   const [head, listing, header] = await Promise.all([
     headOid ? gitIn(root, base, ["cat-file", "commit", headOid]).then((r) => commitFacts(headOid, r.stdout)) : null,
     cfg.worktree ? listWorktreeGit(root, g, headOid !== null) : null,
-    bundle ? (async (): Promise<BundleHeader> => {
-      await gitIn(root, g, ["bundle", "create", "-q", bundle, "--all"]);
-      const h = await readBundleHeader(bundle);
-      if (typeof h === "string") throw sourceInvalid(root, `git bundle create wrote a bad bundle for ${root}: ${h}`);
-      return h;
-    })() : null,
+    bundle && link
+      ? writeLink(root, g, bundle, fmt, tips, link.tips, refLines, headOid, children).then(() => null)
+      : bundle ? (async (): Promise<BundleHeader> => {
+        await gitIn(root, g, ["bundle", "create", "-q", bundle, "--all"]);
+        const h = await readBundleHeader(bundle);
+        if (typeof h === "string") throw sourceInvalid(root, `git bundle create wrote a bad bundle for ${root}: ${h}`);
+        return h;
+      })() : null,
   ]);
   const bundleSize = bundle ? (await stat(bundle)).size : 0;
-  let scan: Promise<HistoryScan> | null = null;
+  let scan: Promise<HistoryScan> | null = scan0;
   if (scan0 && redactor && header) {
     const moved = [...new Set(header.refs.map((r) => r.oid))].filter((o) => !tips.includes(o));
     scan = !moved.length ? scan0 : (async () => {
       const revs = [...moved, ...tips.map((o) => `^${o}`)];
       const [a, b] = await Promise.all([scan0, scanHistoryGit(root, g, revs, redactor, artifact, children)]);
-      const sum = Object.entries(a).map(([k, v]) => [k, v + b[k as keyof HistoryScan]]);
-      return Object.fromEntries(sum) as unknown as HistoryScan;
+      return addScans(a, b);
     })();
   }
-  const refCount = header ? header.refs.filter((r) => r.name !== "HEAD").length : reused ? refLines.length : 0;
+  const refCount = header ? header.refs.filter((r) => r.name !== "HEAD").length : bundleFingerprint ? refLines.length : 0;
   return {
-    bundle, bundleSize, listing, scan,
+    bundle, bundleSize, bundleName, listing, scan,
     ...(bundleFingerprint ? { bundleFingerprint } : {}), ...(reused ? { reused } : {}),
+    ...(chain ? { chain: { links: chain.links, scan: chain.scan } } : {}),
+    ...(ctx?.lastMeta && bundleFingerprint ? { tips: header ? [...new Set(header.refs.map((r) => r.oid))] : tips } : {}),
     meta: {
       impl: "git", object_format: fmt,
       ...headMeta(head, headRef, headOid, refCount),
     },
   };
+}
+
+function addScans(a: HistoryScan, b: HistoryScan): HistoryScan {
+  const sum = Object.entries(a).map(([k, v]) => [k, v + b[k as keyof HistoryScan]]);
+  return Object.fromEntries(sum) as unknown as HistoryScan;
+}
+
+/**
+ * Whether this incremental snapshot continues the last one's chain (its meta `last`): every
+ * bundle of it referenced, and then either nothing new (`fresh` false: no ref moved) or a link
+ * of the objects since its tips. Null where the policy in ./chain.ts asks for a full bundle.
+ */
+async function chainPlan(
+  ctx: CaptureContext, layer: string, last: Record<string, unknown>, fmt: string, fingerprint: string,
+  redacting: boolean, root: string, g: GitCtx, children: Set<ChildProcessWithoutNullStreams>,
+): Promise<{ links: ChainLink[]; tips: string[]; scan: HistoryScan | null; fresh: boolean } | null> {
+  if (last.impl !== "git" || last.object_format !== fmt) return null;
+  const links = orderChain(last.bundle_chain);
+  const tips = parseTips(last.bundle_tips);
+  if (typeof links === "string" || !tips) return null;
+  const scan = last.history_scan;
+  if (redacting && (scan === null || typeof scan !== "object")) return null;
+  const held = (l: ChainLink): boolean => ctx.unchanged?.(`${layer}/${l.artifact}`, l.fingerprint, "git-bundle") != null;
+  if (!links.every(held)) return null;
+  const out = { links, tips, scan: redacting ? scan as HistoryScan : null };
+  if (links.at(-1)!.fingerprint === fingerprint) return { ...out, fresh: false };
+  if (links.length > MAX_LINKS) return null;
+  if (links.slice(1).reduce((n, l) => n + l.bytes, 0) > links[0]!.bytes * LINK_FRACTION) return null;
+  if (!(await tipsReachable(root, g, tips, children))) return null;
+  return { ...out, fresh: true };
 }
 
 function headMeta(
@@ -196,7 +254,7 @@ async function captureIso(cfg: GitConfig, root: string, repo: RepoPaths, work: s
     }
   }
   return {
-    bundle, bundleSize, listing, scan,
+    bundle, bundleSize, bundleName: BUNDLE_ARTIFACT, listing, scan,
     ...(bundleFingerprint ? { bundleFingerprint } : {}), ...(reused ? { reused } : {}),
     meta: {
       impl: "isomorphic-git", object_format: "sha1",
@@ -206,6 +264,21 @@ async function captureIso(cfg: GitConfig, root: string, repo: RepoPaths, work: s
 }
 
 // ------------------------------------------------------------------------------ the layer
+
+/**
+ * The chain of bundles the layer meta records (in an incremental snapshot with the git binary,
+ * for the next one to continue): the referenced bundles, then the one written now; null when
+ * not recorded.
+ */
+function chainMeta(cap: CaptureState): ChainLink[] | null {
+  if (!cap.tips || !cap.bundleFingerprint) return null;
+  const fingerprint = cap.bundleFingerprint;
+  const prior = cap.chain?.links
+    ?? (cap.reused ? [{ artifact: BUNDLE_ARTIFACT, fingerprint, bytes: cap.reused.bytes }] : []);
+  if (!cap.bundle) return prior.length ? prior : null;
+  const after = prior.at(-1)?.artifact;
+  return [...prior, { artifact: cap.bundleName, fingerprint, bytes: cap.bundleSize, ...(after ? { after } : {}) }];
+}
 
 /** Capture a git source: a bundle of every ref, plus the uncommitted and untracked files. */
 export async function captureLayer(cfg: GitConfig, ctx: CaptureContext): Promise<LayerCapture> {
@@ -240,27 +313,33 @@ export async function captureLayer(cfg: GitConfig, ctx: CaptureContext): Promise
   const listing = cap.listing;
   const docBytes = listing ? Buffer.from(`${JSON.stringify(worktreeDoc(listing), null, 1)}\n`, "utf8") : null;
   const now = new Date();
+  const links = chainMeta(cap);
+  const referenced = (path: string, size: number, fingerprint: string): Artifact => ({
+    path, kind: "git-bundle", size, mode: 0o600, mtime: now, fingerprint,
+    open: () => {
+      throw new MemsnapError("MEMSNAP_INTERNAL",
+        `${cfg.name}/${path} was to be referenced by the incremental snapshot, not read`);
+    },
+  });
   return {
+    // A chain of more than one bundle is schema 2: a reader that knows only single bundles refuses it.
+    schemaVersion: links && links.length > 1 ? 2 : 1,
     estimatedBytes: cap.bundleSize + (docBytes?.length ?? 0)
       + (listing?.files.reduce((n, f) => n + f.stats.size, 0) ?? 0),
     notices: () => walkNotices(listing ?? {}),
     artifacts: (async function* (): AsyncGenerator<Artifact> {
       const fingerprint = cap.bundleFingerprint;
+      // The chain's bundles in order: the last snapshot's, referenced, then the new link.
+      for (const l of cap.chain?.links ?? []) yield referenced(l.artifact, l.bytes, l.fingerprint);
       if (cap.bundle) {
         const path = cap.bundle;
         yield {
-          path: BUNDLE_ARTIFACT, kind: "git-bundle", size: cap.bundleSize, mode: 0o600, mtime: now,
+          path: cap.bundleName, kind: "git-bundle", size: cap.bundleSize, mode: 0o600, mtime: now,
           ...(fingerprint ? { fingerprint } : {}),
           open: () => createReadStream(path, { highWaterMark: 1 << 20 }),
         };
       } else if (cap.reused && fingerprint) {
-        yield {
-          path: BUNDLE_ARTIFACT, kind: "git-bundle", size: cap.reused.bytes, mode: 0o600, mtime: now, fingerprint,
-          open: () => {
-            throw new MemsnapError("MEMSNAP_INTERNAL",
-              `${cfg.name}/${BUNDLE_ARTIFACT} was to be referenced by the incremental snapshot, not read`);
-          },
-        };
+        yield referenced(BUNDLE_ARTIFACT, cap.reused.bytes, fingerprint);
       }
       if (docBytes) {
         yield {
@@ -286,12 +365,18 @@ export async function captureLayer(cfg: GitConfig, ctx: CaptureContext): Promise
       }
     })(),
     finish: async () => {
-      const scan = cap.reused ? cap.reused.scan : cap.scan ? await cap.scan : null;
-      const bundleBytes = cap.reused?.bytes ?? (cap.bundle ? cap.bundleSize : undefined);
+      const fresh = cap.scan ? await cap.scan : null;
+      const prior = cap.reused?.scan ?? cap.chain?.scan ?? null;
+      const scan = prior && fresh ? addScans(prior, fresh) : prior ?? fresh;
+      const bundleBytes = links ? links.reduce((n, l) => n + l.bytes, 0)
+        : cap.reused?.bytes ?? (cap.bundle ? cap.bundleSize : undefined);
+      const nothingNew = !cap.bundle && (cap.reused !== undefined || cap.chain !== undefined);
       return {
         root, ...cap.meta, state, worktree: worktreeMeta(cfg, listing), history_scan: scan,
         ...(bundleBytes !== undefined ? { bundle_bytes: bundleBytes } : {}),
-        ...(cap.reused ? { bundle_reused: true } : {}),
+        ...(nothingNew ? { bundle_reused: true } : {}),
+        ...(links ? { bundle_chain: links } : {}),
+        ...(links && cap.tips && cap.tips.length <= MAX_TIPS ? { bundle_tips: cap.tips } : {}),
       };
     },
     cleanup: async () => {

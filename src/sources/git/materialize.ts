@@ -5,9 +5,10 @@ import { chmod, lstat, mkdir, mkdtemp, readdir, readFile, rename, rm, rmdir, unl
 import { basename, dirname, join, resolve } from "node:path";
 import { MemsnapError, destinationError } from "../../errors.js";
 import type { LayerEntry } from "../../format/manifest.js";
+import { chainInvalid, orderChain, type ChainLink } from "./chain.js";
 import {
-  BUNDLE_ARTIFACT, parseWorktreeDoc, WORKTREE_DIR, WORKTREE_DOC_ARTIFACT, worktreePathProblem,
-  type HeadSpec, type WorktreeDoc,
+  BUNDLE_ARTIFACT, parseWorktreeDoc, readBundleHeader, WORKTREE_DIR, WORKTREE_DOC_ARTIFACT, worktreePathProblem,
+  type BundleHeader, type HeadSpec, type WorktreeDoc,
 } from "./format.js";
 import { isoMaterialize } from "./iso.js";
 import { gitEnv, gitImpl, neutralizeFilters, runGit, said, type GitCtx, type GitResult } from "./run.js";
@@ -101,9 +102,58 @@ export function linksNote(layer: string, links: LinksWritten): string {
     "to have links again: git config core.symlinks true, then git checkout -- PATH";
 }
 
+/**
+ * Fetch the chain's bundles (`[path, artifact]`, in chain order) into the repository `g` names:
+ * the first must need no commit, each later one only commits the ones before it brought (else
+ * MEMSNAP_GIT_CHAIN_INVALID); after the last, the refs it does not list are dropped (a chain's
+ * last bundle lists every ref).
+ */
+async function fetchChain(
+  g: GitCtx, layer: string, bundles: Array<[string, string]>,
+  run: (args: string[], ctx: GitCtx, damaged: boolean) => Promise<void>,
+): Promise<void> {
+  let last: BundleHeader | null = null;
+  for (const [i, [path, name]] of bundles.entries()) {
+    const h = await readBundleHeader(path);
+    if (typeof h === "string") {
+      throw new MemsnapError("MEMSNAP_DEEP_VERIFY_FAILED", `restoring ${layer}/${name}: ${h}`, {
+        path: `${layer}/${name}`, hint: DAMAGED_HINT,
+      });
+    }
+    if (i === 0 && h.prerequisites.length) {
+      throw chainInvalid(layer, `${name}, the first bundle, needs ${h.prerequisites.length} commit(s) it does not hold`);
+    }
+    if (h.prerequisites.length) {
+      const r = await runGit(["cat-file", "--batch-check=%(objecttype)"], g, `${h.prerequisites.join("\n")}\n`);
+      const types = r.stdout.toString("latin1").split("\n");
+      const lacking = h.prerequisites.filter((_, k) => types[k] !== "commit");
+      if (r.code !== 0 || lacking.length) {
+        throw chainInvalid(layer, `${name} needs commit ${lacking[0] ?? h.prerequisites[0]}, ` +
+          `which the bundles before it (${bundles.slice(0, i).map((b) => b[1]).join(", ")}) do not hold`);
+      }
+    }
+    const fetch = ["fetch", "-q", "--no-write-fetch-head", "--update-head-ok", "--no-tags", path, "refs/*:refs/*"];
+    await run(fetch, g, true);
+    last = h;
+  }
+  if (bundles.length < 2 || !last) return;
+  const keep = new Set(last.refs.map((r) => r.name));
+  const refs = (await runGit(["for-each-ref", "--format=%(refname)"], g)).stdout.toString("utf8").split("\n");
+  const drop = refs.filter((r) => r && !keep.has(r));
+  if (drop.length) {
+    const r = await runGit(["update-ref", "--stdin"], g, drop.map((n) => `delete ${n}\n`).join(""));
+    if (r.code !== 0) {
+      throw new MemsnapError("MEMSNAP_DEST_UNWRITABLE", `restoring ${layer}: git update-ref failed: ${said(r.stderr)}`, {
+        path: layer, hint: "check the destination",
+      });
+    }
+  }
+}
+
 async function materializeGit(
-  dir: string, bundle: string | null, head: HeadSpec, objectFormat: string, artifact: string,
+  dir: string, bundles: Array<[string, string]>, head: HeadSpec, objectFormat: string, layer: string,
 ): Promise<LinksWritten> {
+  const artifact = `${layer}/${bundles.at(-1)?.[1] ?? BUNDLE_ARTIFACT}`;
   const init: GitCtx = { cwd: dir, env: gitEnv() };
   let g: GitCtx = { cwd: dir, env: gitEnv({ GIT_DIR: join(dir, ".git"), GIT_WORK_TREE: dir }) };
   const run = async (args: string[], ctx: GitCtx, damaged: boolean): Promise<void> => {
@@ -128,10 +178,7 @@ async function materializeGit(
   // as the blobs hold them.
   const filters = await neutralizeFilters(dir, g);
   g = { ...g, env: gitEnv({ GIT_DIR: join(dir, ".git"), GIT_WORK_TREE: dir }, filters) };
-  if (bundle) {
-    const fetch = ["fetch", "-q", "--no-write-fetch-head", "--update-head-ok", "--no-tags", bundle, "refs/*:refs/*"];
-    await run(fetch, g, true);
-  }
+  await fetchChain(g, layer, bundles, run);
   if (head.ref) await run(["symbolic-ref", "HEAD", head.ref], g, true);
   else if (head.oid) await run(["update-ref", "--no-deref", "HEAD", head.oid], g, true);
   const links: LinksWritten = head.oid ? await symlinksInHead(g, artifact) : { count: 0, paths: [] };
@@ -251,10 +298,28 @@ export async function materializeLayer(layerDir: string, layer: LayerEntry): Pro
   const dir = resolve(layerDir);
   const art = (p: string): string => `${layer.name}/${p}`;
   const names = await readdir(dir);
+  // The chain of bundles (./chain.ts), checked before anything is built: a layer without one
+  // in its meta has at most repo.bundle.
+  let chain: ChainLink[] | null = null;
+  if (layer.meta && "bundle_chain" in layer.meta) {
+    const c = orderChain(layer.meta.bundle_chain);
+    if (typeof c === "string") throw chainInvalid(layer.name, c);
+    chain = c;
+  }
+  const inChain = (n: string): boolean => (chain ? chain.some((l) => l.artifact === n) : n === BUNDLE_ARTIFACT);
   for (const n of names) {
-    if (n !== BUNDLE_ARTIFACT && n !== WORKTREE_DIR && n !== WORKTREE_DOC_ARTIFACT) {
+    if (!inChain(n) && n !== WORKTREE_DIR && n !== WORKTREE_DOC_ARTIFACT) {
       throw unsafe(art(n), "not an artifact of a git layer");
     }
+  }
+  const missing = chain?.find((l) => !names.includes(l.artifact));
+  if (missing) throw chainInvalid(layer.name, `the chain lists ${missing.artifact}, which the layer does not hold`);
+  const bundleNames = chain ? chain.map((l) => l.artifact) : names.includes(BUNDLE_ARTIFACT) ? [BUNDLE_ARTIFACT] : [];
+  if (bundleNames.length > 1 && gitImpl() !== "git") {
+    throw new MemsnapError("MEMSNAP_UNSUPPORTED_LAYER",
+      `git layer ${layer.name} is a chain of ${bundleNames.length} bundles, which only the git binary restores`, {
+        path: layer.name, hint: "install git (and unset MEMSNAP_GIT_IMPL), then restore again",
+      });
   }
   const head = headSpec(layer);
   let doc: WorktreeDoc = { format: "memsnap-git-worktree", version: 1, deleted: [], executable: [] };
@@ -269,7 +334,7 @@ export async function materializeLayer(layerDir: string, layer: LayerEntry): Pro
     }
     doc = parsed;
   }
-  const hasBundle = names.includes(BUNDLE_ARTIFACT);
+  const hasBundle = bundleNames.length > 0;
   if (head.oid && !hasBundle) {
     const msg = `git layer ${layer.name} records HEAD ${head.oid} but has no ${BUNDLE_ARTIFACT}`;
     throw new MemsnapError("MEMSNAP_INDEX_MISMATCH", msg, {
@@ -284,13 +349,14 @@ export async function materializeLayer(layerDir: string, layer: LayerEntry): Pro
   const aside = await mkdtemp(join(dirname(dir), `.${basename(dir)}.git-restore-`))
     .catch((e: unknown) => { throw destinationError(e, dirname(dir)); });
   try {
-    const bundle = hasBundle ? join(aside, BUNDLE_ARTIFACT) : null;
-    if (bundle) await rename(join(dir, BUNDLE_ARTIFACT), bundle);
+    const bundles: Array<[string, string]> = bundleNames.map((n) => [join(aside, n), n]);
+    for (const [p, n] of bundles) await rename(join(dir, n), p);
+    const bundle = bundles[0]?.[0] ?? null;
     const worktree = names.includes(WORKTREE_DIR) ? join(aside, WORKTREE_DIR) : null;
     if (worktree) await rename(join(dir, WORKTREE_DIR), worktree);
     await rm(join(dir, WORKTREE_DOC_ARTIFACT), { force: true });
     let links: LinksWritten;
-    if (gitImpl() === "git") links = await materializeGit(dir, bundle, head, objectFormat, art(BUNDLE_ARTIFACT));
+    if (gitImpl() === "git") links = await materializeGit(dir, bundles, head, objectFormat, layer.name);
     else {
       try {
         links = await isoMaterialize(dir, bundle, head, art(BUNDLE_ARTIFACT));

@@ -102,10 +102,10 @@ export interface GitResult {
   stderr: string;
 }
 
-/** Run git; resolves with its exit code and output (rejects only when it cannot be started). */
-export function runGit(args: string[], g: GitCtx): Promise<GitResult> {
+/** Run git (`input` on its stdin); resolves with its exit code and output (rejects only when it cannot be started). */
+export function runGit(args: string[], g: GitCtx, input?: string): Promise<GitResult> {
   return new Promise((res, rej) => {
-    execFile("git", args, {
+    const child = execFile("git", args, {
       cwd: g.cwd, env: g.env, encoding: "buffer", maxBuffer: 1 << 30, windowsHide: true,
       ...(g.signal ? { signal: g.signal } : {}),
     }, (err, stdout, stderr) => {
@@ -116,6 +116,10 @@ export function runGit(args: string[], g: GitCtx): Promise<GitResult> {
       }
       res({ code: typeof code === "number" ? code : 0, stdout, stderr: stderr.toString("utf8") });
     });
+    if (input !== undefined) {
+      child.stdin?.on("error", () => undefined); // a child that exits early; its exit code tells
+      child.stdin?.end(input);
+    }
   });
 }
 

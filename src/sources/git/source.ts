@@ -4,6 +4,8 @@
  * Artifacts of a layer:
  *   repo.bundle            kind `git-bundle`: a standard git bundle of every ref (and HEAD);
  *                          absent when the repository has no commit yet
+ *   repo.<n>.bundle        kind `git-bundle`, schema 2 (an incremental snapshot): the chain's
+ *                          links, each of the objects since the bundle before it (./chain.ts)
  *   worktree-deleted.json  kind `json`: tracked paths missing from the work tree, and which
  *                          captured work-tree files are executable (see WorktreeDoc)
  *   worktree/<path>        kind `file`, text: modified, added and untracked files (ignored
@@ -32,16 +34,19 @@ import { parseGitConfig, type GitConfig } from "./config.js";
 import { BUNDLE_ARTIFACT, parseWorktreeDoc, WORKTREE_DOC_ARTIFACT, WORKTREE_DOC_MAX } from "./format.js";
 import { keepLiveRepoFiles } from "./keep-live.js";
 import { materializeLayer } from "./materialize.js";
-import { verifyBundleFile } from "./verify.js";
+import { deepVerifyChainBundle, verifyBundleFile } from "./verify.js";
+import { isBundleName, orderChain } from "./chain.js";
 
 /** A git repository: a bundle of every ref, plus the uncommitted and untracked files. */
 export const gitSource: SourceKind<GitConfig> = {
   kind: "git",
-  schemaVersion: 1,
+  // 2: a chain of bundles (./chain.ts); a layer with a single bundle is still written as 1.
+  schemaVersion: 2,
   parseConfig: parseGitConfig,
   capture: captureLayer,
 
-  async deepVerify({ entry, bytes }) {
+  async deepVerify(ctx) {
+    const { entry, bytes } = ctx;
     const rel = entry.path.startsWith(`${entry.layer}/`) ? entry.path.slice(entry.layer.length + 1) : entry.path;
     if (rel === WORKTREE_DOC_ARTIFACT) {
       const parts: Buffer[] = [];
@@ -53,6 +58,16 @@ export const gitSource: SourceKind<GitConfig> = {
       }
       const doc = parseWorktreeDoc(Buffer.concat(parts));
       return typeof doc === "string" ? `${entry.path}: ${doc}` : null;
+    }
+    if (!isBundleName(rel)) return null;
+    if (entry.layer && ctx.layer?.meta && "bundle_chain" in ctx.layer.meta) {
+      const chain = orderChain(ctx.layer.meta.bundle_chain);
+      if (typeof chain === "string") return `${entry.path}: ${chain}`;
+      if (!chain.some((l) => l.artifact === rel)) return `${entry.path}: not a bundle of the layer's chain`;
+      if (chain.length > 1) {
+        const problem = await deepVerifyChainBundle(ctx.layer, chain, rel, bytes);
+        return problem ? `${entry.layer}: the chain of git bundles is not sound: ${problem}` : null;
+      }
     }
     if (rel !== BUNDLE_ARTIFACT) return null;
     const scratch = await mkdtemp(join(tmpdir(), "memsnap-gitverify-"));
