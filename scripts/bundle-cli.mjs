@@ -60,3 +60,32 @@ await build({
     },
   }],
 });
+
+// Each worker (`*.worker.js`) is bundled too, into `<name>.worker.bundle.mjs` beside it: a worker thread then
+// loads one file instead of its dozen modules, each of them resolved, read and parsed again in every thread
+// (util/worker-path.ts starts the bundle when it is at least as new as the module).
+const workers = [];
+const walk = (d) => {
+  for (const e of readdirSync(d, { withFileTypes: true })) {
+    const p = join(d, e.name);
+    if (e.isDirectory()) walk(p);
+    else if (e.name.endsWith(".worker.js")) workers.push(p);
+  }
+};
+walk(join(root, "dist"));
+await Promise.all(workers.map((w) => build({
+  entryPoints: [w],
+  outfile: w.replace(/\.js$/, ".bundle.mjs"),
+  bundle: true,
+  platform: "node",
+  format: "esm",
+  target: "node20",
+  logLevel: "warning",
+  legalComments: "eof",
+  plugins: [{
+    name: "memsnap-externals",
+    setup(b) {
+      b.onResolve({ filter: /^[^./]/ }, (args) => (BUNDLED.test(args.path) ? undefined : { path: args.path, external: true }));
+    },
+  }],
+})));

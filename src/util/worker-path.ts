@@ -21,13 +21,22 @@ const checked = new Set<string>();
  * (`"snapshot/encoder.worker.js"`), for `new Worker(url, …)`.
  */
 export function workerUrl(rel: string): URL {
-  const url = new URL(rel, DIST);
+  let url = bundled.get(rel);
+  if (url) return url;
+  url = new URL(rel, DIST);
   if (FROM_SOURCES && !checked.has(rel)) {
     assertBuilt(rel, new Set());
     checked.add(rel);
   }
+  // The build's one-file bundle of the worker (scripts/bundle-cli.mjs), when it is not older than the module.
+  const one = new URL(rel.replace(/\.js$/, ".bundle.mjs"), DIST);
+  const mtime = (u: URL): number => statSync(u, { throwIfNoEntry: false })?.mtimeMs ?? -1;
+  if (mtime(one) >= mtime(url) && mtime(url) >= 0) url = one;
+  bundled.set(rel, url);
   return url;
 }
+
+const bundled = new Map<string, URL>();
 
 /** From the sources: dist/<rel> and every module of ours it imports exist and are not older than their .ts. */
 function assertBuilt(rel: string, seen: Set<string>): void {
