@@ -4,7 +4,9 @@ import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, 
 import { hostname, tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, beforeEach, describe, expect, it } from "vitest";
-import { acquireLock, parseManifest, readLayout } from "../../src/index.js";
+import { acquireLock } from "../../src/agent/lock.js";
+import { readLayout } from "../../src/format/container.js";
+import { parseManifest } from "../../src/format/manifest.js";
 import { recipientFingerprint } from "../../src/codecs/age/keys.js";
 
 const BIN = new URL("../../bin/memsnap.js", import.meta.url).pathname;
