@@ -3,7 +3,7 @@ import { resolve } from "node:path";
 import { loadConfig as readConfig, type MemsnapConfig } from "../config.js";
 import { isMemsnapError, MemsnapError } from "../errors.js";
 import { isBundleUrl } from "../format/bundle-file.js";
-import { useConfiguredEndpoint } from "../objstore/client.js";
+import { useConfiguredEndpoint } from "../objstore/location.js";
 import { runHook, type HookEvent, type HooksConfig } from "../hooks.js";
 import { resolveStore } from "../store/paths.js";
 import { findSnapshot } from "../store/store.js";

@@ -12,6 +12,9 @@ import { S3Client } from "@aws-sdk/client-s3";
 import { readFileSync } from "node:fs";
 import { rootCertificates } from "node:tls";
 import { MemsnapError } from "../errors.js";
+import { s3Endpoint } from "./location.js";
+
+export { s3Endpoint, useConfiguredEndpoint } from "./location.js";
 
 export interface S3ClientOptions {
   /** The config's s3_endpoint (MEMSNAP_S3_ENDPOINT wins over it). */
@@ -28,21 +31,6 @@ function intEnv(env: NodeJS.ProcessEnv, name: string, dflt: number, min: number,
   return n;
 }
 
-/** The endpoint a client for `env` uses, or undefined for AWS itself. */
-let configured: string | undefined;
-
-/** The endpoint the agent's config names (`s3_endpoint`), for every client this process makes without one. */
-export function useConfiguredEndpoint(endpoint: string | undefined): void {
-  configured = endpoint;
-}
-
-export function s3Endpoint(env: NodeJS.ProcessEnv = process.env, opts: S3ClientOptions = {}): string | undefined {
-  const e = env.MEMSNAP_S3_ENDPOINT || opts.endpoint || configured;
-  if (e !== undefined && !/^https?:\/\/[^/?#\s]+\/?$/.test(e)) {
-    throw new MemsnapError("MEMSNAP_USAGE", `MEMSNAP_S3_ENDPOINT must be an http:// or https:// URL of a host, got ${JSON.stringify(e)}`);
-  }
-  return e;
-}
 
 /**
  * The CA bundle for https endpoints: bin/memsnap.js keeps NODE_EXTRA_CA_CERTS from node's start

@@ -69,3 +69,19 @@ export function parseObjectUrl(url: string): { bucket: string; key: string } {
   if (loc.kind !== "s3" || !loc.prefix) throw usage(url, "not an object URL (s3://BUCKET/KEY)");
   return { bucket: loc.bucket, key: loc.prefix };
 }
+
+let configured: string | undefined;
+
+/** The endpoint the agent's config names (`s3_endpoint`), for every client this process makes without one. */
+export function useConfiguredEndpoint(endpoint: string | undefined): void {
+  configured = endpoint;
+}
+
+/** The endpoint a client for `env` uses, or undefined for AWS itself. */
+export function s3Endpoint(env: NodeJS.ProcessEnv = process.env, opts: { endpoint?: string } = {}): string | undefined {
+  const e = env.MEMSNAP_S3_ENDPOINT || opts.endpoint || configured;
+  if (e !== undefined && !/^https?:\/\/[^/?#\s]+\/?$/.test(e)) {
+    throw new MemsnapError("MEMSNAP_USAGE", `MEMSNAP_S3_ENDPOINT must be an http:// or https:// URL of a host, got ${JSON.stringify(e)}`);
+  }
+  return e;
+}

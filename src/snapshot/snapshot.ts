@@ -47,8 +47,7 @@ import { cachePath, CacheWriter, incrementalKey, ReferenceSet, type Reference } 
 import { IndexSpill } from "./index-spill.js";
 import { LevelPolicy } from "./levels.js";
 import type { S3Client } from "@aws-sdk/client-s3";
-import { S3BundleWriter, newestSnapshotIn } from "../format/s3-bundle-writer.js";
-import { s3ClientFor } from "../objstore/client.js";
+import type { S3BundleWriter } from "../format/s3-bundle-writer.js";
 import { isS3Url, parseStoreLocation, s3Key } from "../objstore/location.js";
 
 /** Progress reported while a snapshot runs. */
@@ -336,6 +335,8 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
   }
   let dest = opts.out;
   let parent = opts.parent ?? null;
+  let S3Writer: typeof S3BundleWriter | undefined;
+  let newestSnapshotIn: typeof import("../format/s3-bundle-writer.js").newestSnapshotIn;
   let s3: { client: S3Client; bucket: string; key: string } | null = null;
   if (!dest) {
     if (!opts.store) throw new MemsnapError("MEMSNAP_USAGE", "no store and no --out given", { hint: "pass --out FILE or --store DIR" });
@@ -344,6 +345,9 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
       const loc = parseStoreLocation(opts.store);
       if (loc.kind !== "s3") throw new Error("unreachable");
       const rel = `${cfg.tenant}/${cfg.agent}/`;
+      // The SDK is loaded only for an s3 store (it costs every other command ~0.2 s of start-up).
+      ({ S3BundleWriter: S3Writer, newestSnapshotIn } = await import("../format/s3-bundle-writer.js"));
+      const { s3ClientFor } = await import("../objstore/client.js");
       const client = s3ClientFor(loc, process.env, cfg.s3Endpoint ? { endpoint: cfg.s3Endpoint } : {});
       s3 = { client, bucket: loc.bucket, key: s3Key(loc, `${rel}${id}.memsnap`) };
       dest = `s3://${loc.bucket}/${s3.key}`;
@@ -381,7 +385,7 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
   if (s3) await mkdir(workBase, { recursive: true, mode: 0o700 }).catch((e: unknown) => { throw destinationError(e, workBase); });
   await removeOrphans(workBase); // a killed earlier snapshot's temp file and work dir
   const writer = s3
-    ? new S3BundleWriter(s3.client, s3.bucket, s3.key, encrypted, opts.signal ? { signal: opts.signal } : {})
+    ? new S3Writer!(s3.client, s3.bucket, s3.key, encrypted, opts.signal ? { signal: opts.signal } : {})
     : new BundleWriter(dest, encrypted);
   const workDir = join(workBase, `.memsnap-work-${process.pid}-${randomBytes(4).toString("hex")}`);
   let redactor: Redactor | undefined;
@@ -412,7 +416,7 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
       : { recipients });
     const threads = cfg.compression.threads ?? defaultZstdThreads();
     let raw: { fd: number; start: number } | null = null;
-    if (writer instanceof S3BundleWriter) {
+    if (!(writer instanceof BundleWriter)) {
       // The sink hands its sealed, hashed bytes to the upload (no file, no direct I/O, no early sync).
       const output = await writer.open();
       enc = new PayloadEncoder({ fd: -1, start: BLOCK, output, directIo: false, path: dest, level, threads, age });
@@ -573,7 +577,7 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
     const manifest: Manifest = opts.signKey ? { ...sealed, signature: { ...signManifest(sealed, opts.signKey) } } : sealed;
     await syncing;
     let bundleBytes: number;
-    if (writer instanceof S3BundleWriter) bundleBytes = (await writer.commit(encodeManifest(manifest), payload.storedSize)).size;
+    if (!(writer instanceof BundleWriter)) bundleBytes = (await writer.commit(encodeManifest(manifest), payload.storedSize)).size;
     else {
       await writer.commit(encodeManifest(manifest), payload.storedSize);
       bundleBytes = (await stat(dest)).size;
