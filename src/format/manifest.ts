@@ -218,8 +218,9 @@ const isCount = (v: unknown): v is number => Number.isSafeInteger(v) && (v as nu
  * name (MEMSNAP_BUNDLE_MALFORMED), manifest_version not newer than ours
  * (MEMSNAP_UNSUPPORTED_VERSION, before anything else is interpreted), then the shape of
  * every field (MEMSNAP_MANIFEST_CORRUPT). The seal is checked separately by {@link checkSeal}.
+ * `readsUpTo` is the newest version read (tests pass an older one: what an older memsnap does).
  */
-export function parseManifest(bytes: Buffer): Manifest {
+export function parseManifest(bytes: Buffer, readsUpTo = MANIFEST_VERSION): Manifest {
   if (jsonDepthOver(bytes, MANIFEST_MAX_DEPTH)) throw corrupt(`nested more than ${MANIFEST_MAX_DEPTH} levels deep`);
   let raw: unknown;
   try {
@@ -235,10 +236,10 @@ export function parseManifest(bytes: Buffer): Manifest {
   }
   const v = raw.manifest_version;
   if (!Number.isSafeInteger(v) || (v as number) < 1) throw corrupt("manifest_version is not a positive integer");
-  if ((v as number) > MANIFEST_VERSION) {
+  if ((v as number) > readsUpTo) {
     throw new MemsnapError(
       "MEMSNAP_UNSUPPORTED_VERSION",
-      `bundle manifest_version ${String(v)} is newer than this memsnap reads (${MANIFEST_VERSION})`,
+      `bundle manifest_version ${String(v)} is newer than this memsnap reads (${readsUpTo})`,
       { hint: "upgrade memsnap to read this bundle" },
     );
   }
