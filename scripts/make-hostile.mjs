@@ -81,8 +81,8 @@ for (const g of readdirSync(groupsDir).filter((f) => f.endsWith(".mjs")).sort())
       if (!/^[0-7][0-9A-HJKMNP-TV-Z]{25}\.memsnap$/.test(b.file)) throw new Error(`bad base file ${b.file}`);
       writeFileSync(join(out, b.file), b.bytes);
     }
-    const { bytes: _b, beside: _s, ...rest } = c;
-    cases.push({ group: g.replace(/\.mjs$/, ""), check: "to", ...rest });
+    const { bytes: _b, beside, ...rest } = c;
+    cases.push({ group: g.replace(/\.mjs$/, ""), check: "to", ...rest, ...(beside?.length ? { beside: beside.map((b) => b.file) } : {}) });
   }
 }
 writeFileSync(join(out, "cases.json"), JSON.stringify(cases, null, 1) + "\n");

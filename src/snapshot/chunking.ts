@@ -233,35 +233,54 @@ class TableBuilder {
   }
 }
 
-/** A base table as a lookup: hash → chunk numbers, with each chunk's offset and length. */
+/**
+ * A base table as a lookup: each chunk's offset and length, and by hash the chunk numbers. A page
+ * is first compared with the base's page at its own place (most are there); the map by hash is
+ * built only when one is not (shifted pages, a CDC chunk).
+ */
 class BaseTable {
   readonly offsets: number[] = [];
   readonly lengths: number[] = [];
-  readonly #byHash = new Map<string, number | number[]>();
+  #byHash: Map<string, number | number[]> | null = null;
   readonly used: Uint8Array;
+  readonly #rec: number;
 
-  constructor(table: Buffer, hint: ChunkHint, size: number) {
-    const rec = hint.mode === "cdc" ? 20 : 16;
+  constructor(readonly table: Buffer, readonly hint: ChunkHint, size: number) {
+    this.#rec = hint.mode === "cdc" ? 20 : 16;
     let off = 0;
-    for (let at = 0, i = 0; at + rec <= table.length; at += rec, i++) {
+    for (let at = 0; at + this.#rec <= table.length; at += this.#rec) {
       const len = hint.mode === "cdc" ? table.readUInt32LE(at) : Math.min(hint.pageSize!, size - off);
-      const key = table.toString("latin1", at + rec - 16, at + rec);
       this.offsets.push(off);
       this.lengths.push(len);
-      const had = this.#byHash.get(key);
-      if (had === undefined) this.#byHash.set(key, i);
-      else if (typeof had === "number") this.#byHash.set(key, [had, i]);
-      else had.push(i);
       off += len;
     }
     this.used = new Uint8Array(this.offsets.length);
     if (off !== size) this.offsets.length = 0; // a table that does not tile the artifact matches nothing
   }
 
+  #map(): Map<string, number | number[]> {
+    if (this.#byHash) return this.#byHash;
+    const m = new Map<string, number | number[]>();
+    for (let i = 0; i < this.offsets.length; i++) {
+      const at = i * this.#rec + this.#rec - 16;
+      const key = this.table.toString("latin1", at, at + 16);
+      const had = m.get(key);
+      if (had === undefined) m.set(key, i);
+      else if (typeof had === "number") m.set(key, [had, i]);
+      else had.push(i);
+    }
+    return (this.#byHash = m);
+  }
+
   /** An unused chunk of length `len` hashing to `h`, the one at `at` first. */
   find(h: Buffer, len: number, at: number): number | undefined {
     if (!this.offsets.length) return undefined;
-    const had = this.#byHash.get(h.toString("latin1"));
+    if (this.hint.mode === "pages") {
+      const i = Math.floor(at / this.hint.pageSize!);
+      if (i < this.offsets.length && !this.used[i] && this.lengths[i] === len && this.offsets[i] === at
+        && this.table.compare(h, 0, 16, i * 16, i * 16 + 16) === 0) return i;
+    }
+    const had = this.#map().get(h.toString("latin1"));
     if (had === undefined) return undefined;
     const list = typeof had === "number" ? [had] : had;
     let pick: number | undefined;
