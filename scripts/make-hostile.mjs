@@ -76,8 +76,13 @@ for (const g of readdirSync(groupsDir).filter((f) => f.endsWith(".mjs")).sort())
   for (const c of made) {
     if (!/^[a-z0-9][a-z0-9.-]*\.memsnap$/.test(c.file) || cases.some((x) => x.file === c.file)) throw new Error(`bad or duplicate case file ${c.file}`);
     writeFileSync(join(out, c.file), c.bytes);
-    const { bytes: _b, ...rest } = c;
-    cases.push({ group: g.replace(/\.mjs$/, ""), check: "to", ...rest });
+    // `beside`: bundles a case needs next to it (the bases of incremental cases), named by snapshot id.
+    for (const b of c.beside ?? []) {
+      if (!/^[0-7][0-9A-HJKMNP-TV-Z]{25}\.memsnap$/.test(b.file)) throw new Error(`bad base file ${b.file}`);
+      writeFileSync(join(out, b.file), b.bytes);
+    }
+    const { bytes: _b, beside, ...rest } = c;
+    cases.push({ group: g.replace(/\.mjs$/, ""), check: "to", ...rest, ...(beside?.length ? { beside: beside.map((b) => b.file) } : {}) });
   }
 }
 writeFileSync(join(out, "cases.json"), JSON.stringify(cases, null, 1) + "\n");

@@ -21,7 +21,10 @@ import { ZSTD_MAGIC } from "./codecs/zstd.js";
 import { checkSignature } from "./sign.js";
 import { checkManifest, signatureFindings } from "./read/preflight.js";
 import { checkEntryName } from "./format/safe-path.js";
-import { checkReferencedLayers, extractReferenced, openBases, References, type OpenBase } from "./read/bases.js";
+import { checkReferencedLayers, extractReferenced, extractStored, openBases, References, type OpenBase } from "./read/bases.js";
+import { mkdtemp, rm } from "node:fs/promises";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { sourceKind } from "./sources/registry.js";
 import type { KeyObject } from "node:crypto";
 
@@ -177,8 +180,13 @@ export async function verifyBundle(path: string, opts: VerifyOptions = {}): Prom
     if (encrypted) add("index-binding", indexF.filter((x) => x.path === ".memsnap/index.json"));
     add("artifacts", [...unsafe, ...cmp.filter((x) => x.code === "MEMSNAP_ARTIFACT_HASH_MISMATCH" || (x.code === "MEMSNAP_INDEX_MISMATCH" && (!encrypted || x.path !== ".memsnap/index.json")))],
       `${r.entries.length} artifacts`);
+    // A chunked artifact's payload entry holds only its stored ranges: its deep check runs once it is reassembled.
+    for (const p of refs.chunked.keys()) {
+      for (let i = deepProblems.length - 1; i >= 0; i--) if (deepProblems[i]!.path === p) deepProblems.splice(i, 1);
+      if (opts.deep && sourceKind(layerKinds.get(p.slice(0, p.indexOf("/"))) ?? "")?.deepVerify) deepChecked--;
+    }
     deepOwn = deepChecked;
-    if (incremental || refs.count) await checkReferences(manifest, bases, refs, keys, opts.signal, add, skip, opts.deep ? deepCheck : undefined);
+    if (incremental || refs.count) await checkReferences(layout, manifest, bases, refs, keys, opts.signal, add, skip, opts.deep ? deepCheck : undefined);
     if (opts.deep) add("deep", deepProblems, `${deepChecked} artifact(s) checked${deepChecked > deepOwn ? `, ${deepChecked - deepOwn} of them referenced, in bases` : ""}`);
   } catch (e) {
     if (!isMemsnapError(e)) throw e;
@@ -210,20 +218,35 @@ export async function verifyBundle(path: string, opts: VerifyOptions = {}): Prom
  * gets its source's deep check as it is read from the base.
  */
 async function checkReferences(
-  manifest: Manifest, bases: OpenBase[] | null, refs: References, keys: Keys, signal: AbortSignal | undefined,
+  layout: BundleLayout, manifest: Manifest, bases: OpenBase[] | null, refs: References, keys: Keys, signal: AbortSignal | undefined,
   add: (name: string, fs: Finding[], detail?: string) => void, skip: (name: string, detail: string) => void, deep?: EntryHandler,
 ): Promise<void> {
   if (!bases) {
     skip("references", "not run: a base is missing or is not the one recorded");
     return;
   }
+  // Chunked artifacts are reassembled in a private temp directory (0700, removed after) and
+  // hashed whole, as a restore does; their stored ranges are read from the payload a second time.
+  let tmp: string | null = null;
   try {
     checkReferencedLayers(manifest, refs);
-    await extractReferenced(bases, refs, () => null, { keys, ...(signal ? { signal } : {}), ...(deep ? { peek: deep } : {}) });
-    add("references", [], `${refs.count} artifacts in ${bases.length} base(s)`);
+    const files = new Map<string, string>();
+    if (refs.chunked.size) {
+      tmp = await mkdtemp(join(tmpdir(), "memsnap-verify-"));
+      let n = 0;
+      for (const p of refs.chunked.keys()) files.set(p, join(tmp, `c${n++}`));
+      await extractStored(layout, manifest, refs, (e) => files.get(e.path)!, keys, signal);
+    }
+    await extractReferenced(bases, refs, () => null, {
+      keys, ...(signal ? { signal } : {}), ...(deep ? { peek: deep, assembled: deep } : {}), chunkFile: (e) => files.get(e.path) ?? null,
+    });
+    const chunked = refs.chunked.size ? `, ${refs.chunked.size} of them chunked and reassembled` : "";
+    add("references", [], `${refs.count} artifacts in ${bases.length} base(s)${chunked}`);
   } catch (e) {
     if (!isMemsnapError(e)) throw e;
     add("references", [{ code: e.code, message: e.message, ...(e.path ? { path: e.path } : {}) }]);
+  } finally {
+    if (tmp) await rm(tmp, { recursive: true, force: true });
   }
 }
 

@@ -17,10 +17,10 @@ import { pipeline } from "node:stream/promises";
 import type { Writable } from "node:stream";
 import { MemsnapError } from "../errors.js";
 import { readLayout, type BundleLayout } from "../format/container.js";
-import { parseManifest, refOf, type IndexEntry, type Manifest } from "../format/manifest.js";
+import { isChunkedIn, parseManifest, refOf, storedOf, type IndexEntry, type Manifest } from "../format/manifest.js";
 import { compareWithIndex, readPayload, type Keys } from "../read/read-payload.js";
 import { checkManifest, checkManifestFindings, enforceSignature, type SignaturePolicy } from "../read/preflight.js";
-import { openBases } from "../read/bases.js";
+import { extractReferenced, openBases, References } from "../read/bases.js";
 import { compileGlobs } from "../util/glob.js";
 import { sourceKind } from "../sources/registry.js";
 
@@ -222,7 +222,20 @@ export async function catArtifact(
     let got = await read(s.layout, s.manifest);
     if (!entry) throw new MemsnapError("MEMSNAP_INDEX_MISMATCH", `snapshot ${s.manifest.snapshot_id} has no readable index`);
     const ref = refOf(s.manifest, entry) ?? null;
-    if (ref !== null) {
+    if (isChunkedIn(s.manifest, entry)) {
+      // A chunked artifact: its stored ranges were spooled; the rest is read from its bases into place.
+      const stored = storedOf(s.manifest, entry);
+      if (!got || got.size !== stored.size || got.sha256 !== stored.sha256) {
+        throw new MemsnapError("MEMSNAP_ARTIFACT_HASH_MISMATCH", `${want}: its stored ranges differ from the index`, {
+          path: want, hint: "the bundle is damaged or was altered; nothing was written",
+        });
+      }
+      const refs = new References();
+      refs.add(entry);
+      const bases = await openBases(s.path, s.manifest, refs.basesIn());
+      await extractReferenced(bases, refs, () => null, { keys, ...(signal ? { signal } : {}), chunkFile: () => spool });
+      got = { size: entry.size, sha256: entry.sha256 };
+    } else if (ref !== null) {
       if (got) throw new MemsnapError("MEMSNAP_INDEX_MISMATCH", `${want} is both in the payload and a reference to a base`, { path: want });
       const [base] = await openBases(s.path, s.manifest, new Set([ref]));
       got = await read(base!.layout, base!.manifest);

@@ -1,6 +1,20 @@
 /** The unit a source yields and the payload stores: a file-like artifact with a declared size. */
 import type { Readable } from "node:stream";
 
+/**
+ * How an incremental snapshot may store only what changed of an artifact (snapshot/chunking.ts):
+ * `append` for a log only ever appended to, `pages` for a file of fixed-size pages (SQLite),
+ * `cdc` for any other large file (content-defined chunks).
+ */
+export interface ChunkHint {
+  mode: "append" | "pages" | "cdc";
+  /** `pages`: the page size. */
+  pageSize?: number;
+}
+
+/** The smallest file a source marks for content-defined chunking (`cdc`). */
+export const CDC_MIN_FILE = 4 * 1024 * 1024;
+
 /** How a consumer will use an artifact's chunks (see {@link Artifact.open}). */
 export interface OpenOptions {
   /** The consumer keeps no chunk after asking for the next, so the source may reuse buffers. */
@@ -53,6 +67,8 @@ export interface Artifact {
    * that are a function of that file alone (never a temp copy, which is new every time).
    */
   fingerprint?: string;
+  /** How an incremental snapshot may store only the changed part of it (see {@link ChunkHint}). */
+  chunking?: ChunkHint;
   /** True for text the pipeline should redact (memory files, JSON, JSONL) when redaction is on. */
   text?: boolean;
   /**

@@ -11,14 +11,16 @@ import { createHash } from "node:crypto";
 import { MemsnapError } from "../errors.js";
 import { checkEntryName } from "./safe-path.js";
 import { canonicalJson, jsonDepthOver, valueDepthOver } from "../util/canonical-json.js";
+import { chunkedProblem, rangeBases, type ChunkRange } from "./chunked.js";
 
 export const FORMAT_NAME = "memsnap";
 /**
- * The newest manifest_version this build reads, and writes for a plaintext bundle whose
- * manifest leaves out the index (more artifacts than MANIFEST_INDEX_MAX): an older reader
- * took that for a damaged manifest.
+ * The newest manifest_version this build reads, and writes for a bundle with a chunked index
+ * entry (./chunked.ts): an older reader would take its payload entry for the whole artifact.
  */
-export const MANIFEST_VERSION = 3;
+export const MANIFEST_VERSION = 4;
+/** What a plaintext bundle whose manifest leaves out the index (more artifacts than MANIFEST_INDEX_MAX) is written as. */
+export const MANIFEST_VERSION_NO_INDEX = 3;
 /** What a bundle that references a base is written as (when nothing needs version 3). */
 export const MANIFEST_VERSION_INCREMENTAL = 2;
 /** What a bundle without references is written as, so that every memsnap 0.1 reader still reads it. */
@@ -66,6 +68,14 @@ export interface IndexEntry {
    * same size and SHA-256.
    */
   ref?: string;
+  /**
+   * manifest_version 4, a chunked entry (./chunked.ts): the artifact's bytes are these ranges,
+   * stored here (the payload entry at `path` holds them back to back, `stored_size` bytes
+   * hashing to `stored_sha256`) or read from the entry at `path` in a base.
+   */
+  ranges?: ChunkRange[];
+  stored_size?: number;
+  stored_sha256?: string;
 }
 
 /** The document stored at INDEX_PATH; `payload.index_sha256` is over its canonical JSON. */
@@ -81,7 +91,10 @@ export interface LayerEntry {
   schema_version: number;
   artifacts: number;
   bytes: number;
-  /** manifest_version 2: how many of `artifacts` are references to a base (present when > 0). */
+  /**
+   * manifest_version 2: how many of `artifacts` are references to a base (present when > 0);
+   * since version 4 chunked entries count too.
+   */
   referenced?: number;
   /** Layer-specific facts (git HEAD, SQLite pragmas, skipped files, …). */
   meta?: Record<string, unknown>;
@@ -205,8 +218,9 @@ const isCount = (v: unknown): v is number => Number.isSafeInteger(v) && (v as nu
  * name (MEMSNAP_BUNDLE_MALFORMED), manifest_version not newer than ours
  * (MEMSNAP_UNSUPPORTED_VERSION, before anything else is interpreted), then the shape of
  * every field (MEMSNAP_MANIFEST_CORRUPT). The seal is checked separately by {@link checkSeal}.
+ * `readsUpTo` is the newest version read (tests pass an older one: what an older memsnap does).
  */
-export function parseManifest(bytes: Buffer): Manifest {
+export function parseManifest(bytes: Buffer, readsUpTo = MANIFEST_VERSION): Manifest {
   if (jsonDepthOver(bytes, MANIFEST_MAX_DEPTH)) throw corrupt(`nested more than ${MANIFEST_MAX_DEPTH} levels deep`);
   let raw: unknown;
   try {
@@ -222,10 +236,10 @@ export function parseManifest(bytes: Buffer): Manifest {
   }
   const v = raw.manifest_version;
   if (!Number.isSafeInteger(v) || (v as number) < 1) throw corrupt("manifest_version is not a positive integer");
-  if ((v as number) > MANIFEST_VERSION) {
+  if ((v as number) > readsUpTo) {
     throw new MemsnapError(
       "MEMSNAP_UNSUPPORTED_VERSION",
-      `bundle manifest_version ${String(v)} is newer than this memsnap reads (${MANIFEST_VERSION})`,
+      `bundle manifest_version ${String(v)} is newer than this memsnap reads (${readsUpTo})`,
       { hint: "upgrade memsnap to read this bundle" },
     );
   }
@@ -287,6 +301,13 @@ export function parseManifest(bytes: Buffer): Manifest {
       if (!layerNames.has(e.layer)) throw unsafeName(`index entry ${JSON.stringify(e.path)} names layer ${JSON.stringify(e.layer.slice(0, 80))}, which is not in the manifest`, e.path);
       if (!e.path.startsWith(`${e.layer}/`)) throw unsafeName(`index entry ${JSON.stringify(e.path)} is not under its layer ${e.layer}`, e.path);
       if (version >= 2 && e.ref !== undefined && !m.bases?.some((b) => b.snapshot_id === e.ref)) throw corrupt(`index entry ${e.path} references a bundle that is not a base`);
+      if (version >= 4 && e.ranges !== undefined) {
+        const problem = chunkedProblem(e as unknown as Record<string, unknown>);
+        if (problem) throw corrupt(`index entry ${e.path}: ${problem}`);
+        for (const id of rangeBases(e.ranges)) {
+          if (!m.bases?.some((b) => b.snapshot_id === id)) throw corrupt(`index entry ${e.path} reads a bundle that is not a base`);
+        }
+      }
     }
   }
   return m;
@@ -305,6 +326,16 @@ export function referencedIn(m: Manifest, l: LayerEntry): number {
 /** The base an index entry references, if any (never before manifest_version 2). */
 export function refOf(m: Manifest, e: { ref?: unknown }): string | undefined {
   return m.manifest_version >= 2 && typeof e.ref === "string" ? e.ref : undefined;
+}
+
+/** Whether an index entry is chunked (never before manifest_version 4). */
+export function isChunkedIn(m: Pick<Manifest, "manifest_version">, e: { ranges?: unknown }): boolean {
+  return m.manifest_version >= 4 && e.ranges !== undefined;
+}
+
+/** What the payload entry of an index entry holds: the stored ranges of a chunked one, else the artifact. */
+export function storedOf(m: Pick<Manifest, "manifest_version">, e: IndexEntry): { size: number; sha256: string } {
+  return isChunkedIn(m, e) ? { size: e.stored_size!, sha256: e.stored_sha256! } : e;
 }
 
 /** True when the manifest's seal matches its content. */

@@ -9,14 +9,19 @@
  * one of its entries with the size and SHA-256 the referencing index records. Only the
  * referenced entries are written; the others are hashed and dropped.
  */
+import { mkdir, open } from "node:fs/promises";
+import { dirname, join } from "node:path";
 import { MemsnapError } from "../errors.js";
 import { readLayout, type BundleLayout } from "../format/container.js";
 import { siblingBundle } from "../format/bundle-file.js";
-import { basesOf, checkSeal, parseManifest, referencedIn, type IndexEntry, type Manifest } from "../format/manifest.js";
+import { rangeBases, type ChunkRange } from "../format/chunked.js";
+import { basesOf, checkSeal, isChunkedIn, parseManifest, referencedIn, type IndexEntry, type Manifest } from "../format/manifest.js";
+import { sourceKind } from "../sources/registry.js";
 import type { EntryTable } from "./entry-table.js";
 import type { EntryHandler, Keys } from "./read-payload.js";
 import { extractPayload, RestoredAttributes } from "./extract.js";
 import { checkManifest, checkManifestFindings } from "./preflight.js";
+import { checkAssembled, fileChunks, PiecePlacer, spreadStored, type ChunkedTarget } from "./chunked.js";
 
 export interface OpenBase {
   id: string;
@@ -65,14 +70,28 @@ export async function openBases(bundle: string, manifest: Manifest, ids?: Readon
 /** What a reference records of its artifact: its bytes' size and hash, and the file's mode and mtime. */
 type Reference = Pick<IndexEntry, "size" | "sha256" | "mode" | "mtime">;
 
-/** The references an incremental bundle's index lists, by base (collected as its payload is read). */
+type Chunked = IndexEntry & { ranges: ChunkRange[] };
+
+/**
+ * The references an incremental bundle's index lists, by base (collected as its payload is
+ * read), and its chunked artifacts (manifest_version 4), whose stored ranges its payload held.
+ */
 export class References {
   readonly #byBase = new Map<string, Map<string, Reference>>();
+  /** Chunked artifacts by payload path. */
+  readonly chunked = new Map<string, Chunked>();
   count = 0;
   bytes = 0;
 
   /** Pass as extractPayload's / readPayload's `onRef`. */
   readonly add = (a: IndexEntry): void => {
+    // (only a version 4 index hands over chunked entries, which never have a `ref`: see IndexComparer)
+    if (a.ref === undefined && a.ranges !== undefined) {
+      this.chunked.set(a.path, a as Chunked);
+      this.count++;
+      this.bytes += a.size - (a.stored_size ?? 0);
+      return;
+    }
     let m = this.#byBase.get(a.ref!);
     if (!m) this.#byBase.set(a.ref!, (m = new Map()));
     m.set(a.path, { size: a.size, sha256: a.sha256, mode: a.mode, mtime: a.mtime });
@@ -84,22 +103,23 @@ export class References {
     return this.#byBase.get(base);
   }
 
-  /** How many references each layer has. */
+  /** How many references (and chunked artifacts) each layer has. */
   perLayer(): Map<string, number> {
     const out = new Map<string, number>();
-    for (const m of this.#byBase.values()) {
-      for (const p of m.keys()) {
-        const l = p.slice(0, p.indexOf("/"));
-        out.set(l, (out.get(l) ?? 0) + 1);
-      }
-    }
+    const count = (p: string): void => {
+      const l = layerOf(p);
+      out.set(l, (out.get(l) ?? 0) + 1);
+    };
+    for (const m of this.#byBase.values()) for (const p of m.keys()) count(p);
+    for (const p of this.chunked.keys()) count(p);
     return out;
   }
 
-  /** The bases referenced from these layers (every layer's without `layers`). */
+  /** The bases referenced, or read by chunked artifacts, from these layers (every layer's without `layers`). */
   basesIn(layers?: ReadonlySet<string>): Set<string> {
     const out = new Set<string>();
     for (const [id, m] of this.#byBase) if (!layers || [...m.keys()].some((p) => layers.has(layerOf(p)))) out.add(id);
+    for (const e of this.chunked.values()) if (!layers || layers.has(e.layer)) for (const id of rangeBases(e.ranges)) out.add(id);
     return out;
   }
 }
@@ -113,7 +133,11 @@ const layerOf = (path: string): string => path.slice(0, path.indexOf("/"));
 export function basesNeeded(manifest: Manifest, layers: ReadonlySet<string>): Set<string> | null {
   if (!manifest.index) return null;
   const out = new Set<string>();
-  for (const e of manifest.index) if (e.ref !== undefined && layers.has(e.layer)) out.add(e.ref);
+  for (const e of manifest.index) {
+    if (!layers.has(e.layer)) continue;
+    if (isChunkedIn(manifest, e)) for (const id of rangeBases(e.ranges!)) out.add(id);
+    else if (e.ref !== undefined) out.add(e.ref);
+  }
   return out;
 }
 
@@ -129,6 +153,14 @@ export interface ReferencedOptions {
   peek?: EntryHandler;
   /** Where to note the mode and mtime (the referencing index's) of each referenced file written, as extractPayload does. */
   attributes?: RestoredAttributes;
+  /**
+   * The file a chunked artifact is reassembled in, holding its stored ranges (see
+   * {@link extractStored}); by default `<rootFor(layer)>/<path in the layer>`, where extractPayload
+   * wrote its payload entry. Null: the artifact is not reassembled (its layer is not restored).
+   */
+  chunkFile?: (e: IndexEntry) => string | null;
+  /** Handed each reassembled chunked artifact's bytes, once they matched the index (verify --deep). */
+  assembled?: EntryHandler;
 }
 
 /**
@@ -142,18 +174,37 @@ export async function extractReferenced(
   const unopened = [...refs.basesIn(opts.layers)].filter((id) => !bases.some((b) => b.id === id));
   if (unopened.length) throw new MemsnapError("MEMSNAP_INTERNAL", `base ${unopened[0]} is referenced but was not opened`);
   const layerOk = (layer: string): boolean => !opts.layers || opts.layers.has(layer);
+  // Chunked artifacts: their stored ranges are moved into place first, then their bases fill the rest.
+  const chunkFile = opts.chunkFile ?? ((e: IndexEntry): string | null => {
+    const root = rootFor(e.layer);
+    return root === null ? null : join(root, ...e.path.slice(e.layer.length + 1).split("/"));
+  });
+  const targets: ChunkedTarget[] = [];
+  for (const e of refs.chunked.values()) {
+    if (!layerOk(e.layer)) continue;
+    const file = chunkFile(e);
+    if (file !== null) targets.push({ entry: e, file });
+  }
+  for (const t of targets) await spreadStored(t);
+  const placer = new PiecePlacer(targets);
+  const pieceBases = placer.bases();
+  const read = new Set<string>();
   for (const base of bases) {
-    const wanted = refs.of(base.id);
+    const wanted = refs.of(base.id) ?? new Map<string, Reference>();
     // (a partial restore reads only the bases that hold artifacts of its layers)
-    if (!wanted || (opts.layers && ![...wanted.keys()].some((p) => layerOk(layerOf(p))))) continue;
+    const whole = wanted.size > 0 && (!opts.layers || [...wanted.keys()].some((p) => layerOk(layerOf(p))));
+    if (!whole && !pieceBases.has(base.id)) continue;
+    read.add(base.id);
     const found = new Set<string>();
     const attributed = new Set(base.manifest.layers.filter((l) => RestoredAttributes.wanted(l.kind)).map((l) => l.name));
+    const pieces = placer.handler(base.id);
     await extractPayload(base.layout, base.manifest, (layer) => (layerOk(layer) ? rootFor(layer) : null), {
       ...(opts.keys ? { keys: opts.keys } : {}), ...(opts.signal ? { signal: opts.signal } : {}),
-      want: (name) => wanted.has(name), resumeSpools: true, ...(opts.peek ? { peek: opts.peek } : {}),
+      want: (name) => wanted.has(name) || placer.has(base.id, name), resumeSpools: true, ...(opts.peek ? { peek: opts.peek } : {}),
+      divert: (name) => (placer.has(base.id, name) ? pieces : undefined),
       onEntry: (e) => {
         const w = wanted.get(e.name);
-        if (!w) return;
+        if (!w || placer.has(base.id, e.name)) return;
         if (w.size !== e.size || w.sha256 !== e.sha256) {
           throw new MemsnapError("MEMSNAP_ARTIFACT_HASH_MISMATCH", `${e.name}: base ${base.id} holds other bytes than the reference records`, {
             path: e.name, hint: "the bundle or its base is damaged or was altered; nothing was restored",
@@ -177,6 +228,46 @@ export async function extractReferenced(
       }
     }
   }
+  placer.finish(read);
+  for (const t of targets) {
+    const unread = [...rangeBases(t.entry.ranges)].find((id) => !read.has(id));
+    if (unread !== undefined) throw new MemsnapError("MEMSNAP_INTERNAL", `base ${unread} is read by ${t.entry.path} but was not opened`);
+    const digest = await checkAssembled(t);
+    opts.verified?.replace(t.entry.path, t.entry.size, digest);
+    opts.onProgress?.(t.entry.size - t.entry.stored_size!);
+    if (opts.assembled) {
+      await opts.assembled({ name: t.entry.path, size: t.entry.size, layer: t.entry.layer, rel: t.entry.path.slice(t.entry.layer.length + 1) },
+        fileChunks(t.file));
+    }
+  }
+}
+
+/**
+ * A bundle's own payload read again for the stored ranges of the chunked artifacts in `refs`,
+ * each written to `fileFor(entry)` (a new file) and checked against the index with the rest of
+ * the payload: what {@link extractReferenced} needs where the first read kept nothing (verify).
+ */
+export async function extractStored(
+  layout: BundleLayout, manifest: Manifest, refs: References, fileFor: (e: IndexEntry) => string, keys: Keys, signal?: AbortSignal,
+): Promise<void> {
+  await extractPayload(layout, manifest, () => null, {
+    keys, ...(signal ? { signal } : {}),
+    want: (name) => refs.chunked.has(name),
+    divert: (name) => {
+      const e = refs.chunked.get(name);
+      if (!e) return undefined;
+      return async (_info, chunks) => {
+        const file = fileFor(e);
+        await mkdir(dirname(file), { recursive: true });
+        const fh = await open(file, "wx", 0o600);
+        try {
+          for await (const c of chunks) await fh.write(c);
+        } finally {
+          await fh.close();
+        }
+      };
+    },
+  });
 }
 
 /**
@@ -191,6 +282,15 @@ export function checkReferencedLayers(manifest: Manifest, refs: References): voi
     throw new MemsnapError("MEMSNAP_INDEX_MISMATCH", `the index references ${unknown}, which is not one of the bundle's bases`, {
       hint: "the bundle is damaged or was altered; nothing was restored",
     });
+  }
+  for (const e of refs.chunked.values()) {
+    // A layer whose restore spools its artifacts (KV pages) writes no file to reassemble.
+    const kind = manifest.layers.find((l) => l.name === e.layer)?.kind;
+    if (kind !== undefined && sourceKind(kind)?.restoreSpool) {
+      throw new MemsnapError("MEMSNAP_UNSAFE_BUNDLE", `${e.path} is chunked, which a ${kind} layer's artifacts never are`, {
+        path: e.path, hint: "the bundle is damaged or was altered; nothing was restored",
+      });
+    }
   }
   const got = refs.perLayer();
   for (const l of manifest.layers) {

@@ -38,6 +38,17 @@ export class EntryTable {
     if (!this.#first.has(name)) this.#first.set(name, i);
   }
 
+  /**
+   * Give the first entry named `name` another size and SHA-256: a chunked artifact's entry held
+   * its stored ranges, and now stands for the reassembled artifact (read/chunked.ts).
+   */
+  replace(name: string, size: number, sha256: Uint8Array): void {
+    const i = this.#first.get(name);
+    if (i === undefined) return;
+    this.#sizes[i] = size;
+    this.#shas.set(sha256.subarray(0, 32), i * 32);
+  }
+
   name(i: number): string {
     return this.#names[i]!;
   }

@@ -58,6 +58,11 @@ export interface ExtractOptions {
    * hashed against the index whether or not it reads them.
    */
   peek?: EntryHandler;
+  /**
+   * An entry that is wanted and for which this returns a handler is handed to it instead of
+   * being written (a base's entry that chunked artifacts read ranges of: read/chunked.ts).
+   */
+  divert?: (name: string) => EntryHandler | undefined;
 }
 
 /**
@@ -206,6 +211,11 @@ export async function extractPayload(
       }
       const root = rootFor(info.layer);
       if (opts.want && !opts.want(info.name)) return;
+      const diverted = opts.divert?.(info.name);
+      if (diverted) {
+        await diverted(info, chunks);
+        return;
+      }
       if (root === null) {
         await opts.peek?.(info, chunks);
         return;

@@ -17,6 +17,7 @@
  */
 import type { Finding } from "../errors.js";
 import type { IndexEntry } from "../format/manifest.js";
+import { chunkedProblem } from "../format/chunked.js";
 import type { EntryTable } from "./entry-table.js";
 
 const PREFIX = Buffer.from('{"artifacts":[', "utf8");
@@ -172,14 +173,20 @@ export class IndexComparer {
    */
   readonly #onMatch: ((a: IndexEntry) => void) | undefined;
 
+  /** A manifest_version 4 bundle: an artifact with `ranges` is chunked (format/chunked.ts). */
+  readonly #chunked: boolean;
+
   /**
    * `onMatch`: each artifact whose entry is in the payload with the size and SHA-256 the index
-   * lists (a restore gives the file the index's mode and mtime then).
+   * lists (a restore gives the file the index's mode and mtime then). With `chunked`, a chunked
+   * artifact's entry holds its stored ranges (`stored_size`, `stored_sha256`); once matched, the
+   * artifact goes to `onRef` too, for its other ranges are in bases.
    */
-  constructor(entries: EntryTable, onRef?: (a: IndexEntry) => void, onMatch?: (a: IndexEntry) => void) {
+  constructor(entries: EntryTable, onRef?: (a: IndexEntry) => void, onMatch?: (a: IndexEntry) => void, chunked = false) {
     this.#entries = entries;
     this.#onRef = onRef;
     this.#onMatch = onMatch;
+    this.#chunked = chunked && onRef !== undefined;
     this.#listed = new Uint8Array(entries.length);
     this.#splitter = new IndexSplitter((json) => this.#artifact(json));
   }
@@ -212,6 +219,14 @@ export class IndexComparer {
     }
     const j = this.#entries.position(a.path);
     const twice = (): void => { this.#twice.push({ code: "MEMSNAP_INDEX_MISMATCH", message: `the index lists ${a.path} twice`, path: a.path }); };
+    const chunked = this.#chunked && a.ranges !== undefined;
+    if (chunked) {
+      const why = chunkedProblem(a as unknown as Record<string, unknown>);
+      if (why !== null) {
+        this.#parseError = `artifact ${JSON.stringify(a.path.slice(0, 200))}: ${why}`;
+        return;
+      }
+    }
     if (this.#onRef && a.ref !== undefined) {
       if (this.#refs.has(a.path) || this.#absent.has(a.path) || (j !== undefined && this.#listed[j] === 1)) twice();
       this.#refs.add(a.path);
@@ -231,15 +246,17 @@ export class IndexComparer {
     if (this.#listed[j] === 1) twice();
     this.#listed[j] = 1;
     const got = { name: this.#entries.name(j), size: this.#entries.size(j) };
-    if (a.size !== got.size || a.sha256 !== this.#entries.sha256(j)) {
+    const want = chunked ? { size: a.stored_size!, sha256: a.stored_sha256! } : a;
+    if (want.size !== got.size || want.sha256 !== this.#entries.sha256(j)) {
       this.#mismatch.set(j, {
         code: "MEMSNAP_ARTIFACT_HASH_MISMATCH",
-        message: a.size !== got.size ? `${got.name}: ${got.size} bytes, index says ${a.size}` : `${got.name}: SHA-256 differs from the index`,
+        message: want.size !== got.size ? `${got.name}: ${got.size} bytes, index says ${want.size}` : `${got.name}: SHA-256 differs from the index`,
         path: got.name,
       });
     } else {
       this.#mismatch.delete(j);
       this.#onMatch?.(a);
+      if (chunked) this.#onRef!(a);
     }
   }
 

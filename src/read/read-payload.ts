@@ -15,11 +15,12 @@ import { heapPacer } from "../util/gc.js";
 import { MemsnapError, type Finding } from "../errors.js";
 import type { BundleLayout } from "../format/container.js";
 import { withBundle } from "../format/bundle-file.js";
-import { encodeIndex, indexHash, INDEX_PATH, refOf, type IndexDocument, type IndexEntry, type Manifest } from "../format/manifest.js";
+import { encodeIndex, indexHash, INDEX_PATH, isChunkedIn, refOf, storedOf, type IndexDocument, type IndexEntry, type Manifest } from "../format/manifest.js";
 import { AGE_PREFIX_MAX, openAgePrefix } from "../codecs/age/stream-open.js";
 import { PayloadDecoder, type ScannedBatch } from "./decoder.js";
 import { EntryTable } from "./entry-table.js";
 import { artifactProblem, IndexComparer } from "./index-stream.js";
+import { chunkedProblem } from "../format/chunked.js";
 import { OP_DATA, OP_END, OP_START } from "./tar-scan.js";
 
 /** The event loop gets a turn at least this often while entries stream (ms). */
@@ -284,7 +285,8 @@ export async function readPayload(
       }
       if (name === INDEX_PATH && opts.streamIndex) {
         sawIndex = true;
-        const cmp = new IndexComparer(entries, manifest.manifest_version >= 2 ? opts.onRef ?? (() => undefined) : undefined, opts.onMatch);
+        const cmp = new IndexComparer(entries, manifest.manifest_version >= 2 ? opts.onRef ?? (() => undefined) : undefined, opts.onMatch,
+          manifest.manifest_version >= 4);
         for await (const c of chunks) {
           if (n > INDEX_MAX_BYTES) throw new MemsnapError("MEMSNAP_BUNDLE_MALFORMED", "the payload index is over its size cap");
           cmp.push(c);
@@ -317,6 +319,8 @@ export async function readPayload(
               });
             }
             if (problem) throw new Error(problem.message);
+            const why = isChunkedIn(manifest, a) ? chunkedProblem(a as unknown as Record<string, unknown>) : null;
+            if (why !== null) throw new Error(`artifact ${JSON.stringify(a.path.slice(0, 200))}: ${why}`);
           }
           index = doc;
         } catch (e) {
@@ -394,8 +398,8 @@ export function compareWithIndex(manifest: Manifest, r: PayloadReadResult): Find
   const refs = new Set<string>();
   for (const a of index.artifacts) {
     if (want.has(a.path) || refs.has(a.path)) findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: `the index lists ${a.path} twice`, path: a.path });
-    if (refOf(manifest, a) !== undefined) refs.add(a.path); // its bytes are in a base's payload
-    else want.set(a.path, a);
+    if (refOf(manifest, a) !== undefined && !isChunkedIn(manifest, a)) refs.add(a.path); // its bytes are in a base's payload
+    else want.set(a.path, storedOf(manifest, a)); // (a chunked entry's payload entry holds its stored ranges)
   }
   const seen = new Set<string>();
   for (let i = 0; i < r.entries.length; i++) {

@@ -183,6 +183,7 @@ class MemsnapRedactor implements Redactor {
       path: a.path, kind: a.kind, size: whole.length, mode: a.mode, mtime: a.mtime,
       ...(a.text !== undefined ? { text: a.text } : {}),
       ...(a.check ? { check: () => a.check!() } : {}),
+      rereadable: true, // (in memory: an incremental snapshot may read a log's prefix, then all of it)
       open: () => (whole.length ? [whole] : []),
     };
   }
@@ -307,6 +308,7 @@ class MemsnapRedactor implements Redactor {
       ...(a.text !== undefined ? { text: a.text } : {}),
       ...(a.check ? { check: () => a.check!() } : {}),
       open: spool === undefined ? memOpen(mem) : this.spoolOpen(spool, size),
+      ...(spool === undefined ? { rereadable: true } : {}),
     };
     return out;
   }

@@ -11,6 +11,11 @@
  * source's fingerprint (Artifact.fingerprint: device, inode, size, mtime and ctime of the file
  * read; empty for an unshuffled KV page, whose fingerprint follows from its digest and size).
  *
+ * A chunkable artifact (Artifact.chunking, ./chunking.ts) has a seventh field, its ChunkRecord
+ * as JSON (how it is cut, its recipe when it is chunked, and where its table of chunk hashes is
+ * in `<cache>.<snapshot id>.chunks`, the table file written with the cache); its fingerprint is
+ * `-` when it has none (a copy), so that only its table and recipe are used.
+ *
  * The next incremental snapshot loads it and references an artifact when its path, kind, size
  * and fingerprint match, as long as the bundle holding the bytes is still in the store with the
  * seal the cache recorded, the encryption is the same (same age recipients, or both plaintext;
@@ -19,7 +24,7 @@
  */
 import { createHash } from "node:crypto";
 import { closeSync, openSync, readSync } from "node:fs";
-import { mkdir, open, readdir, rename, rm } from "node:fs/promises";
+import { mkdir, open, readdir, rename, rm, type FileHandle } from "node:fs/promises";
 import { basename, dirname, join } from "node:path";
 import { readLayout } from "../format/container.js";
 import { bundleIn, isBundleUrl } from "../format/bundle-file.js";
@@ -30,9 +35,49 @@ import { pidAlive } from "../agent/orphans.js";
 import { canonicalJson } from "../util/canonical-json.js";
 import { collectNow } from "../util/gc.js";
 import { TOOL_VERSION } from "../version.js";
+import type { ChunkRange } from "../format/chunked.js";
+import { indexRanges, type ChunkBase, type ChunkHint, type ChunkRecord } from "./chunking.js";
 
 const FORMAT = "memsnap-incremental-cache";
-const VERSION = 3;
+const VERSION = 4;
+
+/** The table file of the cache written by snapshot `id`. */
+const tableFile = (cache: string, id: string): string => `${cache}.${id}.chunks`;
+
+/** The bytes of a ChunkRecord's table, checked against its recorded digest; null when unreadable. */
+async function readTable(file: string | null, rec: ChunkRecord): Promise<Buffer | null> {
+  if (!file || !rec.t) return null;
+  const [off, len, digest] = rec.t;
+  let fh: FileHandle | undefined;
+  try {
+    fh = await open(file, "r");
+    const buf = Buffer.allocUnsafe(len);
+    const { bytesRead } = await fh.read(buf, 0, len, off);
+    if (bytesRead !== len || createHash("sha256").update(buf).digest("hex").slice(0, 32) !== digest) return null;
+    return buf;
+  } catch {
+    return null;
+  } finally {
+    await fh?.close();
+  }
+}
+
+const isCount = (v: unknown): v is number => Number.isSafeInteger(v) && (v as number) >= 0;
+
+/** A cache line's ChunkRecord, or null when it is not one this memsnap wrote. */
+function parseRecord(json: string): ChunkRecord | null {
+  let v: ChunkRecord;
+  try {
+    v = JSON.parse(json) as ChunkRecord;
+  } catch {
+    return null;
+  }
+  if (typeof v !== "object" || v === null || !["append", "pages", "cdc"].includes(v.m) || !isCount(v.g)) return null;
+  if (v.p !== undefined && !isCount(v.p)) return null;
+  if (v.r !== undefined && (!Array.isArray(v.r) || !v.r.every((p) => Array.isArray(p) && isCount(p[0]) && typeof p[1] === "string" && isCount(p[2])))) return null;
+  if (v.t !== undefined && (!Array.isArray(v.t) || !isCount(v.t[0]) || !isCount(v.t[1]) || typeof v.t[2] !== "string")) return null;
+  return v;
+}
 
 
 /** What must be equal for the last snapshot's bytes to stand for this one's. */
@@ -69,11 +114,21 @@ const REC = 32 + 8 + 2 + 1;
 /** Cache file bytes read at a time: the text of a chunk stays a young-generation string (V8 puts strings over 128 KiB in large-object space, freed only by a full collection). */
 const READ_CHUNK = 64 * 1024;
 
+/** What the cache keeps of a chunkable artifact, carried over when it is referenced. */
+export interface CarriedChunk {
+  rec: ChunkRecord;
+  table: () => Promise<Buffer | null>;
+}
+
 /** A reference decided for one artifact. */
 export interface Reference {
   base: string;
   size: number;
   sha256: string;
+  /** The artifact is chunked (its bytes in several bundles): these are its index ranges, every one in a base. */
+  ranges?: ChunkRange[];
+  /** Its chunk record, for the next cache. */
+  chunk?: CarriedChunk;
   redacted?: RuleCounts;
   /** Secrets the last snapshot found in these bytes and could not redact (a git bundle's history). */
   unredacted?: RuleCounts;
@@ -103,6 +158,10 @@ export class ReferenceSet {
   readonly #used = new Set<string>();
   readonly #redacted = new Map<string, RuleCounts>();
   readonly #unredacted = new Map<string, RuleCounts>();
+  /** Per entry number, the chunk record of a chunkable artifact. */
+  readonly #chunks = new Map<number, ChunkRecord>();
+  /** The table file of the cache loaded. */
+  #tables: string | null = null;
   /** Why nothing could be referenced, when that is so (for the snapshot's report). */
   reason: string | null = null;
   /** The snapshot the cache was written by. */
@@ -134,8 +193,10 @@ export class ReferenceSet {
     let findings = false;
     const entry = (line: string): void => {
       const t = line.split("\t");
-      if (t.length !== 6) return;
+      if (t.length !== 6 && t.length !== 7) return;
       const [pj, kind, size, sha, base, fp] = t as [string, string, string, string, string, string];
+      const rec = t.length === 7 ? parseRecord(t[6]!) : null;
+      if (t.length === 7 && !rec) return;
       const bytes = Number(size);
       if (sha.length !== 64 || !seals.has(base) || !Number.isSafeInteger(bytes) || bytes < 0 || String(bytes) !== size) return;
       let path: unknown;
@@ -161,6 +222,7 @@ export class ReferenceSet {
       out.#rec.writeUInt8(k, at + 42);
       out.#fps[n] = fp === "" ? undefined : own(fp);
       out.#byPath.set(path, n);
+      if (rec) out.#chunks.set(n, rec);
       if (findings) {
         const r = redacted[path];
         if (r !== null && typeof r === "object") out.#redacted.set(path, r as RuleCounts);
@@ -198,6 +260,7 @@ export class ReferenceSet {
           if (v.redaction !== key.redaction) return ReferenceSet.empty("the redaction settings, the secretlint rules' version or the memsnap version changed");
           for (const [id, seal] of Object.entries((v.bundles ?? {}) as Record<string, unknown>)) if (typeof seal === "string") seals.set(id, seal);
           out.from = typeof v.snapshot_id === "string" ? v.snapshot_id : null;
+          if (out.from && /^[0-9A-Z]{26}$/.test(out.from)) out.#tables = tableFile(file, out.from);
           if (v.redacted !== null && typeof v.redacted === "object") redacted = v.redacted as Record<string, unknown>;
           if (v.unredacted !== null && typeof v.unredacted === "object") unredacted = v.unredacted as Record<string, unknown>;
           findings = Object.keys(redacted).length > 0 || Object.keys(unredacted).length > 0;
@@ -230,6 +293,11 @@ export class ReferenceSet {
     }
     const gone = new Set(out.#ids.map((id, i) => (out.#bases.has(id) ? -1 : i)).filter((i) => i >= 0));
     if (gone.size) for (const [p, i] of out.#byPath) if (gone.has(out.#rec.readUInt16LE(i * REC + 40))) out.#byPath.delete(p);
+    // A chunked artifact needs every bundle its recipe reads.
+    for (const [p, i] of out.#byPath) {
+      const r = out.#chunks.get(i)?.r;
+      if (r && !r.every((x) => out.#bases.has(x[1]))) out.#byPath.delete(p);
+    }
     if (!out.#byPath.size) out.reason = "the bundles of the last incremental snapshot are no longer in the store";
     collectNow("major"); // what the parse left goes now, before the captures' own peaks
     return out;
@@ -260,10 +328,39 @@ export class ReferenceSet {
     if (!a.text && e.size !== a.size) return null;
     this.#byPath.delete(path);
     const base = this.#ids[e.base]!;
-    this.#used.add(base);
+    const rec = this.#chunks.get(i);
+    const tables = this.#tables;
+    const chunk = rec ? { chunk: { rec, table: () => readTable(tables, rec) } } : {};
     const r = this.#redacted.get(path);
     const u = this.#unredacted.get(path);
-    return { base, size: e.size, sha256: e.sha256, ...(r ? { redacted: r } : {}), ...(u ? { unredacted: u } : {}) };
+    const findings = { ...(r ? { redacted: r } : {}), ...(u ? { unredacted: u } : {}) };
+    if (rec?.r) {
+      // Chunked last time and unchanged since: the same ranges, every one now in a base.
+      for (const p of rec.r) this.#used.add(p[1]);
+      return { base, size: e.size, sha256: e.sha256, ranges: indexRanges(rec.r, ""), ...chunk, ...findings };
+    }
+    this.#used.add(base);
+    return { base, size: e.size, sha256: e.sha256, ...chunk, ...findings };
+  }
+
+  /**
+   * For an artifact that changed (match() gave null) and that its source says may be chunked:
+   * what the last snapshot recorded of the artifact at `path`, to chunk it against; null when
+   * nothing usable was recorded. Each path is handed out once.
+   */
+  async chunkBase(path: string, a: Artifact, hint: ChunkHint): Promise<ChunkBase | null> {
+    const i = this.#byPath.get(path);
+    if (i === undefined) return null;
+    const rec = this.#chunks.get(i);
+    const e = this.#decode(i);
+    if (!rec || rec.m !== hint.mode || e.kind !== a.kind) return null;
+    this.#byPath.delete(path);
+    return { size: e.size, sha256: e.sha256, holder: this.#ids[e.base]!, rec, table: await readTable(this.#tables, rec) };
+  }
+
+  /** Bundles a chunked artifact reads: bases of this snapshot. */
+  use(ids: Iterable<string>): void {
+    for (const id of ids) if (this.#bases.has(id)) this.#used.add(id);
   }
 
   /**
@@ -296,13 +393,18 @@ export class ReferenceSet {
  */
 export class CacheWriter {
   readonly #tmp: string;
+  readonly #tablesTmp: string;
   #fh: Awaited<ReturnType<typeof open>> | null = null;
+  #tables: FileHandle | null = null;
+  #tableSize = 0;
   #lines: string[] = [];
   #pending = 0;
   #flushing: Promise<void> = Promise.resolve();
 
-  constructor(readonly file: string) {
+  /** `id`: the snapshot whose cache this is (it names the table file). */
+  constructor(readonly file: string, readonly id: string) {
     this.#tmp = `${file}.tmp-${process.pid}`;
+    this.#tablesTmp = `${tableFile(file, id)}.tmp-${process.pid}`;
   }
 
   async start(): Promise<void> {
@@ -315,13 +417,32 @@ export class CacheWriter {
       if (m && !pidAlive(Number(m[1]))) await rm(join(dir, n), { force: true });
     }
     this.#fh = await open(this.#tmp, "w", 0o600);
+    this.#tables = await open(this.#tablesTmp, "w", 0o600);
   }
 
-  /** Record one artifact: packed here (`base` = this snapshot) or referenced. */
-  add(e: IndexEntry, fingerprint: string | undefined, holder: string): void {
-    if (fingerprint === undefined || /[\t\n]/.test(fingerprint) || /[\t\n]/.test(e.kind)) return; // never referenced
-    const fp = fingerprint === kvPageFingerprint(e.sha256, e.size) ? "" : fingerprint;
-    this.#lines.push(`${JSON.stringify(e.path)}\t${e.kind}\t${e.size}\t${e.sha256}\t${holder}\t${fp}`);
+  /**
+   * Record one artifact: packed here (`base` = this snapshot) or referenced; with `chunk`, a
+   * chunkable one's record and table (this snapshot is then `base` unless the whole artifact was
+   * referenced).
+   */
+  add(e: IndexEntry, fingerprint: string | undefined, holder: string, chunk?: { rec: ChunkRecord; table: Buffer | null }): void {
+    if ((fingerprint === undefined && !chunk) || /[\t\n]/.test(fingerprint ?? "") || /[\t\n]/.test(e.kind)) return; // never referenced
+    const fp = fingerprint === undefined ? "-" : fingerprint === kvPageFingerprint(e.sha256, e.size) ? "" : fingerprint;
+    let rec = "";
+    if (chunk) {
+      const r: ChunkRecord = { ...chunk.rec };
+      delete r.t;
+      if (chunk.table) {
+        const t = chunk.table;
+        r.t = [this.#tableSize, t.length, createHash("sha256").update(t).digest("hex").slice(0, 32)];
+        const at = this.#tableSize;
+        this.#tableSize += t.length;
+        const fh = this.#tables!;
+        this.#flushing = this.#flushing.then(async () => { await fh.write(t, 0, t.length, at); });
+      }
+      rec = `\t${JSON.stringify(r)}`;
+    }
+    this.#lines.push(`${JSON.stringify(e.path)}\t${e.kind}\t${e.size}\t${e.sha256}\t${holder}\t${fp}${rec}`);
     this.#pending += this.#lines[this.#lines.length - 1]!.length;
     if (this.#pending >= 1 << 18) this.#flush();
   }
@@ -346,6 +467,11 @@ export class CacheWriter {
     const body = this.#fh!;
     await body.close();
     this.#fh = null;
+    // The table file first, under the name the new cache's header implies.
+    await this.#tables!.sync();
+    await this.#tables!.close();
+    this.#tables = null;
+    await rename(this.#tablesTmp, tableFile(this.file, this.id));
     const header = JSON.stringify({ format: FORMAT, version: VERSION, snapshot_id: snapshotId, ...key, bundles, redacted, unredacted }) + "\n";
     const out = await open(`${this.file}.new-${process.pid}`, "w", 0o600);
     try {
@@ -367,12 +493,21 @@ export class CacheWriter {
     }
     await rename(`${this.file}.new-${process.pid}`, this.file);
     await rm(this.#tmp, { force: true });
+    // The table files of earlier caches are read by no cache now.
+    const dir = dirname(this.file);
+    const stem = `${basename(this.file)}.`;
+    const mine = basename(tableFile(this.file, this.id));
+    for (const n of await readdir(dir).catch(() => [] as string[])) {
+      if (n.startsWith(stem) && n.endsWith(".chunks") && n !== mine) await rm(join(dir, n), { force: true });
+    }
   }
 
   async abort(): Promise<void> {
     await this.#flushing.catch(() => undefined);
     await this.#fh?.close().catch(() => undefined);
+    await this.#tables?.close().catch(() => undefined);
     await rm(this.#tmp, { force: true });
+    await rm(this.#tablesTmp, { force: true });
     await rm(`${this.file}.new-${process.pid}`, { force: true });
   }
 }

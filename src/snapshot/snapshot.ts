@@ -25,7 +25,7 @@ import { MemsnapError, destinationError, interruptedOr, sourceChanged } from "..
 import { BundleWriter } from "../format/container.js";
 import { BLOCK, encodeEntryHeader, padding } from "../format/tar-header.js";
 import {
-  computeSeal, encodeManifest, INDEX_PATH, MANIFEST_VERSION, SNAPSHOT_ID_PATTERN, MANIFEST_VERSION_FULL, MANIFEST_VERSION_INCREMENTAL, PAYLOAD_MEMBER_ENCRYPTED, PAYLOAD_MEMBER_PLAIN,
+  computeSeal, encodeManifest, INDEX_PATH, MANIFEST_VERSION, MANIFEST_VERSION_NO_INDEX, SNAPSHOT_ID_PATTERN, MANIFEST_VERSION_FULL, MANIFEST_VERSION_INCREMENTAL, PAYLOAD_MEMBER_ENCRYPTED, PAYLOAD_MEMBER_PLAIN,
   type CreatedBy, type IndexEntry, type LayerEntry, type Manifest, type RecipientInfo,
 } from "../format/manifest.js";
 import { createRedactor } from "../redact/index.js";
@@ -44,6 +44,7 @@ import { recipientFingerprint } from "../codecs/age/keys.js";
 import { prepareAgeEncryption } from "../codecs/age/stream-seal.js";
 import { PayloadEncoder } from "./encoder.js";
 import { cachePath, CacheWriter, incrementalKey, ReferenceSet, type Reference } from "./incremental.js";
+import { packChunked, packWhole, wholeReason, type ChunkRecord } from "./chunking.js";
 import { IndexSpill } from "./index-spill.js";
 import { LevelPolicy } from "./levels.js";
 import type { S3Client } from "@aws-sdk/client-s3";
@@ -105,9 +106,11 @@ export interface SnapshotOptions {
 
 /** What an incremental snapshot referenced. */
 export interface IncrementalResult {
-  /** Artifacts referenced, and their bytes. */
+  /** Artifacts referenced (chunked ones included), and their bytes (a chunked one's that are in bases). */
   referenced: number;
   referencedBytes: number;
+  /** Artifacts stored as chunked entries: only their changed ranges (./chunking.ts). */
+  chunked: number;
   /** The bundles referenced. */
   bases: string[];
   /** Why nothing was referenced, when that is so. */
@@ -244,10 +247,20 @@ async function packArtifact(
  * runs hot while it is on the stack (on-stack replacement), and compiling all of snapshot() that
  * way took ~170 ms of a core per run (--trace-opt) for code that mostly awaits.
  */
+/** What packLayer needs to chunk an artifact (an incremental snapshot): this snapshot's id and a scratch directory. */
+interface Chunking {
+  self: string;
+  workDir: string;
+}
+
+/** What an artifact packed as leaves for the incremental cache: a chunkable one's record and table. */
+type PackedChunk = { rec: ChunkRecord; table: Buffer | null };
+
 async function packLayer(
   enc: PayloadEncoder, levels: LevelPolicy, layer: LayerEntry, cap: LayerCapture, independent: boolean, distinctPaths: boolean,
   redactor: Redactor | undefined, signal: AbortSignal | undefined, onBytes: (n: number) => void,
-  onPacked: (e: IndexEntry, fingerprint: string | undefined) => void, refs: ReferenceSet | null,
+  onPacked: (e: IndexEntry, fingerprint: string | undefined, chunk?: PackedChunk) => void, refs: ReferenceSet | null,
+  chunking: Chunking | null,
 ): Promise<number> {
   let redactMs = 0;
   const seen = distinctPaths ? null : new Set<string>();
@@ -264,6 +277,7 @@ async function packLayer(
     const p = redactor.redactArtifact(raw, `${layer.name}/${raw.path}`).then((out) => {
       // The redacted bytes are a function of the source's: the next incremental snapshot may reference them.
       if (raw.fingerprint !== undefined) out.fingerprint = raw.fingerprint;
+      if (raw.chunking !== undefined) out.chunking = raw.chunking;
       return out;
     }).finally(() => { redactMs += performance.now() - r0; });
     p.catch(() => undefined); // awaited in order below
@@ -280,13 +294,39 @@ async function packLayer(
       // Secrets found in the referenced bytes and left there (a git bundle's history) count as
       // this snapshot's too: a plaintext bundle is still refused for them.
       if (ref.unredacted) redactor?.recordReused?.(name, ref.unredacted, false);
-      onPacked({
-        path: name, layer: layer.name, kind: a.kind, size: ref.size, sha256: ref.sha256, mode: a.mode, mtime: a.mtime.toISOString(), ref: ref.base,
-      }, a.fingerprint);
+      const base = { path: name, layer: layer.name, kind: a.kind, size: ref.size, sha256: ref.sha256, mode: a.mode, mtime: a.mtime.toISOString() };
+      const chunk = ref.chunk ? { rec: ref.chunk.rec, table: await ref.chunk.table() } : undefined;
+      if (ref.ranges) {
+        // Chunked last time and unchanged: the same ranges, with an empty payload entry (no bytes stored).
+        const empty = await packArtifact(enc, levels, layer.name, { path: a.path, kind: a.kind, size: 0, mode: a.mode, mtime: a.mtime, open: () => [] }, onBytes);
+        onPacked({ ...base, ranges: ref.ranges, stored_size: 0, stored_sha256: empty.sha256 }, a.fingerprint, chunk);
+      } else {
+        onPacked({ ...base, ref: ref.base }, a.fingerprint, chunk);
+      }
       layer.artifacts++;
       layer.bytes += ref.size;
       layer.referenced = (layer.referenced ?? 0) + 1;
       collectArtifacts(); // a referenced KV page leaves as much garbage as a packed one, and comes faster
+      continue;
+    }
+    const hint = chunking && refs ? a.chunking : undefined;
+    if (hint) {
+      // An incremental snapshot of a chunkable artifact: chunked against the last one's when
+      // that is worth it, else packed whole, its table taken for the next (./chunking.ts).
+      const name = `${layer.name}/${a.path}`;
+      const pack = (x: Artifact): Promise<IndexEntry> => packArtifact(enc, levels, layer.name, x, onBytes);
+      const b = await refs!.chunkBase(name, a, hint);
+      const why = b ? wholeReason(b, hint, a) : "no base";
+      const r = b && why === null
+        ? await packChunked(a, hint, b, { name, layer: layer.name, self: chunking!.self, workDir: chunking!.workDir, pack, use: (ids) => refs!.use(ids) })
+        : await packWhole(a, hint, pack, why ?? undefined);
+      if (process.env.MEMSNAP_DEBUG_ENCODER) process.stderr.write(`chunking ${name}: ${r.entry.ranges ? `${r.entry.stored_size} of ${r.entry.size} bytes stored` : `whole (${r.whole ?? "?"})`}\n`);
+      onPacked(r.entry, a.fingerprint, { rec: r.rec, table: r.table });
+      collectArtifacts();
+      crashPoint("snapshot:artifact");
+      layer.artifacts++;
+      layer.bytes += r.entry.size;
+      if (r.entry.ranges) layer.referenced = (layer.referenced ?? 0) + 1;
       continue;
     }
     const e = await packArtifact(enc, levels, layer.name, a, onBytes);
@@ -434,11 +474,12 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
       : incKey ? await ReferenceSet.load(cachePath(cfg.baseDir, cfg.tenant, cfg.agent), incKey, dirname(dest))
       : ReferenceSet.empty("a passphrase-encrypted snapshot references nothing (passphrases cannot be compared)");
     if (incKey) {
-      cache = new CacheWriter(cachePath(cfg.baseDir, cfg.tenant, cfg.agent));
+      cache = new CacheWriter(cachePath(cfg.baseDir, cfg.tenant, cfg.agent), id);
       await cache.start().catch((e: unknown) => { throw destinationError(e, cache!.file); });
     }
     let referencedCount = 0;
     let referencedBytes = 0;
+    let chunked = 0;
     if (process.env.MEMSNAP_DEBUG_ENCODER && refs) {
       const mu = process.memoryUsage();
       process.stderr.write(`incremental: ${refs.size} artifact(s) may be referenced (rss ${Math.round(mu.rss / 1048576)} heap used ${Math.round(mu.heapUsed / 1048576)} of ${Math.round(mu.heapTotal / 1048576)} MiB)\n`);
@@ -486,16 +527,21 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
         opts.signal?.throwIfAborted();
         bytes += n;
         opts.onProgress?.({ bytes, totalBytes: estimate, artifacts: spill!.count, layer: scfg.name });
-      }, (e, fingerprint) => {
+      }, (e, fingerprint, chunk) => {
         spill!.add(e);
         if (index && index.length === (opts.manifestIndexMax ?? MANIFEST_INDEX_MAX)) index = null;
         index?.push(e);
-        cache?.add(e, fingerprint, e.ref ?? id);
+        cache?.add(e, fingerprint, e.ref ?? id, chunk);
         if (e.ref !== undefined) {
           referencedCount++;
           referencedBytes += e.size;
+        } else if (e.ranges !== undefined) {
+          // (its stored ranges were counted as they packed)
+          chunked++;
+          referencedCount++;
+          referencedBytes += e.size - e.stored_size!;
         }
-      }, refs);
+      }, refs, incKey ? { self: id, workDir } : null);
       if (process.env.MEMSNAP_DEBUG_ENCODER) {
         const elu = performance.eventLoopUtilization(elu0);
         elu0 = performance.eventLoopUtilization();
@@ -547,7 +593,7 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
     const body: Omit<Manifest, "seal"> = {
       format: "memsnap",
       // The oldest version that says what this bundle is (so older readers read what they can).
-      manifest_version: !encrypted && !index ? MANIFEST_VERSION : bases.length ? MANIFEST_VERSION_INCREMENTAL : MANIFEST_VERSION_FULL,
+      manifest_version: chunked ? MANIFEST_VERSION : !encrypted && !index ? MANIFEST_VERSION_NO_INDEX : bases.length ? MANIFEST_VERSION_INCREMENTAL : MANIFEST_VERSION_FULL,
       snapshot_id: id,
       created_at: createdAt.toISOString(),
       created_by: opts.createdBy ?? "api",
@@ -584,7 +630,10 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
     }
     let incremental: IncrementalResult | undefined;
     if (refs) {
-      incremental = { referenced: referencedCount, referencedBytes, bases: bases.map((b) => b.snapshot_id), reason: referencedCount ? null : refs.reason ?? "nothing was unchanged" };
+      incremental = {
+        referenced: referencedCount, referencedBytes, chunked, bases: bases.map((b) => b.snapshot_id),
+        reason: referencedCount ? null : refs.reason ?? "nothing was unchanged",
+      };
       if (cache && incKey) {
         // The next incremental snapshot's references: this bundle, and the bases it referenced.
         const holders = Object.fromEntries([[id, manifest.seal], ...bases.map((b) => [b.snapshot_id, b.seal])]);

@@ -11,6 +11,7 @@
 import { resolve } from "node:path";
 import { optStringArray, rejectUnknownKeys, reqString } from "../util/config-check.js";
 import type { SourceKind } from "./types.js";
+import { CDC_MIN_FILE } from "../format/artifact.js";
 import { compileGlobs } from "../util/glob.js";
 import { readAhead } from "./prefetch.js";
 import { completeLinesPrefix, fileArtifact, fingerprintOf, SMALL_FILE, sourceError, walkNotices, walkStream, type FoundFile } from "./walk.js";
@@ -133,6 +134,9 @@ export const filesSource: SourceKind<FilesConfig> = {
           const a = fileArtifact(f, kind, f.rel, prefix, pre);
           a.text = TEXT_EXT.test(f.rel);
           a.fingerprint = fingerprint;
+          // An incremental snapshot stores only the tail of a log, the changed chunks of a big file.
+          if (prefix !== undefined || kind === "jsonl") a.chunking = { mode: "append" };
+          else if (a.size >= CDC_MIN_FILE) a.chunking = { mode: "cdc" };
           yield a;
         }
       })(),

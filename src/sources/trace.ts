@@ -232,6 +232,8 @@ function plainArtifact(f: FoundFile, size: number, onRecords: (n: number) => voi
     mode: f.stats.mode & 0o7777,
     mtime: f.stats.mtime,
     text: false, // redaction would break the ids; this source redacts and re-seals itself
+    rereadable: true, // each open() reads and checks the file again (an incremental snapshot may read its prefix twice)
+    chunking: { mode: "append" }, // a trace is only ever appended to: an incremental snapshot stores the new records
     open: () => (async function* () {
       const v = new TraceValidator();
       const s = new LineSplitter();
@@ -398,7 +400,9 @@ export const traceSource: SourceKind<TraceConfig> = {
         let i = 0;
         for (const { f, size } of prefixes) {
           if (!redactor) {
-            yield plainArtifact(f, size, (n) => { records += n; });
+            // (counted once however many times it is read)
+            let counted = 0;
+            yield plainArtifact(f, size, (n) => { records += n - counted; counted = n; });
             continue;
           }
           spoolDir ??= await mkdtemp(join(ctx.tmpDir, `trace-${cfg.name}-`));
@@ -412,6 +416,7 @@ export const traceSource: SourceKind<TraceConfig> = {
           a.mode = f.stats.mode & 0o7777;
           a.mtime = f.stats.mtime;
           a.text = false;
+          a.chunking = { mode: "append" };
           yield a;
         }
       })(),

@@ -19,9 +19,9 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { MemsnapError } from "../errors.js";
 import { readLayout } from "../format/container.js";
-import type { IndexEntry, Manifest } from "../format/manifest.js";
+import { isChunkedIn, type IndexEntry, type Manifest } from "../format/manifest.js";
 import { compareWithIndex, readPayload, type EntryHandler, type Keys } from "../read/read-payload.js";
-import { openBases } from "../read/bases.js";
+import { extractReferenced, openBases, References } from "../read/bases.js";
 import type { StoredSnapshot } from "./store.js";
 
 /** The most entries of one list (files added, commits, …) a diff reports; the rest are counted. */
@@ -126,10 +126,17 @@ async function readSnapshot(s: StoredSnapshot, keys: Keys, want: Want | null): P
   checked(s.id, s.manifest, r);
   if (!r.index) throw new MemsnapError("MEMSNAP_INDEX_MISMATCH", `snapshot ${s.id} has no readable index`, { hint: "the bundle is damaged; run memsnap verify on it" });
   const index = r.index.artifacts;
+  // Wanted chunked artifacts (their stored ranges are written): the rest of their bytes is read from their bases.
+  const chunked = new References();
+  for (const e of index) if (isChunkedIn(s.manifest, e) && want?.(e.path) !== undefined) chunked.add(e);
+  if (chunked.count) {
+    const bases = await openBases(s.path, s.manifest, chunked.basesIn());
+    await extractReferenced(bases, chunked, () => null, { keys, chunkFile: (e) => want!(e.path) ?? null });
+  }
   // Wanted artifacts whose bytes are in a base (references never chain).
   const byBase = new Map<string, Map<string, IndexEntry>>();
   for (const e of index) {
-    if (e.ref === undefined || !want || want(e.path) === undefined) continue;
+    if (e.ref === undefined || isChunkedIn(s.manifest, e) || !want || want(e.path) === undefined) continue;
     if (!byBase.has(e.ref)) byBase.set(e.ref, new Map());
     byBase.get(e.ref)!.set(e.path, e);
   }

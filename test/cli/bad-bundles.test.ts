@@ -386,8 +386,8 @@ describe("versions from the future", () => {
     return p;
   }
 
-  it("manifest_version 4 (resealed; this memsnap reads up to 3): MEMSNAP_UNSUPPORTED_VERSION, exit 5, for verify, inspect and restore; restore writes nothing", async () => {
-    const p = edited(P, (m) => { m.manifest_version = 4; });
+  it("manifest_version 5 (resealed; this memsnap reads up to 4): MEMSNAP_UNSUPPORTED_VERSION, exit 5, for verify, inspect and restore; restore writes nothing", async () => {
+    const p = edited(P, (m) => { m.manifest_version = 5; });
     const r = await runCli(["verify", p], { cwd: work });
     expectCliError(r, 5, "MEMSNAP_UNSUPPORTED_VERSION");
     expect(r.stderr).toMatch(/^memsnap: hint: .*(newer memsnap|upgrade)/m);
@@ -401,8 +401,8 @@ describe("versions from the future", () => {
     expectCliError(await runCli(["verify", pe, "-i", key], { cwd: work }), 5, "MEMSNAP_UNSUPPORTED_VERSION");
   });
 
-  it("manifest_version 4 is refused before the seal is looked at (not resealed: still UNSUPPORTED_VERSION)", async () => {
-    const p = edited(P, (m) => { m.manifest_version = 4; m.some_future_field = { x: 1 }; }, false);
+  it("manifest_version 5 is refused before the seal is looked at (not resealed: still UNSUPPORTED_VERSION)", async () => {
+    const p = edited(P, (m) => { m.manifest_version = 5; m.some_future_field = { x: 1 }; }, false);
     const v = await verifyJson(p);
     expect(v.r.code).toBe(5);
     expect(v.codes).toEqual(["MEMSNAP_UNSUPPORTED_VERSION"]);

@@ -428,7 +428,9 @@ describe("SQLite databases in incremental snapshots", () => {
     // the writer stays open: its row is in the -wal, not yet in the file
     const third = await snap();
     live.close();
-    expect(third.manifest.layers[0]!.referenced).toBe(1); // facts.db only
+    // facts.db referenced whole; live.db (a copy, its WAL folded in) chunked: its unchanged pages are references
+    expect(third.manifest.layers[0]!.referenced).toBe(2);
+    expect(third.incremental!.chunked).toBe(1);
     const m3 = third.manifest.layers[0]!.meta as { databases: Record<string, { reused?: boolean; tables: Record<string, number> }> };
     expect(m3.databases["live.db"]!.reused).toBeUndefined();
     expect(m3.databases["live.db"]!.tables.t).toBe(501);

@@ -242,7 +242,10 @@ export async function captureLayer(cfg: SqliteConfig, ctx: CaptureContext): Prom
           ...(redaction ? { redaction } : {}),
         };
         const a = fileArtifact({ abs: copy, rel: f.rel, stats: st }, "sqlite");
-        yield { ...a, mode: f.stats.mode & 0o7777, mtime: f.stats.mtime };
+        const pageSize = cr.pragmas.page_size;
+        // An incremental snapshot stores only the pages of the copy that changed (a VACUUM INTO
+        // copy moves pages after a change less often than not: matched by content, not place).
+        yield { ...a, mode: f.stats.mode & 0o7777, mtime: f.stats.mtime, ...(pageSize > 0 ? { chunking: { mode: "pages" as const, pageSize } } : {}) };
         // The pipeline has packed and checked the artifact: drop the copy now to bound disk use.
         await removeCopy(copy);
       }

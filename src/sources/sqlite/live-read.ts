@@ -28,6 +28,8 @@ export function liveArtifact(
     // The file itself is read: an incremental snapshot may reference it while the file stays as
     // it was found (its stat, taken before the read transaction, is the conservative identity).
     ...(size === f.stats.size ? { fingerprint: fingerprintOf(f.stats) } : {}),
+    // Otherwise it stores only the pages that changed.
+    ...(meta.page_size > 0 ? { chunking: { mode: "pages", pageSize: meta.page_size } } : {}),
     open: (o?: OpenOptions) => {
       const s = o?.reuse
         ? null
