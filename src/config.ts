@@ -13,7 +13,13 @@ import { sourceKind, SOURCE_KINDS } from "./sources/registry.js";
 import { locationString, parseStoreLocation } from "./objstore/location.js";
 import type { SourceKind } from "./sources/types.js";
 import {
-  configInvalid, isPlainObject, optInt, optString, optStringArray, rejectUnknownKeys, reqString,
+  configInvalid,
+  isPlainObject,
+  optInt,
+  optString,
+  optStringArray,
+  rejectUnknownKeys,
+  reqString,
 } from "./util/config-check.js";
 
 /** A configured source: its kind's implementation and its parsed entry. */
@@ -116,7 +122,9 @@ function configStore(store: string, baseDir: string, where: string): string {
     return locationString(parseStoreLocation(store, baseDir));
   } catch (e) {
     if (!(e instanceof MemsnapError)) throw e;
-    throw new MemsnapError("MEMSNAP_CONFIG_INVALID", `${where}: "store": ${e.message}`, { ...(e.hint ? { hint: e.hint } : {}) });
+    throw new MemsnapError("MEMSNAP_CONFIG_INVALID", `${where}: "store": ${e.message}`, {
+      ...(e.hint ? { hint: e.hint } : {}),
+    });
   }
 }
 
@@ -124,16 +132,39 @@ function configStore(store: string, baseDir: string, where: string): string {
 export function parseConfig(raw: unknown, file: string | null, baseDir: string): MemsnapConfig {
   const where = file ?? "config";
   if (!isPlainObject(raw)) throw configInvalid(where, "must be a JSON object");
-  rejectUnknownKeys(raw, ["$schema", "tenant", "agent", "store", "recipients", "recipients_file", "sign_key", "s3_endpoint", "compression", "redaction", "hooks", "sources"], where);
+  rejectUnknownKeys(
+    raw,
+    [
+      "$schema",
+      "tenant",
+      "agent",
+      "store",
+      "recipients",
+      "recipients_file",
+      "sign_key",
+      "s3_endpoint",
+      "compression",
+      "redaction",
+      "hooks",
+      "sources",
+    ],
+    where,
+  );
   const tenant = optString(raw, "tenant", where) ?? "default";
   const agent = reqString(raw, "agent", where);
-  for (const [k, v] of [["tenant", tenant], ["agent", agent]] as const) {
+  for (const [k, v] of [
+    ["tenant", tenant],
+    ["agent", agent],
+  ] as const) {
     if (!ID_PATTERN.test(v)) throw configInvalid(where, `"${k}" must match [a-z0-9_-]{1,64}, got ${JSON.stringify(v)}`);
   }
   const store = optString(raw, "store", where);
   const s3Endpoint = optString(raw, "s3_endpoint", where);
   if (s3Endpoint !== undefined && !/^https?:\/\/[^/?#\s]+\/?$/.test(s3Endpoint)) {
-    throw configInvalid(where, `"s3_endpoint" must be an http:// or https:// URL of a host, got ${JSON.stringify(s3Endpoint)}`);
+    throw configInvalid(
+      where,
+      `"s3_endpoint" must be an http:// or https:// URL of a host, got ${JSON.stringify(s3Endpoint)}`,
+    );
   }
   const recipients = optStringArray(raw, "recipients", where) ?? [];
   const recipientsFile = optString(raw, "recipients_file", where);
@@ -148,10 +179,12 @@ export function parseConfig(raw: unknown, file: string | null, baseDir: string):
     level = optInt(c, "level", w, 1, 19) ?? 3;
     threads = optInt(c, "threads", w, 0, 64);
   }
-  if (raw.redaction !== undefined && !isPlainObject(raw.redaction)) throw configInvalid(where, '"redaction" must be an object');
+  if (raw.redaction !== undefined && !isPlainObject(raw.redaction))
+    throw configInvalid(where, '"redaction" must be an object');
   const redaction = parseRedactionConfig(raw.redaction as Record<string, unknown> | undefined, `${where}: redaction`);
   const hooks = parseHooks(raw.hooks, `${where}: hooks`);
-  if (!Array.isArray(raw.sources) || raw.sources.length === 0) throw configInvalid(where, '"sources" must be a non-empty array');
+  if (!Array.isArray(raw.sources) || raw.sources.length === 0)
+    throw configInvalid(where, '"sources" must be a non-empty array');
   const names = new Set<string>();
   const sources = raw.sources.map((s: unknown, i: number): ConfiguredSource => {
     const w = `${where}: sources[${i}]`;
@@ -160,13 +193,17 @@ export function parseConfig(raw: unknown, file: string | null, baseDir: string):
     const impl = sourceKind(kind);
     if (!impl) throw configInvalid(w, `unknown source kind "${kind}" (known: ${Object.keys(SOURCE_KINDS).join(", ")})`);
     const cfg = impl.parseConfig(s, w) as ConfiguredSource["cfg"];
-    if (!LAYER_NAME.test(cfg.name)) throw configInvalid(w, `"name" must match [a-z0-9][a-z0-9_-]{0,63}, got ${JSON.stringify(cfg.name)}`);
+    if (!LAYER_NAME.test(cfg.name))
+      throw configInvalid(w, `"name" must match [a-z0-9][a-z0-9_-]{0,63}, got ${JSON.stringify(cfg.name)}`);
     if (names.has(cfg.name)) throw configInvalid(w, `duplicate source name "${cfg.name}"`);
     names.add(cfg.name);
     return { impl, cfg };
   });
   return {
-    file, baseDir, tenant, agent,
+    file,
+    baseDir,
+    tenant,
+    agent,
     ...(store ? { store: configStore(store, baseDir, where) } : {}),
     ...(s3Endpoint ? { s3Endpoint } : {}),
     recipients,
@@ -179,7 +216,10 @@ export function parseConfig(raw: unknown, file: string | null, baseDir: string):
   };
 }
 
-/** Read and validate a memsnap.json. Throws MEMSNAP_CONFIG_NOT_FOUND, MEMSNAP_CONFIG_INVALID, MEMSNAP_CONFIG_UNKNOWN_KEY. */
+/**
+ * Read and validate a memsnap.json. Throws MEMSNAP_CONFIG_NOT_FOUND, MEMSNAP_CONFIG_INVALID,
+ * MEMSNAP_CONFIG_UNKNOWN_KEY.
+ */
 export async function loadConfig(path: string): Promise<MemsnapConfig> {
   const file = resolve(path);
   let text: string;
@@ -187,7 +227,8 @@ export async function loadConfig(path: string): Promise<MemsnapConfig> {
     text = await readFile(file, "utf8");
   } catch (e) {
     throw new MemsnapError("MEMSNAP_CONFIG_NOT_FOUND", `cannot read config ${file}: ${(e as Error).message}`, {
-      path: file, hint: "pass --config FILE, or run 'memsnap init' to write one",
+      path: file,
+      hint: "pass --config FILE, or run 'memsnap init' to write one",
     });
   }
   let raw: unknown;

@@ -49,7 +49,12 @@ export function parseHooks(raw: unknown, where: string): HooksConfig {
 }
 
 /** Run one event's hook if configured. Resolves with its result (never rejects), or null when none is configured. */
-export function runHook(hooks: HooksConfig | undefined, event: HookEvent, metadata: Record<string, unknown>, cwd?: string): Promise<HookResult | null> {
+export function runHook(
+  hooks: HooksConfig | undefined,
+  event: HookEvent,
+  metadata: Record<string, unknown>,
+  cwd?: string,
+): Promise<HookResult | null> {
   const cmd = hooks?.[event];
   if (!cmd) return Promise.resolve(null);
   const t0 = performance.now();
@@ -66,7 +71,12 @@ export function runHook(hooks: HooksConfig | undefined, event: HookEvent, metada
     // Its own process group, so that a timeout ends everything it started: `sh -c "…"` (dash
     // forks its command rather than exec'ing it) killed alone left the command holding the
     // stderr pipe, and memsnap waited for that command to end, timeout or not.
-    const child = spawn(file, args, { cwd, stdio: ["pipe", "ignore", "pipe"], env: { ...process.env, MEMSNAP_EVENT: event }, detached: true });
+    const child = spawn(file, args, {
+      cwd,
+      stdio: ["pipe", "ignore", "pipe"],
+      env: { ...process.env, MEMSNAP_EVENT: event },
+      detached: true,
+    });
     const killGroup = (sig: NodeJS.Signals): void => {
       try {
         if (child.pid !== undefined) process.kill(-child.pid, sig);
@@ -87,11 +97,18 @@ export function runHook(hooks: HooksConfig | undefined, event: HookEvent, metada
       child.unref();
       done({ ok: false, exit_code: null, error: `timed out after ${hooks!.timeout_ms} ms` });
     }, hooks!.timeout_ms);
-    child.stderr.on("data", (c: Buffer) => { stderr = (stderr + c.toString("utf8")).slice(-2000); });
+    child.stderr.on("data", (c: Buffer) => {
+      stderr = (stderr + c.toString("utf8")).slice(-2000);
+    });
     child.on("error", (e) => done({ ok: false, exit_code: null, error: `cannot run ${file}: ${e.message}` }));
     child.on("close", (code, signal) => {
       if (code === 0) done({ ok: true, exit_code: 0 });
-      else done({ ok: false, exit_code: code, error: `${signal ? `killed by ${signal}` : `exit ${code}`}${stderr.trim() ? `: ${stderr.trim().split("\n").slice(-3).join(" | ")}` : ""}` });
+      else
+        done({
+          ok: false,
+          exit_code: code,
+          error: `${signal ? `killed by ${signal}` : `exit ${code}`}${stderr.trim() ? `: ${stderr.trim().split("\n").slice(-3).join(" | ")}` : ""}`,
+        });
     });
     child.stdin.on("error", () => undefined); // a hook that ignores stdin must not crash us
     child.stdin.end(JSON.stringify({ event, ...metadata }) + "\n");

@@ -19,16 +19,35 @@ export type { Keys } from "./read/read-payload.js";
 export { snapshot, type SnapshotOptions, type SnapshotResult, type SnapshotProgress } from "./snapshot/snapshot.js";
 export { verifyBundle, type VerifyOptions, type VerifyReport, type Check, type CheckStatus } from "./verify.js";
 export { restoreToDir, type RestoreToDirOptions, type RestoreToDirResult } from "./restore/to-dir.js";
-export { restoreInPlace, recoverAgent, type RestoreInPlaceOptions, type RestoreInPlaceResult } from "./restore/in-place.js";
+export {
+  restoreInPlace,
+  recoverAgent,
+  type RestoreInPlaceOptions,
+  type RestoreInPlaceResult,
+} from "./restore/in-place.js";
 export type { RestorePlan, LayerPlan } from "./restore/plan.js";
 
 // The store: list, find, export, delete, prune, diff, rekey, browse; the scheduler.
 export { listSnapshots, findSnapshot, exportSnapshot, deleteSnapshots, type StoredSnapshot } from "./store/store.js";
 export type { RetentionPolicy, PruneDecision } from "./store/prune.js";
-export { pruneStore, diffSnapshots, type PruneResult, type LayerDiff, type GitDiff, type SqliteDiff } from "./store/ops.js";
+export {
+  pruneStore,
+  diffSnapshots,
+  type PruneResult,
+  type LayerDiff,
+  type GitDiff,
+  type SqliteDiff,
+} from "./store/ops.js";
 export { rekeyBundles, type RekeyOptions, type RekeyResult, type RekeyOutcome } from "./store/rekey.js";
 export { openSnapshot, catArtifact, type OpenedSnapshot } from "./browse/index.js";
 export { runSchedule, type ScheduleOptions } from "./schedule.js";
 
 // What a bundle's manifest holds.
-export { MANIFEST_VERSION, type Manifest, type IndexEntry, type LayerEntry, type PayloadInfo, type CreatedBy } from "./format/manifest.js";
+export {
+  MANIFEST_VERSION,
+  type Manifest,
+  type IndexEntry,
+  type LayerEntry,
+  type PayloadInfo,
+  type CreatedBy,
+} from "./format/manifest.js";

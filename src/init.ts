@@ -32,7 +32,17 @@ import { pagedDumpAt } from "./sources/kv/detect.js";
 import { selector } from "./sources/walk.js";
 
 const SQLITE_MAGIC = Buffer.from("SQLite format 3\0", "latin1");
-const SKIP_DIRS = new Set(["node_modules", ".git", ".venv", "venv", "__pycache__", ".cache", "dist", "build", ".memsnap"]);
+const SKIP_DIRS = new Set([
+  "node_modules",
+  ".git",
+  ".venv",
+  "venv",
+  "__pycache__",
+  ".cache",
+  "dist",
+  "build",
+  ".memsnap",
+]);
 const MAX_DEPTH = 4;
 const STATE_MAX_BYTES = 1 << 20;
 
@@ -97,7 +107,8 @@ export function coverage(base: string, sources: readonly CoverageSource[]): (rel
     if (raw === undefined) return [];
     const root = relative(base, resolve(base, raw)).split("\\").join("/");
     if (root.startsWith("..") || isAbsolute(root)) return [];
-    const within = (rel: string): string | null => (root === "" ? rel : rel === root ? "" : rel.startsWith(`${root}/`) ? rel.slice(root.length + 1) : null);
+    const within = (rel: string): string | null =>
+      root === "" ? rel : rel === root ? "" : rel.startsWith(`${root}/`) ? rel.slice(root.length + 1) : null;
     if (WHOLE_DIR_KINDS.has(s.kind)) return [(rel: string) => within(rel) !== null];
     const sel = selector({ include: s.include, exclude: s.exclude });
     const one = (rel: string): boolean => {
@@ -110,10 +121,18 @@ export function coverage(base: string, sources: readonly CoverageSource[]): (rel
   return (rel) => tests.some((t) => t(rel));
 }
 
-interface WalkedFile { rel: string; bytes: number }
+interface WalkedFile {
+  rel: string;
+  bytes: number;
+}
 
 /** Every regular file under `dir` (lstat only), and the symlinks and special files met. */
-async function allFiles(dir: string, home: string, out: { files: WalkedFile[]; links: WalkedFile[]; skipped: Map<string, WalkedFile[]> }, skipTop: string | null): Promise<void> {
+async function allFiles(
+  dir: string,
+  home: string,
+  out: { files: WalkedFile[]; links: WalkedFile[]; skipped: Map<string, WalkedFile[]> },
+  skipTop: string | null,
+): Promise<void> {
   const entries = await readdir(dir, { withFileTypes: true }).catch(() => []);
   for (const e of entries) {
     const p = join(dir, e.name);
@@ -148,7 +167,12 @@ async function isSqlite(path: string): Promise<boolean> {
 
 /** A unique layer name from `raw`; when taken, `<base>-<kindSuffix>` is tried before `<base>-2`, `-3`, … */
 function layerName(raw: string, taken: Set<string>, kindSuffix?: string): string {
-  let base = raw.toLowerCase().replace(/\.[a-z0-9]+$/, "").replace(/[^a-z0-9_-]+/g, "-").replace(/^[-_]+|[-_]+$/g, "") || "layer";
+  let base =
+    raw
+      .toLowerCase()
+      .replace(/\.[a-z0-9]+$/, "")
+      .replace(/[^a-z0-9_-]+/g, "-")
+      .replace(/^[-_]+|[-_]+$/g, "") || "layer";
   base = base.slice(0, 56);
   let name = base;
   if (taken.has(name) && kindSuffix) name = `${base}-${kindSuffix}`;
@@ -159,30 +183,67 @@ function layerName(raw: string, taken: Set<string>, kindSuffix?: string): string
 
 /** Files taken from the topmost directory that holds them, with everything below it. */
 const FILE_GROUPS = [
-  { ext: /\.md$/i, include: ["**/*.md"], kind: "files" as const, home: "notes", note: "Markdown notes, byte for byte (secrets redacted in the bundle)" },
   {
-    ext: /\.(jsonl|ndjson)$/i, include: ["**/*.jsonl", "**/*.ndjson"], append: ["**/*.jsonl", "**/*.ndjson"], kind: "files" as const, home: "logs",
+    ext: /\.md$/i,
+    include: ["**/*.md"],
+    kind: "files" as const,
+    home: "notes",
+    note: "Markdown notes, byte for byte (secrets redacted in the bundle)",
+  },
+  {
+    ext: /\.(jsonl|ndjson)$/i,
+    include: ["**/*.jsonl", "**/*.ndjson"],
+    append: ["**/*.jsonl", "**/*.ndjson"],
+    kind: "files" as const,
+    home: "logs",
     note: "JSONL logs, redacted value by value; append-only: captured up to the last complete line, so a writer may go on appending",
   },
-  { ext: /\.agentlog$/i, include: ["**/*.agentlog"], kind: "trace" as const, home: "traces", note: "agentlog traces: every record validated; a redacted record is re-sealed" },
+  {
+    ext: /\.agentlog$/i,
+    include: ["**/*.agentlog"],
+    kind: "trace" as const,
+    home: "traces",
+    note: "agentlog traces: every record validated; a redacted record is re-sealed",
+  },
 ];
 
 /** What one directory is, if it is a whole source of its own. */
-async function specialDir(dir: string, names: Set<string>): Promise<Pick<DetectedSource, "kind" | "extra" | "note"> | null> {
+async function specialDir(
+  dir: string,
+  names: Set<string>,
+): Promise<Pick<DetectedSource, "kind" | "extra" | "note"> | null> {
   if (names.has(".git")) return { kind: "git", note: "git memdir: history as a git bundle, plus uncommitted files" };
   if (names.has("kv-manifest.json")) {
-    return { kind: "kv", extra: { format: "memsnap" }, note: "KV-cache page dump: each distinct page stored once, zero pages as flags" };
+    return {
+      kind: "kv",
+      extra: { format: "memsnap" },
+      note: "KV-cache page dump: each distinct page stored once, zero pages as flags",
+    };
   }
   if (names.has("inventory.img")) {
-    return { kind: "criu", note: "CRIU process dump: process memory, which cannot be redacted (snapshots of it must be encrypted: name recipients)" };
+    return {
+      kind: "criu",
+      note: "CRIU process dump: process memory, which cannot be redacted (snapshots of it must be encrypted: name recipients)",
+    };
   }
-  if (names.has("images") && names.has("blobs") && (await stat(join(dir, "blobs", "sha256")).then((s) => s.isDirectory(), () => false))) {
+  if (
+    names.has("images") &&
+    names.has("blobs") &&
+    (await stat(join(dir, "blobs", "sha256")).then(
+      (s) => s.isDirectory(),
+      () => false,
+    ))
+  ) {
     return { kind: "pfimg", note: "ProcessFork image store: every image's manifest and blobs" };
   }
   if (names.has("manifest.json")) {
     const pageBytes = await pagedDumpAt(dir);
     if (pageBytes !== null) {
-      return { kind: "kv", extra: { format: "paged" }, note: `paged KV dump (manifest.json: ${fmtMiB(pageBytes)} pages): each distinct page stored once, zero pages as flags` };
+      return {
+        kind: "kv",
+        extra: { format: "paged" },
+        note: `paged KV dump (manifest.json: ${fmtMiB(pageBytes)} pages): each distinct page stored once, zero pages as flags`,
+      };
     }
   }
   return null;
@@ -192,7 +253,10 @@ async function specialDir(dir: string, names: Set<string>): Promise<Pick<Detecte
 export async function detectAgent(home: string): Promise<Detection> {
   const st = await stat(home).catch(() => null);
   if (!st?.isDirectory()) {
-    throw new MemsnapError("MEMSNAP_SOURCE_MISSING", `agent home ${home} is not a directory`, { path: home, hint: "pass the directory the agent keeps its memory in" });
+    throw new MemsnapError("MEMSNAP_SOURCE_MISSING", `agent home ${home} is not a directory`, {
+      path: home,
+      hint: "pass the directory the agent keeps its memory in",
+    });
   }
   // Each source is found with the name it would like (its directory's or file's); names are
   // made unique at the end.
@@ -209,7 +273,11 @@ export async function detectAgent(home: string): Promise<Detection> {
     if (special) {
       const name = dir === home ? (special.kind === "git" ? "memdir" : special.kind) : basename(dir);
       // a ProcessFork store is named by `store`, the others by `path`
-      found.push(special.kind === "pfimg" ? { kind: "pfimg", name, path: rel(dir), extra: { store: rel(dir) }, note: special.note } : { ...special, name, path: rel(dir) });
+      found.push(
+        special.kind === "pfimg"
+          ? { kind: "pfimg", name, path: rel(dir), extra: { store: rel(dir) }, note: special.note }
+          : { ...special, name, path: rel(dir) },
+      );
       specials.push(dir);
       return;
     }
@@ -220,8 +288,18 @@ export async function detectAgent(home: string): Promise<Detection> {
         if (depth < MAX_DEPTH && !SKIP_DIRS.has(e.name)) await walk(p, depth + 1);
       } else if (e.isFile()) {
         if (/\.(db|sqlite|sqlite3)$/i.test(e.name) && (await isSqlite(p))) {
-          found.push({ kind: "sqlite", name: e.name, path: rel(p), note: "SQLite database: one committed state under live writers (the file under a read transaction, or a copy with the WAL folded in)" });
-        } else if (/\.json$/i.test(e.name) && e.name !== "memsnap.json" && e.name !== "package.json" && e.name !== "package-lock.json") {
+          found.push({
+            kind: "sqlite",
+            name: e.name,
+            path: rel(p),
+            note: "SQLite database: one committed state under live writers (the file under a read transaction, or a copy with the WAL folded in)",
+          });
+        } else if (
+          /\.json$/i.test(e.name) &&
+          e.name !== "memsnap.json" &&
+          e.name !== "package.json" &&
+          e.name !== "package-lock.json"
+        ) {
           const s = await stat(p).catch(() => null);
           if (s && s.size <= STATE_MAX_BYTES) jsons.push(e.name);
         }
@@ -232,7 +310,10 @@ export async function detectAgent(home: string): Promise<Detection> {
     }
     if (jsons.length) {
       found.push({
-        kind: "state", name: dir === home ? "state" : basename(dir), path: rel(dir), include: jsons.map((j) => `/${j}`),
+        kind: "state",
+        name: dir === home ? "state" : basename(dir),
+        path: rel(dir),
+        include: jsons.map((j) => `/${j}`),
         note: `JSON state (${jsons.length} file${jsons.length > 1 ? "s" : ""}), validated as JSON`,
       });
     }
@@ -244,8 +325,13 @@ export async function detectAgent(home: string): Promise<Detection> {
     for (const top of dirs.filter((d) => !dirs.some((o) => under(d, o)))) {
       const exclude = specials.filter((s) => under(s, top)).map((s) => `/${relative(top, s).split("\\").join("/")}/`);
       found.push({
-        kind: g.kind, name: top === home ? g.home : basename(top), path: rel(top), include: g.include,
-        ...(exclude.length ? { exclude } : {}), ...("append" in g ? { append: g.append } : {}), note: g.note,
+        kind: g.kind,
+        name: top === home ? g.home : basename(top),
+        path: rel(top),
+        include: g.include,
+        ...(exclude.length ? { exclude } : {}),
+        ...("append" in g ? { append: g.append } : {}),
+        note: g.note,
       });
     }
   });
@@ -254,8 +340,11 @@ export async function detectAgent(home: string): Promise<Detection> {
   // file of the same stem takes it: for memory/ (git) and db/memory.db, "memory" and
   // "memory-db", not "memory-2" for the memdir.
   const taken = new Set<string>();
-  const order = found.map((_, i) => i).sort((a, b) => NAME_PRIORITY[found[a]!.kind] - NAME_PRIORITY[found[b]!.kind] || a - b);
-  for (const i of order) found[i]!.name = layerName(found[i]!.name, taken, found[i]!.kind === "sqlite" ? "db" : undefined);
+  const order = found
+    .map((_, i) => i)
+    .sort((a, b) => NAME_PRIORITY[found[a]!.kind] - NAME_PRIORITY[found[b]!.kind] || a - b);
+  for (const i of order)
+    found[i]!.name = layerName(found[i]!.name, taken, found[i]!.kind === "sqlite" ? "db" : undefined);
   return { home, sources: found, ...leftOut };
 }
 
@@ -273,7 +362,13 @@ const REASON_LINK = "a symlink or special file (memsnap captures regular files)"
  * with its reason. Mutates `found`.
  */
 function asCoverage(s: DetectedSource): CoverageSource {
-  return { kind: s.kind, path: s.path, ...(s.extra?.store ? { store: s.extra.store } : {}), include: s.include, exclude: s.exclude };
+  return {
+    kind: s.kind,
+    path: s.path,
+    ...(s.extra?.store ? { store: s.extra.store } : {}),
+    include: s.include,
+    exclude: s.exclude,
+  };
 }
 
 async function account(home: string, found: DetectedSource[]): Promise<Pick<Detection, "left_out" | "coverage">> {
@@ -293,12 +388,16 @@ async function account(home: string, found: DetectedSource[]): Promise<Pick<Dete
       perDir.set(d, (perDir.get(d) ?? 0) + f.bytes);
     }
   }
-  const large = [...perDir].filter(([, b]) => b >= LARGE_BYTES).map(([d]) => d).sort();
+  const large = [...perDir]
+    .filter(([, b]) => b >= LARGE_BYTES)
+    .map(([d]) => d)
+    .sort();
   const tops = large.filter((d) => !large.some((o) => d.startsWith(`${o}/`)));
   const inside = (p: string, d: string): boolean => p === d || p.startsWith(`${d}/`);
   for (const d of tops) {
     // a state source at or under it is the files source's now
-    for (let i = found.length - 1; i >= 0; i--) if (found[i]!.kind === "state" && inside(found[i]!.path, d)) found.splice(i, 1);
+    for (let i = found.length - 1; i >= 0; i--)
+      if (found[i]!.kind === "state" && inside(found[i]!.path, d)) found.splice(i, 1);
     const exclude: string[] = [];
     for (const s of found) {
       const root = s.kind === "pfimg" ? s.extra!.store! : s.path;
@@ -313,13 +412,22 @@ async function account(home: string, found: DetectedSource[]): Promise<Pick<Dete
       }
     }
     found.push({
-      kind: "files", name: basename(d), path: d, ...(exclude.length ? { exclude } : {}),
+      kind: "files",
+      name: basename(d),
+      path: d,
+      ...(exclude.length ? { exclude } : {}),
       note: `not recognised, ${fmtMiB(perDir.get(d)!)} of other files: captured byte for byte, so nothing large is left out (exclude what you do not want)`,
     });
   }
   const rootLarge = uncovered.filter((f) => !f.rel.includes("/") && f.bytes >= LARGE_BYTES).map((f) => `/${f.rel}`);
   if (rootLarge.length) {
-    found.push({ kind: "files", name: "home-files", path: ".", include: rootLarge, note: `large files at the top of the home (${LARGE_BYTES >> 20} MiB or more each), not recognised: captured byte for byte` });
+    found.push({
+      kind: "files",
+      name: "home-files",
+      path: ".",
+      include: rootLarge,
+      note: `large files at the top of the home (${LARGE_BYTES >> 20} MiB or more each), not recognised: captured byte for byte`,
+    });
   }
   const covered = coverage(home, found.map(asCoverage));
   const small = w.files.filter((f) => !covered(f.rel));
@@ -331,17 +439,22 @@ async function account(home: string, found: DetectedSource[]): Promise<Pick<Dete
       byDir.set(d, [...(byDir.get(d) ?? []), f]);
     }
     for (const [d, fs] of byDir) {
-      left.push(fs.length === 1
-        ? { path: fs[0]!.rel, bytes: fs[0]!.bytes, files: 1, reason }
-        : { path: `${d}/`, bytes: fs.reduce((a, f) => a + f.bytes, 0), files: fs.length, reason });
+      left.push(
+        fs.length === 1
+          ? { path: fs[0]!.rel, bytes: fs[0]!.bytes, files: 1, reason }
+          : { path: `${d}/`, bytes: fs.reduce((a, f) => a + f.bytes, 0), files: fs.length, reason },
+      );
     }
   };
   group(small, REASON_SMALL);
   group(w.links, REASON_LINK);
   group(bundles, REASON_BUNDLE);
-  for (const [d, fs] of w.skipped) left.push({ path: `${d}/`, bytes: fs.reduce((a, f) => a + f.bytes, 0), files: fs.length, reason: REASON_SKIPPED });
+  for (const [d, fs] of w.skipped)
+    left.push({ path: `${d}/`, bytes: fs.reduce((a, f) => a + f.bytes, 0), files: fs.length, reason: REASON_SKIPPED });
   left.sort((a, b) => b.bytes - a.bytes || (a.path < b.path ? -1 : 1));
-  const total = [...w.files, ...bundles].reduce((a, f) => a + f.bytes, 0) + [...w.skipped.values()].flat().reduce((a, f) => a + f.bytes, 0);
+  const total =
+    [...w.files, ...bundles].reduce((a, f) => a + f.bytes, 0) +
+    [...w.skipped.values()].flat().reduce((a, f) => a + f.bytes, 0);
   const leftBytes = left.reduce((a, l) => a + l.bytes, 0);
   return { left_out: left, coverage: { captured_bytes: total - leftBytes, total_bytes: total } };
 }
@@ -360,17 +473,40 @@ export function fmtMiB(n: number): string {
 }
 
 /** Who keeps a contested name: directory-shaped sources first, then state, then database files. */
-const NAME_PRIORITY: Record<DetectedSource["kind"], number> = { git: 0, kv: 1, pfimg: 1, criu: 1, files: 2, trace: 2, state: 3, sqlite: 4 };
+const NAME_PRIORITY: Record<DetectedSource["kind"], number> = {
+  git: 0,
+  kv: 1,
+  pfimg: 1,
+  criu: 1,
+  files: 2,
+  trace: 2,
+  state: 3,
+  sqlite: 4,
+};
 
-/** Render a commented memsnap.json for a detection. Throws MEMSNAP_USAGE for a bad agent/tenant id or when nothing was found. */
+/**
+ * Render a commented memsnap.json for a detection. Throws MEMSNAP_USAGE for a bad agent/tenant id or when nothing was
+ * found.
+ */
 export function renderConfig(d: Detection, opts: { agent: string; tenant: string; recipients?: string[] }): string {
-  for (const [k, v] of [["agent", opts.agent], ["tenant", opts.tenant]] as const) {
-    if (!ID_PATTERN.test(v)) throw new MemsnapError("MEMSNAP_USAGE", `${k} must match [a-z0-9_-]{1,64}, got ${JSON.stringify(v)}`, { hint: `pass --${k} NAME` });
+  for (const [k, v] of [
+    ["agent", opts.agent],
+    ["tenant", opts.tenant],
+  ] as const) {
+    if (!ID_PATTERN.test(v))
+      throw new MemsnapError("MEMSNAP_USAGE", `${k} must match [a-z0-9_-]{1,64}, got ${JSON.stringify(v)}`, {
+        hint: `pass --${k} NAME`,
+      });
   }
   if (d.sources.length === 0) {
-    throw new MemsnapError("MEMSNAP_SOURCE_MISSING", `found no memdir, database, state, notes, logs, traces or runtime dump under ${d.home}`, {
-      path: d.home, hint: "point init at the agent's home, or write memsnap.json by hand (see README)",
-    });
+    throw new MemsnapError(
+      "MEMSNAP_SOURCE_MISSING",
+      `found no memdir, database, state, notes, logs, traces or runtime dump under ${d.home}`,
+      {
+        path: d.home,
+        hint: "point init at the agent's home, or write memsnap.json by hand (see README)",
+      },
+    );
   }
   const lines: string[] = [
     "// memsnap.json, written by `memsnap init`. JSON with comments; unknown keys are errors.",
@@ -387,12 +523,15 @@ export function renderConfig(d: Detection, opts: { agent: string; tenant: string
   ];
   d.sources.forEach((s, i) => {
     lines.push(`    // ${s.note}`);
-    const obj: Record<string, unknown> = s.kind === "pfimg" ? { kind: s.kind, name: s.name } : { kind: s.kind, name: s.name, path: s.path };
+    const obj: Record<string, unknown> =
+      s.kind === "pfimg" ? { kind: s.kind, name: s.name } : { kind: s.kind, name: s.name, path: s.path };
     if (s.extra) Object.assign(obj, s.extra);
     if (s.include) obj.include = s.include;
     if (s.exclude) obj.exclude = s.exclude;
     if (s.append) obj.append = s.append;
-    lines.push(`    ${JSON.stringify(obj).replace(/,"/g, ', "').replace(/":/g, '": ')}${i < d.sources.length - 1 ? "," : ""}`);
+    lines.push(
+      `    ${JSON.stringify(obj).replace(/,"/g, ', "').replace(/":/g, '": ')}${i < d.sources.length - 1 ? "," : ""}`,
+    );
   });
   lines.push("  ]", "}", "");
   return lines.join("\n");
@@ -404,9 +543,17 @@ export function renderConfig(d: Detection, opts: { agent: string; tenant: string
  * whole-directory source's tree (a memdir, dump or store), `.memsnap` and `skip` (the store)
  * are not looked into; memsnap's own bundles (`*.memsnap`) are not reported.
  */
-export async function uncoveredLargeFiles(home: string, sources: readonly CoverageSource[], skip: readonly string[] = []): Promise<{ path: string; bytes: number }[]> {
+export async function uncoveredLargeFiles(
+  home: string,
+  sources: readonly CoverageSource[],
+  skip: readonly string[] = [],
+): Promise<{ path: string; bytes: number }[]> {
   const covered = coverage(home, sources);
-  const wholeDirs = new Set(sources.filter((s) => WHOLE_DIR_KINDS.has(s.kind)).map((s) => resolve(home, (s.kind === "pfimg" ? s.store : s.path) ?? "\0")));
+  const wholeDirs = new Set(
+    sources
+      .filter((s) => WHOLE_DIR_KINDS.has(s.kind))
+      .map((s) => resolve(home, (s.kind === "pfimg" ? s.store : s.path) ?? "\0")),
+  );
   const skipped = new Set(skip.map((p) => resolve(p)));
   const out: { path: string; bytes: number }[] = [];
   const walk = async (dir: string, depth: number): Promise<void> => {
@@ -414,7 +561,8 @@ export async function uncoveredLargeFiles(home: string, sources: readonly Covera
     for (const e of entries) {
       const p = join(dir, e.name);
       if (e.isDirectory()) {
-        if (depth < 64 && e.name !== ".git" && e.name !== ".memsnap" && !wholeDirs.has(p) && !skipped.has(p)) await walk(p, depth + 1);
+        if (depth < 64 && e.name !== ".git" && e.name !== ".memsnap" && !wholeDirs.has(p) && !skipped.has(p))
+          await walk(p, depth + 1);
       } else if (e.isFile()) {
         const s = await lstat(p).catch(() => null);
         if (!s || s.size < LARGE_BYTES || BUNDLE.test(e.name)) continue;

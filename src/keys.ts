@@ -38,8 +38,12 @@ export async function readKeyFile(path: string, what: string, secret = false): P
         const st = await fh.stat();
         if (st.isFile() && (st.mode & 0o077) !== 0) {
           const mode = (st.mode & 0o777).toString(8).padStart(4, "0");
-          const who = (st.mode & 0o070) && (st.mode & 0o007) ? "group and others" : st.mode & 0o070 ? "its group" : "others";
-          const w = { path, message: `${what} ${path} is open to ${who} (mode ${mode}): whoever can read it holds the key; chmod 600 ${path}` };
+          const who =
+            st.mode & 0o070 && st.mode & 0o007 ? "group and others" : st.mode & 0o070 ? "its group" : "others";
+          const w = {
+            path,
+            message: `${what} ${path} is open to ${who} (mode ${mode}): whoever can read it holds the key; chmod 600 ${path}`,
+          };
           for (const l of keyFileListeners) l(w);
         }
       }
@@ -49,7 +53,8 @@ export async function readKeyFile(path: string, what: string, secret = false): P
     }
   } catch (e) {
     throw new MemsnapError("MEMSNAP_IDENTITY_INVALID", `cannot read ${what} ${path}: ${(e as Error).message}`, {
-      path, hint: `check the ${what} path`,
+      path,
+      hint: `check the ${what} path`,
     });
   }
 }
@@ -70,7 +75,10 @@ export async function loadRecipients(inline: readonly string[], files: readonly 
 }
 
 /** A passphrase from a file (first line) or from MEMSNAP_PASSPHRASE. */
-export async function loadPassphrase(file: string | undefined, env: NodeJS.ProcessEnv = process.env): Promise<string | undefined> {
+export async function loadPassphrase(
+  file: string | undefined,
+  env: NodeJS.ProcessEnv = process.env,
+): Promise<string | undefined> {
   if (file) {
     const text = await readKeyFile(file, "passphrase file", true);
     const line = text.split(/\r?\n/)[0] ?? "";

@@ -34,11 +34,15 @@ function field(spec: string, min: number, max: number, name: string): Set<number
   const out = new Set<number>();
   for (const part of spec.split(",")) {
     const m = /^(\*|(\d+)(?:-(\d+))?)(?:\/(\d+))?$/.exec(part);
-    if (!m) throw new MemsnapError("MEMSNAP_USAGE", `cron ${name} field "${spec}" is not valid`, { hint: "use numbers, ranges a-b, lists a,b, steps */n" });
+    if (!m)
+      throw new MemsnapError("MEMSNAP_USAGE", `cron ${name} field "${spec}" is not valid`, {
+        hint: "use numbers, ranges a-b, lists a,b, steps */n",
+      });
     const lo = m[1] === "*" ? min : Number(m[2]);
     const hi = m[1] === "*" ? max : m[3] !== undefined ? Number(m[3]) : m[4] !== undefined ? max : lo;
     const step = m[4] !== undefined ? Number(m[4]) : 1;
-    if (lo < min || hi > max || lo > hi || step < 1) throw new MemsnapError("MEMSNAP_USAGE", `cron ${name} field "${spec}" is out of range ${min}-${max}`);
+    if (lo < min || hi > max || lo > hi || step < 1)
+      throw new MemsnapError("MEMSNAP_USAGE", `cron ${name} field "${spec}" is out of range ${min}-${max}`);
     for (let v = lo; v <= hi; v += step) out.add(name === "day-of-week" && v === 7 ? 0 : v);
   }
   return out;
@@ -47,14 +51,26 @@ function field(spec: string, min: number, max: number, name: string): Set<number
 /** Parse a 5-field cron expression (UTC). Throws MEMSNAP_USAGE. */
 export function parseCron(expr: string): Cron {
   const f = expr.trim().split(/\s+/);
-  if (f.length !== 5) throw new MemsnapError("MEMSNAP_USAGE", `cron expression "${expr}" needs 5 fields`, { hint: 'e.g. "0 * * * *" for hourly (times are UTC)' });
+  if (f.length !== 5)
+    throw new MemsnapError("MEMSNAP_USAGE", `cron expression "${expr}" needs 5 fields`, {
+      hint: 'e.g. "0 * * * *" for hourly (times are UTC)',
+    });
   return {
-    source: expr, minute: field(f[0]!, 0, 59, "minute"), hour: field(f[1]!, 0, 23, "hour"), dom: field(f[2]!, 1, 31, "day-of-month"),
-    month: field(f[3]!, 1, 12, "month"), dow: field(f[4]!, 0, 7, "day-of-week"), domStar: f[2] === "*", dowStar: f[4] === "*",
+    source: expr,
+    minute: field(f[0]!, 0, 59, "minute"),
+    hour: field(f[1]!, 0, 23, "hour"),
+    dom: field(f[2]!, 1, 31, "day-of-month"),
+    month: field(f[3]!, 1, 12, "month"),
+    dow: field(f[4]!, 0, 7, "day-of-week"),
+    domStar: f[2] === "*",
+    dowStar: f[4] === "*",
   };
 }
 
-/** The first minute strictly after `after` that matches (UTC); day-of-month and day-of-week combine with OR when both are restricted, as in cron. */
+/**
+ * The first minute strictly after `after` that matches (UTC); day-of-month and day-of-week combine with OR when both
+ * are restricted, as in cron.
+ */
 export function nextCron(c: Cron, after: Date): Date {
   const t = new Date(after.getTime());
   t.setUTCSeconds(0, 0);
@@ -63,7 +79,8 @@ export function nextCron(c: Cron, after: Date): Date {
     const domOk = c.dom.has(t.getUTCDate());
     const dowOk = c.dow.has(t.getUTCDay());
     const dayOk = c.domStar && c.dowStar ? true : c.domStar ? dowOk : c.dowStar ? domOk : domOk || dowOk;
-    if (c.minute.has(t.getUTCMinutes()) && c.hour.has(t.getUTCHours()) && c.month.has(t.getUTCMonth() + 1) && dayOk) return t;
+    if (c.minute.has(t.getUTCMinutes()) && c.hour.has(t.getUTCHours()) && c.month.has(t.getUTCMonth() + 1) && dayOk)
+      return t;
     t.setUTCMinutes(t.getUTCMinutes() + 1);
   }
   throw new MemsnapError("MEMSNAP_USAGE", `cron expression "${c.source}" never matches`);
@@ -87,7 +104,10 @@ export interface ScheduleOptions {
   signKey?: KeyObject;
   /** Take the first snapshot at start (default), not one interval (or cron time) later. */
   runAtStart?: boolean;
-  /** Let the prune decide over every snapshot of the agent, not only those a schedule made (and expired safety snapshots). */
+  /**
+   * Let the prune decide over every snapshot of the agent, not only those a schedule made (and expired safety
+   * snapshots).
+   */
   pruneAll?: boolean;
   signal: AbortSignal;
   log: (event: Record<string, unknown>) => void;
@@ -96,13 +116,25 @@ export interface ScheduleOptions {
 function sleep(ms: number, signal: AbortSignal): Promise<boolean> {
   return new Promise((resolve) => {
     if (signal.aborted) return resolve(false);
-    const t = setTimeout(() => { signal.removeEventListener("abort", onAbort); resolve(true); }, Math.max(0, ms));
-    const onAbort = (): void => { clearTimeout(t); resolve(false); };
+    const t = setTimeout(
+      () => {
+        signal.removeEventListener("abort", onAbort);
+        resolve(true);
+      },
+      Math.max(0, ms),
+    );
+    const onAbort = (): void => {
+      clearTimeout(t);
+      resolve(false);
+    };
     signal.addEventListener("abort", onAbort, { once: true });
   });
 }
 
-/** Run the scheduler until `signal` aborts (or maxRuns ticks). Throws MEMSNAP_LOCKED when another scheduler runs for this agent. */
+/**
+ * Run the scheduler until `signal` aborts (or maxRuns ticks). Throws MEMSNAP_LOCKED when another scheduler runs for
+ * this agent.
+ */
 export async function runSchedule(o: ScheduleOptions): Promise<{ runs: number }> {
   if (!!o.everyMs === !!o.cron) throw new MemsnapError("MEMSNAP_USAGE", "give exactly one of --every and --cron");
   const lock = await acquireLock(o.config.baseDir, { command: "schedule", name: "schedule.lock" });
@@ -110,7 +142,15 @@ export async function runSchedule(o: ScheduleOptions): Promise<{ runs: number }>
   const next = (from: Date): Date => (o.cron ? nextCron(o.cron, from) : new Date(from.getTime() + o.everyMs!));
   let runs = 0;
   try {
-    o.log({ event: "started", agent: `${config.tenant}/${config.agent}`, every_ms: o.everyMs ?? null, cron: o.cron?.source ?? null, jitter_ms: o.jitterMs ?? 0, missed: o.missed ?? "run-once", pid: process.pid });
+    o.log({
+      event: "started",
+      agent: `${config.tenant}/${config.agent}`,
+      every_ms: o.everyMs ?? null,
+      cron: o.cron?.source ?? null,
+      jitter_ms: o.jitterMs ?? 0,
+      missed: o.missed ?? "run-once",
+      pid: process.pid,
+    });
     let due = o.runAtStart === false ? next(new Date()) : new Date();
     while (!o.signal.aborted && (o.maxRuns === undefined || runs < o.maxRuns)) {
       const jitter = o.jitterMs ? Math.floor(Math.random() * o.jitterMs) : 0;
@@ -131,12 +171,29 @@ export async function runSchedule(o: ScheduleOptions): Promise<{ runs: number }>
       o.log({ event: "tick", run: runs });
       try {
         const r = await snapshot({
-          config, store: o.store, createdBy: "schedule", label: "scheduled", recipients: o.recipients ?? config.recipients,
-          signal: o.signal, ...(o.incremental ? { incremental: true } : {}), ...(o.signKey ? { signKey: o.signKey } : {}),
+          config,
+          store: o.store,
+          createdBy: "schedule",
+          label: "scheduled",
+          recipients: o.recipients ?? config.recipients,
+          signal: o.signal,
+          ...(o.incremental ? { incremental: true } : {}),
+          ...(o.signKey ? { signKey: o.signKey } : {}),
         });
-        const meta = { snapshot_id: r.id, path: r.path, tenant: config.tenant, agent: config.agent, bytes: r.inputBytes, bundle_bytes: r.bundleBytes, created_by: "schedule", signed: r.manifest.signature !== undefined };
+        const meta = {
+          snapshot_id: r.id,
+          path: r.path,
+          tenant: config.tenant,
+          agent: config.agent,
+          bytes: r.inputBytes,
+          bundle_bytes: r.bundleBytes,
+          created_by: "schedule",
+          signed: r.manifest.signature !== undefined,
+        };
         o.log({
-          event: "snapshot", ...meta, duration_ms: Math.round(r.durationMs),
+          event: "snapshot",
+          ...meta,
+          duration_ms: Math.round(r.durationMs),
           ...(r.incremental ? { referenced: r.incremental.referenced, bases: r.incremental.bases } : {}),
           ...(r.notices.length ? { warnings: r.notices } : {}),
         });
@@ -145,10 +202,14 @@ export async function runSchedule(o: ScheduleOptions): Promise<{ runs: number }>
         if (o.retention && hasRules(o.retention)) {
           // A schedule decides only over its own snapshots (and safety snapshots past their time)
           // unless told otherwise; labelled and recent safety snapshots are protected either way.
-          const policy: RetentionPolicy = o.pruneAll ? o.retention : { ...o.retention, createdBy: ["schedule", "pre-restore"] };
+          const policy: RetentionPolicy = o.pruneAll
+            ? o.retention
+            : { ...o.retention, createdBy: ["schedule", "pre-restore"] };
           const pr = await pruneStore(o.store, policy, { tenant: config.tenant, agent: config.agent });
           o.log({
-            event: "prune", removed: pr.flatMap((p) => p.removed), orphans: pr.flatMap((p) => p.orphans),
+            event: "prune",
+            removed: pr.flatMap((p) => p.removed),
+            orphans: pr.flatMap((p) => p.orphans),
             removed_ids: pr.flatMap((p) => p.decisions.filter((d) => !d.keep).map((d) => d.snapshot.id)),
           });
         }
@@ -163,7 +224,12 @@ export async function runSchedule(o: ScheduleOptions): Promise<{ runs: number }>
           err.hint = `name recipients in ${config.file ?? "the config"} ("recipients": ["age1…"]): scheduled snapshots are encrypted to those`;
         }
         o.log({ event: isMemsnapError(e, "MEMSNAP_LOCKED") ? "skipped" : "failed", run: runs, error: err });
-        const h = await runHook(config.hooks, "on_failed", { tenant: config.tenant, agent: config.agent, error: err, created_by: "schedule" }, config.baseDir);
+        const h = await runHook(
+          config.hooks,
+          "on_failed",
+          { tenant: config.tenant, agent: config.agent, error: err, created_by: "schedule" },
+          config.baseDir,
+        );
         if (h) o.log({ ...h, hook: h.event, event: "hook" });
       }
       due = next(new Date(Math.max(Date.now(), due.getTime())));
@@ -207,7 +273,10 @@ function quoteArg(a: string, kind: "systemd" | "cron"): string {
     return sh.replace(/%/g, "\\%");
   }
   if (/^[\w@+=:,./-]+$/.test(a)) return a;
-  return `"${a.replace(/(["\\])/g, "\\$1").replace(/\$/g, "$$$$").replace(/%/g, "%%")}"`;
+  return `"${a
+    .replace(/(["\\])/g, "\\$1")
+    .replace(/\$/g, "$$$$")
+    .replace(/%/g, "%%")}"`;
 }
 
 /**
@@ -218,11 +287,12 @@ export function cronForInterval(every: string): string {
   const ms = parseDuration(every);
   const min = ms / 60_000;
   const h = ms / 3_600_000;
-  if (Number.isInteger(min) && min >= 1 && min < 60 && 60 % min === 0) return min === 1 ? "* * * * *" : `*/${min} * * * *`;
+  if (Number.isInteger(min) && min >= 1 && min < 60 && 60 % min === 0)
+    return min === 1 ? "* * * * *" : `*/${min} * * * *`;
   if (Number.isInteger(h) && h >= 1 && h < 24 && 24 % h === 0) return h === 1 ? "0 * * * *" : `0 */${h} * * *`;
   if (ms === 86_400_000) return "0 3 * * *";
   throw new MemsnapError("MEMSNAP_USAGE", `cron cannot run every ${every}`, {
-    hint: "give --cron EXPR (e.g. \"0 */6 * * *\"), an interval that divides an hour or a day, or use --print systemd",
+    hint: 'give --cron EXPR (e.g. "0 */6 * * *"), an interval that divides an hour or a day, or use --print systemd',
   });
 }
 
@@ -242,16 +312,26 @@ export function printUnits(kind: "systemd" | "cron", o: UnitOptions): string {
     // cron turns an unescaped % into a newline: \% is a literal % for sh.
     const sleep = jitterS > 0 ? `sleep $(( $(od -An -N2 -tu2 /dev/urandom) \\% ${jitterS + 1} )) && ` : "";
     const snap = `${bin} ${q(["snapshot", "-c", o.configPath, ...store, "--scheduled", "--label", "scheduled", "--wait", "5m", ...(o.incremental ? ["--incremental"] : []), ...sign])}`;
-    const prune = o.pruneArgs.length ? ` && ${bin} ${q(["prune", "-c", o.configPath, ...store, ...(o.pruneAll ? [] : ["--scheduled-only"]), ...o.pruneArgs])}` : "";
+    const prune = o.pruneArgs.length
+      ? ` && ${bin} ${q(["prune", "-c", o.configPath, ...store, ...(o.pruneAll ? [] : ["--scheduled-only"]), ...o.pruneArgs])}`
+      : "";
     // The log's directory may not exist yet; the redirection covers every command of the run.
     const log = `~/.local/state/memsnap-${quoteArg(o.agent, "cron")}.log`;
     return `# memsnap auto-snapshots for ${o.agent} (crontab -e; times are the host's cron time zone)\n${when} mkdir -p ~/.local/state && { ${sleep}${snap}${prune}; } >> ${log} 2>&1\n`;
   }
   const args = q([
-    "schedule", "-c", o.configPath, ...(o.every ? ["--every", o.every] : ["--cron", o.cron ?? ""]),
-    ...(o.jitter && parseDuration(o.jitter) > 0 ? ["--jitter", o.jitter] : []), ...(o.missed && o.missed !== "run-once" ? ["--missed", o.missed] : []),
-    ...store, ...(o.incremental ? ["--incremental"] : []), ...sign, ...(o.noRunAtStart ? ["--no-run-at-start"] : []),
-    ...(o.pruneAll ? ["--prune-all"] : []), ...o.pruneArgs,
+    "schedule",
+    "-c",
+    o.configPath,
+    ...(o.every ? ["--every", o.every] : ["--cron", o.cron ?? ""]),
+    ...(o.jitter && parseDuration(o.jitter) > 0 ? ["--jitter", o.jitter] : []),
+    ...(o.missed && o.missed !== "run-once" ? ["--missed", o.missed] : []),
+    ...store,
+    ...(o.incremental ? ["--incremental"] : []),
+    ...sign,
+    ...(o.noRunAtStart ? ["--no-run-at-start"] : []),
+    ...(o.pruneAll ? ["--prune-all"] : []),
+    ...o.pruneArgs,
   ]);
   return `# ~/.config/systemd/user/memsnap-${o.agent}.service — then: systemctl --user daemon-reload && systemctl --user enable --now memsnap-${o.agent}
 [Unit]

@@ -8,7 +8,15 @@
  * a changed payload byte fails the payload hash the signature vouches for. It needs no
  * decryption key: `verify --trust` proves offline who made a bundle.
  */
-import { createHash, createPrivateKey, createPublicKey, generateKeyPairSync, sign, verify, type KeyObject } from "node:crypto";
+import {
+  createHash,
+  createPrivateKey,
+  createPublicKey,
+  generateKeyPairSync,
+  sign,
+  verify,
+  type KeyObject,
+} from "node:crypto";
 import { readFile } from "node:fs/promises";
 import { MemsnapError } from "./errors.js";
 import { computeSeal, type Manifest } from "./format/manifest.js";
@@ -57,7 +65,10 @@ export function parsePublicKey(text: string): KeyObject {
 /** A new signing key pair: PKCS#8 PEM private key text and the public key string. */
 export function generateSigningKey(): { privatePem: string; publicKey: string } {
   const { privateKey, publicKey } = generateKeyPairSync("ed25519");
-  return { privatePem: privateKey.export({ type: "pkcs8", format: "pem" }) as string, publicKey: publicKeyString(publicKey) };
+  return {
+    privatePem: privateKey.export({ type: "pkcs8", format: "pem" }) as string,
+    publicKey: publicKeyString(publicKey),
+  };
 }
 
 /** Load a signing key file (PKCS#8 PEM). Throws MEMSNAP_IDENTITY_INVALID. */
@@ -73,9 +84,13 @@ export async function loadSigningKey(path: string): Promise<KeyObject> {
       ? "it holds a public key (the .pub file); signing needs the private key beside it"
       : /AGE-SECRET-KEY-1/.test(text)
         ? "it is an age identity (for encryption), not a signing key"
-        : /^error:|DECODER|unsupported|PEM/i.test((e as Error).message) ? "not an Ed25519 private key in PEM" : (e as Error).message;
+        : /^error:|DECODER|unsupported|PEM/i.test((e as Error).message)
+          ? "not an Ed25519 private key in PEM"
+          : (e as Error).message;
     throw new MemsnapError("MEMSNAP_IDENTITY_INVALID", `cannot use signing key ${path}: ${why}`, {
-      path, cause: e, hint: "pass the file `memsnap keygen --sign -o FILE` wrote (FILE, not FILE.pub), or make one that way",
+      path,
+      cause: e,
+      hint: "pass the file `memsnap keygen --sign -o FILE` wrote (FILE, not FILE.pub), or make one that way",
     });
   }
 }
@@ -92,9 +107,15 @@ export async function loadTrusted(items: readonly string[]): Promise<KeyObject[]
     try {
       text = await readFile(it, "utf8");
     } catch (e) {
-      throw new MemsnapError("MEMSNAP_IDENTITY_INVALID", `cannot read trusted key ${it}: ${(e as Error).message}`, { path: it });
+      throw new MemsnapError("MEMSNAP_IDENTITY_INVALID", `cannot read trusted key ${it}: ${(e as Error).message}`, {
+        path: it,
+      });
     }
-    for (const line of text.split(/\r?\n/).map((l) => l.trim()).filter((l) => l && !l.startsWith("#"))) out.push(parsePublicKey(line));
+    for (const line of text
+      .split(/\r?\n/)
+      .map((l) => l.trim())
+      .filter((l) => l && !l.startsWith("#")))
+      out.push(parsePublicKey(line));
   }
   return out;
 }
@@ -102,7 +123,12 @@ export async function loadTrusted(items: readonly string[]): Promise<KeyObject[]
 /** The signature block for a sealed manifest. */
 export function signManifest(m: Omit<Manifest, "signature">, key: KeyObject): ManifestSignature {
   const pub = publicKeyString(createPublicKey(key));
-  return { alg: "ed25519", key_id: keyId(pub), public_key: pub, sig: sign(null, Buffer.from(computeSeal(m), "utf8"), key).toString("base64") };
+  return {
+    alg: "ed25519",
+    key_id: keyId(pub),
+    public_key: pub,
+    sig: sign(null, Buffer.from(computeSeal(m), "utf8"), key).toString("base64"),
+  };
 }
 
 export type SignatureStatus =
@@ -114,7 +140,8 @@ export type SignatureStatus =
 export function checkSignature(m: Manifest, trusted: readonly KeyObject[]): SignatureStatus {
   const s = m.signature as Partial<ManifestSignature> | undefined;
   if (!s) return { state: "unsigned" };
-  if (s.alg !== "ed25519" || typeof s.public_key !== "string" || typeof s.sig !== "string") return { state: "invalid", reason: "malformed signature block" };
+  if (s.alg !== "ed25519" || typeof s.public_key !== "string" || typeof s.sig !== "string")
+    return { state: "invalid", reason: "malformed signature block" };
   let pub: KeyObject;
   try {
     pub = parsePublicKey(s.public_key);

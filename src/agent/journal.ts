@@ -16,7 +16,19 @@ import type { MemsnapConfig } from "../config.js";
 import { MemsnapError } from "../errors.js";
 import { crashPoint } from "../util/crash-point.js";
 import { fsyncDir } from "../util/fs-atomic.js";
-import { admits, configRoots, ensureParents, lstatOrNull, parentProblem, plainAbsolute, plainRelative, Protected, under, type LiveRoot, type PathProblem } from "./live-guard.js";
+import {
+  admits,
+  configRoots,
+  ensureParents,
+  lstatOrNull,
+  parentProblem,
+  plainAbsolute,
+  plainRelative,
+  Protected,
+  under,
+  type LiveRoot,
+  type PathProblem,
+} from "./live-guard.js";
 import { controlDir } from "./lock.js";
 
 export interface Swap {
@@ -86,16 +98,21 @@ export async function writeJournal(agentBase: string, j: Journal): Promise<void>
   await fsyncDir(dirname(path));
 }
 
-const INSPECT_HINT = "nothing was changed. Inspect .memsnap/journal.json (was it written by hand, or was the config changed since the restore was interrupted?): "
-  + "the *.memsnap-old-* directories beside your data hold the pre-restore state; put back by hand what you need, then remove the journal";
+const INSPECT_HINT =
+  "nothing was changed. Inspect .memsnap/journal.json (was it written by hand, or was the config changed since the restore was interrupted?): " +
+  "the *.memsnap-old-* directories beside your data hold the pre-restore state; put back by hand what you need, then remove the journal";
 
 function untrusted(agentBase: string, why: string, path?: string): MemsnapError {
   return new MemsnapError("MEMSNAP_JOURNAL_UNTRUSTED", `restore journal ${journalPath(agentBase)} refused: ${why}`, {
-    hint: INSPECT_HINT, ...(path ? { path } : {}),
+    hint: INSPECT_HINT,
+    ...(path ? { path } : {}),
   });
 }
 
-/** The pending journal of an agent as written (not yet checked against a config), or null. Throws MEMSNAP_JOURNAL_UNTRUSTED when it does not parse. */
+/**
+ * The pending journal of an agent as written (not yet checked against a config), or null. Throws
+ * MEMSNAP_JOURNAL_UNTRUSTED when it does not parse.
+ */
 export async function readJournal(agentBase: string): Promise<Journal | null> {
   let text: string;
   try {
@@ -106,7 +123,8 @@ export async function readJournal(agentBase: string): Promise<Journal | null> {
   }
   try {
     const j = JSON.parse(text) as Journal;
-    if (j === null || typeof j !== "object" || j.version !== 1 || !Array.isArray(j.swaps)) throw new Error("unknown journal version");
+    if (j === null || typeof j !== "object" || j.version !== 1 || !Array.isArray(j.swaps))
+      throw new Error("unknown journal version");
     return j;
   } catch (e) {
     throw untrusted(agentBase, `unreadable: ${(e as Error).message}`);
@@ -144,21 +162,43 @@ export type JournalFail = (why: string, path: string | undefined, live: boolean)
  * first problem; returns the swaps with their roots.
  */
 export function checkJournal(j: Journal, scope: JournalScope, fail: JournalFail): CheckedSwap[] {
-  if (j.op !== "restore" || !["staging", "swapping", "committed"].includes(j.phase)) throw fail(`unknown op or phase ${JSON.stringify(j.phase)}`, undefined, false);
+  if (j.op !== "restore" || !["staging", "swapping", "committed"].includes(j.phase))
+    throw fail(`unknown op or phase ${JSON.stringify(j.phase)}`, undefined, false);
   if (!Array.isArray(j.staging) || !Array.isArray(j.backups)) throw fail("no staging or backup list", undefined, false);
-  const named = (p: unknown, kind: "new" | "old"): boolean => plainAbsolute(p)
-    && scope.roots.some((r) => p.startsWith(`${r.root}.memsnap-${kind}-`) && TAG.test(p.slice(`${r.root}.memsnap-${kind}-`.length)))
-    && !scope.protect.covers(p, p);
-  for (const p of j.staging) if (!named(p, "new")) throw fail(`staging entry ${JSON.stringify(p)} is not a memsnap staging directory beside a live root of this config`, String(p), false);
-  for (const p of j.backups) if (!named(p, "old")) throw fail(`backup entry ${JSON.stringify(p)} is not a memsnap backup directory beside a live root of this config`, String(p), false);
+  const named = (p: unknown, kind: "new" | "old"): boolean =>
+    plainAbsolute(p) &&
+    scope.roots.some(
+      (r) => p.startsWith(`${r.root}.memsnap-${kind}-`) && TAG.test(p.slice(`${r.root}.memsnap-${kind}-`.length)),
+    ) &&
+    !scope.protect.covers(p, p);
+  for (const p of j.staging)
+    if (!named(p, "new"))
+      throw fail(
+        `staging entry ${JSON.stringify(p)} is not a memsnap staging directory beside a live root of this config`,
+        String(p),
+        false,
+      );
+  for (const p of j.backups)
+    if (!named(p, "old"))
+      throw fail(
+        `backup entry ${JSON.stringify(p)} is not a memsnap backup directory beside a live root of this config`,
+        String(p),
+        false,
+      );
   if (j.phase === "staging" && j.swaps.length) throw fail("swaps listed before the swap phase", undefined, false);
   const staging = new Set(j.staging);
   const backups = new Set(j.backups);
   const seen = new Set<string>();
   const out: CheckedSwap[] = [];
   for (const s of j.swaps) {
-    if (s === null || typeof s !== "object" || typeof s.layer !== "string" || !plainAbsolute(s.target) || !plainAbsolute(s.backup)
-      || (s.staged !== null && !plainAbsolute(s.staged))) {
+    if (
+      s === null ||
+      typeof s !== "object" ||
+      typeof s.layer !== "string" ||
+      !plainAbsolute(s.target) ||
+      !plainAbsolute(s.backup) ||
+      (s.staged !== null && !plainAbsolute(s.staged))
+    ) {
       throw fail(`malformed swap ${JSON.stringify(s)}`, undefined, false);
     }
     let match: CheckedSwap | null = null;
@@ -179,22 +219,41 @@ export function checkJournal(j: Journal, scope: JournalScope, fail: JournalFail)
       if (join(backupRoot, rel) !== s.backup || (s.staged !== null && join(stagedRoot, rel) !== s.staged)) continue;
       if (!staging.has(stagedRoot) || !backups.has(backupRoot)) continue;
       if (scope.protect.covers(s.target, join(r.realRoot, rel))) continue;
-      match = { layer: s.layer, target: s.target, staged: s.staged, backup: s.backup, root: r.root, stagedRoot, backupRoot, rel };
+      match = {
+        layer: s.layer,
+        target: s.target,
+        staged: s.staged,
+        backup: s.backup,
+        root: r.root,
+        stagedRoot,
+        backupRoot,
+        rel,
+      };
       break;
     }
     if (!match) {
-      throw fail(`swap of ${s.target} (layer ${s.layer}) is not one an in-place restore of this config makes`, s.target, false);
+      throw fail(
+        `swap of ${s.target} (layer ${s.layer}) is not one an in-place restore of this config makes`,
+        s.target,
+        false,
+      );
     }
     out.push(match);
     // In the file system: nothing on the way is a link or a file; what is swapped is a file (or the whole root).
-    // (A whole-directory swap renames the root and its staging and backup names themselves: no directory on the way but the config's.)
+    // (A whole-directory swap renames the root and its staging and backup names themselves: no directory on the way but
+    // the config's.)
     if (match.rel !== "") {
-      const problem: PathProblem | null = parentProblem(match.root, match.rel, true, seen)
-        ?? parentProblem(match.backupRoot, match.rel, false, seen)
-        ?? (match.staged !== null ? parentProblem(match.stagedRoot, match.rel, false, seen) : null);
+      const problem: PathProblem | null =
+        parentProblem(match.root, match.rel, true, seen) ??
+        parentProblem(match.backupRoot, match.rel, false, seen) ??
+        (match.staged !== null ? parentProblem(match.stagedRoot, match.rel, false, seen) : null);
       if (problem) throw fail(`${problem.path} ${problem.why}`, problem.path, true);
       if (lstatOrNull(match.target)?.isDirectory()) {
-        throw fail(`${match.target} is a directory where ${match.staged === null ? "a file is to be removed" : "the bundle has a file"}`, match.target, true);
+        throw fail(
+          `${match.target} is a directory where ${match.staged === null ? "a file is to be removed" : "the bundle has a file"}`,
+          match.target,
+          true,
+        );
       }
       const st = match.staged === null ? null : lstatOrNull(match.staged);
       if (st && !st.isFile()) throw fail(`staged ${match.staged} is not a regular file`, match.staged!, true);
@@ -238,7 +297,12 @@ export function applySwap(s: CheckedSwap, made: Set<string>, fail: (p: PathProbl
 }
 
 /** Run every swap, then commit and clean up. */
-export async function rollForward(agentBase: string, j: Journal, swaps: CheckedSwap[], fail: (p: PathProblem) => Error): Promise<void> {
+export async function rollForward(
+  agentBase: string,
+  j: Journal,
+  swaps: CheckedSwap[],
+  fail: (p: PathProblem) => Error,
+): Promise<void> {
   const dirs = new Set<string>();
   const made = new Set<string>();
   let slice = performance.now();
@@ -298,7 +362,9 @@ function recoverFail(agentBase: string): (p: PathProblem) => MemsnapError {
  * that names anything else is MEMSNAP_JOURNAL_UNTRUSTED and nothing is touched.
  * `staging` → rolled back (staging removed, live state untouched); `swapping`/`committed` → finished.
  */
-export async function recoverJournal(config: MemsnapConfig): Promise<{ action: "rolled-back" | "completed"; journal: Journal } | null> {
+export async function recoverJournal(
+  config: MemsnapConfig,
+): Promise<{ action: "rolled-back" | "completed"; journal: Journal } | null> {
   const agentBase = config.baseDir;
   const j = await readJournal(agentBase);
   if (!j) return null;
@@ -313,7 +379,16 @@ export async function recoverJournal(config: MemsnapConfig): Promise<{ action: "
 
 export function newJournal(snapshotId: string, bundle: string): Journal {
   return {
-    version: 1, op: "restore", snapshot_id: snapshotId, bundle, pid: process.pid, host: hostname(),
-    started_at: new Date().toISOString(), phase: "staging", staging: [], backups: [], swaps: [],
+    version: 1,
+    op: "restore",
+    snapshot_id: snapshotId,
+    bundle,
+    pid: process.pid,
+    host: hostname(),
+    started_at: new Date().toISOString(),
+    phase: "staging",
+    staging: [],
+    backups: [],
+    swaps: [],
   };
 }

@@ -22,10 +22,13 @@ export async function listFiles(root: string, opts: { withPrivate?: boolean } = 
       if ((e as NodeJS.ErrnoException).code === "ENOENT" || (e as NodeJS.ErrnoException).code === "ENOTDIR") return;
       throw e;
     }
-    const names = ents.map((d) => ({ d, n: d.name.toString("utf8") })).filter((x) => Buffer.from(x.n, "utf8").equals(x.d.name));
+    const names = ents
+      .map((d) => ({ d, n: d.name.toString("utf8") }))
+      .filter((x) => Buffer.from(x.n, "utf8").equals(x.d.name));
     names.sort((a, b) => (a.n < b.n ? -1 : a.n > b.n ? 1 : 0));
     for (const { d, n } of names) {
-      if (!opts.withPrivate && isMemsnapPrivate(n)) continue; // (a staging listing keeps them: the restore refuses them)
+      // (a staging listing keeps them: the restore refuses them)
+      if (!opts.withPrivate && isMemsnapPrivate(n)) continue;
       const r = rel ? `${rel}/${n}` : n;
       if (d.isDirectory()) walk(join(dir, n), r);
       else out.push(r);

@@ -35,7 +35,14 @@ export function realish(p: string): string {
 
 /** An absolute, normalized path without NUL (what memsnap writes in a journal). */
 export function plainAbsolute(p: unknown): p is string {
-  return typeof p === "string" && p.length > 0 && !p.includes("\0") && isAbsolute(p) && normalize(p) === p && (p === "/" || !p.endsWith("/"));
+  return (
+    typeof p === "string" &&
+    p.length > 0 &&
+    !p.includes("\0") &&
+    isAbsolute(p) &&
+    normalize(p) === p &&
+    (p === "/" || !p.endsWith("/"))
+  );
 }
 
 /** A relative path of plain segments (no empty, `.` or `..` segment). */
@@ -60,7 +67,10 @@ export class Protected {
     this.dirs = [...new Set([ctl, realish(ctl)])];
   }
 
-  /** True when writing `real` (a path whose directories are resolved) or `literal` would change the config or the control dir. */
+  /**
+   * True when writing `real` (a path whose directories are resolved) or `literal` would change the config or the
+   * control dir.
+   */
   covers(literal: string, real: string): boolean {
     return [literal, real].some((p) => this.files.includes(p) || this.dirs.some((d) => under(p, d)));
   }
@@ -68,7 +78,9 @@ export class Protected {
   /** True when replacing the whole directory `root` would replace the config or the control dir. */
   inside(root: string): boolean {
     const real = realish(root);
-    return [root, real].some((r) => this.files.some((f) => under(f, r)) || this.dirs.some((d) => under(d, r) || under(r, d)));
+    return [root, real].some(
+      (r) => this.files.some((f) => under(f, r)) || this.dirs.some((d) => under(d, r) || under(r, d)),
+    );
   }
 }
 
@@ -95,7 +107,14 @@ export async function configRoots(config: MemsnapConfig): Promise<LiveRoot[]> {
   for (const s of config.sources) {
     if (!s.impl.liveTarget) continue;
     for (const rootIsFile of [false, true]) {
-      const layer: LayerEntry = { name: s.cfg.name, kind: s.impl.kind, schema_version: 1, artifacts: 0, bytes: 0, meta: { root_is_file: rootIsFile } };
+      const layer: LayerEntry = {
+        name: s.cfg.name,
+        kind: s.impl.kind,
+        schema_version: 1,
+        artifacts: 0,
+        bytes: 0,
+        meta: { root_is_file: rootIsFile },
+      };
       let t: LiveTarget;
       try {
         t = await s.impl.liveTarget(s.cfg, config.baseDir, layer);
@@ -150,7 +169,13 @@ export function parentProblem(base: string, rel: string, trustBase: boolean, see
  * with lstat to be a real directory (never followed through a link). `made`: directories known
  * to be fine. Throws `fail(problem)` for a symlink or a file in the way.
  */
-export function ensureParents(base: string, rel: string, trustBase: boolean, made: Set<string>, fail: (p: PathProblem) => Error): void {
+export function ensureParents(
+  base: string,
+  rel: string,
+  trustBase: boolean,
+  made: Set<string>,
+  fail: (p: PathProblem) => Error,
+): void {
   const parts = rel === "" ? [] : rel.split("/").slice(0, -1);
   let d = base;
   for (let i = -1; i < parts.length; i++) {

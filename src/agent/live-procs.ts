@@ -77,11 +77,19 @@ function commandOf(pid: string): string {
   let comm = "";
   try {
     comm = readFileSync(`/proc/${pid}/comm`, "utf8").trim();
-  } catch { /* gone */ }
+  } catch {
+    /* gone */
+  }
   let line = "";
   try {
-    line = readFileSync(`/proc/${pid}/cmdline`).toString("utf8").replace(/\0+$/, "").replace(/\0/g, " ").replace(/[\x00-\x1f\x7f]/g, "?");
-  } catch { /* gone */ }
+    line = readFileSync(`/proc/${pid}/cmdline`)
+      .toString("utf8")
+      .replace(/\0+$/, "")
+      .replace(/\0/g, " ")
+      .replace(/[\x00-\x1f\x7f]/g, "?");
+  } catch {
+    /* gone */
+  }
   if (line.length > 200) line = `${line.slice(0, 199)}…`;
   return line && comm ? `${comm} (${line})` : line || comm || "?";
 }
@@ -90,7 +98,10 @@ function commandOf(pid: string): string {
  * The processes (other than this one) that use what restoring `targets` in place replaces.
  * Processes whose /proc entries cannot be read are left out.
  */
-export async function processesUsing(targets: readonly LiveTarget[], opts: { exclude?: ReadonlySet<number> } = {}): Promise<LiveProcess[]> {
+export async function processesUsing(
+  targets: readonly LiveTarget[],
+  opts: { exclude?: ReadonlySet<number> } = {},
+): Promise<LiveProcess[]> {
   if (process.platform !== "linux") return [];
   const scopes = (await Promise.all(targets.map(scopeOf))).filter((s): s is Scope => s !== null);
   if (!scopes.length) return [];
@@ -115,11 +126,15 @@ export async function processesUsing(targets: readonly LiveTarget[], opts: { exc
     // Each read may fail: the process exited, or is another user's (EACCES): left out.
     try {
       use("cwd", readlinkSync(`/proc/${pid}/cwd`));
-    } catch { /* unreadable */ }
+    } catch {
+      /* unreadable */
+    }
     let fds: string[] = [];
     try {
       fds = readdirSync(`/proc/${pid}/fd`);
-    } catch { /* unreadable */ }
+    } catch {
+      /* unreadable */
+    }
     for (const fd of fds) {
       let p: string;
       try {
@@ -133,7 +148,9 @@ export async function processesUsing(targets: readonly LiveTarget[], opts: { exc
     let maps = "";
     try {
       maps = readFileSync(`/proc/${pid}/maps`, "utf8");
-    } catch { /* unreadable */ }
+    } catch {
+      /* unreadable */
+    }
     for (const line of maps.split("\n")) {
       // address perms offset dev inode pathname
       const m = /^\S+ \S+ \S+ \S+ \d+ +(\/.*)$/.exec(line);
@@ -154,8 +171,11 @@ export function refuseLiveProcesses(procs: readonly LiveProcess[]): void {
   if (!procs.length) return;
   const shown = procs.slice(0, 10).map(describeProcess);
   const more = procs.length > shown.length ? `; and ${procs.length - shown.length} more` : "";
-  throw new MemsnapError("MEMSNAP_LOCKED",
-    `${procs.length} process${procs.length === 1 ? " uses" : "es use"} the live files this restore would replace, and would lose what ${procs.length === 1 ? "it writes" : "they write"} next: ${shown.join("; ")}${more}; nothing was changed`, {
+  throw new MemsnapError(
+    "MEMSNAP_LOCKED",
+    `${procs.length} process${procs.length === 1 ? " uses" : "es use"} the live files this restore would replace, and would lose what ${procs.length === 1 ? "it writes" : "they write"} next: ${shown.join("; ")}${more}; nothing was changed`,
+    {
       hint: "stop the agent first (a before_restore hook can do it), or pass --ignore-open-files to restore anyway",
-    });
+    },
+  );
 }

@@ -26,7 +26,6 @@ export function controlDir(agentBase: string): string {
   return join(agentBase, ".memsnap");
 }
 
-
 async function readInfo(path: string): Promise<LockInfo | null> {
   try {
     return JSON.parse(await readFile(path, "utf8")) as LockInfo;
@@ -45,12 +44,20 @@ export function isStale(info: LockInfo | null): boolean {
  * Take the agent's lock, waiting up to `waitMs` (0: fail at once). Throws MEMSNAP_LOCKED with
  * the holder's pid, host and start time when it stays held.
  */
-export async function acquireLock(agentBase: string, opts: { waitMs?: number; command: string; name?: string }): Promise<AgentLock> {
+export async function acquireLock(
+  agentBase: string,
+  opts: { waitMs?: number; command: string; name?: string },
+): Promise<AgentLock> {
   const dir = controlDir(agentBase);
   await mkdir(dir, { recursive: true, mode: 0o700 });
   const path = join(dir, opts.name ?? "lock");
   const deadline = Date.now() + (opts.waitMs ?? 0);
-  const mine: LockInfo = { pid: process.pid, host: hostname(), started_at: new Date().toISOString(), command: opts.command };
+  const mine: LockInfo = {
+    pid: process.pid,
+    host: hostname(),
+    started_at: new Date().toISOString(),
+    command: opts.command,
+  };
   for (let attempt = 0; ; attempt++) {
     try {
       const fh = await open(path, "wx", 0o600);
@@ -80,17 +87,24 @@ export async function acquireLock(agentBase: string, opts: { waitMs?: number; co
       try {
         await rename(path, aside);
         const moved = await readInfo(aside);
-        if (moved?.pid === held?.pid && moved?.started_at === held?.started_at) await unlink(aside).catch(() => undefined);
+        if (moved?.pid === held?.pid && moved?.started_at === held?.started_at)
+          await unlink(aside).catch(() => undefined);
         else await rename(aside, path).catch(() => undefined); // a fresh lock slipped in: put it back
-      } catch { /* someone else took it over first */ }
+      } catch {
+        /* someone else took it over first */
+      }
       continue;
     }
     if (Date.now() >= deadline) {
-      throw new MemsnapError("MEMSNAP_LOCKED",
+      throw new MemsnapError(
+        "MEMSNAP_LOCKED",
         `agent is locked by ${held ? `pid ${held.pid} on ${held.host} (${held.command}, since ${held.started_at})` : "another process"}`,
-        { path, hint: "wait for it to finish, pass --wait DURATION, or remove the lock file if that process is gone from another host" });
+        {
+          path,
+          hint: "wait for it to finish, pass --wait DURATION, or remove the lock file if that process is gone from another host",
+        },
+      );
     }
     await new Promise((r) => setTimeout(r, Math.min(200, Math.max(10, deadline - Date.now()))));
   }
 }
-

@@ -48,9 +48,15 @@ export function indexNeedsPayload(manifest: Manifest): boolean {
 
 function integrityError(findings: ReturnType<typeof compareWithIndex>, what: string): MemsnapError {
   const f = findings[0]!;
-  return new MemsnapError(f.code, findings.length === 1 ? f.message : `${findings.length} problems, first: ${f.message}`, {
-    findings, ...(f.path ? { path: f.path } : {}), hint: `the bundle is damaged or was altered; ${what}`,
-  });
+  return new MemsnapError(
+    f.code,
+    findings.length === 1 ? f.message : `${findings.length} problems, first: ${f.message}`,
+    {
+      findings,
+      ...(f.path ? { path: f.path } : {}),
+      hint: `the bundle is damaged or was altered; ${what}`,
+    },
+  );
 }
 
 /**
@@ -61,14 +67,19 @@ function integrityError(findings: ReturnType<typeof compareWithIndex>, what: str
 export async function loadIndex(s: OpenedSnapshot, keys: Keys = {}, signal?: AbortSignal): Promise<IndexEntry[]> {
   if (s.manifest.index) return s.manifest.index;
   if (s.manifest.payload.encryption && !hasKey(keys)) {
-    throw new MemsnapError("MEMSNAP_IDENTITY_REQUIRED", `snapshot ${s.manifest.snapshot_id} is encrypted: its file list is in the encrypted payload`, {
-      hint: "pass --identity FILE (an age identity file) or --passphrase-file FILE",
-    });
+    throw new MemsnapError(
+      "MEMSNAP_IDENTITY_REQUIRED",
+      `snapshot ${s.manifest.snapshot_id} is encrypted: its file list is in the encrypted payload`,
+      {
+        hint: "pass --identity FILE (an age identity file) or --passphrase-file FILE",
+      },
+    );
   }
   const r = await readPayload(s.layout, s.manifest, keys, async () => undefined, signal ? { signal } : {});
   const findings = compareWithIndex(s.manifest, r);
   if (findings.length) throw integrityError(findings, "its file list cannot be trusted");
-  if (!r.index) throw new MemsnapError("MEMSNAP_INDEX_MISMATCH", `snapshot ${s.manifest.snapshot_id} has no readable index`);
+  if (!r.index)
+    throw new MemsnapError("MEMSNAP_INDEX_MISMATCH", `snapshot ${s.manifest.snapshot_id} has no readable index`);
   return r.index.artifacts;
 }
 
@@ -112,7 +123,12 @@ export interface Selection {
  * Throws MEMSNAP_USAGE when nothing matches, or when a pattern selects part of a layer whose
  * kind is rebuilt from all of its artifacts (git, sqlite, kv, …): select such a layer whole.
  */
-export function selectPaths(manifest: Manifest, index: readonly IndexEntry[], patterns: readonly string[], only?: readonly string[]): Selection {
+export function selectPaths(
+  manifest: Manifest,
+  index: readonly IndexEntry[],
+  patterns: readonly string[],
+  only?: readonly string[],
+): Selection {
   const match = pathFilter(patterns);
   const onlySet = only?.length ? new Set(only) : null;
   const paths = new Set<string>();
@@ -126,9 +142,13 @@ export function selectPaths(manifest: Manifest, index: readonly IndexEntry[], pa
     hit.set(e.layer, (hit.get(e.layer) ?? 0) + 1);
   }
   if (!paths.size) {
-    throw new MemsnapError("MEMSNAP_USAGE", `--path ${patterns.join(" ")}: no file of snapshot ${manifest.snapshot_id} matches`, {
-      hint: `paths are <layer>/<path> as 'memsnap ls ${manifest.snapshot_id}' shows them`,
-    });
+    throw new MemsnapError(
+      "MEMSNAP_USAGE",
+      `--path ${patterns.join(" ")}: no file of snapshot ${manifest.snapshot_id} matches`,
+      {
+        hint: `paths are <layer>/<path> as 'memsnap ls ${manifest.snapshot_id}' shows them`,
+      },
+    );
   }
   const layers = new Set(hit.keys());
   const partial = new Set<string>();
@@ -136,15 +156,27 @@ export function selectPaths(manifest: Manifest, index: readonly IndexEntry[], pa
     if (n === total.get(layer)) continue;
     const kind = manifest.layers.find((l) => l.name === layer)?.kind ?? "";
     if (!perFileKind(kind)) {
-      throw new MemsnapError("MEMSNAP_USAGE", `--path selects ${n} of the ${total.get(layer)} artifacts of layer ${layer}, and a ${kind} layer is rebuilt from all of them`, {
-        hint: `select the whole layer (--path ${layer}/ or --only ${layer}); files, state and trace layers restore file by file`,
-      });
+      throw new MemsnapError(
+        "MEMSNAP_USAGE",
+        `--path selects ${n} of the ${total.get(layer)} artifacts of layer ${layer}, and a ${kind} layer is rebuilt from all of them`,
+        {
+          hint: `select the whole layer (--path ${layer}/ or --only ${layer}); files, state and trace layers restore file by file`,
+        },
+      );
     }
     partial.add(layer);
   }
   const layerOf = (p: string): string => p.slice(0, p.indexOf("/"));
-  const perFile = new Set([...layers].filter((l) => perFileKind(manifest.layers.find((x) => x.name === l)?.kind ?? "")));
-  return { paths, layers, partial, perFile, want: (name) => paths.has(name) || (layers.has(layerOf(name)) && !partial.has(layerOf(name))) };
+  const perFile = new Set(
+    [...layers].filter((l) => perFileKind(manifest.layers.find((x) => x.name === l)?.kind ?? "")),
+  );
+  return {
+    paths,
+    layers,
+    partial,
+    perFile,
+    want: (name) => paths.has(name) || (layers.has(layerOf(name)) && !partial.has(layerOf(name))),
+  };
 }
 
 /** The index entry of `path` (as `ls` shows it). Throws MEMSNAP_SOURCE_MISSING. */
@@ -153,7 +185,8 @@ export function entryOf(manifest: Manifest, index: readonly IndexEntry[], path: 
   const e = index.find((x) => x.path === p);
   if (!e) {
     throw new MemsnapError("MEMSNAP_SOURCE_MISSING", `snapshot ${manifest.snapshot_id} has no file ${p}`, {
-      path: p, hint: `paths are <layer>/<path> as 'memsnap ls ${manifest.snapshot_id}' shows them`,
+      path: p,
+      hint: `paths are <layer>/<path> as 'memsnap ls ${manifest.snapshot_id}' shows them`,
     });
   }
   return e;
@@ -165,11 +198,16 @@ export function entryOf(manifest: Manifest, index: readonly IndexEntry[], path: 
  * spooled to a private temp file (0600, in os.tmpdir(), removed after) while hashed and
  * compared with the index, and only then is the file copied to `out`: a damaged artifact
  * writes nothing. With the index in the (sealed) manifest the read stops once the artifact is
- * read; otherwise the whole payload is read and checked against its own index. Throws MEMSNAP_SOURCE_MISSING (no such file),
+ * read; otherwise the whole payload is read and checked against its own index. Throws MEMSNAP_SOURCE_MISSING (no such
+  * file),
  * MEMSNAP_ARTIFACT_HASH_MISMATCH, the bundle's key and integrity errors.
  */
 export async function catArtifact(
-  s: OpenedSnapshot, path: string, keys: Keys, out: Writable, signal?: AbortSignal,
+  s: OpenedSnapshot,
+  path: string,
+  keys: Keys,
+  out: Writable,
+  signal?: AbortSignal,
 ): Promise<{ entry: IndexEntry; base: string | null }> {
   if (s.manifest.payload.encryption && !hasKey(keys)) {
     throw new MemsnapError("MEMSNAP_IDENTITY_REQUIRED", `snapshot ${s.manifest.snapshot_id} is encrypted`, {
@@ -191,25 +229,40 @@ export async function catArtifact(
       const sig = signal ? AbortSignal.any([signal, stop.signal]) : stop.signal;
       let r;
       try {
-        r = await readPayload(layout, manifest, keys, async (info, chunks) => {
-        if (info.name !== want) return;
-        if (got) throw new MemsnapError("MEMSNAP_INDEX_MISMATCH", `duplicate payload entry ${want}`, { path: want, hint: "the bundle is damaged or was altered; nothing was written" });
-        const h = createHash("sha256");
-        const fh = await open(spool, "wx", 0o600);
-        let n = 0;
-        try {
-          for await (const c of chunks) {
-            h.update(c);
-            n += c.length;
-            if (entry && n > entry.size) throw new MemsnapError("MEMSNAP_ARTIFACT_HASH_MISMATCH", `${want} is longer than the index declares (${entry.size} bytes)`, { path: want, hint: "the bundle is damaged or was altered; nothing was written" });
-            await fh.write(c);
-          }
-        } finally {
-          await fh.close();
-        }
-        got = { size: n, sha256: h.digest("hex") };
-        if (early) stop.abort();
-      }, { signal: sig });
+        r = await readPayload(
+          layout,
+          manifest,
+          keys,
+          async (info, chunks) => {
+            if (info.name !== want) return;
+            if (got)
+              throw new MemsnapError("MEMSNAP_INDEX_MISMATCH", `duplicate payload entry ${want}`, {
+                path: want,
+                hint: "the bundle is damaged or was altered; nothing was written",
+              });
+            const h = createHash("sha256");
+            const fh = await open(spool, "wx", 0o600);
+            let n = 0;
+            try {
+              for await (const c of chunks) {
+                h.update(c);
+                n += c.length;
+                if (entry && n > entry.size)
+                  throw new MemsnapError(
+                    "MEMSNAP_ARTIFACT_HASH_MISMATCH",
+                    `${want} is longer than the index declares (${entry.size} bytes)`,
+                    { path: want, hint: "the bundle is damaged or was altered; nothing was written" },
+                  );
+                await fh.write(c);
+              }
+            } finally {
+              await fh.close();
+            }
+            got = { size: n, sha256: h.digest("hex") };
+            if (early) stop.abort();
+          },
+          { signal: sig },
+        );
       } catch (e) {
         if (stop.signal.aborted && !signal?.aborted && got) return got;
         throw e;
@@ -220,14 +273,16 @@ export async function catArtifact(
       return got;
     };
     let got = await read(s.layout, s.manifest);
-    if (!entry) throw new MemsnapError("MEMSNAP_INDEX_MISMATCH", `snapshot ${s.manifest.snapshot_id} has no readable index`);
+    if (!entry)
+      throw new MemsnapError("MEMSNAP_INDEX_MISMATCH", `snapshot ${s.manifest.snapshot_id} has no readable index`);
     const ref = refOf(s.manifest, entry) ?? null;
     if (isChunkedIn(s.manifest, entry)) {
       // A chunked artifact: its stored ranges were spooled; the rest is read from its bases into place.
       const stored = storedOf(s.manifest, entry);
       if (!got || got.size !== stored.size || got.sha256 !== stored.sha256) {
         throw new MemsnapError("MEMSNAP_ARTIFACT_HASH_MISMATCH", `${want}: its stored ranges differ from the index`, {
-          path: want, hint: "the bundle is damaged or was altered; nothing was written",
+          path: want,
+          hint: "the bundle is damaged or was altered; nothing was written",
         });
       }
       const refs = new References();
@@ -236,15 +291,24 @@ export async function catArtifact(
       await extractReferenced(bases, refs, () => null, { keys, ...(signal ? { signal } : {}), chunkFile: () => spool });
       got = { size: entry.size, sha256: entry.sha256 };
     } else if (ref !== null) {
-      if (got) throw new MemsnapError("MEMSNAP_INDEX_MISMATCH", `${want} is both in the payload and a reference to a base`, { path: want });
+      if (got)
+        throw new MemsnapError("MEMSNAP_INDEX_MISMATCH", `${want} is both in the payload and a reference to a base`, {
+          path: want,
+        });
       const [base] = await openBases(s.path, s.manifest, new Set([ref]));
       got = await read(base!.layout, base!.manifest);
     }
     if (!got || got.size !== entry.size || got.sha256 !== entry.sha256) {
-      throw new MemsnapError("MEMSNAP_ARTIFACT_HASH_MISMATCH",
-        got ? `${want}: its bytes (${got.size}, SHA-256 ${got.sha256.slice(0, 12)}…) differ from the index (${entry.size}, ${entry.sha256.slice(0, 12)}…)` : `${want} is missing from the payload`, {
-          path: want, hint: "the bundle is damaged or was altered; nothing was written",
-        });
+      throw new MemsnapError(
+        "MEMSNAP_ARTIFACT_HASH_MISMATCH",
+        got
+          ? `${want}: its bytes (${got.size}, SHA-256 ${got.sha256.slice(0, 12)}…) differ from the index (${entry.size}, ${entry.sha256.slice(0, 12)}…)`
+          : `${want} is missing from the payload`,
+        {
+          path: want,
+          hint: "the bundle is damaged or was altered; nothing was written",
+        },
+      );
     }
     try {
       await pipeline(createReadStream(spool), out, { end: false });

@@ -43,7 +43,12 @@ export async function withAbort<T>(fn: (signal: AbortSignal) => Promise<T>): Pro
 }
 
 /** Run a lifecycle hook; a failing hook is reported on stderr and never fails the command. */
-export async function hook(hooks: HooksConfig, event: HookEvent, metadata: Record<string, unknown>, cwd: string): Promise<void> {
+export async function hook(
+  hooks: HooksConfig,
+  event: HookEvent,
+  metadata: Record<string, unknown>,
+  cwd: string,
+): Promise<void> {
   const r = await runHook(hooks, event, metadata, cwd);
   if (r && !r.ok) process.stderr.write(`memsnap: warning: hook ${event} (${r.command.join(" ")}) failed: ${r.error}\n`);
 }
@@ -61,12 +66,17 @@ const ID_REF = /^[0-9a-hjkmnp-tv-z]{6,26}$/i;
  * in `store`, as `memsnap list` shows them; `filter` limits the lookup to one tenant/agent.
  * Throws MEMSNAP_SOURCE_MISSING ("no such file: PATH") when it is neither, MEMSNAP_USAGE for an ambiguous prefix.
  */
-export async function bundleArg(ref: string, storeOf: () => Promise<string>, filter: { tenant?: string; agent?: string } = {}): Promise<string> {
+export async function bundleArg(
+  ref: string,
+  storeOf: () => Promise<string>,
+  filter: { tenant?: string; agent?: string } = {},
+): Promise<string> {
   if (existsSync(ref) || isBundleUrl(ref)) return ref;
   if (!ID_REF.test(ref)) {
     // A mistyped path is not a damaged bundle: say what happened before anything reads it.
     throw new MemsnapError("MEMSNAP_SOURCE_MISSING", `no such file: ${resolve(ref)}`, {
-      path: resolve(ref), hint: "check the bundle path (memsnap list shows the store's bundles, by id and path)",
+      path: resolve(ref),
+      hint: "check the bundle path (memsnap list shows the store's bundles, by id and path)",
     });
   }
   const store = await storeOf();
@@ -74,9 +84,13 @@ export async function bundleArg(ref: string, storeOf: () => Promise<string>, fil
     return (await findSnapshot(store, ref, filter)).path;
   } catch (e) {
     if (isMemsnapError(e) && /^no snapshot/.test(e.message)) {
-      throw new MemsnapError("MEMSNAP_SOURCE_MISSING", `no bundle file ${ref}, and no snapshot with that id in ${store}`, {
-        hint: "pass a bundle path, or an id from `memsnap list` (--store DIR for another store)",
-      });
+      throw new MemsnapError(
+        "MEMSNAP_SOURCE_MISSING",
+        `no bundle file ${ref}, and no snapshot with that id in ${store}`,
+        {
+          hint: "pass a bundle path, or an id from `memsnap list` (--store DIR for another store)",
+        },
+      );
     }
     throw e;
   }

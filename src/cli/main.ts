@@ -54,8 +54,14 @@ export async function main(argv: string[]): Promise<number> {
     .option("--json", "print one JSON object on stdout (errors too)")
     .exitOverride()
     .showHelpAfterError(false)
-    .configureOutput({ writeErr: (s) => { if (!s.startsWith("error:")) process.stderr.write(s); } })
-    .addHelpText("after", `
+    .configureOutput({
+      writeErr: (s) => {
+        if (!s.startsWith("error:")) process.stderr.write(s);
+      },
+    })
+    .addHelpText(
+      "after",
+      `
 Examples:
   $ memsnap keygen -o key.txt
   $ memsnap snapshot -c memsnap.json -r "$(grep -o 'age1.*' key.txt)"
@@ -63,7 +69,10 @@ Examples:
   $ memsnap restore 01J….memsnap --to ./restored -i key.txt
 
 Exit codes:
-${Object.entries(EXIT_CODE_MEANINGS).map(([c, m]) => `  ${c.padStart(2)}  ${m}`).join("\n")}`);
+${Object.entries(EXIT_CODE_MEANINGS)
+  .map(([c, m]) => `  ${c.padStart(2)}  ${m}`)
+  .join("\n")}`,
+    );
   registerInit(program, global);
   registerSnapshot(program, global);
   registerInspect(program, global);
@@ -83,11 +92,18 @@ ${Object.entries(EXIT_CODE_MEANINGS).map(([c, m]) => `  ${c.padStart(2)}  ${m}`)
       if (e.exitCode === 0 || e.code === "commander.helpDisplayed" || e.code === "commander.version") return 0;
       // No command: commander has printed the help on stderr; a usage error without a second message.
       if (e.code === "commander.help" && !json) return EXIT_CODES[ERROR_CODES.MEMSNAP_USAGE.class];
-      if (e.code === "commander.help") return reportError(new MemsnapError("MEMSNAP_USAGE", "no command given", { hint: "see 'memsnap --help'" }), { json });
-      return reportError(new MemsnapError("MEMSNAP_USAGE", e.message.replace(/^error: /, ""), { hint: "see 'memsnap --help'" }), { json });
+      if (e.code === "commander.help")
+        return reportError(new MemsnapError("MEMSNAP_USAGE", "no command given", { hint: "see 'memsnap --help'" }), {
+          json,
+        });
+      return reportError(
+        new MemsnapError("MEMSNAP_USAGE", e.message.replace(/^error: /, ""), { hint: "see 'memsnap --help'" }),
+        { json },
+      );
     }
     // verify --json has already printed its report as the one JSON object; only set the exit code.
-    if ((e as { alreadyPrinted?: boolean }).alreadyPrinted && e instanceof MemsnapError) return EXIT_CODES[ERROR_CODES[e.code].class];
+    if ((e as { alreadyPrinted?: boolean }).alreadyPrinted && e instanceof MemsnapError)
+      return EXIT_CODES[ERROR_CODES[e.code].class];
     return reportError(e, { json });
   }
 }

@@ -30,7 +30,9 @@ export function redactionLine(report: Record<string, unknown>): string {
   const policy = typeof report.policy === "string" ? report.policy : "-";
   if (policy === "off") return "off (not scanned)";
   const s = summarizeRedaction(report);
-  const kept = s.unredacted ? `; ${s.unredacted} found and kept as is (not rewritable: git history, content-addressed data)` : "";
+  const kept = s.unredacted
+    ? `; ${s.unredacted} found and kept as is (not rewritable: git history, content-addressed data)`
+    : "";
   if (!s.total) return `${policy}: nothing redacted${kept}`;
   return `${policy}: ${s.total} value${s.total === 1 ? "" : "s"} replaced by [REDACTED:<rule>] in ${listSome(s.artifacts)} (${s.rules.join(", ")})${kept}`;
 }
@@ -61,9 +63,12 @@ export function printJson(obj: unknown): void {
 
 /** Print an error the house way and return the exit code for it. */
 export function reportError(e: unknown, opts: OutputOptions): number {
-  const err = e instanceof MemsnapError
-    ? e
-    : new MemsnapError("MEMSNAP_INTERNAL", (e as Error)?.stack ?? String(e), { hint: "this is a bug in memsnap; please report it with the command you ran" });
+  const err =
+    e instanceof MemsnapError
+      ? e
+      : new MemsnapError("MEMSNAP_INTERNAL", (e as Error)?.stack ?? String(e), {
+          hint: "this is a bug in memsnap; please report it with the command you ran",
+        });
   const exit = EXIT_CODES[ERROR_CODES[err.code].class];
   if (opts.json) {
     printJson({ ok: false, exit_code: exit, error: err.toJSON() });
@@ -83,7 +88,10 @@ export class Progress {
   private last = 0;
   private readonly t0 = performance.now();
   private shown = false;
-  constructor(private readonly label: string, private readonly enabled: boolean) {}
+  constructor(
+    private readonly label: string,
+    private readonly enabled: boolean,
+  ) {}
 
   update(bytes: number, total: number | null): void {
     if (!this.enabled) return;

@@ -20,18 +20,50 @@ import { fileURLToPath } from "node:url";
 const ADDON = fileURLToPath(new URL("../../native/aead/build/Release/memsnap_aead.node", import.meta.url));
 
 export interface AeadAddon {
-  /** Seal `length` bytes of `src` (≤ 64 KiB) as age chunk `counter`; writes ciphertext and tag at `dst[dstOffset]`, returns `length + 16`. */
-  seal(key: Uint8Array, counter: number, last: boolean, src: Uint8Array, srcOffset: number, length: number, dst: Uint8Array, dstOffset: number): number;
-  /** Open a sealed chunk of `sealedLength` bytes into `dst`; returns the plaintext length, or -1 when it does not authenticate. */
-  open(key: Uint8Array, counter: number, last: boolean, src: Uint8Array, srcOffset: number, sealedLength: number, dst: Uint8Array, dstOffset: number): number;
+  /**
+   * Seal `length` bytes of `src` (≤ 64 KiB) as age chunk `counter`; writes ciphertext and tag at `dst[dstOffset]`,
+   * returns `length + 16`.
+   */
+  seal(
+    key: Uint8Array,
+    counter: number,
+    last: boolean,
+    src: Uint8Array,
+    srcOffset: number,
+    length: number,
+    dst: Uint8Array,
+    dstOffset: number,
+  ): number;
+  /**
+   * Open a sealed chunk of `sealedLength` bytes into `dst`; returns the plaintext length, or -1 when it does not
+   * authenticate.
+   */
+  open(
+    key: Uint8Array,
+    counter: number,
+    last: boolean,
+    src: Uint8Array,
+    srcOffset: number,
+    sealedLength: number,
+    dst: Uint8Array,
+    dstOffset: number,
+  ): number;
   /**
    * On a libuv pool thread: read the `count` tiles of `lens[k]` bytes each at `position` of
    * `fd` into `buf`, then per tile set `zero[k]` (1: all zero bytes) or write its SHA-256 at
    * `digests[32 * k]`. `callback(errno, bytesRead)`: errno 0 or the read's; a short bytesRead
    * (end of file) or an errno means nothing was hashed. Leave the buffers alone until then.
    */
-  readHash?(fd: number, position: number, buf: Uint8Array, lens: Uint32Array, count: number, digests: Uint8Array, zero: Uint8Array,
-    callback: (errno: number, bytesRead: number) => void): void;
+  readHash?(
+    fd: number,
+    position: number,
+    buf: Uint8Array,
+    lens: Uint32Array,
+    count: number,
+    digests: Uint8Array,
+    zero: Uint8Array,
+    callback: (errno: number, bytesRead: number) => void,
+  ): void;
 }
 
 /** The addon's path (null: not built, or `MEMSNAP_NATIVE=0`), for worker threads to load. */

@@ -128,7 +128,9 @@ class ZstdWorkerStream extends Duplex implements ZstdDuplex {
       this.destroy(new MemsnapError("MEMSNAP_INTERNAL", `zstd worker failed: ${e.message}`, { cause: e }));
     });
     this.#worker.on("messageerror", (e: Error) => {
-      this.destroy(new MemsnapError("MEMSNAP_INTERNAL", `zstd worker message could not be read: ${e.message}`, { cause: e }));
+      this.destroy(
+        new MemsnapError("MEMSNAP_INTERNAL", `zstd worker message could not be read: ${e.message}`, { cause: e }),
+      );
     });
     this.#worker.on("exit", (code: number) => {
       this.#workerGone = true;
@@ -318,7 +320,10 @@ export function createZstdCompressor(opts: ZstdCompressorOptions = {}): ZstdDupl
   const threads = opts.threads ?? 0;
   const checksum = opts.checksum ?? true;
   if (!isInt(level, MIN_LEVEL, MAX_LEVEL)) {
-    throw new MemsnapError("MEMSNAP_INTERNAL", `zstd level must be an integer from ${MIN_LEVEL} to ${MAX_LEVEL}, got ${String(level)}`);
+    throw new MemsnapError(
+      "MEMSNAP_INTERNAL",
+      `zstd level must be an integer from ${MIN_LEVEL} to ${MAX_LEVEL}, got ${String(level)}`,
+    );
   }
   if (!isInt(threads, 0, 64)) {
     throw new MemsnapError("MEMSNAP_INTERNAL", `zstd threads must be an integer from 0 to 64, got ${String(threads)}`);

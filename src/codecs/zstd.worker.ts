@@ -27,9 +27,7 @@ export interface ZstdWorkerData {
 }
 
 export type ZstdRequest =
-  | { t: "data"; ab: ArrayBuffer; len: number }
-  | { t: "end" }
-  | { t: "credit"; n: number; ab?: ArrayBuffer };
+  { t: "data"; ab: ArrayBuffer; len: number } | { t: "end" } | { t: "credit"; n: number; ab?: ArrayBuffer };
 
 export type ZstdReply =
   | { t: "out"; ab: ArrayBuffer; len: number }
@@ -51,8 +49,11 @@ let out = Buffer.allocUnsafeSlow(OUT_CHUNK);
 let outPos = 0;
 const queue: Item[] = [];
 let failed = false;
-let cctx: InstanceType<ZstdBinding["CCtx"]> | null = null, dctx: InstanceType<ZstdBinding["DCtx"]> | null = null;
-let lastRet = 0, totalIn = 0, totalOut = 0;
+let cctx: InstanceType<ZstdBinding["CCtx"]> | null = null,
+  dctx: InstanceType<ZstdBinding["DCtx"]> | null = null;
+let lastRet = 0,
+  totalIn = 0,
+  totalOut = 0;
 const maxOut = workerData.maxOutputBytes ?? null;
 
 function fail(kind: Extract<ZstdReply, { t: "err" }>["kind"], msg: string): void {

@@ -50,7 +50,11 @@ export function bundleIn(dir: string, id: string): string {
 
 class LocalBundle implements BundleFile {
   readonly local = true;
-  constructor(readonly path: string, readonly size: number, readonly fh: FileHandle) {}
+  constructor(
+    readonly path: string,
+    readonly size: number,
+    readonly fh: FileHandle,
+  ) {}
 
   async read(buf: Buffer, off: number, len: number, pos: number): Promise<number> {
     let got = 0;
@@ -63,7 +67,11 @@ class LocalBundle implements BundleFile {
   }
 
   stream(start: number, end: number): AsyncIterable<Buffer> {
-    return end > start ? reusedChunks(this.fh, start, end - 1) : (async function* () { /* empty */ })();
+    return end > start
+      ? reusedChunks(this.fh, start, end - 1)
+      : (async function* () {
+          /* empty */
+        })();
   }
 
   async close(): Promise<void> {
@@ -87,14 +95,18 @@ export async function openBundle(path: string, knownSize?: number): Promise<Bund
     fh = await open(path, "r");
   } catch (e) {
     const code = (e as NodeJS.ErrnoException).code;
-    throw new MemsnapError(code === "ENOENT" ? "MEMSNAP_SOURCE_MISSING" : "MEMSNAP_SOURCE_UNREADABLE",
-      `cannot open bundle ${path}: ${(e as Error).message}`, { path, hint: "check the bundle path" });
+    throw new MemsnapError(
+      code === "ENOENT" ? "MEMSNAP_SOURCE_MISSING" : "MEMSNAP_SOURCE_UNREADABLE",
+      `cannot open bundle ${path}: ${(e as Error).message}`,
+      { path, hint: "check the bundle path" },
+    );
   }
   try {
     const st = await fh.stat();
     if (!st.isFile()) {
       throw new MemsnapError("MEMSNAP_BUNDLE_MALFORMED", `${path}: not a memsnap bundle (not a regular file)`, {
-        path, hint: "memsnap bundles are tar files holding payload.tar.zst[.age] and manifest.json",
+        path,
+        hint: "memsnap bundles are tar files holding payload.tar.zst[.age] and manifest.json",
       });
     }
     return new LocalBundle(path, st.size, fh);

@@ -37,15 +37,18 @@ const isCount = (v: unknown): v is number => Number.isSafeInteger(v) && (v as nu
  */
 export function chunkedProblem(e: Record<string, unknown>): string | null {
   const r = e.ranges;
-  if (!Array.isArray(r) || r.length === 0 || r.length > CHUNKED_MAX_RANGES) return `ranges is not an array of 1 to ${CHUNKED_MAX_RANGES} ranges`;
+  if (!Array.isArray(r) || r.length === 0 || r.length > CHUNKED_MAX_RANGES)
+    return `ranges is not an array of 1 to ${CHUNKED_MAX_RANGES} ranges`;
   if (e.ref !== undefined) return "a chunked entry has a ref";
-  if (!isCount(e.stored_size) || typeof e.stored_sha256 !== "string" || !/^[0-9a-f]{64}$/.test(e.stored_sha256)) return "stored_size or stored_sha256 is malformed";
+  if (!isCount(e.stored_size) || typeof e.stored_sha256 !== "string" || !/^[0-9a-f]{64}$/.test(e.stored_sha256))
+    return "stored_size or stored_sha256 is malformed";
   if (!isCount(e.size) || e.size > CHUNKED_MAX_SIZE) return `size is over ${CHUNKED_MAX_SIZE}`;
   let total = 0;
   let stored = 0;
   const byBase = new Map<string, [number, number][]>();
   for (const x of r as unknown[]) {
-    if (!Array.isArray(x) || (x.length !== 1 && x.length !== 3) || !Number.isSafeInteger(x[0]) || (x[0] as number) < 1) return "a range is malformed";
+    if (!Array.isArray(x) || (x.length !== 1 && x.length !== 3) || !Number.isSafeInteger(x[0]) || (x[0] as number) < 1)
+      return "a range is malformed";
     const len = x[0] as number;
     total += len;
     if (x.length === 1) {
@@ -53,17 +56,20 @@ export function chunkedProblem(e: Record<string, unknown>): string | null {
       continue;
     }
     const [, base, off] = x as [number, unknown, unknown];
-    if (typeof base !== "string" || !ID.test(base) || !isCount(off) || off + len > Number.MAX_SAFE_INTEGER) return "a range is malformed";
+    if (typeof base !== "string" || !ID.test(base) || !isCount(off) || off + len > Number.MAX_SAFE_INTEGER)
+      return "a range is malformed";
     let l = byBase.get(base);
     if (!l) byBase.set(base, (l = []));
     l.push([off, len]);
   }
   if (total !== e.size) return `its ranges sum to ${total} bytes, the entry says ${String(e.size)}`;
-  if (stored !== e.stored_size) return `its stored ranges sum to ${stored} bytes, the entry says ${String(e.stored_size)}`;
+  if (stored !== e.stored_size)
+    return `its stored ranges sum to ${stored} bytes, the entry says ${String(e.stored_size)}`;
   if (byBase.size === 0) return "no range reads a base";
   for (const [base, l] of byBase) {
     l.sort((a, b) => a[0] - b[0]);
-    for (let i = 1; i < l.length; i++) if (l[i - 1]![0] + l[i - 1]![1] > l[i]![0]) return `two ranges read the same bytes of base ${base}`;
+    for (let i = 1; i < l.length; i++)
+      if (l[i - 1]![0] + l[i - 1]![1] > l[i]![0]) return `two ranges read the same bytes of base ${base}`;
   }
   return null;
 }

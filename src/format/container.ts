@@ -16,9 +16,7 @@ import { Writable } from "node:stream";
 import { MemsnapError, destinationError } from "../errors.js";
 import { withBundle, type BundleFile } from "./bundle-file.js";
 import { commitRename, unlinkQuiet } from "../util/fs-atomic.js";
-import {
-  MANIFEST_MAX_BYTES, MANIFEST_MEMBER, PAYLOAD_MEMBER_ENCRYPTED, PAYLOAD_MEMBER_PLAIN,
-} from "./manifest.js";
+import { MANIFEST_MAX_BYTES, MANIFEST_MEMBER, PAYLOAD_MEMBER_ENCRYPTED, PAYLOAD_MEMBER_PLAIN } from "./manifest.js";
 import { BLOCK, decodeHeader, encodeHeader, padding, patchSize } from "./tar-header.js";
 
 /** Temp files are named `.<final name>.tmp-<pid>-<random>` so cleanup can tell whose they are. */
@@ -31,7 +29,11 @@ class PayloadSink extends Writable {
   readonly hash: Hash = createHash("sha256");
   bytes = 0;
   head: Buffer = Buffer.alloc(0);
-  constructor(private readonly fh: FileHandle, private readonly start: number, private readonly path: string) {
+  constructor(
+    private readonly fh: FileHandle,
+    private readonly start: number,
+    private readonly path: string,
+  ) {
     super({ highWaterMark: 1 << 20 });
   }
   private note(chunk: Buffer): void {
@@ -42,7 +44,10 @@ class PayloadSink extends Writable {
     this.note(chunk);
     const pos = this.start + this.bytes;
     this.bytes += chunk.length;
-    this.fh.write(chunk, 0, chunk.length, pos).then(() => cb(), (e) => cb(destinationError(e, this.path)));
+    this.fh.write(chunk, 0, chunk.length, pos).then(
+      () => cb(),
+      (e) => cb(destinationError(e, this.path)),
+    );
   }
   override _writev(chunks: { chunk: Buffer }[], cb: (e?: Error | null) => void): void {
     const bufs = chunks.map((c) => c.chunk);
@@ -50,7 +55,10 @@ class PayloadSink extends Writable {
     const pos = this.start + this.bytes;
     const total = bufs.reduce((n, b) => n + b.length, 0);
     this.bytes += total;
-    this.fh.writev(bufs, pos).then(() => cb(), (e) => cb(destinationError(e, this.path)));
+    this.fh.writev(bufs, pos).then(
+      () => cb(),
+      (e) => cb(destinationError(e, this.path)),
+    );
   }
 }
 
@@ -71,11 +79,18 @@ export function payloadHeader(encrypted: boolean, mtime: Date): Buffer {
 export function bundleTail(manifest: Buffer, storedSize: number, mtime: Date): Buffer {
   const mHeader = encodeHeader(MANIFEST_MEMBER, manifest.length, mtime, 0o644);
   return Buffer.concat([
-    Buffer.alloc(padding(storedSize)), mHeader, manifest, Buffer.alloc(padding(manifest.length)), Buffer.alloc(2 * BLOCK),
+    Buffer.alloc(padding(storedSize)),
+    mHeader,
+    manifest,
+    Buffer.alloc(padding(manifest.length)),
+    Buffer.alloc(2 * BLOCK),
   ]);
 }
 
-/** Writes one bundle file atomically. Call {@link open}, stream into {@link payload}, then {@link commit} or {@link abort}. */
+/**
+ * Writes one bundle file atomically. Call {@link open}, stream into {@link payload}, then {@link commit} or {@link
+ * abort}.
+ */
 export class BundleWriter {
   readonly tmpPath: string;
   private fh: FileHandle | undefined;
@@ -83,7 +98,10 @@ export class BundleWriter {
   private header: Buffer | undefined;
   private readonly mtime = new Date();
 
-  constructor(readonly destPath: string, readonly encrypted: boolean) {
+  constructor(
+    readonly destPath: string,
+    readonly encrypted: boolean,
+  ) {
     this.tmpPath = tempPathFor(destPath);
   }
 
@@ -169,11 +187,13 @@ export interface BundleLayout {
 
 const truncated = (path: string, what: string): MemsnapError =>
   new MemsnapError("MEMSNAP_BUNDLE_TRUNCATED", `${path}: bundle ends early (${what})`, {
-    path, hint: "the file was cut short, e.g. by an interrupted copy; use another copy",
+    path,
+    hint: "the file was cut short, e.g. by an interrupted copy; use another copy",
   });
 const malformed = (path: string, what: string): MemsnapError =>
   new MemsnapError("MEMSNAP_BUNDLE_MALFORMED", `${path}: not a memsnap bundle (${what})`, {
-    path, hint: "memsnap bundles are tar files holding payload.tar.zst[.age] and manifest.json",
+    path,
+    hint: "memsnap bundles are tar files holding payload.tar.zst[.age] and manifest.json",
   });
 
 /** Up to `len` bytes at `pos` (fewer only at the end of the file). */
@@ -207,7 +227,8 @@ export async function layoutOf(f: BundleFile): Promise<BundleLayout> {
   };
   const fileSize = f.size;
   const h0 = await readAt(0, BLOCK);
-  if (h0.length < BLOCK) throw fileSize === 0 ? truncated(path, "empty file") : truncated(path, "inside the first header");
+  if (h0.length < BLOCK)
+    throw fileSize === 0 ? truncated(path, "empty file") : truncated(path, "inside the first header");
   let first;
   try {
     first = decodeHeader(h0);
@@ -229,18 +250,25 @@ export async function layoutOf(f: BundleFile): Promise<BundleLayout> {
     throw malformed(path, `manifest header: ${(e as Error).message}`);
   }
   if (!second) throw truncated(path, "no manifest member");
-  if (second.name !== MANIFEST_MEMBER || second.type !== "0") throw malformed(path, `second member is ${JSON.stringify(second.name)}`);
+  if (second.name !== MANIFEST_MEMBER || second.type !== "0")
+    throw malformed(path, `second member is ${JSON.stringify(second.name)}`);
   if (second.size > MANIFEST_MAX_BYTES) {
-    throw new MemsnapError("MEMSNAP_UNSAFE_BUNDLE", `${path}: manifest of ${second.size} bytes is over the ${MANIFEST_MAX_BYTES}-byte cap`, {
-      path, hint: "refusing to read it; this bundle was not written by memsnap or was tampered with",
-    });
+    throw new MemsnapError(
+      "MEMSNAP_UNSAFE_BUNDLE",
+      `${path}: manifest of ${second.size} bytes is over the ${MANIFEST_MAX_BYTES}-byte cap`,
+      {
+        path,
+        hint: "refusing to read it; this bundle was not written by memsnap or was tampered with",
+      },
+    );
   }
   const end = mPos + BLOCK + second.size + padding(second.size) + 2 * BLOCK;
   if (fileSize < mPos + BLOCK + second.size) throw truncated(path, "inside the manifest");
   if (fileSize < end) throw truncated(path, "in the end-of-archive blocks");
   if (fileSize > end) {
     const extra = await readAt(end, Math.min(fileSize - end, 1 << 20));
-    if (fileSize - end > 1 << 20 || !extra.every((b) => b === 0)) throw malformed(path, "data after the end of the archive");
+    if (fileSize - end > 1 << 20 || !extra.every((b) => b === 0))
+      throw malformed(path, "data after the end of the archive");
   }
   const manifestBytes = await readAt(mPos + BLOCK, second.size);
   const trailer = await readAt(mPos + BLOCK + second.size, padding(second.size) + 2 * BLOCK);
@@ -248,7 +276,15 @@ export async function layoutOf(f: BundleFile): Promise<BundleLayout> {
   const payloadHead = await readAt(payloadOffset, Math.min(64, first.size));
   const payloadPad = await readAt(payloadOffset + first.size, padding(first.size));
   if (!payloadPad.every((b) => b === 0)) throw malformed(path, "the padding after the payload is not zero");
-  return { path, fileSize, payloadMember: first.name, payloadOffset, payloadSize: first.size, manifestBytes, payloadHead };
+  return {
+    path,
+    fileSize,
+    payloadMember: first.name,
+    payloadOffset,
+    payloadSize: first.size,
+    manifestBytes,
+    payloadHead,
+  };
 }
 
 /** Size of a file, or null when it does not exist. */

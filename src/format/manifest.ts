@@ -19,7 +19,9 @@ export const FORMAT_NAME = "memsnap";
  * entry (./chunked.ts): an older reader would take its payload entry for the whole artifact.
  */
 export const MANIFEST_VERSION = 4;
-/** What a plaintext bundle whose manifest leaves out the index (more artifacts than MANIFEST_INDEX_MAX) is written as. */
+/**
+ * What a plaintext bundle whose manifest leaves out the index (more artifacts than MANIFEST_INDEX_MAX) is written as.
+ */
 export const MANIFEST_VERSION_NO_INDEX = 3;
 /** What a bundle that references a base is written as (when nothing needs version 3). */
 export const MANIFEST_VERSION_INCREMENTAL = 2;
@@ -185,9 +187,13 @@ export function encodeManifest(m: Manifest): Buffer {
   // (the index, a flat list of flat entries that may be long, is left out of the walk)
   if (Object.entries(m).some(([k, v]) => k !== "index" && valueDepthOver(v, MANIFEST_MAX_DEPTH - 1))) {
     const l = m.layers.find((x) => valueDepthOver(x.meta, MANIFEST_MAX_DEPTH - 3));
-    throw new MemsnapError("MEMSNAP_SOURCE_INVALID", `${l ? `layer ${l.name}: its meta` : "the manifest"} nests more than ${MANIFEST_MAX_DEPTH} levels deep in the manifest`, {
-      hint: "a manifest nests at most 64 levels; the source's data (e.g. a KV dump's engine object) is nested too deeply to record",
-    });
+    throw new MemsnapError(
+      "MEMSNAP_SOURCE_INVALID",
+      `${l ? `layer ${l.name}: its meta` : "the manifest"} nests more than ${MANIFEST_MAX_DEPTH} levels deep in the manifest`,
+      {
+        hint: "a manifest nests at most 64 levels; the source's data (e.g. a KV dump's engine object) is nested too deeply to record",
+      },
+    );
   }
   return Buffer.from(JSON.stringify(JSON.parse(canonicalJson(m)), null, 1) + "\n", "utf8");
 }
@@ -205,7 +211,8 @@ function corrupt(msg: string): MemsnapError {
  */
 function unsafeName(msg: string, path: string): MemsnapError {
   return new MemsnapError("MEMSNAP_UNSAFE_PATH", `manifest: ${msg}`, {
-    path, hint: "this bundle was not written by memsnap or was tampered with; nothing was read from it or written",
+    path,
+    hint: "this bundle was not written by memsnap or was tampered with; nothing was read from it or written",
   });
 }
 
@@ -230,9 +237,13 @@ export function parseManifest(bytes: Buffer, readsUpTo = MANIFEST_VERSION): Mani
   }
   if (!isObj(raw)) throw corrupt("not a JSON object");
   if (raw.format !== FORMAT_NAME) {
-    throw new MemsnapError("MEMSNAP_BUNDLE_MALFORMED", `manifest format is ${JSON.stringify(raw.format)}, not "memsnap"`, {
-      hint: "this file is not a memsnap bundle",
-    });
+    throw new MemsnapError(
+      "MEMSNAP_BUNDLE_MALFORMED",
+      `manifest format is ${JSON.stringify(raw.format)}, not "memsnap"`,
+      {
+        hint: "this file is not a memsnap bundle",
+      },
+    );
   }
   const v = raw.manifest_version;
   if (!Number.isSafeInteger(v) || (v as number) < 1) throw corrupt("manifest_version is not a positive integer");
@@ -247,65 +258,106 @@ export function parseManifest(bytes: Buffer, readsUpTo = MANIFEST_VERSION): Mani
   for (const k of ["snapshot_id", "created_at", "host", "tenant", "agent", "seal"] as const) {
     if (typeof m[k] !== "string") throw corrupt(`${k} is missing or not a string`);
   }
-  if (!SNAPSHOT_ID_PATTERN.test(m.snapshot_id)) throw corrupt(`snapshot_id ${JSON.stringify(m.snapshot_id.slice(0, 40))} is not a ULID`);
-  if (!TIME_PATTERN.test(m.created_at) || !Number.isFinite(Date.parse(m.created_at))) throw corrupt("created_at is not an ISO-8601 UTC time");
-  if (!ID_PATTERN.test(m.tenant) || !ID_PATTERN.test(m.agent)) throw corrupt("tenant or agent id is not [a-z0-9_-]{1,64}");
+  if (!SNAPSHOT_ID_PATTERN.test(m.snapshot_id))
+    throw corrupt(`snapshot_id ${JSON.stringify(m.snapshot_id.slice(0, 40))} is not a ULID`);
+  if (!TIME_PATTERN.test(m.created_at) || !Number.isFinite(Date.parse(m.created_at)))
+    throw corrupt("created_at is not an ISO-8601 UTC time");
+  if (!ID_PATTERN.test(m.tenant) || !ID_PATTERN.test(m.agent))
+    throw corrupt("tenant or agent id is not [a-z0-9_-]{1,64}");
   if (!CREATED_BY.includes(m.created_by)) throw corrupt("created_by is not one of " + CREATED_BY.join(", "));
   if (m.label !== null && typeof m.label !== "string") throw corrupt("label is not a string or null");
-  if (m.parent !== null && (typeof m.parent !== "string" || !SNAPSHOT_ID_PATTERN.test(m.parent))) throw corrupt("parent is not a ULID or null");
-  if (!isObj(m.tool) || typeof m.tool.name !== "string" || typeof m.tool.version !== "string") throw corrupt("tool is malformed");
+  if (m.parent !== null && (typeof m.parent !== "string" || !SNAPSHOT_ID_PATTERN.test(m.parent)))
+    throw corrupt("parent is not a ULID or null");
+  if (!isObj(m.tool) || typeof m.tool.name !== "string" || typeof m.tool.version !== "string")
+    throw corrupt("tool is malformed");
   if (!isObj(m.redaction)) throw corrupt("redaction is not an object");
   if (!Array.isArray(m.layers)) throw corrupt("layers is not an array");
   const layerNames = new Set<string>();
   for (const l of m.layers) {
-    if (!isObj(l) || typeof l.name !== "string" || typeof l.kind !== "string" || !isCount(l.schema_version)
-      || !isCount(l.artifacts) || !isCount(l.bytes)) throw corrupt("a layer entry is malformed");
-    if (!LAYER_NAME_PATTERN.test(l.name)) throw unsafeName(`layer name ${JSON.stringify(l.name.slice(0, 80))} is not [a-z0-9][a-z0-9_-]{0,63}`, l.name);
+    if (
+      !isObj(l) ||
+      typeof l.name !== "string" ||
+      typeof l.kind !== "string" ||
+      !isCount(l.schema_version) ||
+      !isCount(l.artifacts) ||
+      !isCount(l.bytes)
+    )
+      throw corrupt("a layer entry is malformed");
+    if (!LAYER_NAME_PATTERN.test(l.name))
+      throw unsafeName(`layer name ${JSON.stringify(l.name.slice(0, 80))} is not [a-z0-9][a-z0-9_-]{0,63}`, l.name);
     if (layerNames.has(l.name)) throw unsafeName(`layer ${l.name} is listed twice`, l.name);
     layerNames.add(l.name);
-    if (!KIND_PATTERN.test(l.kind)) throw corrupt(`layer ${l.name}: kind ${JSON.stringify(l.kind.slice(0, 80))} is not [a-z0-9][a-z0-9_-]{0,63}`);
+    if (!KIND_PATTERN.test(l.kind))
+      throw corrupt(`layer ${l.name}: kind ${JSON.stringify(l.kind.slice(0, 80))} is not [a-z0-9][a-z0-9_-]{0,63}`);
     if (l.meta !== undefined && !isObj(l.meta)) throw corrupt(`layer ${l.name}: meta is not an object`);
   }
   const p = m.payload;
   if (!isObj(p)) throw corrupt("payload is missing");
-  if (p.member !== PAYLOAD_MEMBER_PLAIN && p.member !== PAYLOAD_MEMBER_ENCRYPTED) throw corrupt("payload.member is unknown");
+  if (p.member !== PAYLOAD_MEMBER_PLAIN && p.member !== PAYLOAD_MEMBER_ENCRYPTED)
+    throw corrupt("payload.member is unknown");
   if (!isObj(p.compression) || p.compression.codec !== "zstd") throw corrupt("payload.compression is not zstd");
-  if (p.encryption !== null && (!isObj(p.encryption) || p.encryption.scheme !== "age" || !Array.isArray(p.encryption.recipients))) {
+  if (
+    p.encryption !== null &&
+    (!isObj(p.encryption) || p.encryption.scheme !== "age" || !Array.isArray(p.encryption.recipients))
+  ) {
     throw corrupt("payload.encryption is malformed");
   }
-  if (!isCount(p.stored_size) || !isCount(p.tar_size) || !isCount(p.artifacts) || !isCount(p.bytes)) throw corrupt("payload sizes are malformed");
+  if (!isCount(p.stored_size) || !isCount(p.tar_size) || !isCount(p.artifacts) || !isCount(p.bytes))
+    throw corrupt("payload sizes are malformed");
   if (!isHex64(p.sha256) || !isHex64(p.index_sha256)) throw corrupt("payload hashes are malformed");
   const version = v as number;
   if (version >= 2 && m.bases !== undefined) {
     if (!Array.isArray(m.bases)) throw corrupt("bases is not an array");
     const ids = new Set<string>();
     for (const b of m.bases) {
-      if (!isObj(b) || typeof b.snapshot_id !== "string" || !SNAPSHOT_ID_PATTERN.test(b.snapshot_id)
-        || typeof b.seal !== "string" || !/^sha256:[0-9a-f]{64}$/.test(b.seal)) throw corrupt("a base entry is malformed");
-      if (ids.has(b.snapshot_id) || b.snapshot_id === m.snapshot_id) throw corrupt(`base ${b.snapshot_id} is listed twice or is the bundle itself`);
+      if (
+        !isObj(b) ||
+        typeof b.snapshot_id !== "string" ||
+        !SNAPSHOT_ID_PATTERN.test(b.snapshot_id) ||
+        typeof b.seal !== "string" ||
+        !/^sha256:[0-9a-f]{64}$/.test(b.seal)
+      )
+        throw corrupt("a base entry is malformed");
+      if (ids.has(b.snapshot_id) || b.snapshot_id === m.snapshot_id)
+        throw corrupt(`base ${b.snapshot_id} is listed twice or is the bundle itself`);
       ids.add(b.snapshot_id);
     }
   }
   // (In a version-1 manifest `bases`, `referenced` and `ref` are unknown keys: ignored, never
   // acted on; see basesOf and referencedIn. They stay in the object, which the seal covers.)
   for (const l of m.layers) {
-    if (version >= 2 && l.referenced !== undefined && (!isCount(l.referenced) || l.referenced > l.artifacts)) throw corrupt(`layer ${l.name}: referenced is malformed`);
+    if (version >= 2 && l.referenced !== undefined && (!isCount(l.referenced) || l.referenced > l.artifacts))
+      throw corrupt(`layer ${l.name}: referenced is malformed`);
   }
   if (m.index !== undefined) {
     if (!Array.isArray(m.index)) throw corrupt("index is not an array");
     for (const e of m.index) {
-      if (!isObj(e) || typeof e.path !== "string" || typeof e.layer !== "string" || typeof e.kind !== "string"
-        || !isCount(e.size) || !isHex64(e.sha256)) throw corrupt("an index entry is malformed");
+      if (
+        !isObj(e) ||
+        typeof e.path !== "string" ||
+        typeof e.layer !== "string" ||
+        typeof e.kind !== "string" ||
+        !isCount(e.size) ||
+        !isHex64(e.sha256)
+      )
+        throw corrupt("an index entry is malformed");
       // Where the entry would be written: a safe path under the layer the entry names.
       checkEntryName(e.path, layerNames);
-      if (!layerNames.has(e.layer)) throw unsafeName(`index entry ${JSON.stringify(e.path)} names layer ${JSON.stringify(e.layer.slice(0, 80))}, which is not in the manifest`, e.path);
-      if (!e.path.startsWith(`${e.layer}/`)) throw unsafeName(`index entry ${JSON.stringify(e.path)} is not under its layer ${e.layer}`, e.path);
-      if (version >= 2 && e.ref !== undefined && !m.bases?.some((b) => b.snapshot_id === e.ref)) throw corrupt(`index entry ${e.path} references a bundle that is not a base`);
+      if (!layerNames.has(e.layer))
+        throw unsafeName(
+          `index entry ${JSON.stringify(e.path)} names layer ${JSON.stringify(e.layer.slice(0, 80))}, which is not in the manifest`,
+          e.path,
+        );
+      if (!e.path.startsWith(`${e.layer}/`))
+        throw unsafeName(`index entry ${JSON.stringify(e.path)} is not under its layer ${e.layer}`, e.path);
+      if (version >= 2 && e.ref !== undefined && !m.bases?.some((b) => b.snapshot_id === e.ref))
+        throw corrupt(`index entry ${e.path} references a bundle that is not a base`);
       if (version >= 4 && e.ranges !== undefined) {
         const problem = chunkedProblem(e as unknown as Record<string, unknown>);
         if (problem) throw corrupt(`index entry ${e.path}: ${problem}`);
         for (const id of rangeBases(e.ranges)) {
-          if (!m.bases?.some((b) => b.snapshot_id === id)) throw corrupt(`index entry ${e.path} reads a bundle that is not a base`);
+          if (!m.bases?.some((b) => b.snapshot_id === id))
+            throw corrupt(`index entry ${e.path} reads a bundle that is not a base`);
         }
       }
     }

@@ -17,7 +17,13 @@ export class S3BundleWriter {
   readonly #header: Buffer;
   readonly #mtime = new Date();
 
-  constructor(client: S3Client, bucket: string, key: string, readonly encrypted: boolean, opts: UploadOptions = {}) {
+  constructor(
+    client: S3Client,
+    bucket: string,
+    key: string,
+    readonly encrypted: boolean,
+    opts: UploadOptions = {},
+  ) {
     this.#upload = new BundleUpload(client, bucket, key, opts);
     this.destPath = this.#upload.url;
     this.#header = payloadHeader(encrypted, this.#mtime);
@@ -53,12 +59,20 @@ export class S3BundleWriter {
  * parent of a snapshot taken into an s3 store, as newestIn() finds it in a directory. Also the
  * first request a snapshot makes, so a wrong bucket or credentials fail before any capture work.
  */
-export async function newestSnapshotIn(client: S3Client, bucket: string, prefix: string, before: string, url: string): Promise<string | null> {
+export async function newestSnapshotIn(
+  client: S3Client,
+  bucket: string,
+  prefix: string,
+  before: string,
+  url: string,
+): Promise<string | null> {
   let newest: string | null = null;
   let token: string | undefined;
   try {
     do {
-      const r = await client.send(new ListObjectsV2Command({ Bucket: bucket, Prefix: prefix, Delimiter: "/", ContinuationToken: token }));
+      const r = await client.send(
+        new ListObjectsV2Command({ Bucket: bucket, Prefix: prefix, Delimiter: "/", ContinuationToken: token }),
+      );
       for (const o of r.Contents ?? []) {
         const m = /^([0-9A-HJKMNP-TV-Z]{26})\.memsnap$/.exec(o.Key!.slice(prefix.length));
         if (m && m[1]! < before && (newest === null || m[1]! > newest)) newest = m[1]!;

@@ -8,13 +8,17 @@ import { MemsnapError } from "../errors.js";
 
 function unsafe(name: string, why: string): MemsnapError {
   return new MemsnapError("MEMSNAP_UNSAFE_PATH", `unsafe entry ${JSON.stringify(name)}: ${why}`, {
-    path: name, hint: "this bundle was not written by memsnap or was tampered with; nothing outside staging was written",
+    path: name,
+    hint: "this bundle was not written by memsnap or was tampered with; nothing outside staging was written",
   });
 }
 
 /** MEMSNAP_UNSAFE_PATH for an entry whose name was already written, or clashes with one. */
 export function conflictingEntry(name: string): MemsnapError {
-  return new MemsnapError("MEMSNAP_UNSAFE_PATH", `duplicate or conflicting entry ${name}`, { path: name, hint: "the bundle is malformed or hostile" });
+  return new MemsnapError("MEMSNAP_UNSAFE_PATH", `duplicate or conflicting entry ${name}`, {
+    path: name,
+    hint: "the bundle is malformed or hostile",
+  });
 }
 
 /** Throw MEMSNAP_UNSAFE_PATH unless `name` is a safe payload path under one of `layers`. */

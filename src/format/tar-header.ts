@@ -72,7 +72,8 @@ function splitUstar(name: string): { prefix: string; base: string } | null {
   if (Buffer.byteLength(name) !== name.length) return null; // non-ASCII: PAX carries it exactly
   if (name.length <= 100) return { prefix: "", base: name };
   for (let i = name.indexOf("/"); i >= 0; i = name.indexOf("/", i + 1)) {
-    if (i <= 155 && name.length - i - 1 <= 100 && name.length - i - 1 > 0) return { prefix: name.slice(0, i), base: name.slice(i + 1) };
+    if (i <= 155 && name.length - i - 1 <= 100 && name.length - i - 1 > 0)
+      return { prefix: name.slice(0, i), base: name.slice(i + 1) };
   }
   return null;
 }
@@ -112,11 +113,15 @@ export function encodeEntryHeader(name: string, size: number, mtime: Date, mode 
   const split = splitUstar(name);
   if (split) return rawHeader(split.base, split.prefix, size, mtimeSec, mode, 0x30);
   const pax = Buffer.from(paxRecord("path", name), "utf8");
-  const short = Buffer.from(name, "utf8").subarray(0, 99).toString("latin1").replace(/[^\x20-\x7e]/g, "_");
+  const short = Buffer.from(name, "utf8")
+    .subarray(0, 99)
+    .toString("latin1")
+    .replace(/[^\x20-\x7e]/g, "_");
   const paxName = `PaxHeader/${short}`.slice(0, 99);
   return Buffer.concat([
     rawHeader(paxName, "", pax.length, mtimeSec, 0o644, 0x78),
-    pax, Buffer.alloc(padding(pax.length)),
+    pax,
+    Buffer.alloc(padding(pax.length)),
     rawHeader(short, "", size, mtimeSec, mode, 0x30),
   ]);
 }
@@ -146,7 +151,10 @@ export interface DecodedHeader {
 }
 
 function parseOctal(buf: Buffer, off: number, len: number): number | null {
-  const s = buf.toString("ascii", off, off + len).replace(/[\0 ]+$/g, "").replace(/^ +/, "");
+  const s = buf
+    .toString("ascii", off, off + len)
+    .replace(/[\0 ]+$/g, "")
+    .replace(/^ +/, "");
   if (s === "") return 0;
   if (!/^[0-7]+$/.test(s)) return null;
   return parseInt(s, 8);

@@ -26,11 +26,13 @@ function intEnv(env: NodeJS.ProcessEnv, name: string, dflt: number, min: number,
   if (v === undefined || v === "") return dflt;
   const n = Number(v);
   if (!Number.isInteger(n) || n < min || n > max) {
-    throw new MemsnapError("MEMSNAP_USAGE", `${name} must be an integer from ${min} to ${max}, got ${JSON.stringify(v)}`);
+    throw new MemsnapError(
+      "MEMSNAP_USAGE",
+      `${name} must be an integer from ${min} to ${max}, got ${JSON.stringify(v)}`,
+    );
   }
   return n;
 }
-
 
 /**
  * The CA bundle for https endpoints: bin/memsnap.js keeps NODE_EXTRA_CA_CERTS from node's start
@@ -48,7 +50,10 @@ function extraCa(env: NodeJS.ProcessEnv): string[] | undefined {
 
 /** A retry token: the retry it stands for and the delay before it. */
 class RetryTicket {
-  constructor(readonly count: number, readonly delay: number) {}
+  constructor(
+    readonly count: number,
+    readonly delay: number,
+  ) {}
   getRetryCount(): number {
     return this.count;
   }
@@ -70,21 +75,29 @@ export class BackoffRetry {
   async acquireInitialRetryToken(_scope: string): Promise<RetryTicket> {
     return new RetryTicket(0, 0);
   }
-  async refreshRetryTokenForRetry(t: RetryTicket, info: { errorType: string; retryAfterHint?: Date }): Promise<RetryTicket> {
+  async refreshRetryTokenForRetry(
+    t: RetryTicket,
+    info: { errorType: string; retryAfterHint?: Date },
+  ): Promise<RetryTicket> {
     const n = t.getRetryCount() + 1;
     if (n >= this.maxAttempts || (info.errorType !== "THROTTLING" && info.errorType !== "TRANSIENT")) {
       throw new Error("no more retries");
     }
     const base = info.errorType === "THROTTLING" ? 1000 : 250;
     let delay = Math.floor(Math.random() * Math.min(20_000, base * 2 ** (n - 1)));
-    if (info.retryAfterHint instanceof Date) delay = Math.max(delay, Math.min(20_000, info.retryAfterHint.getTime() - Date.now()));
+    if (info.retryAfterHint instanceof Date)
+      delay = Math.max(delay, Math.min(20_000, info.retryAfterHint.getTime() - Date.now()));
     return new RetryTicket(n, delay);
   }
   recordSuccess(_t: RetryTicket): void {}
 }
 
 /** An S3 client for a store (the location is not needed to configure it; kept for per-store settings). */
-export function s3ClientFor(_loc: { bucket: string }, env: NodeJS.ProcessEnv = process.env, opts: S3ClientOptions = {}): S3Client {
+export function s3ClientFor(
+  _loc: { bucket: string },
+  env: NodeJS.ProcessEnv = process.env,
+  opts: S3ClientOptions = {},
+): S3Client {
   // The SDK warns on every run that its releases after January 2027 need Node 22; memsnap pins one that supports 20.
   process.env.AWS_SDK_JS_NODE_VERSION_SUPPORT_WARNING_DISABLED ??= "true";
   const endpoint = s3Endpoint(env, opts);
@@ -94,25 +107,29 @@ export function s3ClientFor(_loc: { bucket: string }, env: NodeJS.ProcessEnv = p
   const explicitRegion = env.AWS_REGION || env.AWS_DEFAULT_REGION;
   // No region set: the profile's (the SDK's own provider), else us-east-1 (S3-compatible servers mostly ignore it).
   let probe: S3Client | undefined;
-  const region = explicitRegion ?? (async () => {
-    try {
-      probe ??= new S3Client({});
-      return await probe.config.region();
-    } catch {
-      return "us-east-1";
-    } finally {
-      probe?.destroy();
-    }
-  });
+  const region =
+    explicitRegion ??
+    (async () => {
+      try {
+        probe ??= new S3Client({});
+        return await probe.config.region();
+      } catch {
+        return "us-east-1";
+      } finally {
+        probe?.destroy();
+      }
+    });
   const ca = endpoint?.startsWith("https:") ? extraCa(env) : undefined;
   // Keys in `env` first, as the SDK's chain does for process.env (so a caller's env is honoured);
   // otherwise the chain: shared files, AWS_PROFILE, SSO, container and instance roles.
-  const credentials = env.AWS_ACCESS_KEY_ID && env.AWS_SECRET_ACCESS_KEY
-    ? {
-      accessKeyId: env.AWS_ACCESS_KEY_ID, secretAccessKey: env.AWS_SECRET_ACCESS_KEY,
-      ...(env.AWS_SESSION_TOKEN ? { sessionToken: env.AWS_SESSION_TOKEN } : {}),
-    }
-    : undefined;
+  const credentials =
+    env.AWS_ACCESS_KEY_ID && env.AWS_SECRET_ACCESS_KEY
+      ? {
+          accessKeyId: env.AWS_ACCESS_KEY_ID,
+          secretAccessKey: env.AWS_SECRET_ACCESS_KEY,
+          ...(env.AWS_SESSION_TOKEN ? { sessionToken: env.AWS_SESSION_TOKEN } : {}),
+        }
+      : undefined;
   return new S3Client({
     region,
     ...(credentials ? { credentials } : {}),
@@ -132,14 +149,38 @@ export function s3ClientFor(_loc: { bucket: string }, env: NodeJS.ProcessEnv = p
 }
 
 const NETWORK_CODES = new Set([
-  "ECONNREFUSED", "ECONNRESET", "ETIMEDOUT", "EPIPE", "ENOTFOUND", "EAI_AGAIN", "EHOSTUNREACH", "ENETUNREACH",
-  "ECONNABORTED", "UND_ERR_SOCKET",
+  "ECONNREFUSED",
+  "ECONNRESET",
+  "ETIMEDOUT",
+  "EPIPE",
+  "ENOTFOUND",
+  "EAI_AGAIN",
+  "EHOSTUNREACH",
+  "ENETUNREACH",
+  "ECONNABORTED",
+  "UND_ERR_SOCKET",
 ]);
 const DENIED = new Set([
-  "InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "InvalidToken", "ExpiredToken", "TokenRefreshRequired",
-  "AuthorizationHeaderMalformed", "AllAccessDisabled", "AccountProblem", "InvalidSecurity", "CredentialsProviderError",
+  "InvalidAccessKeyId",
+  "SignatureDoesNotMatch",
+  "AccessDenied",
+  "InvalidToken",
+  "ExpiredToken",
+  "TokenRefreshRequired",
+  "AuthorizationHeaderMalformed",
+  "AllAccessDisabled",
+  "AccountProblem",
+  "InvalidSecurity",
+  "CredentialsProviderError",
 ]);
-const BUSY = new Set(["SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "TimeoutError", "Throttling"]);
+const BUSY = new Set([
+  "SlowDown",
+  "ServiceUnavailable",
+  "InternalError",
+  "RequestTimeout",
+  "TimeoutError",
+  "Throttling",
+]);
 
 interface SdkError {
   name?: string;
@@ -174,20 +215,29 @@ export function s3Error(e: unknown, what: string, env: NodeJS.ProcessEnv = proce
   const detail = err.message && err.message !== name ? `${name}: ${err.message}` : name;
   const net = networkCode(err);
   if (net || name === "TimeoutError") {
-    return new MemsnapError("MEMSNAP_STORE_UNREACHABLE", `${what}: the object store did not answer${tried} (${net ?? detail})`, {
-      hint: `check that ${endpoint} is up and reachable (MEMSNAP_S3_ENDPOINT); ` +
-        "retries: MEMSNAP_S3_MAX_ATTEMPTS, stall time-out: MEMSNAP_S3_TIMEOUT_MS",
-      cause: e,
-    });
+    return new MemsnapError(
+      "MEMSNAP_STORE_UNREACHABLE",
+      `${what}: the object store did not answer${tried} (${net ?? detail})`,
+      {
+        hint:
+          `check that ${endpoint} is up and reachable (MEMSNAP_S3_ENDPOINT); ` +
+          "retries: MEMSNAP_S3_MAX_ATTEMPTS, stall time-out: MEMSNAP_S3_TIMEOUT_MS",
+        cause: e,
+      },
+    );
   }
   if (DENIED.has(name) || status === 403) {
-    const creds = name === "CredentialsProviderError"
-      ? "no credentials were found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE"
-      : name === "AccessDenied" || (status === 403 && !DENIED.has(name))
-        ? "the credentials lack a permission this needs (s3:PutObject, s3:GetObject, s3:ListBucket, " +
-          "s3:AbortMultipartUpload); check the bucket and IAM policies"
-        : "check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) and the clock";
-    return new MemsnapError("MEMSNAP_STORE_DENIED", `${what}: the object store denied access (${detail})`, { hint: creds, cause: e });
+    const creds =
+      name === "CredentialsProviderError"
+        ? "no credentials were found: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE"
+        : name === "AccessDenied" || (status === 403 && !DENIED.has(name))
+          ? "the credentials lack a permission this needs (s3:PutObject, s3:GetObject, s3:ListBucket, " +
+            "s3:AbortMultipartUpload); check the bucket and IAM policies"
+          : "check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) and the clock";
+    return new MemsnapError("MEMSNAP_STORE_DENIED", `${what}: the object store denied access (${detail})`, {
+      hint: creds,
+      cause: e,
+    });
   }
   if (name === "NoSuchBucket") {
     return new MemsnapError("MEMSNAP_STORE_NOT_FOUND", `${what}: no such bucket (${detail})`, {
@@ -204,8 +254,12 @@ export function s3Error(e: unknown, what: string, env: NodeJS.ProcessEnv = proce
   if (name === "AbortError") {
     return new MemsnapError("MEMSNAP_INTERRUPTED", `${what}: stopped`, { cause: e });
   }
-  return new MemsnapError("MEMSNAP_STORE_ERROR", `${what}: the object store refused the request (${detail}${status ? `, HTTP ${status}` : ""})`, {
-    hint: "see the store's error code above; check the store URL and the server's limits",
-    cause: e,
-  });
+  return new MemsnapError(
+    "MEMSNAP_STORE_ERROR",
+    `${what}: the object store refused the request (${detail}${status ? `, HTTP ${status}` : ""})`,
+    {
+      hint: "see the store's error code above; check the store URL and the server's limits",
+      cause: e,
+    },
+  );
 }

@@ -16,7 +16,8 @@ const SCHEME = /^([A-Za-z][A-Za-z0-9+.-]*):\/\//;
 const BUCKET = /^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$/;
 /** A prefix segment: characters S3 keys take without escaping (no spaces, %, ?, #, \, control characters). */
 const SEGMENT = /^[A-Za-z0-9!_.*'()=+,@:;~-]+$/;
-const HINT = "a store is a directory or s3://BUCKET[/PREFIX] (bucket: 3-63 of a-z 0-9 . -; prefix: segments split by /)";
+const HINT =
+  "a store is a directory or s3://BUCKET[/PREFIX] (bucket: 3-63 of a-z 0-9 . -; prefix: segments split by /)";
 
 /** True when `s` names an s3 store (`s3://...`, any case of the scheme); it may still be malformed. */
 export function isS3Url(s: string): boolean {
@@ -39,7 +40,12 @@ export function parseStoreLocation(s: string, base?: string): StoreLocation {
   let prefix = slash < 0 ? "" : rest.slice(slash + 1);
   if (prefix.endsWith("/")) prefix = prefix.slice(0, -1);
   if (!bucket) throw usage(s, "no bucket");
-  if (!BUCKET.test(bucket) || bucket.includes("..") || /^\d+\.\d+\.\d+\.\d+$/.test(bucket) || bucket.startsWith("xn--")) {
+  if (
+    !BUCKET.test(bucket) ||
+    bucket.includes("..") ||
+    /^\d+\.\d+\.\d+\.\d+$/.test(bucket) ||
+    bucket.startsWith("xn--")
+  ) {
     throw usage(s, `${JSON.stringify(bucket)} is not a valid bucket name`);
   }
   if (prefix) {
@@ -47,7 +53,8 @@ export function parseStoreLocation(s: string, base?: string): StoreLocation {
     for (const seg of prefix.split("/")) {
       if (!seg) throw usage(s, "the prefix has an empty segment (//)");
       if (seg === "." || seg === "..") throw usage(s, `the prefix has a ${seg} segment`);
-      if (!SEGMENT.test(seg)) throw usage(s, `the prefix segment ${JSON.stringify(seg)} has a character keys should not`);
+      if (!SEGMENT.test(seg))
+        throw usage(s, `the prefix segment ${JSON.stringify(seg)} has a character keys should not`);
     }
   }
   return { kind: "s3", bucket, prefix, url: `s3://${bucket}${prefix ? `/${prefix}` : ""}` };
@@ -81,7 +88,10 @@ export function useConfiguredEndpoint(endpoint: string | undefined): void {
 export function s3Endpoint(env: NodeJS.ProcessEnv = process.env, opts: { endpoint?: string } = {}): string | undefined {
   const e = env.MEMSNAP_S3_ENDPOINT || opts.endpoint || configured;
   if (e !== undefined && !/^https?:\/\/[^/?#\s]+\/?$/.test(e)) {
-    throw new MemsnapError("MEMSNAP_USAGE", `MEMSNAP_S3_ENDPOINT must be an http:// or https:// URL of a host, got ${JSON.stringify(e)}`);
+    throw new MemsnapError(
+      "MEMSNAP_USAGE",
+      `MEMSNAP_S3_ENDPOINT must be an http:// or https:// URL of a host, got ${JSON.stringify(e)}`,
+    );
   }
   return e;
 }

@@ -39,18 +39,28 @@ export function clientFor(bucket: string): S3Client {
 
 const isMissing = (e: unknown): boolean => {
   const x = e as { name?: string; Code?: string; $metadata?: { httpStatusCode?: number } };
-  return x?.name === "NotFound" || x?.name === "NoSuchKey" || x?.Code === "NoSuchKey"
-    || (x?.$metadata?.httpStatusCode === 404 && x?.name !== "NoSuchBucket");
+  return (
+    x?.name === "NotFound" ||
+    x?.name === "NoSuchKey" ||
+    x?.Code === "NoSuchKey" ||
+    (x?.$metadata?.httpStatusCode === 404 && x?.name !== "NoSuchBucket")
+  );
 };
 
 const missing = (url: string): MemsnapError =>
   new MemsnapError("MEMSNAP_SOURCE_MISSING", `cannot open bundle ${url}: no such object`, {
-    path: url, hint: "check the bundle URL (memsnap list shows the store's bundles)",
+    path: url,
+    hint: "check the bundle URL (memsnap list shows the store's bundles)",
   });
 
 /** The bytes [from, to) of an object, in one ranged GET (fewer at its end). */
 export async function getRange(
-  client: S3Client, bucket: string, key: string, from: number, to: number, url: string,
+  client: S3Client,
+  bucket: string,
+  key: string,
+  from: number,
+  to: number,
+  url: string,
 ): Promise<Buffer> {
   let last: unknown;
   for (let attempt = 0; attempt < BODY_ATTEMPTS; attempt++) {
@@ -79,8 +89,11 @@ export class ObjectBundle {
   readonly #blocks = new Map<number, Buffer>();
 
   constructor(
-    readonly path: string, readonly size: number,
-    private readonly client: S3Client, private readonly bucket: string, private readonly key: string,
+    readonly path: string,
+    readonly size: number,
+    private readonly client: S3Client,
+    private readonly bucket: string,
+    private readonly key: string,
   ) {}
 
   #get(from: number, to: number): Promise<Buffer> {

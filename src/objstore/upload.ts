@@ -8,8 +8,12 @@
  * cannot reach, a crash or a dead server, is left for `prune`'s clean-up of stale uploads).
  */
 import {
-  AbortMultipartUploadCommand, CompleteMultipartUploadCommand, CreateMultipartUploadCommand, PutObjectCommand,
-  UploadPartCommand, type S3Client,
+  AbortMultipartUploadCommand,
+  CompleteMultipartUploadCommand,
+  CreateMultipartUploadCommand,
+  PutObjectCommand,
+  UploadPartCommand,
+  type S3Client,
 } from "@aws-sdk/client-s3";
 import { MemsnapError } from "../errors.js";
 import { s3Error } from "./client.js";
@@ -36,7 +40,10 @@ function envInt(env: NodeJS.ProcessEnv, name: string, dflt: number, min: number,
   if (v === undefined || v === "") return dflt;
   const n = Number(v);
   if (!Number.isInteger(n) || n < min || n > max) {
-    throw new MemsnapError("MEMSNAP_USAGE", `${name} must be an integer from ${min} to ${max}, got ${JSON.stringify(v)}`);
+    throw new MemsnapError(
+      "MEMSNAP_USAGE",
+      `${name} must be an integer from ${min} to ${max}, got ${JSON.stringify(v)}`,
+    );
   }
   return n;
 }
@@ -142,9 +149,11 @@ export class BundleUpload {
       return;
     }
     if (this.#partNo > MAX_PARTS) {
-      throw this.#fail(new MemsnapError("MEMSNAP_STORE_ERROR", `${this.url}: the bundle needs more than ${MAX_PARTS} parts`, {
-        hint: "raise MEMSNAP_S3_PART_MIB",
-      }));
+      throw this.#fail(
+        new MemsnapError("MEMSNAP_STORE_ERROR", `${this.url}: the bundle needs more than ${MAX_PARTS} parts`, {
+          hint: "raise MEMSNAP_S3_PART_MIB",
+        }),
+      );
     }
     const size = this.#partSize(this.#partNo);
     if (size !== part.length) this.#spare = [];
@@ -158,13 +167,20 @@ export class BundleUpload {
   }
 
   async #create(): Promise<string> {
-    this.#creating ??= this.#client.send(new CreateMultipartUploadCommand({
-      Bucket: this.#bucket, Key: this.#key, ContentType: this.#contentType,
-    }), { abortSignal: this.#signal }).then((r) => {
-      if (!r.UploadId) throw new Error("CreateMultipartUpload returned no UploadId");
-      this.#uploadId = r.UploadId;
-      return r.UploadId;
-    });
+    this.#creating ??= this.#client
+      .send(
+        new CreateMultipartUploadCommand({
+          Bucket: this.#bucket,
+          Key: this.#key,
+          ContentType: this.#contentType,
+        }),
+        { abortSignal: this.#signal },
+      )
+      .then((r) => {
+        if (!r.UploadId) throw new Error("CreateMultipartUpload returned no UploadId");
+        this.#uploadId = r.UploadId;
+        return r.UploadId;
+      });
     return this.#creating;
   }
 
@@ -178,18 +194,31 @@ export class BundleUpload {
     } catch (e) {
       throw this.#fail(e);
     }
-    const p: Promise<void> = this.#client.send(new UploadPartCommand({
-      Bucket: this.#bucket, Key: this.#key, UploadId: uploadId, PartNumber: n, Body: buf.subarray(0, len),
-      ContentLength: len,
-    }), { abortSignal: this.#signal }).then((r) => {
-      if (!r.ETag) throw new Error(`UploadPart ${n} returned no ETag`);
-      this.#etags[n - 1] = r.ETag;
-      if (buf.length === this.#cur.length && n !== 1) this.#spare.push(buf);
-    }, (e: unknown) => {
-      this.#fail(e);
-    }).finally(() => {
-      this.#inFlight.delete(p);
-    });
+    const p: Promise<void> = this.#client
+      .send(
+        new UploadPartCommand({
+          Bucket: this.#bucket,
+          Key: this.#key,
+          UploadId: uploadId,
+          PartNumber: n,
+          Body: buf.subarray(0, len),
+          ContentLength: len,
+        }),
+        { abortSignal: this.#signal },
+      )
+      .then(
+        (r) => {
+          if (!r.ETag) throw new Error(`UploadPart ${n} returned no ETag`);
+          this.#etags[n - 1] = r.ETag;
+          if (buf.length === this.#cur.length && n !== 1) this.#spare.push(buf);
+        },
+        (e: unknown) => {
+          this.#fail(e);
+        },
+      )
+      .finally(() => {
+        this.#inFlight.delete(p);
+      });
     this.#inFlight.add(p);
   }
 
@@ -203,10 +232,16 @@ export class BundleUpload {
     try {
       if (!this.#first) {
         // One part or less: one PutObject, nothing multipart to clean up.
-        await this.#client.send(new PutObjectCommand({
-          Bucket: this.#bucket, Key: this.#key, Body: this.#cur.subarray(0, this.#curLen), ContentLength: this.#curLen,
-          ContentType: this.#contentType,
-        }), { abortSignal: this.#signal });
+        await this.#client.send(
+          new PutObjectCommand({
+            Bucket: this.#bucket,
+            Key: this.#key,
+            Body: this.#cur.subarray(0, this.#curLen),
+            ContentLength: this.#curLen,
+            ContentType: this.#contentType,
+          }),
+          { abortSignal: this.#signal },
+        );
       } else {
         if (this.#curLen > 0) await this.#send(this.#partNo, this.#cur, this.#curLen);
         await this.#send(1, this.#first, this.#first.length);
@@ -216,9 +251,15 @@ export class BundleUpload {
         if (parts.length !== (this.#curLen > 0 ? this.#partNo : this.#partNo - 1) || parts.some((p) => !p.ETag)) {
           throw new Error("a part is missing its ETag");
         }
-        await this.#client.send(new CompleteMultipartUploadCommand({
-          Bucket: this.#bucket, Key: this.#key, UploadId: this.#uploadId, MultipartUpload: { Parts: parts },
-        }), { abortSignal: this.#signal });
+        await this.#client.send(
+          new CompleteMultipartUploadCommand({
+            Bucket: this.#bucket,
+            Key: this.#key,
+            UploadId: this.#uploadId,
+            MultipartUpload: { Parts: parts },
+          }),
+          { abortSignal: this.#signal },
+        );
       }
     } catch (e) {
       const err = this.#fail(e);
@@ -253,7 +294,9 @@ export class BundleUpload {
     if (!this.#uploadId) return true;
     try {
       // Not under the caller's signal: it may be what stopped the upload.
-      await this.#client.send(new AbortMultipartUploadCommand({ Bucket: this.#bucket, Key: this.#key, UploadId: this.#uploadId }));
+      await this.#client.send(
+        new AbortMultipartUploadCommand({ Bucket: this.#bucket, Key: this.#key, UploadId: this.#uploadId }),
+      );
       return true;
     } catch {
       return false;

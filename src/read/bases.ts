@@ -15,7 +15,15 @@ import { MemsnapError } from "../errors.js";
 import { readLayout, type BundleLayout } from "../format/container.js";
 import { siblingBundle } from "../format/bundle-file.js";
 import { rangeBases, type ChunkRange } from "../format/chunked.js";
-import { basesOf, checkSeal, isChunkedIn, parseManifest, referencedIn, type IndexEntry, type Manifest } from "../format/manifest.js";
+import {
+  basesOf,
+  checkSeal,
+  isChunkedIn,
+  parseManifest,
+  referencedIn,
+  type IndexEntry,
+  type Manifest,
+} from "../format/manifest.js";
 import { sourceKind } from "../sources/registry.js";
 import type { EntryTable } from "./entry-table.js";
 import type { EntryHandler, Keys } from "./read-payload.js";
@@ -49,17 +57,33 @@ export async function openBases(bundle: string, manifest: Manifest, ids?: Readon
       layout = await readLayout(path);
     } catch (e) {
       if ((e as { code?: string }).code === "MEMSNAP_SOURCE_MISSING") {
-        throw new MemsnapError("MEMSNAP_BASE_MISSING", `snapshot ${manifest.snapshot_id} is incremental and its base ${b.snapshot_id} is not beside it (${path})`, {
-          path, hint: "copy the base bundle next to it (memsnap export copies a snapshot with its bases), or restore another snapshot",
-        });
+        throw new MemsnapError(
+          "MEMSNAP_BASE_MISSING",
+          `snapshot ${manifest.snapshot_id} is incremental and its base ${b.snapshot_id} is not beside it (${path})`,
+          {
+            path,
+            hint: "copy the base bundle next to it (memsnap export copies a snapshot with its bases), or restore another snapshot",
+          },
+        );
       }
       throw e;
     }
     const m = parseManifest(layout.manifestBytes);
-    if (m.snapshot_id !== b.snapshot_id || m.seal !== b.seal || !checkSeal(m) || m.tenant !== manifest.tenant || m.agent !== manifest.agent) {
-      throw new MemsnapError("MEMSNAP_BASE_MISMATCH", `${path} is not the base snapshot ${manifest.snapshot_id} was taken against (its seal or agent differs)`, {
-        path, hint: "the base was replaced or damaged; restore another snapshot",
-      });
+    if (
+      m.snapshot_id !== b.snapshot_id ||
+      m.seal !== b.seal ||
+      !checkSeal(m) ||
+      m.tenant !== manifest.tenant ||
+      m.agent !== manifest.agent
+    ) {
+      throw new MemsnapError(
+        "MEMSNAP_BASE_MISMATCH",
+        `${path} is not the base snapshot ${manifest.snapshot_id} was taken against (its seal or agent differs)`,
+        {
+          path,
+          hint: "the base was replaced or damaged; restore another snapshot",
+        },
+      );
     }
     checkManifestFindings(checkManifest(m, layout));
     out.push({ id: b.snapshot_id, layout, manifest: m });
@@ -119,7 +143,8 @@ export class References {
   basesIn(layers?: ReadonlySet<string>): Set<string> {
     const out = new Set<string>();
     for (const [id, m] of this.#byBase) if (!layers || [...m.keys()].some((p) => layers.has(layerOf(p)))) out.add(id);
-    for (const e of this.chunked.values()) if (!layers || layers.has(e.layer)) for (const id of rangeBases(e.ranges)) out.add(id);
+    for (const e of this.chunked.values())
+      if (!layers || layers.has(e.layer)) for (const id of rangeBases(e.ranges)) out.add(id);
     return out;
   }
 }
@@ -151,7 +176,9 @@ export interface ReferencedOptions {
   layers?: Set<string>;
   /** The bytes of each referenced artifact not written (its layer has no root): see ExtractOptions.peek. */
   peek?: EntryHandler;
-  /** Where to note the mode and mtime (the referencing index's) of each referenced file written, as extractPayload does. */
+  /**
+   * Where to note the mode and mtime (the referencing index's) of each referenced file written, as extractPayload does.
+   */
   attributes?: RestoredAttributes;
   /**
    * The file a chunked artifact is reassembled in, holding its stored ranges (see
@@ -169,16 +196,22 @@ export interface ReferencedOptions {
  * not hold), MEMSNAP_ARTIFACT_HASH_MISMATCH (held with other bytes), and the base's own errors.
  */
 export async function extractReferenced(
-  bases: OpenBase[], refs: References, rootFor: (layer: string) => string | null, opts: ReferencedOptions = {},
+  bases: OpenBase[],
+  refs: References,
+  rootFor: (layer: string) => string | null,
+  opts: ReferencedOptions = {},
 ): Promise<void> {
   const unopened = [...refs.basesIn(opts.layers)].filter((id) => !bases.some((b) => b.id === id));
-  if (unopened.length) throw new MemsnapError("MEMSNAP_INTERNAL", `base ${unopened[0]} is referenced but was not opened`);
+  if (unopened.length)
+    throw new MemsnapError("MEMSNAP_INTERNAL", `base ${unopened[0]} is referenced but was not opened`);
   const layerOk = (layer: string): boolean => !opts.layers || opts.layers.has(layer);
   // Chunked artifacts: their stored ranges are moved into place first, then their bases fill the rest.
-  const chunkFile = opts.chunkFile ?? ((e: IndexEntry): string | null => {
-    const root = rootFor(e.layer);
-    return root === null ? null : join(root, ...e.path.slice(e.layer.length + 1).split("/"));
-  });
+  const chunkFile =
+    opts.chunkFile ??
+    ((e: IndexEntry): string | null => {
+      const root = rootFor(e.layer);
+      return root === null ? null : join(root, ...e.path.slice(e.layer.length + 1).split("/"));
+    });
   const targets: ChunkedTarget[] = [];
   for (const e of refs.chunked.values()) {
     if (!layerOk(e.layer)) continue;
@@ -196,19 +229,29 @@ export async function extractReferenced(
     if (!whole && !pieceBases.has(base.id)) continue;
     read.add(base.id);
     const found = new Set<string>();
-    const attributed = new Set(base.manifest.layers.filter((l) => RestoredAttributes.wanted(l.kind)).map((l) => l.name));
+    const attributed = new Set(
+      base.manifest.layers.filter((l) => RestoredAttributes.wanted(l.kind)).map((l) => l.name),
+    );
     const pieces = placer.handler(base.id);
     await extractPayload(base.layout, base.manifest, (layer) => (layerOk(layer) ? rootFor(layer) : null), {
-      ...(opts.keys ? { keys: opts.keys } : {}), ...(opts.signal ? { signal: opts.signal } : {}),
-      want: (name) => wanted.has(name) || placer.has(base.id, name), resumeSpools: true, ...(opts.peek ? { peek: opts.peek } : {}),
+      ...(opts.keys ? { keys: opts.keys } : {}),
+      ...(opts.signal ? { signal: opts.signal } : {}),
+      want: (name) => wanted.has(name) || placer.has(base.id, name),
+      resumeSpools: true,
+      ...(opts.peek ? { peek: opts.peek } : {}),
       divert: (name) => (placer.has(base.id, name) ? pieces : undefined),
       onEntry: (e) => {
         const w = wanted.get(e.name);
         if (!w || placer.has(base.id, e.name)) return;
         if (w.size !== e.size || w.sha256 !== e.sha256) {
-          throw new MemsnapError("MEMSNAP_ARTIFACT_HASH_MISMATCH", `${e.name}: base ${base.id} holds other bytes than the reference records`, {
-            path: e.name, hint: "the bundle or its base is damaged or was altered; nothing was restored",
-          });
+          throw new MemsnapError(
+            "MEMSNAP_ARTIFACT_HASH_MISMATCH",
+            `${e.name}: base ${base.id} holds other bytes than the reference records`,
+            {
+              path: e.name,
+              hint: "the bundle or its base is damaged or was altered; nothing was restored",
+            },
+          );
         }
         found.add(e.name);
         const layer = layerOf(e.name);
@@ -222,22 +265,35 @@ export async function extractReferenced(
     });
     for (const p of wanted.keys()) {
       if (!found.has(p)) {
-        throw new MemsnapError("MEMSNAP_INDEX_MISMATCH", `${p} is referenced from base ${base.id}, which does not hold it`, {
-          path: p, hint: "the bundle or its base is damaged or was altered; nothing was restored",
-        });
+        throw new MemsnapError(
+          "MEMSNAP_INDEX_MISMATCH",
+          `${p} is referenced from base ${base.id}, which does not hold it`,
+          {
+            path: p,
+            hint: "the bundle or its base is damaged or was altered; nothing was restored",
+          },
+        );
       }
     }
   }
   placer.finish(read);
   for (const t of targets) {
     const unread = [...rangeBases(t.entry.ranges)].find((id) => !read.has(id));
-    if (unread !== undefined) throw new MemsnapError("MEMSNAP_INTERNAL", `base ${unread} is read by ${t.entry.path} but was not opened`);
+    if (unread !== undefined)
+      throw new MemsnapError("MEMSNAP_INTERNAL", `base ${unread} is read by ${t.entry.path} but was not opened`);
     const digest = await checkAssembled(t);
     opts.verified?.replace(t.entry.path, t.entry.size, digest);
     opts.onProgress?.(t.entry.size - t.entry.stored_size!);
     if (opts.assembled) {
-      await opts.assembled({ name: t.entry.path, size: t.entry.size, layer: t.entry.layer, rel: t.entry.path.slice(t.entry.layer.length + 1) },
-        fileChunks(t.file));
+      await opts.assembled(
+        {
+          name: t.entry.path,
+          size: t.entry.size,
+          layer: t.entry.layer,
+          rel: t.entry.path.slice(t.entry.layer.length + 1),
+        },
+        fileChunks(t.file),
+      );
     }
   }
 }
@@ -248,10 +304,16 @@ export async function extractReferenced(
  * the payload: what {@link extractReferenced} needs where the first read kept nothing (verify).
  */
 export async function extractStored(
-  layout: BundleLayout, manifest: Manifest, refs: References, fileFor: (e: IndexEntry) => string, keys: Keys, signal?: AbortSignal,
+  layout: BundleLayout,
+  manifest: Manifest,
+  refs: References,
+  fileFor: (e: IndexEntry) => string,
+  keys: Keys,
+  signal?: AbortSignal,
 ): Promise<void> {
   await extractPayload(layout, manifest, () => null, {
-    keys, ...(signal ? { signal } : {}),
+    keys,
+    ...(signal ? { signal } : {}),
     want: (name) => refs.chunked.has(name),
     divert: (name) => {
       const e = refs.chunked.get(name);
@@ -279,33 +341,50 @@ export function checkReferencedLayers(manifest: Manifest, refs: References): voi
   const declared = new Set(basesOf(manifest).map((b) => b.snapshot_id));
   const unknown = [...refs.basesIn()].find((id) => !declared.has(id));
   if (unknown !== undefined) {
-    throw new MemsnapError("MEMSNAP_INDEX_MISMATCH", `the index references ${unknown}, which is not one of the bundle's bases`, {
-      hint: "the bundle is damaged or was altered; nothing was restored",
-    });
+    throw new MemsnapError(
+      "MEMSNAP_INDEX_MISMATCH",
+      `the index references ${unknown}, which is not one of the bundle's bases`,
+      {
+        hint: "the bundle is damaged or was altered; nothing was restored",
+      },
+    );
   }
   for (const e of refs.chunked.values()) {
     // A layer whose restore spools its artifacts (KV pages) writes no file to reassemble.
     const kind = manifest.layers.find((l) => l.name === e.layer)?.kind;
     if (kind !== undefined && sourceKind(kind)?.restoreSpool) {
-      throw new MemsnapError("MEMSNAP_UNSAFE_BUNDLE", `${e.path} is chunked, which a ${kind} layer's artifacts never are`, {
-        path: e.path, hint: "the bundle is damaged or was altered; nothing was restored",
-      });
+      throw new MemsnapError(
+        "MEMSNAP_UNSAFE_BUNDLE",
+        `${e.path} is chunked, which a ${kind} layer's artifacts never are`,
+        {
+          path: e.path,
+          hint: "the bundle is damaged or was altered; nothing was restored",
+        },
+      );
     }
   }
   const got = refs.perLayer();
   for (const l of manifest.layers) {
     const want = referencedIn(manifest, l);
     if ((got.get(l.name) ?? 0) !== want) {
-      throw new MemsnapError("MEMSNAP_INDEX_MISMATCH", `layer ${l.name}: the index references ${got.get(l.name) ?? 0} artifact(s) in bases, the manifest says ${want}`, {
-        hint: "the bundle is damaged or was altered; nothing was restored",
-      });
+      throw new MemsnapError(
+        "MEMSNAP_INDEX_MISMATCH",
+        `layer ${l.name}: the index references ${got.get(l.name) ?? 0} artifact(s) in bases, the manifest says ${want}`,
+        {
+          hint: "the bundle is damaged or was altered; nothing was restored",
+        },
+      );
     }
     got.delete(l.name);
   }
   const stray = [...got.keys()][0];
   if (stray !== undefined) {
-    throw new MemsnapError("MEMSNAP_INDEX_MISMATCH", `the index references artifacts of ${stray}, which is not a layer of this bundle`, {
-      hint: "the bundle is damaged or was altered; nothing was restored",
-    });
+    throw new MemsnapError(
+      "MEMSNAP_INDEX_MISMATCH",
+      `the index references artifacts of ${stray}, which is not a layer of this bundle`,
+      {
+        hint: "the bundle is damaged or was altered; nothing was restored",
+      },
+    );
   }
 }

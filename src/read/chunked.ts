@@ -58,7 +58,11 @@ export async function spreadStored(t: ChunkedTarget): Promise<void> {
         const n = Math.min(buf.length, end);
         end -= n;
         const { bytesRead } = await fh.read(buf, 0, n, m.from + end);
-        if (bytesRead !== n) throw new MemsnapError("MEMSNAP_INTERNAL", `${t.entry.path}: its stored bytes are shorter than the index says`);
+        if (bytesRead !== n)
+          throw new MemsnapError(
+            "MEMSNAP_INTERNAL",
+            `${t.entry.path}: its stored bytes are shorter than the index says`,
+          );
         await fh.write(buf, 0, n, m.to + end);
       }
     }
@@ -116,9 +120,14 @@ export class PiecePlacer {
       if (!w) return;
       const last = w.pieces[w.pieces.length - 1]!;
       if (last.off + last.len > info.size) {
-        throw new MemsnapError("MEMSNAP_UNSAFE_BUNDLE", `${info.name}: a range reads bytes ${last.off}-${last.off + last.len} of base ${base}'s entry, which has ${info.size}`, {
-          path: info.name, hint: HINT,
-        });
+        throw new MemsnapError(
+          "MEMSNAP_UNSAFE_BUNDLE",
+          `${info.name}: a range reads bytes ${last.off}-${last.off + last.len} of base ${base}'s entry, which has ${info.size}`,
+          {
+            path: info.name,
+            hint: HINT,
+          },
+        );
       }
       let fh: FileHandle;
       try {
@@ -142,7 +151,12 @@ export class PiecePlacer {
           pos = end;
           if (i >= w.pieces.length) break; // the rest of the entry is hashed by the reader, not needed here
         }
-        if (pos < last.off + last.len) throw new MemsnapError("MEMSNAP_ARTIFACT_HASH_MISMATCH", `${info.name}: base ${base}'s entry ended before the ranges read from it`, { path: info.name, hint: HINT });
+        if (pos < last.off + last.len)
+          throw new MemsnapError(
+            "MEMSNAP_ARTIFACT_HASH_MISMATCH",
+            `${info.name}: base ${base}'s entry ended before the ranges read from it`,
+            { path: info.name, hint: HINT },
+          );
       } catch (e) {
         if (e instanceof MemsnapError) throw e;
         throw destinationError(e, w.t.file);
@@ -159,7 +173,11 @@ export class PiecePlacer {
       if (read && !read.has(base)) continue;
       for (const [path, w] of m) {
         if (!w.placed) {
-          throw new MemsnapError("MEMSNAP_INDEX_MISMATCH", `${path} reads bytes from base ${base}, which does not hold it`, { path, hint: HINT });
+          throw new MemsnapError(
+            "MEMSNAP_INDEX_MISMATCH",
+            `${path} reads bytes from base ${base}, which does not hold it`,
+            { path, hint: HINT },
+          );
         }
       }
     }
@@ -191,9 +209,14 @@ export async function checkAssembled(t: ChunkedTarget, onBytes?: (c: Buffer) => 
   }
   const d = h.digest();
   if (n !== t.entry.size || d.toString("hex") !== t.entry.sha256) {
-    throw new MemsnapError("MEMSNAP_ARTIFACT_HASH_MISMATCH", `${t.entry.path}: reassembled from its ranges, its bytes differ from the index`, {
-      path: t.entry.path, hint: HINT,
-    });
+    throw new MemsnapError(
+      "MEMSNAP_ARTIFACT_HASH_MISMATCH",
+      `${t.entry.path}: reassembled from its ranges, its bytes differ from the index`,
+      {
+        path: t.entry.path,
+        hint: HINT,
+      },
+    );
   }
   return d;
 }

@@ -91,17 +91,32 @@ function toError(kind: DecoderErrorKind, msg: string, o: PayloadDecoderOptions):
     case "truncated":
       return new MemsnapError("MEMSNAP_PAYLOAD_CORRUPT", `zstd stream is truncated: ${msg}`);
     case "too-big":
-      return new MemsnapError("MEMSNAP_PAYLOAD_CORRUPT", `decompressed size exceeds the declared size (${o.maxOutputBytes} bytes)`);
+      return new MemsnapError(
+        "MEMSNAP_PAYLOAD_CORRUPT",
+        `decompressed size exceeds the declared size (${o.maxOutputBytes} bytes)`,
+      );
     case "bomb":
-      return new MemsnapError("MEMSNAP_UNSAFE_BUNDLE", `the payload decompresses past its declared ${o.scan!.tarSize} bytes`, {
-        hint: "a zstd or tar bomb, or a tampered manifest: nothing was restored",
-      });
+      return new MemsnapError(
+        "MEMSNAP_UNSAFE_BUNDLE",
+        `the payload decompresses past its declared ${o.scan!.tarSize} bytes`,
+        {
+          hint: "a zstd or tar bomb, or a tampered manifest: nothing was restored",
+        },
+      );
     case "tar":
-      return new MemsnapError("MEMSNAP_PAYLOAD_CORRUPT", `the payload is not a valid tar stream: ${msg}`, { hint: "the bundle is damaged; use another copy" });
+      return new MemsnapError("MEMSNAP_PAYLOAD_CORRUPT", `the payload is not a valid tar stream: ${msg}`, {
+        hint: "the bundle is damaged; use another copy",
+      });
     case "short":
-      return new MemsnapError("MEMSNAP_BUNDLE_TRUNCATED", `${o.path}: ${msg}`, { path: o.path, hint: "the file was cut short, e.g. by an interrupted copy; use another copy" });
+      return new MemsnapError("MEMSNAP_BUNDLE_TRUNCATED", `${o.path}: ${msg}`, {
+        path: o.path,
+        hint: "the file was cut short, e.g. by an interrupted copy; use another copy",
+      });
     case "open":
-      return new MemsnapError("MEMSNAP_SOURCE_UNREADABLE", `cannot read bundle ${o.path}: ${msg}`, { path: o.path, hint: "check the bundle path" });
+      return new MemsnapError("MEMSNAP_SOURCE_UNREADABLE", `cannot read bundle ${o.path}: ${msg}`, {
+        path: o.path,
+        hint: "check the bundle path",
+      });
     case "internal":
       return new MemsnapError("MEMSNAP_INTERNAL", `payload decoding failed: ${msg}`);
   }
@@ -160,26 +175,48 @@ export class PayloadDecoder extends Readable {
       execArgv: [],
       resourceLimits: { maxYoungGenerationSizeMb: 4 },
       workerData: {
-        bindingPath: zstdBindingPath(), path: opts.path, offset: opts.offset, size: opts.size,
-        ageKey: opts.age ? Uint8Array.from(opts.age.key) : null, ageOffset: opts.age?.offset ?? 0,
-        maxOut: opts.maxOutputBytes, sealedChunk: AGE_SEALED_CHUNK, readBlock: READ_BLOCK, outChunk: OUT_CHUNK, slots, memory: this.#slots.memory,
-        aeadAddon: aeadAddonPath(), directAddon: direct, fd, dfd, openError, scan: opts.scan ?? null,
-        progress: opts.onStored !== undefined, feed,
+        bindingPath: zstdBindingPath(),
+        path: opts.path,
+        offset: opts.offset,
+        size: opts.size,
+        ageKey: opts.age ? Uint8Array.from(opts.age.key) : null,
+        ageOffset: opts.age?.offset ?? 0,
+        maxOut: opts.maxOutputBytes,
+        sealedChunk: AGE_SEALED_CHUNK,
+        readBlock: READ_BLOCK,
+        outChunk: OUT_CHUNK,
+        slots,
+        memory: this.#slots.memory,
+        aeadAddon: aeadAddonPath(),
+        directAddon: direct,
+        fd,
+        dfd,
+        openError,
+        scan: opts.scan ?? null,
+        progress: opts.onStored !== undefined,
+        feed,
       } satisfies DecoderData,
     });
     this.#worker.on("message", (m: DecoderReply) => this.#onMessage(m));
-    this.#worker.on("error", (e: Error) => this.#fail(new MemsnapError("MEMSNAP_INTERNAL", `payload worker failed: ${e.message}`, { cause: e })));
+    this.#worker.on("error", (e: Error) =>
+      this.#fail(new MemsnapError("MEMSNAP_INTERNAL", `payload worker failed: ${e.message}`, { cause: e })),
+    );
     this.#worker.on("exit", (code: number) => {
       for (const d of [fd, dfd]) if (d >= 0) closeSync(d);
       void this.#closeFeed();
       this.#gone = true;
-      if (!this.destroyed && !this.#done) this.#fail(new MemsnapError("MEMSNAP_INTERNAL", `payload worker exited unexpectedly (code ${code})`));
+      if (!this.destroyed && !this.#done)
+        this.#fail(new MemsnapError("MEMSNAP_INTERNAL", `payload worker exited unexpectedly (code ${code})`));
     });
   }
 
   /** A remote bundle's payload stream, opened on the worker's first "need". */
   #feed: {
-    file: BundleFile | null; it: AsyncIterator<Buffer> | null; busy: boolean; closed: boolean; wanted: number;
+    file: BundleFile | null;
+    it: AsyncIterator<Buffer> | null;
+    busy: boolean;
+    closed: boolean;
+    wanted: number;
   } = { file: null, it: null, busy: false, closed: false, wanted: 0 };
 
   /** Post the worker the next `n` blocks of a remote payload (or its end). */
@@ -209,9 +246,19 @@ export class PayloadDecoder extends Readable {
       }
     } catch (e) {
       if (!this.#gone && !f.closed) {
-        this.#fail(e instanceof MemsnapError ? e : new MemsnapError("MEMSNAP_SOURCE_UNREADABLE", `cannot read bundle ${this.opts.path}: ${(e as Error).message}`, {
-          path: this.opts.path, hint: "check the bundle path", cause: e,
-        }));
+        this.#fail(
+          e instanceof MemsnapError
+            ? e
+            : new MemsnapError(
+                "MEMSNAP_SOURCE_UNREADABLE",
+                `cannot read bundle ${this.opts.path}: ${(e as Error).message}`,
+                {
+                  path: this.opts.path,
+                  hint: "check the bundle path",
+                  cause: e,
+                },
+              ),
+        );
       }
     } finally {
       f.busy = false;
@@ -253,7 +300,9 @@ export class PayloadDecoder extends Readable {
           const slots = this.#slots;
           let released = false;
           this.push({
-            buf: view, ops: m.ops, release: () => {
+            buf: view,
+            ops: m.ops,
+            release: () => {
               if (!released) slots.release(m.slot);
               released = true;
             },

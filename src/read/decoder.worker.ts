@@ -48,7 +48,7 @@ export type DecoderRequest =
   | { t: "in"; buf?: ArrayBuffer; end?: boolean };
 
 export type DecoderErrorKind =
-  | "decrypt" | "corrupt" | "truncated" | "too-big" | "bomb" | "tar" | "short" | "open" | "internal";
+  "decrypt" | "corrupt" | "truncated" | "too-big" | "bomb" | "tar" | "short" | "open" | "internal";
 
 /** Worker → main thread. */
 export type DecoderReply =
@@ -63,7 +63,13 @@ export type DecoderReply =
 type Plain = Buffer & { pooled?: Buffer };
 /** A read in flight (or done) into one of the aligned buffers. */
 interface DirectJob {
-  from: number; n: number; lead: number; want: number; buf: Buffer; got: number; done: boolean;
+  from: number;
+  n: number;
+  lead: number;
+  want: number;
+  buf: Buffer;
+  got: number;
+  done: boolean;
   err: NodeJS.ErrnoException | null;
 }
 
@@ -71,8 +77,10 @@ const parentPort = port!;
 const wd = workerData as DecoderData;
 const send = (m: DecoderReply): void => parentPort.postMessage(m);
 const b = loadZstdBinding(wd.bindingPath);
-const SEALED = wd.sealedChunk, TAG = 16;
-let failed = false, finished = false;
+const SEALED = wd.sealedChunk,
+  TAG = 16;
+let failed = false,
+  finished = false;
 // Output slots of the shared memory (see util/slots.ts) that the main thread has given back.
 const freeSlots: number[] = [];
 for (let i = 0; i < wd.slots; i++) freeSlots.push(i);
@@ -91,14 +99,20 @@ function fail(kind: DecoderErrorKind, msg: string): void {
 // room is left instead had this thread hashing while the main thread was mostly idle,
 // waiting for its writes (batches queue up behind a write's latency, not its CPU).
 let starved = false;
-const scanner = wd.scan ? new TarScanner(() => createHash("sha256"), () => {
-  const here = starved;
-  starved = false;
-  return here;
-}) : null;
+const scanner = wd.scan
+  ? new TarScanner(
+      () => createHash("sha256"),
+      () => {
+        const here = starved;
+        starved = false;
+        return here;
+      },
+    )
+  : null;
 
 // -- output (tar bytes), decompressed straight into a free slot; none free: wait for one
-let out: Buffer | null = null, outSlot = -1;
+let out: Buffer | null = null,
+  outSlot = -1;
 let outPos = 0;
 function post(): void {
   if (outPos === 0) return;
@@ -112,7 +126,9 @@ function post(): void {
 
 // -- zstd
 const dctx = new b.DCtx();
-let lastRet = 0, totalIn = 0, totalOut = 0;
+let lastRet = 0,
+  totalIn = 0,
+  totalOut = 0;
 const plain: Array<{ buf: Plain; pos: number }> = []; // plaintext (zstd input) waiting
 function decompressSome(): boolean {
   // Returns false when no slot is free; true when everything queued was consumed.
@@ -120,7 +136,10 @@ function decompressSome(): boolean {
     const item = plain[0]!;
     for (;;) {
       if (out === null) {
-        if (freeSlots.length === 0) { starved = true; return false; }
+        if (freeSlots.length === 0) {
+          starved = true;
+          return false;
+        }
         outSlot = freeSlots.shift()!;
         out = Buffer.from(wd.memory, outSlot * wd.outChunk, wd.outChunk);
       }
@@ -137,10 +156,21 @@ function decompressSome(): boolean {
       outPos += r[1];
       totalOut += r[1];
       item.pos += r[2];
-      if (totalOut > wd.maxOut) { outPos -= r[1]; fail("too-big", ""); return false; }
+      if (totalOut > wd.maxOut) {
+        outPos -= r[1];
+        fail("too-big", "");
+        return false;
+      }
       if (scanner !== null && r[1] > 0) {
-        if (totalOut > wd.scan!.tarSize) { outPos -= r[1]; fail("bomb", ""); return false; }
-        if (!scanner.scan(out, outPos - r[1], outPos)) { fail("tar", scanner.error!); return false; }
+        if (totalOut > wd.scan!.tarSize) {
+          outPos -= r[1];
+          fail("bomb", "");
+          return false;
+        }
+        if (!scanner.scan(out, outPos - r[1], outPos)) {
+          fail("tar", scanner.error!);
+          return false;
+        }
       }
       if (outPos === out.length) post();
       if (item.pos === item.buf.length && (r[1] < dst.length || r[0] === 0)) break;
@@ -162,7 +192,9 @@ const collect = gcPacer(4 * 1024 * 1024, "minor");
 // -- age STREAM open
 const key = wd.ageKey ? Buffer.from(wd.ageKey) : null;
 const sealedBuf = key ? Buffer.allocUnsafeSlow(SEALED) : null;
-let used = 0, counter = 0, sealedDone = false;
+let used = 0,
+  counter = 0,
+  sealedDone = false;
 const nonce = Buffer.alloc(12);
 // With native/aead, chunks open into recycled 64 KiB buffers (given back once zstd has
 // consumed them); node:crypto otherwise (a cipher object and a fresh buffer per chunk).
@@ -172,7 +204,10 @@ function tryOpen(sealed: Buffer, last: boolean): Plain | null {
   if (AEAD !== null) {
     const p = plainFree.pop() || Buffer.allocUnsafeSlow(SEALED - TAG);
     const n = AEAD.open(key!, counter, last, sealed, 0, sealed.length, p, 0);
-    if (n < 0) { plainFree.push(p); return null; }
+    if (n < 0) {
+      plainFree.push(p);
+      return null;
+    }
     const r: Plain = p.subarray(0, n);
     r.pooled = p;
     return r;
@@ -183,12 +218,21 @@ function tryOpen(sealed: Buffer, last: boolean): Plain | null {
   const d = createDecipheriv("chacha20-poly1305", key!, nonce, { authTagLength: TAG });
   d.setAuthTag(sealed.subarray(sealed.length - TAG));
   const p = d.update(sealed.subarray(0, sealed.length - TAG));
-  try { d.final(); } catch { return null; }
+  try {
+    d.final();
+  } catch {
+    return null;
+  }
   return p;
 }
 function openChunk(sealed: Buffer, last: boolean): boolean {
   const p = tryOpen(sealed, last);
-  if (p !== null) { counter++; feedPlain(p); if (AEAD === null) collect(p.length); return true; }
+  if (p !== null) {
+    counter++;
+    feedPlain(p);
+    if (AEAD === null) collect(p.length);
+    return true;
+  }
   if (!last && tryOpen(sealed, true) !== null) {
     fail("decrypt", "trailing data after the final age chunk (chunk " + counter + ")");
     return false;
@@ -221,9 +265,12 @@ function feedSealed(data: Buffer): boolean {
 }
 function finishSealed(): boolean {
   if (used < TAG) {
-    fail("decrypt", used === 0 && counter === 0
-      ? "the age file is truncated: it has no payload after the nonce"
-      : "the age file is truncated inside a chunk");
+    fail(
+      "decrypt",
+      used === 0 && counter === 0
+        ? "the age file is truncated: it has no payload after the nonce"
+        : "the age file is truncated inside a chunk",
+    );
     return false;
   }
   if (used === TAG && counter > 0) {
@@ -286,12 +333,16 @@ function startDirect(from: number): void {
   d.k ^= 1;
   const job: DirectJob = { from, n, lead, want, buf, got: 0, done: false, err: null };
   d.job = job;
-  const step = (): void => read(d.fd, buf, job.got, len - job.got, pos - lead + job.got, (err, r) => {
-    if (!err && r > 0 && (job.got += r) < want) return step();
-    job.err = err;
-    job.done = true;
-    if (waiting && direct === d) { waiting = false; pump(); }
-  });
+  const step = (): void =>
+    read(d.fd, buf, job.got, len - job.got, pos - lead + job.got, (err, r) => {
+      if (!err && r > 0 && (job.got += r) < want) return step();
+      job.err = err;
+      job.done = true;
+      if (waiting && direct === d) {
+        waiting = false;
+        pump();
+      }
+    });
   step();
 }
 /**
@@ -330,7 +381,10 @@ function readBlock(): boolean | typeof WAIT {
       got += r;
     }
   }
-  if (got < n) { fail("short", "the bundle ends inside the payload"); return false; }
+  if (got < n) {
+    fail("short", "the bundle ends inside the payload");
+    return false;
+  }
   return take(buf, n);
 }
 
@@ -350,7 +404,10 @@ function ask(): void {
 }
 function readFed(): boolean | typeof WAIT {
   if (inQ.length === 0) {
-    if (inEnd) { fail("short", "the bundle ends inside the payload"); return false; }
+    if (inEnd) {
+      fail("short", "the bundle ends inside the payload");
+      return false;
+    }
     ask();
     return WAIT;
   }
@@ -382,7 +439,10 @@ function pump(): void {
       if (failed) return;
       if (at < wd.size) {
         const r = readBlock();
-        if (r === WAIT) { waiting = true; return; }
+        if (r === WAIT) {
+          waiting = true;
+          return;
+        }
         if (!r) return;
         continue;
       }
@@ -415,7 +475,10 @@ parentPort.on("message", (m: DecoderRequest) => {
     if (m.end) inEnd = true;
     else if (m.buf) inQ.push(Buffer.from(m.buf));
     ask();
-    if (waiting) { waiting = false; pump(); }
+    if (waiting) {
+      waiting = false;
+      pump();
+    }
   }
 });
 

@@ -12,7 +12,14 @@ import { MemsnapError, destinationError } from "../errors.js";
 import type { BundleLayout } from "../format/container.js";
 import type { IndexEntry, Manifest } from "../format/manifest.js";
 import type { EntryTable } from "./entry-table.js";
-import { compareWithIndex, readPayload, type EntryHandler, type Keys, type PayloadEntry, type PayloadReadResult } from "./read-payload.js";
+import {
+  compareWithIndex,
+  readPayload,
+  type EntryHandler,
+  type Keys,
+  type PayloadEntry,
+  type PayloadReadResult,
+} from "./read-payload.js";
 import { crashPoint } from "../util/crash-point.js";
 import { alignedBuffer, SequentialDirectWriter } from "../util/directio.js";
 import { pin } from "../util/slots.js";
@@ -44,7 +51,9 @@ export interface ExtractOptions {
    * builds stays in the caller's staging until the whole payload has matched the index.
    */
   onLayerDone?: (layer: string) => void;
-  /** Write only the entries for which this is true; the others are hashed and dropped (a base's unreferenced entries). */
+  /**
+   * Write only the entries for which this is true; the others are hashed and dropped (a base's unreferenced entries).
+   */
   want?: (name: string) => boolean;
   /** The layers' spools may exist already: add to them (see RestoreSpool's `resume`). */
   resumeSpools?: boolean;
@@ -161,7 +170,10 @@ function writeSmall(dest: string, name: string, parts: Buffer[], n: number): voi
  * caller to remove (it owns the roots).
  */
 export async function extractPayload(
-  layout: BundleLayout, manifest: Manifest, rootFor: (layer: string) => string | null, opts: ExtractOptions = {},
+  layout: BundleLayout,
+  manifest: Manifest,
+  rootFor: (layer: string) => string | null,
+  opts: ExtractOptions = {},
 ): Promise<PayloadReadResult> {
   const layers = new Set(manifest.layers.map((l) => l.name));
   const spoolFor = new Map(manifest.layers.map((l) => [l.name, sourceKind(l.kind)?.restoreSpool]));
@@ -192,163 +204,197 @@ export async function extractPayload(
     opts.onLayerDone?.(layer);
   };
   try {
-    const r = await readPayload(layout, manifest, opts.keys ?? {}, async (info, chunks) => {
-      checkEntryName(info.name, layers);
-      if (info.layer !== current) {
-        if (closed.has(info.layer)) {
-          throw new MemsnapError("MEMSNAP_UNSAFE_BUNDLE", `entry ${info.name} comes after entries of another layer; a layer's entries must be contiguous`, {
-            path: info.name, hint: "this bundle was not written by memsnap or was tampered with; nothing was restored",
-          });
-        }
-        if (current !== null) await closeLayer(current);
-        current = info.layer;
-      }
-      const want = declared?.get(info.name);
-      if (want !== undefined && info.size > want) {
-        throw new MemsnapError("MEMSNAP_UNSAFE_BUNDLE", `entry ${info.name} is ${info.size} bytes, the index declares ${want}`, {
-          path: info.name, hint: "this bundle was not written by memsnap or was tampered with; nothing was restored",
-        });
-      }
-      const root = rootFor(info.layer);
-      if (opts.want && !opts.want(info.name)) return;
-      const diverted = opts.divert?.(info.name);
-      if (diverted) {
-        await diverted(info, chunks);
-        return;
-      }
-      if (root === null) {
-        await opts.peek?.(info, chunks);
-        return;
-      }
-      const spooled = spoolFor.get(info.layer);
-      if (spooled && isSpoolName(info.rel)) throw conflictingEntry(info.name);
-      const tooLong = (): MemsnapError => new MemsnapError("MEMSNAP_ARTIFACT_HASH_MISMATCH", `${info.name} is longer than its header declares`, { path: info.name });
-
-      // Spooled artifacts (KV pages): into the layer's spool, or straight into place in a
-      // spool part, for materialize (./spool.ts).
-      const spool = spooled?.(info.rel);
-      if (spool) {
-        let sp = spools.get(info.layer);
-        if (!sp) {
-          if (!made.has(root)) {
-            await mkdir(root, { recursive: true }).catch((e: unknown) => { throw destinationError(e, root); });
-            made.add(root);
+    const r = await readPayload(
+      layout,
+      manifest,
+      opts.keys ?? {},
+      async (info, chunks) => {
+        checkEntryName(info.name, layers);
+        if (info.layer !== current) {
+          if (closed.has(info.layer)) {
+            throw new MemsnapError(
+              "MEMSNAP_UNSAFE_BUNDLE",
+              `entry ${info.name} comes after entries of another layer; a layer's entries must be contiguous`,
+              {
+                path: info.name,
+                hint: "this bundle was not written by memsnap or was tampered with; nothing was restored",
+              },
+            );
           }
-          sp = new RestoreSpool(root, info.layer, !!opts.resumeSpools);
-          spools.set(info.layer, sp);
+          if (current !== null) await closeLayer(current);
+          current = info.layer;
         }
-        await sp.put(info.name, info.rel, info.size, chunks, spool === true ? null : spool, (n) => {
+        const want = declared?.get(info.name);
+        if (want !== undefined && info.size > want) {
+          throw new MemsnapError(
+            "MEMSNAP_UNSAFE_BUNDLE",
+            `entry ${info.name} is ${info.size} bytes, the index declares ${want}`,
+            {
+              path: info.name,
+              hint: "this bundle was not written by memsnap or was tampered with; nothing was restored",
+            },
+          );
+        }
+        const root = rootFor(info.layer);
+        if (opts.want && !opts.want(info.name)) return;
+        const diverted = opts.divert?.(info.name);
+        if (diverted) {
+          await diverted(info, chunks);
+          return;
+        }
+        if (root === null) {
+          await opts.peek?.(info, chunks);
+          return;
+        }
+        const spooled = spoolFor.get(info.layer);
+        if (spooled && isSpoolName(info.rel)) throw conflictingEntry(info.name);
+        const tooLong = (): MemsnapError =>
+          new MemsnapError("MEMSNAP_ARTIFACT_HASH_MISMATCH", `${info.name} is longer than its header declares`, {
+            path: info.name,
+          });
+
+        // Spooled artifacts (KV pages): into the layer's spool, or straight into place in a
+        // spool part, for materialize (./spool.ts).
+        const spool = spooled?.(info.rel);
+        if (spool) {
+          let sp = spools.get(info.layer);
+          if (!sp) {
+            if (!made.has(root)) {
+              await mkdir(root, { recursive: true }).catch((e: unknown) => {
+                throw destinationError(e, root);
+              });
+              made.add(root);
+            }
+            sp = new RestoreSpool(root, info.layer, !!opts.resumeSpools);
+            spools.set(info.layer, sp);
+          }
+          await sp.put(info.name, info.rel, info.size, chunks, spool === true ? null : spool, (n) => {
+            written += n;
+            opts.onProgress?.(written, total);
+          });
+          crashPoint("restore:staged-entry");
+          return;
+        }
+
+        const dest = join(root, ...info.rel.split("/"));
+        const dir = dirname(dest);
+        if (!made.has(dir)) {
+          try {
+            await mkdir(dir, { recursive: true });
+          } catch (e) {
+            const code = (e as NodeJS.ErrnoException).code;
+            if (code === "EEXIST" || code === "ENOTDIR")
+              throw new MemsnapError("MEMSNAP_UNSAFE_PATH", `entry ${info.name} conflicts with an earlier entry`, {
+                path: info.name,
+              });
+            throw destinationError(e, dir);
+          }
+          made.add(dir);
+        }
+        // Small entries are written synchronously (open, one write, close): three thread-pool
+        // round trips per file cost more than the write itself.
+        if (info.size <= SMALL_ENTRY) {
+          const parts: Buffer[] = [];
+          const pins: (() => void)[] = []; // an entry that spans batches keeps its first ones' slots
+          let n = 0;
+          let wait: Promise<void> | null = null;
+          try {
+            for await (const c of chunks) {
+              n += c.length;
+              if (n > info.size) throw tooLong();
+              parts.push(c);
+              const un = pin(c);
+              if (un) pins.push(un);
+            }
+            if (batched)
+              wait = batched.add(dest, info.name, parts, n); // the bytes are copied before it returns
+            else writeSmall(dest, info.name, parts, n);
+          } finally {
+            for (const un of pins) un();
+          }
+          if (wait) await wait;
           written += n;
           opts.onProgress?.(written, total);
-        });
-        crashPoint("restore:staged-entry");
-        return;
-      }
-
-      const dest = join(root, ...info.rel.split("/"));
-      const dir = dirname(dest);
-      if (!made.has(dir)) {
+          crashPoint("restore:staged-entry");
+          return;
+        }
+        let fh;
         try {
-          await mkdir(dir, { recursive: true });
+          fh = await open(dest, "wx", 0o600);
         } catch (e) {
           const code = (e as NodeJS.ErrnoException).code;
-          if (code === "EEXIST" || code === "ENOTDIR") throw new MemsnapError("MEMSNAP_UNSAFE_PATH", `entry ${info.name} conflicts with an earlier entry`, { path: info.name });
-          throw destinationError(e, dir);
+          if (code === "EEXIST" || code === "EISDIR") throw conflictingEntry(info.name);
+          throw destinationError(e, dest);
         }
-        made.add(dir);
-      }
-      // Small entries are written synchronously (open, one write, close): three thread-pool
-      // round trips per file cost more than the write itself.
-      if (info.size <= SMALL_ENTRY) {
-        const parts: Buffer[] = [];
-        const pins: (() => void)[] = []; // an entry that spans batches keeps its first ones' slots
-        let n = 0;
-        let wait: Promise<void> | null = null;
+        // Big files go out with O_DIRECT where the addon and the file system allow it (see
+        // src/util/directio.ts): the restore is CPU-bound, and the page cache's copy and
+        // writeback are CPU the hashing and decompression need.
+        // Two buffers: one fills while the other is written (see SequentialDirectWriter).
+        if (direct === undefined) {
+          const a = alignedBuffer(WRITE_BATCH);
+          const b = a && alignedBuffer(WRITE_BATCH);
+          direct = a && b ? [a, b] : a && [a];
+        }
+        const dw = direct && info.size >= DIRECT_MIN ? new SequentialDirectWriter(dest, fh.fd, direct) : null;
+        const pins: (() => void)[] = []; // the slots of the chunks gathered in `batch`
         try {
+          let n = 0;
+          // Coalesce the tar parser's small chunks into ~1 MiB writes.
+          let batch: Buffer[] = [];
+          let batched = 0;
           for await (const c of chunks) {
             n += c.length;
             if (n > info.size) throw tooLong();
-            parts.push(c);
-            const un = pin(c);
-            if (un) pins.push(un);
-          }
-          if (batched) wait = batched.add(dest, info.name, parts, n); // the bytes are copied before it returns
-          else writeSmall(dest, info.name, parts, n);
-        } finally {
-          for (const un of pins) un();
-        }
-        if (wait) await wait;
-        written += n;
-        opts.onProgress?.(written, total);
-        crashPoint("restore:staged-entry");
-        return;
-      }
-      let fh;
-      try {
-        fh = await open(dest, "wx", 0o600);
-      } catch (e) {
-        const code = (e as NodeJS.ErrnoException).code;
-        if (code === "EEXIST" || code === "EISDIR") throw conflictingEntry(info.name);
-        throw destinationError(e, dest);
-      }
-      // Big files go out with O_DIRECT where the addon and the file system allow it (see
-      // src/util/directio.ts): the restore is CPU-bound, and the page cache's copy and
-      // writeback are CPU the hashing and decompression need.
-      // Two buffers: one fills while the other is written (see SequentialDirectWriter).
-      if (direct === undefined) {
-        const a = alignedBuffer(WRITE_BATCH);
-        const b = a && alignedBuffer(WRITE_BATCH);
-        direct = a && b ? [a, b] : a && [a];
-      }
-      const dw = direct && info.size >= DIRECT_MIN ? new SequentialDirectWriter(dest, fh.fd, direct) : null;
-      const pins: (() => void)[] = []; // the slots of the chunks gathered in `batch`
-      try {
-        let n = 0;
-        // Coalesce the tar parser's small chunks into ~1 MiB writes.
-        let batch: Buffer[] = [];
-        let batched = 0;
-        for await (const c of chunks) {
-          n += c.length;
-          if (n > info.size) throw tooLong();
-          if (dw) {
-            await dw.write(c); // copied into the aligned buffers
-          } else {
-            batch.push(c);
-            const un = pin(c);
-            if (un) pins.push(un);
-            batched += c.length;
-            if (batched >= WRITE_BATCH) {
-              await fh.writev(batch);
-              batch = [];
-              batched = 0;
-              for (const u of pins.splice(0)) u();
+            if (dw) {
+              await dw.write(c); // copied into the aligned buffers
+            } else {
+              batch.push(c);
+              const un = pin(c);
+              if (un) pins.push(un);
+              batched += c.length;
+              if (batched >= WRITE_BATCH) {
+                await fh.writev(batch);
+                batch = [];
+                batched = 0;
+                for (const u of pins.splice(0)) u();
+              }
             }
+            written += c.length;
+            opts.onProgress?.(written, total);
           }
-          written += c.length;
-          opts.onProgress?.(written, total);
+          if (dw) await dw.end();
+          if (batched) await fh.writev(batch);
+        } catch (e) {
+          if (e instanceof MemsnapError) throw e;
+          throw destinationError(e, dest);
+        } finally {
+          for (const u of pins.splice(0)) u();
+          await dw?.settle(); // no write in flight when the descriptors close
+          await fh.close();
         }
-        if (dw) await dw.end();
-        if (batched) await fh.writev(batch);
-      } catch (e) {
-        if (e instanceof MemsnapError) throw e;
-        throw destinationError(e, dest);
-      } finally {
-        for (const u of pins.splice(0)) u();
-        await dw?.settle(); // no write in flight when the descriptors close
-        await fh.close();
-      }
-      crashPoint("restore:staged-entry");
-    }, {
-      streamIndex: true, ...(opts.signal ? { signal: opts.signal } : {}), ...(opts.onEntry ? { onEntry: opts.onEntry } : {}),
-      ...(opts.entries ? { entries: opts.entries } : {}), ...(opts.onRef ? { onRef: opts.onRef } : {}), onMatch,
-    });
+        crashPoint("restore:staged-entry");
+      },
+      {
+        streamIndex: true,
+        ...(opts.signal ? { signal: opts.signal } : {}),
+        ...(opts.onEntry ? { onEntry: opts.onEntry } : {}),
+        ...(opts.entries ? { entries: opts.entries } : {}),
+        ...(opts.onRef ? { onRef: opts.onRef } : {}),
+        onMatch,
+      },
+    );
     if (current !== null) await closeLayer(current);
     const findings = compareWithIndex(manifest, r);
     if (findings.length) {
       const f = findings[0]!;
-      throw new MemsnapError(f.code, findings.length === 1 ? f.message : `${findings.length} problems, first: ${f.message}`, {
-        findings, hint: "the bundle is damaged or was altered; nothing was restored",
-      });
+      throw new MemsnapError(
+        f.code,
+        findings.length === 1 ? f.message : `${findings.length} problems, first: ${f.message}`,
+        {
+          findings,
+          hint: "the bundle is damaged or was altered; nothing was restored",
+        },
+      );
     }
     return r;
   } finally {

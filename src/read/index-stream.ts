@@ -43,13 +43,23 @@ export function artifactProblem(a: unknown, segments: boolean): { unsafe: boolea
   }
   const e = a as IndexEntry;
   const named = JSON.stringify(e.path.slice(0, 200));
-  if (typeof e.layer !== "string" || typeof e.kind !== "string" || !Number.isSafeInteger(e.size) || e.size < 0 || typeof e.sha256 !== "string"
-    || (e.mtime !== undefined && typeof e.mtime !== "string") || (e.mode !== undefined && typeof e.mode !== "number")
-    || (e.ref !== undefined && typeof e.ref !== "string")) {
+  if (
+    typeof e.layer !== "string" ||
+    typeof e.kind !== "string" ||
+    !Number.isSafeInteger(e.size) ||
+    e.size < 0 ||
+    typeof e.sha256 !== "string" ||
+    (e.mtime !== undefined && typeof e.mtime !== "string") ||
+    (e.mode !== undefined && typeof e.mode !== "number") ||
+    (e.ref !== undefined && typeof e.ref !== "string")
+  ) {
     return { unsafe: false, message: `artifact ${named} is malformed` };
   }
   if (!e.path.startsWith(`${e.layer}/`)) {
-    return { unsafe: true, message: `index entry ${named} is not under the layer it names (${JSON.stringify(e.layer.slice(0, 80))})` };
+    return {
+      unsafe: true,
+      message: `index entry ${named} is not under the layer it names (${JSON.stringify(e.layer.slice(0, 80))})`,
+    };
   }
   if (segments && (e.path.includes("\0") || e.path.split("/").some((x) => x === "" || x === "." || x === ".."))) {
     return { unsafe: true, message: `index entry ${named} is not a relative path of plain segments` };
@@ -93,13 +103,15 @@ class IndexSplitter {
     let buf = this.#carry.length ? Buffer.concat([this.#carry, chunk]) : chunk;
     if (this.#state === "prefix") {
       if (buf.length < PREFIX.length + 1) {
-        if (!PREFIX.subarray(0, Math.min(buf.length, PREFIX.length)).equals(buf.subarray(0, PREFIX.length))) return this.#fail("it is not canonical JSON");
+        if (!PREFIX.subarray(0, Math.min(buf.length, PREFIX.length)).equals(buf.subarray(0, PREFIX.length)))
+          return this.#fail("it is not canonical JSON");
         this.#carry = Buffer.from(buf);
         return;
       }
       if (!buf.subarray(0, PREFIX.length).equals(PREFIX)) return this.#fail("it is not canonical JSON");
       buf = buf.subarray(PREFIX.length);
-      if (buf[0] === 0x5d) { // "]": no artifacts
+      if (buf[0] === 0x5d) {
+        // "]": no artifacts
         this.#state = "tail";
         this.#carry = Buffer.alloc(0);
         return this.push(Buffer.from(buf.subarray(1)));
@@ -182,7 +194,12 @@ export class IndexComparer {
    * artifact's entry holds its stored ranges (`stored_size`, `stored_sha256`); once matched, the
    * artifact goes to `onRef` too, for its other ranges are in bases.
    */
-  constructor(entries: EntryTable, onRef?: (a: IndexEntry) => void, onMatch?: (a: IndexEntry) => void, chunked = false) {
+  constructor(
+    entries: EntryTable,
+    onRef?: (a: IndexEntry) => void,
+    onMatch?: (a: IndexEntry) => void,
+    chunked = false,
+  ) {
     this.#entries = entries;
     this.#onRef = onRef;
     this.#onMatch = onMatch;
@@ -218,7 +235,9 @@ export class IndexComparer {
       return;
     }
     const j = this.#entries.position(a.path);
-    const twice = (): void => { this.#twice.push({ code: "MEMSNAP_INDEX_MISMATCH", message: `the index lists ${a.path} twice`, path: a.path }); };
+    const twice = (): void => {
+      this.#twice.push({ code: "MEMSNAP_INDEX_MISMATCH", message: `the index lists ${a.path} twice`, path: a.path });
+    };
     const chunked = this.#chunked && a.ranges !== undefined;
     if (chunked) {
       const why = chunkedProblem(a as unknown as Record<string, unknown>);
@@ -231,7 +250,11 @@ export class IndexComparer {
       if (this.#refs.has(a.path) || this.#absent.has(a.path) || (j !== undefined && this.#listed[j] === 1)) twice();
       this.#refs.add(a.path);
       if (j !== undefined) {
-        this.#twice.push({ code: "MEMSNAP_INDEX_MISMATCH", message: `${a.path} is both in the payload and a reference to a base`, path: a.path });
+        this.#twice.push({
+          code: "MEMSNAP_INDEX_MISMATCH",
+          message: `${a.path} is both in the payload and a reference to a base`,
+          path: a.path,
+        });
         this.#listed[j] = 1;
       }
       this.#onRef(a);
@@ -250,7 +273,10 @@ export class IndexComparer {
     if (want.size !== got.size || want.sha256 !== this.#entries.sha256(j)) {
       this.#mismatch.set(j, {
         code: "MEMSNAP_ARTIFACT_HASH_MISMATCH",
-        message: want.size !== got.size ? `${got.name}: ${got.size} bytes, index says ${want.size}` : `${got.name}: SHA-256 differs from the index`,
+        message:
+          want.size !== got.size
+            ? `${got.name}: ${got.size} bytes, index says ${want.size}`
+            : `${got.name}: SHA-256 differs from the index`,
         path: got.name,
       });
     } else {
@@ -271,13 +297,22 @@ export class IndexComparer {
       if (this.#entries.position(name) !== j) {
         findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: `duplicate payload entry ${name}`, path: name });
       } else if (this.#listed[j] === 0) {
-        findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: `payload entry ${name} is not in the index`, path: name });
+        findings.push({
+          code: "MEMSNAP_INDEX_MISMATCH",
+          message: `payload entry ${name} is not in the index`,
+          path: name,
+        });
       } else {
         const m = this.#mismatch.get(j);
         if (m) findings.push(m);
       }
     }
-    for (const p of this.#absent) findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: `indexed artifact ${p} is missing from the payload`, path: p });
+    for (const p of this.#absent)
+      findings.push({
+        code: "MEMSNAP_INDEX_MISMATCH",
+        message: `indexed artifact ${p} is missing from the payload`,
+        path: p,
+      });
     return { tail, findings };
   }
 }

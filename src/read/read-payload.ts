@@ -15,7 +15,17 @@ import { heapPacer } from "../util/gc.js";
 import { MemsnapError, type Finding } from "../errors.js";
 import type { BundleLayout } from "../format/container.js";
 import { withBundle } from "../format/bundle-file.js";
-import { encodeIndex, indexHash, INDEX_PATH, isChunkedIn, refOf, storedOf, type IndexDocument, type IndexEntry, type Manifest } from "../format/manifest.js";
+import {
+  encodeIndex,
+  indexHash,
+  INDEX_PATH,
+  isChunkedIn,
+  refOf,
+  storedOf,
+  type IndexDocument,
+  type IndexEntry,
+  type Manifest,
+} from "../format/manifest.js";
 import { AGE_PREFIX_MAX, openAgePrefix } from "../codecs/age/stream-open.js";
 import { PayloadDecoder, type ScannedBatch } from "./decoder.js";
 import { EntryTable } from "./entry-table.js";
@@ -25,7 +35,10 @@ import { OP_DATA, OP_END, OP_START } from "./tar-scan.js";
 
 /** The event loop gets a turn at least this often while entries stream (ms). */
 const TURN_MS = 50;
-/** Old-generation garbage from the entries' per-entry objects is collected once 16 MiB of it may have built up (see heapPacer). */
+/**
+ * Old-generation garbage from the entries' per-entry objects is collected once 16 MiB of it may have built up (see
+ * heapPacer).
+ */
 const collectEntries = heapPacer(16 * 1024 * 1024);
 
 /** Identities and passphrases that may open an encrypted bundle. */
@@ -80,26 +93,37 @@ const EMPTY = Buffer.alloc(0);
 const BOMB_MARGIN = 4 * 1024 * 1024;
 
 async function readRange(path: string, pos: number, len: number, size: number): Promise<Buffer> {
-  return withBundle(path, async (f) => {
-    const buf = Buffer.alloc(len);
-    return buf.subarray(0, await f.read(buf, 0, len, pos));
-  }, size);
+  return withBundle(
+    path,
+    async (f) => {
+      const buf = Buffer.alloc(len);
+      return buf.subarray(0, await f.read(buf, 0, len, pos));
+    },
+    size,
+  );
 }
 
 /** Hash a byte range of the bundle file without decrypting it (verify without a key). */
-export async function hashStoredPayload(layout: BundleLayout, onStored?: (storedBytes: number, storedTotal: number) => void): Promise<{ sha256: string; size: number; head: Buffer }> {
+export async function hashStoredPayload(
+  layout: BundleLayout,
+  onStored?: (storedBytes: number, storedTotal: number) => void,
+): Promise<{ sha256: string; size: number; head: Buffer }> {
   const h = createHash("sha256");
   let size = 0;
   let head = Buffer.alloc(0);
   if (layout.payloadSize > 0) {
-    await withBundle(layout.path, async (f) => {
-      for await (const b of f.stream(layout.payloadOffset, layout.payloadOffset + layout.payloadSize)) {
-        if (head.length < 64) head = Buffer.concat([head, b.subarray(0, 64 - head.length)]);
-        h.update(b);
-        size += b.length;
-        onStored?.(size, layout.payloadSize);
-      }
-    }, layout.fileSize);
+    await withBundle(
+      layout.path,
+      async (f) => {
+        for await (const b of f.stream(layout.payloadOffset, layout.payloadOffset + layout.payloadSize)) {
+          if (head.length < 64) head = Buffer.concat([head, b.subarray(0, 64 - head.length)]);
+          h.update(b);
+          size += b.length;
+          onStored?.(size, layout.payloadSize);
+        }
+      },
+      layout.fileSize,
+    );
   }
   return { sha256: h.digest("hex"), size, head };
 }
@@ -181,7 +205,12 @@ class OpReader {
     if (!(await this.#fill())) return null;
     const o = this.#ops;
     if (o[this.#i] !== OP_START) this.#broken(`op ${String(o[this.#i])} where an entry starts`);
-    const head = { name: o[this.#i + 1] as string, size: o[this.#i + 2] as number, type: o[this.#i + 3] as string, hashed: o[this.#i + 4] === 1 };
+    const head = {
+      name: o[this.#i + 1] as string,
+      size: o[this.#i + 2] as number,
+      type: o[this.#i + 3] as string,
+      hashed: o[this.#i + 4] === 1,
+    };
     this.#i += 5;
     this.#digest = null;
     return head;
@@ -206,7 +235,10 @@ class OpReader {
   }
 
   async dataAsync(): Promise<Buffer | null> {
-    if (!(await this.#fill())) throw new MemsnapError("MEMSNAP_PAYLOAD_CORRUPT", "the payload ends inside an entry", { hint: "the bundle is damaged; use another copy" });
+    if (!(await this.#fill()))
+      throw new MemsnapError("MEMSNAP_PAYLOAD_CORRUPT", "the payload ends inside an entry", {
+        hint: "the bundle is damaged; use another copy",
+      });
     return this.data()!;
   }
 
@@ -217,22 +249,37 @@ class OpReader {
 }
 
 export async function readPayload(
-  layout: BundleLayout, manifest: Manifest, keys: Keys, handler: EntryHandler, opts: ReadPayloadOptions = {},
+  layout: BundleLayout,
+  manifest: Manifest,
+  keys: Keys,
+  handler: EntryHandler,
+  opts: ReadPayloadOptions = {},
 ): Promise<PayloadReadResult> {
   const { signal, onStored, onEntry } = opts;
   let age: { key: Buffer; offset: number } | null = null;
   if (manifest.payload.encryption) {
-    const prefix = await readRange(layout.path, layout.payloadOffset, Math.min(layout.payloadSize, AGE_PREFIX_MAX), layout.fileSize);
+    const prefix = await readRange(
+      layout.path,
+      layout.payloadOffset,
+      Math.min(layout.payloadSize, AGE_PREFIX_MAX),
+      layout.fileSize,
+    );
     age = await openAgePrefix(prefix, prefix.length === layout.payloadSize, keys);
   }
   // The manifest declares the tar size: past it the payload is a bomb (the scanner stops
   // there, MEMSNAP_UNSAFE_BUNDLE). The decoder's own hard stop sits a margin above.
   const decoder = new PayloadDecoder({
-    path: layout.path, offset: layout.payloadOffset, size: layout.payloadSize, fileSize: layout.fileSize, age,
-    maxOutputBytes: manifest.payload.tar_size + BOMB_MARGIN, ...(onStored ? { onStored } : {}),
+    path: layout.path,
+    offset: layout.payloadOffset,
+    size: layout.payloadSize,
+    fileSize: layout.fileSize,
+    age,
+    maxOutputBytes: manifest.payload.tar_size + BOMB_MARGIN,
+    ...(onStored ? { onStored } : {}),
     scan: { tarSize: manifest.payload.tar_size },
   });
-  const interrupted = (): MemsnapError => new MemsnapError("MEMSNAP_INTERRUPTED", "reading the payload was interrupted", { hint: "nothing was restored" });
+  const interrupted = (): MemsnapError =>
+    new MemsnapError("MEMSNAP_INTERRUPTED", "reading the payload was interrupted", { hint: "nothing was restored" });
   const onAbort = (): void => {
     decoder.destroy(interrupted());
   };
@@ -281,20 +328,39 @@ export async function readPayload(
         return digest;
       };
       if (sawIndex) {
-        findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: `entry ${name} follows the index, which must be last`, path: name });
+        findings.push({
+          code: "MEMSNAP_INDEX_MISMATCH",
+          message: `entry ${name} follows the index, which must be last`,
+          path: name,
+        });
       }
       if (name === INDEX_PATH && opts.streamIndex) {
         sawIndex = true;
-        const cmp = new IndexComparer(entries, manifest.manifest_version >= 2 ? opts.onRef ?? (() => undefined) : undefined, opts.onMatch,
-          manifest.manifest_version >= 4);
+        const cmp = new IndexComparer(
+          entries,
+          manifest.manifest_version >= 2 ? (opts.onRef ?? (() => undefined)) : undefined,
+          opts.onMatch,
+          manifest.manifest_version >= 4,
+        );
         for await (const c of chunks) {
-          if (n > INDEX_MAX_BYTES) throw new MemsnapError("MEMSNAP_BUNDLE_MALFORMED", "the payload index is over its size cap");
+          if (n > INDEX_MAX_BYTES)
+            throw new MemsnapError("MEMSNAP_BUNDLE_MALFORMED", "the payload index is over its size cap");
           cmp.push(c);
         }
         indexSha256 = await drain();
         const r = cmp.end();
-        if ("error" in r) findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: `the payload index does not parse: ${r.error}`, path: INDEX_PATH });
-        else if (r.tail.format !== "memsnap-index") findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: "the payload index does not parse: not an index document", path: INDEX_PATH });
+        if ("error" in r)
+          findings.push({
+            code: "MEMSNAP_INDEX_MISMATCH",
+            message: `the payload index does not parse: ${r.error}`,
+            path: INDEX_PATH,
+          });
+        else if (r.tail.format !== "memsnap-index")
+          findings.push({
+            code: "MEMSNAP_INDEX_MISMATCH",
+            message: "the payload index does not parse: not an index document",
+            path: INDEX_PATH,
+          });
         else indexCheck = { snapshotId: r.tail.snapshot_id, findings: r.findings };
         continue;
       }
@@ -302,7 +368,8 @@ export async function readPayload(
         sawIndex = true;
         const parts: Buffer[] = [];
         for await (const c of chunks) {
-          if (n > INDEX_MAX_BYTES) throw new MemsnapError("MEMSNAP_BUNDLE_MALFORMED", "the payload index is over its size cap");
+          if (n > INDEX_MAX_BYTES)
+            throw new MemsnapError("MEMSNAP_BUNDLE_MALFORMED", "the payload index is over its size cap");
           parts.push(Buffer.from(c)); // a copy: the chunk's slot is reused once the next is read
         }
         const bytes = Buffer.concat(parts);
@@ -315,7 +382,8 @@ export async function readPayload(
             const problem = artifactProblem(a, true);
             if (problem?.unsafe) {
               throw new MemsnapError("MEMSNAP_UNSAFE_PATH", `the payload index: ${problem.message}`, {
-                path: INDEX_PATH, hint: "this bundle was not written by memsnap or was tampered with; do not restore it",
+                path: INDEX_PATH,
+                hint: "this bundle was not written by memsnap or was tampered with; do not restore it",
               });
             }
             if (problem) throw new Error(problem.message);
@@ -325,16 +393,30 @@ export async function readPayload(
           index = doc;
         } catch (e) {
           if (e instanceof MemsnapError) throw e;
-          findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: `the payload index does not parse: ${(e as Error).message}`, path: INDEX_PATH });
+          findings.push({
+            code: "MEMSNAP_INDEX_MISMATCH",
+            message: `the payload index does not parse: ${(e as Error).message}`,
+            path: INDEX_PATH,
+          });
         }
         continue;
       }
       const slash = name.indexOf("/");
-      const info: EntryInfo = { name, size, layer: slash > 0 ? name.slice(0, slash) : "", rel: slash > 0 ? name.slice(slash + 1) : name };
+      const info: EntryInfo = {
+        name,
+        size,
+        layer: slash > 0 ? name.slice(0, slash) : "",
+        rel: slash > 0 ? name.slice(slash + 1) : name,
+      };
       if (type !== "file") {
-        throw new MemsnapError("MEMSNAP_UNSAFE_PATH", `payload entry ${name} is a ${type} entry; only regular files are allowed`, {
-          path: name, hint: "this bundle was not written by memsnap or was tampered with; do not restore it",
-        });
+        throw new MemsnapError(
+          "MEMSNAP_UNSAFE_PATH",
+          `payload entry ${name} is a ${type} entry; only regular files are allowed`,
+          {
+            path: name,
+            hint: "this bundle was not written by memsnap or was tampered with; do not restore it",
+          },
+        );
       }
       await handler(info, chunks);
       const hex = await drain();
@@ -355,15 +437,26 @@ export async function readPayload(
     if (signal?.aborted && !(e instanceof MemsnapError && e.code === "MEMSNAP_INTERRUPTED")) throw interrupted();
     if (e instanceof MemsnapError) throw e;
     throw new MemsnapError("MEMSNAP_PAYLOAD_CORRUPT", `the payload could not be read: ${(e as Error).message}`, {
-      cause: e, hint: "the bundle is damaged; use another copy",
+      cause: e,
+      hint: "the bundle is damaged; use another copy",
     });
   } finally {
     signal?.removeEventListener("abort", onAbort);
   }
   ops.close();
-  if (!sawIndex) findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: "the payload has no index member", path: INDEX_PATH });
+  if (!sawIndex)
+    findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: "the payload has no index member", path: INDEX_PATH });
   const stored = await decoder.stored;
-  return { storedSha256: stored.sha256, storedSize: stored.size, entries, index, indexSha256, indexCheck, findings, hashedInWorker };
+  return {
+    storedSha256: stored.sha256,
+    storedSize: stored.size,
+    entries,
+    index,
+    indexSha256,
+    indexCheck,
+    findings,
+    hashedInWorker,
+  };
 }
 
 /**
@@ -374,31 +467,57 @@ export async function readPayload(
 export function compareWithIndex(manifest: Manifest, r: PayloadReadResult): Finding[] {
   const findings: Finding[] = [...r.findings];
   if (r.storedSha256 !== manifest.payload.sha256 || r.storedSize !== manifest.payload.stored_size) {
-    findings.push({ code: "MEMSNAP_PAYLOAD_HASH_MISMATCH", message: "the payload bytes do not match the manifest's SHA-256/size" });
+    findings.push({
+      code: "MEMSNAP_PAYLOAD_HASH_MISMATCH",
+      message: "the payload bytes do not match the manifest's SHA-256/size",
+    });
   }
   const index = r.index;
   if (!index && !r.indexCheck) return findings;
   if (r.indexSha256 !== manifest.payload.index_sha256) {
-    findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: "the payload index is not the one the manifest is bound to", path: INDEX_PATH });
+    findings.push({
+      code: "MEMSNAP_INDEX_MISMATCH",
+      message: "the payload index is not the one the manifest is bound to",
+      path: INDEX_PATH,
+    });
   }
   const snapshotId = index ? index.snapshot_id : r.indexCheck!.snapshotId;
   if (snapshotId !== manifest.snapshot_id) {
     // (not String(): the id is the bundle's, and an array nested 200,000 deep overflows its join)
-    const named = typeof snapshotId === "string" ? snapshotId.slice(0, 64) : `of type ${Array.isArray(snapshotId) ? "array" : typeof snapshotId}`;
-    findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: `the payload index belongs to snapshot ${named}`, path: INDEX_PATH });
+    const named =
+      typeof snapshotId === "string"
+        ? snapshotId.slice(0, 64)
+        : `of type ${Array.isArray(snapshotId) ? "array" : typeof snapshotId}`;
+    findings.push({
+      code: "MEMSNAP_INDEX_MISMATCH",
+      message: `the payload index belongs to snapshot ${named}`,
+      path: INDEX_PATH,
+    });
   }
   // The manifest's own copy (plaintext bundles) must be the same document: same canonical bytes.
-  if (manifest.index && (index
-    ? encodeIndex({ format: "memsnap-index", snapshot_id: manifest.snapshot_id, artifacts: manifest.index }).compare(encodeIndex(index)) !== 0
-    : indexHash({ format: "memsnap-index", snapshot_id: manifest.snapshot_id, artifacts: manifest.index }) !== r.indexSha256)) {
-    findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: "the manifest's index differs from the payload's index", path: INDEX_PATH });
+  if (
+    manifest.index &&
+    (index
+      ? encodeIndex({ format: "memsnap-index", snapshot_id: manifest.snapshot_id, artifacts: manifest.index }).compare(
+          encodeIndex(index),
+        ) !== 0
+      : indexHash({ format: "memsnap-index", snapshot_id: manifest.snapshot_id, artifacts: manifest.index }) !==
+        r.indexSha256)
+  ) {
+    findings.push({
+      code: "MEMSNAP_INDEX_MISMATCH",
+      message: "the manifest's index differs from the payload's index",
+      path: INDEX_PATH,
+    });
   }
   if (!index) return [...findings, ...r.indexCheck!.findings];
   const want = new Map<string, { size: number; sha256: string }>();
   const refs = new Set<string>();
   for (const a of index.artifacts) {
-    if (want.has(a.path) || refs.has(a.path)) findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: `the index lists ${a.path} twice`, path: a.path });
-    if (refOf(manifest, a) !== undefined && !isChunkedIn(manifest, a)) refs.add(a.path); // its bytes are in a base's payload
+    if (want.has(a.path) || refs.has(a.path))
+      findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: `the index lists ${a.path} twice`, path: a.path });
+    if (refOf(manifest, a) !== undefined && !isChunkedIn(manifest, a))
+      refs.add(a.path); // its bytes are in a base's payload
     else want.set(a.path, storedOf(manifest, a)); // (a chunked entry's payload entry holds its stored ranges)
   }
   const seen = new Set<string>();
@@ -411,19 +530,35 @@ export function compareWithIndex(manifest: Manifest, r: PayloadReadResult): Find
     seen.add(e.name);
     const w = want.get(e.name);
     if (!w && refs.has(e.name)) {
-      findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: `${e.name} is both in the payload and a reference to a base`, path: e.name });
+      findings.push({
+        code: "MEMSNAP_INDEX_MISMATCH",
+        message: `${e.name} is both in the payload and a reference to a base`,
+        path: e.name,
+      });
     } else if (!w) {
-      findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: `payload entry ${e.name} is not in the index`, path: e.name });
+      findings.push({
+        code: "MEMSNAP_INDEX_MISMATCH",
+        message: `payload entry ${e.name} is not in the index`,
+        path: e.name,
+      });
     } else if (w.size !== e.size || w.sha256 !== e.sha256) {
       findings.push({
         code: "MEMSNAP_ARTIFACT_HASH_MISMATCH",
-        message: w.size !== e.size ? `${e.name}: ${e.size} bytes, index says ${w.size}` : `${e.name}: SHA-256 differs from the index`,
+        message:
+          w.size !== e.size
+            ? `${e.name}: ${e.size} bytes, index says ${w.size}`
+            : `${e.name}: SHA-256 differs from the index`,
         path: e.name,
       });
     }
   }
   for (const p of want.keys()) {
-    if (!seen.has(p)) findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: `indexed artifact ${p} is missing from the payload`, path: p });
+    if (!seen.has(p))
+      findings.push({
+        code: "MEMSNAP_INDEX_MISMATCH",
+        message: `indexed artifact ${p} is missing from the payload`,
+        path: p,
+      });
   }
   return findings;
 }

@@ -34,7 +34,10 @@ export class SmallFileWriter {
   #batch: Batch | null = null;
   readonly #inFlight: Promise<void>[] = [];
   #failure: Error | null = null;
-  /** Batch buffers to reuse: a fresh 1 MiB per batch was external memory that only a GC freed (200,000 notes: +80 MiB of RSS). */
+  /**
+   * Batch buffers to reuse: a fresh 1 MiB per batch was external memory that only a GC freed (200,000 notes: +80 MiB of
+   * RSS).
+   */
   readonly #free: Buffer[] = [];
 
   private constructor(native: NativeFs) {
@@ -54,8 +57,15 @@ export class SmallFileWriter {
    */
   add(dest: string, name: string, parts: readonly Uint8Array[], n: number): Promise<void> | null {
     if (this.#failure) throw this.#failure;
-    if (this.#batch && (this.#batch.dests.length === BATCH_FILES || this.#batch.used + n > this.#batch.data.length)) this.#submit();
-    const b = (this.#batch ??= { dests: [], names: [], data: n <= BATCH_BYTES ? this.#free.pop() ?? Buffer.allocUnsafe(BATCH_BYTES) : Buffer.allocUnsafe(n), used: 0, offsets: [0] });
+    if (this.#batch && (this.#batch.dests.length === BATCH_FILES || this.#batch.used + n > this.#batch.data.length))
+      this.#submit();
+    const b = (this.#batch ??= {
+      dests: [],
+      names: [],
+      data: n <= BATCH_BYTES ? (this.#free.pop() ?? Buffer.allocUnsafe(BATCH_BYTES)) : Buffer.allocUnsafe(n),
+      used: 0,
+      offsets: [0],
+    });
     for (const p of parts) {
       b.data.set(p, b.used);
       b.used += p.length;
@@ -92,19 +102,30 @@ export class SmallFileWriter {
     const paths = Buffer.from(b.dests.join("\0") + "\0", "utf8");
     const results = new Int32Array(count);
     const p = new Promise<void>((res) => {
-      this.#native.writeFiles(paths, count, b.data.subarray(0, b.used), Float64Array.from(b.offsets), results, (err) => {
-        for (let i = 0; i < count && !this.#failure; i++) {
-          const e = results[i]!;
-          if (e === 0 && err === 0) continue;
-          const errno = e || err;
-          const code = getSystemErrorName(-errno);
-          this.#failure = code === "EEXIST" || code === "EISDIR" // as extract.ts's synchronous writes say it
-            ? conflictingEntry(b.names[i]!)
-            : destinationError(Object.assign(new Error(`${code}: ${b.dests[i]}`), { code, errno: -errno, path: b.dests[i] }), b.dests[i]!);
-        }
-        if (b.data.length === BATCH_BYTES && this.#free.length <= IN_FLIGHT) this.#free.push(b.data);
-        res();
-      });
+      this.#native.writeFiles(
+        paths,
+        count,
+        b.data.subarray(0, b.used),
+        Float64Array.from(b.offsets),
+        results,
+        (err) => {
+          for (let i = 0; i < count && !this.#failure; i++) {
+            const e = results[i]!;
+            if (e === 0 && err === 0) continue;
+            const errno = e || err;
+            const code = getSystemErrorName(-errno);
+            this.#failure =
+              code === "EEXIST" || code === "EISDIR" // as extract.ts's synchronous writes say it
+                ? conflictingEntry(b.names[i]!)
+                : destinationError(
+                    Object.assign(new Error(`${code}: ${b.dests[i]}`), { code, errno: -errno, path: b.dests[i] }),
+                    b.dests[i]!,
+                  );
+          }
+          if (b.data.length === BATCH_BYTES && this.#free.length <= IN_FLIGHT) this.#free.push(b.data);
+          res();
+        },
+      );
     });
     const tracked = p.finally(() => {
       this.#inFlight.splice(this.#inFlight.indexOf(tracked), 1);

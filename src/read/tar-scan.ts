@@ -83,7 +83,8 @@ export class TarScanner {
         const ops = this.ops;
         const k = ops.length;
         // Extend the previous range when it ends here (one range per entry per buffer).
-        if (k >= 3 && ops[k - 3] === 2 && (ops[k - 2] as number) + (ops[k - 1] as number) === p) ops[k - 1] = (ops[k - 1] as number) + n;
+        if (k >= 3 && ops[k - 3] === 2 && (ops[k - 2] as number) + (ops[k - 1] as number) === p)
+          ops[k - 1] = (ops[k - 1] as number) + n;
         else ops.push(2, p, n);
         this.left -= n;
         p += n;
@@ -137,7 +138,8 @@ export class TarScanner {
     this.meta = null;
     if (this.metaType === 76 || this.metaType === 78) this.longPath = TarScanner.str(b, 0, b.length);
     else if (this.metaType === 103) this.paxGlobal = TarScanner.pax(b);
-    else if (this.metaType === 120) this.pax = this.paxGlobal === null ? TarScanner.pax(b) : Object.assign({}, this.paxGlobal, TarScanner.pax(b));
+    else if (this.metaType === 120)
+      this.pax = this.paxGlobal === null ? TarScanner.pax(b) : Object.assign({}, this.paxGlobal, TarScanner.pax(b));
     this.left = this.pad;
     this.state = this.pad > 0 ? 2 : 0;
   }
@@ -147,8 +149,10 @@ export class TarScanner {
     for (let i = o; i < o + 148; i++) sum += b[i]!;
     for (let i = o + 156; i < o + 512; i++) sum += b[i]!;
     if (sum === 256) return true; // an all-zero block (the end-of-archive marker): skipped
-    if (sum !== TarScanner.oct(b, o + 148, 8)) return this.fail("Invalid tar header. Maybe the tar is corrupted or it needs to be gunzipped?");
-    const ustar = b[o + 257] === 0x75 && b[o + 258] === 0x73 && b[o + 259] === 0x74 && b[o + 260] === 0x61 && b[o + 261] === 0x72;
+    if (sum !== TarScanner.oct(b, o + 148, 8))
+      return this.fail("Invalid tar header. Maybe the tar is corrupted or it needs to be gunzipped?");
+    const ustar =
+      b[o + 257] === 0x75 && b[o + 258] === 0x73 && b[o + 259] === 0x74 && b[o + 260] === 0x61 && b[o + 261] === 0x72;
     const v = b[o + 262];
     const isUstar = ustar && v === 0;
     const isGnu = ustar && v === 0x20 && b[o + 263] === 0x20 && b[o + 264] === 0;
@@ -185,15 +189,32 @@ export class TarScanner {
     if (!(size >= 0) || !Number.isSafeInteger(size)) return this.fail("Invalid header");
     let type: string;
     switch (flag) {
-      case 48: type = name.endsWith("/") ? "directory" : "file"; break;
-      case 49: type = "link"; break;
-      case 50: type = "symlink"; break;
-      case 51: type = "character-device"; break;
-      case 52: type = "block-device"; break;
-      case 53: type = "directory"; break;
-      case 54: type = "fifo"; break;
-      case 55: type = "contiguous-file"; break;
-      default: type = "unknown";
+      case 48:
+        type = name.endsWith("/") ? "directory" : "file";
+        break;
+      case 49:
+        type = "link";
+        break;
+      case 50:
+        type = "symlink";
+        break;
+      case 51:
+        type = "character-device";
+        break;
+      case 52:
+        type = "block-device";
+        break;
+      case 53:
+        type = "directory";
+        break;
+      case 54:
+        type = "fifo";
+        break;
+      case 55:
+        type = "contiguous-file";
+        break;
+      default:
+        type = "unknown";
     }
     const here = type === "file" && this.hashHere();
     this.ops.push(1, name, size, type, here ? 1 : 0);

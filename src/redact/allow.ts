@@ -23,15 +23,23 @@ export function compileAllow(entries: readonly string[], where: string): AllowMa
     }
     const flags = m[2]!;
     if (!/^[imsu]*$/.test(flags) || new Set(flags).size !== flags.length) {
-      throw configInvalid(where, `allow entry ${JSON.stringify(e)}: regex flags must be some of "imsu" (got "${flags}")`);
+      throw configInvalid(
+        where,
+        `allow entry ${JSON.stringify(e)}: regex flags must be some of "imsu" (got "${flags}")`,
+      );
     }
     try {
       regexes.push(new RegExp(m[1]!, flags));
     } catch (err) {
-      throw configInvalid(where, `allow entry ${JSON.stringify(e)} is not a valid regular expression: ${(err as Error).message}`);
+      throw configInvalid(
+        where,
+        `allow entry ${JSON.stringify(e)} is not a valid regular expression: ${(err as Error).message}`,
+      );
     }
   }
   if (literals.size === 0 && regexes.length === 0) return () => false;
   return (span, context) =>
-    literals.has(span) || literals.has(context) || regexes.some((r) => r.test(span) || (context !== span && r.test(context)));
+    literals.has(span) ||
+    literals.has(context) ||
+    regexes.some((r) => r.test(span) || (context !== span && r.test(context)));
 }

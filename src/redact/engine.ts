@@ -110,7 +110,13 @@ export class Engine {
         let e = Math.min(raw(c.end), u.b);
         if (e <= s) continue;
         if (u.json || at) [s, e] = snapToEscapes(u.text, u.a, u.b, s, e);
-        out.push({ ...c, start: s + u.base, end: e + u.base, ctxStart: raw(c.ctxStart) + u.base, ctxEnd: raw(c.ctxEnd) + u.base });
+        out.push({
+          ...c,
+          start: s + u.base,
+          end: e + u.base,
+          ctxStart: raw(c.ctxStart) + u.base,
+          ctxEnd: raw(c.ctxEnd) + u.base,
+        });
       }
     });
     return perRegion.map(resolveOverlaps);

@@ -26,9 +26,7 @@ export interface Decoded {
 }
 
 function hexv(c: number): number {
-  return c >= 0x30 && c <= 0x39 ? c - 0x30
-    : c >= 0x41 && c <= 0x46 ? c - 0x37
-    : c >= 0x61 && c <= 0x66 ? c - 0x57 : -1;
+  return c >= 0x30 && c <= 0x39 ? c - 0x30 : c >= 0x41 && c <= 0x46 ? c - 0x37 : c >= 0x61 && c <= 0x66 ? c - 0x57 : -1;
 }
 // The characters pre-filter matches and their contexts are made of: letters, digits,
 // _ - . : = / @ \ " ' and whitespace (JS \s).
@@ -38,8 +36,17 @@ for (let c = 0x30; c <= 0x39; c++) ALPHABET[c] = 1;
 for (let c = 0x41; c <= 0x5a; c++) ALPHABET[c] = ALPHABET[c + 0x20] = 1;
 for (let c = 0x09; c <= 0x0d; c++) ALPHABET[c] = 1;
 function hiding(u: number): boolean {
-  return u < 0x80 ? ALPHABET[u] === 1 : u === 0xa0 || u === 0x1680 || (u >= 0x2000 && u <= 0x200a) ||
-    u === 0x2028 || u === 0x2029 || u === 0x202f || u === 0x205f || u === 0x3000 || u === 0xfeff;
+  return u < 0x80
+    ? ALPHABET[u] === 1
+    : u === 0xa0 ||
+        u === 0x1680 ||
+        (u >= 0x2000 && u <= 0x200a) ||
+        u === 0x2028 ||
+        u === 0x2029 ||
+        u === 0x202f ||
+        u === 0x205f ||
+        u === 0x3000 ||
+        u === 0xfeff;
 }
 /** See the module comment. */
 export function hidingEscapeAt(b: Uint8Array, from?: number, end?: number): number {
@@ -50,7 +57,10 @@ export function hidingEscapeAt(b: Uint8Array, from?: number, end?: number): numb
     if (c === 0x2f && p + 1 < end) return p;
     if (c !== 0x75 || p + 6 > end) continue;
     // (p + 6 <= end <= b.length: the four digits are there)
-    const h0 = hexv(b[p + 2]!), h1 = hexv(b[p + 3]!), h2 = hexv(b[p + 4]!), h3 = hexv(b[p + 5]!);
+    const h0 = hexv(b[p + 2]!),
+      h1 = hexv(b[p + 3]!),
+      h2 = hexv(b[p + 4]!),
+      h3 = hexv(b[p + 5]!);
     if (h0 < 0 || h1 < 0 || h2 < 0 || h3 < 0) continue;
     if (hiding((h0 << 12) | (h1 << 8) | (h2 << 4) | h3)) return p;
   }
@@ -102,5 +112,6 @@ const ESCAPE = /\\(?:u([0-9A-Fa-f]{4})|(["\\\/bfnrt]))/g;
 export function decodeText(text: string): string {
   if (text.indexOf("\\") < 0) return text;
   return text.replace(ESCAPE, (_m, hex: string | undefined, c: string) =>
-    (hex !== undefined ? String.fromCharCode(parseInt(hex, 16)) : SIMPLE[c]!));
+    hex !== undefined ? String.fromCharCode(parseInt(hex, 16)) : SIMPLE[c]!,
+  );
 }

@@ -19,13 +19,13 @@ export interface Finder {
 
 /** The main scanner's alternatives by name: each one's regex source (./prefilter.ts ALT). */
 export interface FinderAlternatives {
-underscore: string;
-dash: string;
-dot: string;
-url: string;
-assign: string;
-jwt: string;
-aws: string;
+  underscore: string;
+  dash: string;
+  dot: string;
+  url: string;
+  assign: string;
+  jwt: string;
+  aws: string;
 }
 
 /** The scanner's regex for one alternative, sticky: does it match right at 'p'? */
@@ -39,8 +39,7 @@ function exactAt(src: string): (text: string, p: number) => boolean {
 /** A set of ASCII characters, for the one-character rejections below. */
 function charSet(chars: string): Uint8Array {
   const t = new Uint8Array(128);
-  for (let i = 0; i < chars.length; i++)
-    t[chars.charCodeAt(i)] = 1;
+  for (let i = 0; i < chars.length; i++) t[chars.charCodeAt(i)] = 1;
   return t;
 }
 /**
@@ -54,28 +53,43 @@ const at = (t: string, i: number): number => (i >= 0 && i < t.length ? t.charCod
 const isIn = (set: Uint8Array, c: number): boolean => c >= 0 && c < 128 && set[c] === 1;
 /** JS '\s' (what the assignment look-behind skips between a key and its ':' / '='). */
 function isJsSpace(c: number): boolean {
-  if (c === 0x20 || (c >= 0x09 && c <= 0x0d))
-    return true;
-  if (c < 0xa0)
-    return false;
-  return c === 0xa0 || c === 0x1680 || (c >= 0x2000 && c <= 0x200a) || c === 0x2028 || c === 0x2029
-    || c === 0x202f || c === 0x205f || c === 0x3000 || c === 0xfeff;
+  if (c === 0x20 || (c >= 0x09 && c <= 0x0d)) return true;
+  if (c < 0xa0) return false;
+  return (
+    c === 0xa0 ||
+    c === 0x1680 ||
+    (c >= 0x2000 && c <= 0x200a) ||
+    c === 0x2028 ||
+    c === 0x2029 ||
+    c === 0x202f ||
+    c === 0x205f ||
+    c === 0x3000 ||
+    c === 0xfeff
+  );
 }
 /** Does 'word' (lowercase ASCII) end at 'j', in any ASCII case? */
 function endsAtCi(text: string, j: number, word: string): boolean {
   const n = word.length;
-  if (j + 1 < n)
-    return false;
+  if (j + 1 < n) return false;
   for (let k = 0; k < n; k++) {
     const c = text.charCodeAt(j - k);
-    if ((c >= 0x41 && c <= 0x5a ? c | 0x20 : c) !== word.charCodeAt(n - 1 - k))
-      return false;
+    if ((c >= 0x41 && c <= 0x5a ? c | 0x20 : c) !== word.charCodeAt(n - 1 - k)) return false;
   }
   return true;
 }
 /** Every word of the KEYS of ./prefilter.ts, spelled out (lowercase). */
 const KEY_WORDS = [
-  "password", "passwd", "passphrase", "pwd", "secret", "token", "key", "credential", "credentials", "account", "account_id",
+  "password",
+  "passwd",
+  "passphrase",
+  "pwd",
+  "secret",
+  "token",
+  "key",
+  "credential",
+  "credentials",
+  "account",
+  "account_id",
   "accountid",
 ];
 /**
@@ -97,19 +111,13 @@ for (const w of KEY_WORDS) {
  */
 function keyBefore(text: string, p: number): boolean {
   let j = p - 1;
-  for (let c = at(text, j); c >= 0 && (isJsSpace(c) || (c >= 0x80 && c <= 0xff)); c = at(text, j))
-    j--;
+  for (let c = at(text, j); c >= 0 && (isJsSpace(c) || (c >= 0x80 && c <= 0xff)); c = at(text, j)) j--;
   const q = at(text, j);
-  if (q === 0x22 || q === 0x27)
-    j -= at(text, j - 1) === 0x5c ? 2 : 1;
-  if (j < 2)
-    return false;
+  if (q === 0x22 || q === 0x27) j -= at(text, j - 1) === 0x5c ? 2 : 1;
+  if (j < 2) return false;
   const words = KEYS_BY_END[endIndex(text.charCodeAt(j - 2), text.charCodeAt(j - 1), text.charCodeAt(j))];
-  if (words === undefined)
-    return false;
-  for (const w of words)
-    if (endsAtCi(text, j, w))
-      return true;
+  if (words === undefined) return false;
+  for (const w of words) if (endsAtCi(text, j, w)) return true;
   return false;
 }
 /**
@@ -144,22 +152,19 @@ export function buildFinders(ALT: Readonly<FinderAlternatives>): Finder[] {
    */
   function nextUnderscore(t: string, from: number): number {
     for (let p = t.indexOf("_", from); p >= 0; p = t.indexOf("_", p + 1)) {
-      if (isIn(BEFORE_UNDERSCORE, at(t, p - 1)) && underscoreAt(t, p))
-        return p;
+      if (isIn(BEFORE_UNDERSCORE, at(t, p - 1)) && underscoreAt(t, p)) return p;
     }
     return -1;
   }
   function nextDash(t: string, from: number): number {
     for (let p = t.indexOf("-", from); p >= 0; p = t.indexOf("-", p + 1)) {
-      if ((at(t, p + 1) === 0x2d || isIn(BEFORE_DASH, at(t, p - 1))) && dashAt(t, p))
-        return p;
+      if ((at(t, p + 1) === 0x2d || isIn(BEFORE_DASH, at(t, p - 1))) && dashAt(t, p)) return p;
     }
     return -1;
   }
   function nextDot(t: string, from: number): number {
     for (let p = t.indexOf(".", from); p >= 0; p = t.indexOf(".", p + 1)) {
-      if (!isIn(BEFORE_DOT, at(t, p - 1)))
-        continue;
+      if (!isIn(BEFORE_DOT, at(t, p - 1))) continue;
       if ((endsAtCi(t, p - 1, "hooks") || t.startsWith("hv", p - 3) || t.startsWith("SG", p - 2)) && dotAt(t, p))
         return p;
     }
@@ -167,46 +172,40 @@ export function buildFinders(ALT: Readonly<FinderAlternatives>): Finder[] {
   }
   function nextColon(t: string, from: number): number {
     for (let p = t.indexOf(":", from); p >= 0; p = t.indexOf(":", p + 1)) {
-      if ((at(t, p + 1) === 0x2f && urlAt(t, p)) || (keyBefore(t, p) && assignAt(t, p)))
-        return p;
+      if ((at(t, p + 1) === 0x2f && urlAt(t, p)) || (keyBefore(t, p) && assignAt(t, p))) return p;
     }
     return -1;
   }
   function nextEquals(t: string, from: number): number {
     for (let p = t.indexOf("=", from); p >= 0; p = t.indexOf("=", p + 1)) {
-      if (keyBefore(t, p) && assignAt(t, p))
-        return p;
+      if (keyBefore(t, p) && assignAt(t, p)) return p;
     }
     return -1;
   }
   /** 'J(?<=eyJ)', tested here in full. */
   function nextJwt(t: string, from: number): number {
     for (let p = t.indexOf("J", from); p >= 0; p = t.indexOf("J", p + 1)) {
-      if (at(t, p - 1) === 0x79 && at(t, p - 2) === 0x65)
-        return p;
+      if (at(t, p - 1) === 0x79 && at(t, p - 2) === 0x65) return p;
     }
     return -1;
   }
   function nextAws(t: string, from: number): number {
     for (let p = t.indexOf("A", from); p >= 0; p = t.indexOf("A", p + 1)) {
-      if (isIn(AFTER_A, at(t, p + 1)) && awsAt(t, p))
-        return p;
+      if (isIn(AFTER_A, at(t, p + 1)) && awsAt(t, p)) return p;
     }
     return -1;
   }
   /** 'dapi', found by its 'pi': 'p' is rarer than 'd' in prose. */
   function nextDapi(t: string, from: number): number {
     for (let k = t.indexOf("pi", from + 2); k >= 0; k = t.indexOf("pi", k + 1)) {
-      if (t.charCodeAt(k - 2) === 0x64 && t.charCodeAt(k - 1) === 0x61)
-        return k - 2;
+      if (t.charCodeAt(k - 2) === 0x64 && t.charCodeAt(k - 1) === 0x61) return k - 2;
     }
     return -1;
   }
   /** 'Bearer' and 'BEARER', found by their capital. */
   function nextBearerCap(t: string, from: number): number {
     for (let p = t.indexOf("B", from); p >= 0; p = t.indexOf("B", p + 1)) {
-      if (t.startsWith("earer", p + 1) || t.startsWith("EARER", p + 1))
-        return p;
+      if (t.startsWith("earer", p + 1) || t.startsWith("EARER", p + 1)) return p;
     }
     return -1;
   }
@@ -221,16 +220,13 @@ export function buildFinders(ALT: Readonly<FinderAlternatives>): Finder[] {
           let best = -1;
           for (let i = 0; i < n; i++) {
             let h = hit[i]!;
-            if (h === -1)
-              continue;
+            if (h === -1) continue;
             if (h < from) {
               h = anchors[i]!(text, from);
               hit[i] = h;
-              if (h === -1)
-                continue;
+              if (h === -1) continue;
             }
-            if (best === -1 || h < best)
-              best = h;
+            if (best === -1 || h < best) best = h;
           }
           return best;
         };

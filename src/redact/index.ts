@@ -42,7 +42,10 @@ export { ALL_RULE_IDS, MEMSNAP_RULE_IDS, SECRETLINT_RULE_IDS } from "./rules.js"
 export function describeRules(): Array<{ id: string; description: string }> {
   return [
     ...MEMSNAP_RULES.map((r) => ({ id: r.id, description: r.description })),
-    ...SECRETLINT_RULE_IDS.map((id) => ({ id, description: `secretlint recommend preset: ${id.replace("@secretlint/secretlint-rule-", "")}` })),
+    ...SECRETLINT_RULE_IDS.map((id) => ({
+      id,
+      description: `secretlint recommend preset: ${id.replace("@secretlint/secretlint-rule-", "")}`,
+    })),
   ];
 }
 
@@ -88,7 +91,8 @@ const JSON_MAX = 16 << 20;
 /** One JSON object or array (checked only for texts that could hold a match at all). */
 function looksLikeJson(text: string): boolean {
   const t = text.trim();
-  if (t.length < 2 || t.length > JSON_MAX || !((t[0] === "{" && t.endsWith("}")) || (t[0] === "[" && t.endsWith("]")))) return false;
+  if (t.length < 2 || t.length > JSON_MAX || !((t[0] === "{" && t.endsWith("}")) || (t[0] === "[" && t.endsWith("]"))))
+    return false;
   if (!candidate(t) && !escapedCandidate(t)) return false;
   try {
     JSON.parse(t);
@@ -132,7 +136,11 @@ class MemsnapRedactor implements Redactor {
   private readonly spools = new Set<string>();
   private seq = 0;
 
-  constructor(private readonly engine: Engine, private readonly tmpDir: string, policy: string) {
+  constructor(
+    private readonly engine: Engine,
+    private readonly tmpDir: string,
+    policy: string,
+  ) {
     this.report_ = new ReportBuilder(policy);
   }
 
@@ -141,16 +149,23 @@ class MemsnapRedactor implements Redactor {
     return candidate(text) || escapedCandidate(text);
   }
 
-  /** The native pre-filter's negative test on the bytes themselves (./native.ts), and no JSON escape that can hide a secret; false without it. */
+  /**
+   * The native pre-filter's negative test on the bytes themselves (./native.ts), and no JSON escape that can hide a
+   * secret; false without it.
+   */
   clean(bytes: Uint8Array): boolean {
     const native = nativePrefilter();
     return native !== null && native.scan(bytes, 0, bytes.length) === -1 && hidingEscapeAt(bytes) < 0;
   }
 
-  /** A text that is one JSON document (a JSON column, a tool result) is redacted string by string, so it stays valid. */
+  /**
+   * A text that is one JSON document (a JSON column, a tool result) is redacted string by string, so it stays valid.
+   */
   async redactText(text: string, artifact: string): Promise<string> {
     this.report_.scanned(Buffer.byteLength(text));
-    return processText(this.engine, text, looksLikeJson(text), false, (rule, red) => this.report_.add(artifact, rule, red));
+    return processText(this.engine, text, looksLikeJson(text), false, (rule, red) =>
+      this.report_.add(artifact, rule, red),
+    );
   }
 
   async scanText(text: string, artifact: string): Promise<number> {
@@ -180,7 +195,11 @@ class MemsnapRedactor implements Redactor {
     if (!this.clean(whole)) return this.redactStream(a, payloadPath, whole);
     this.report_.scanned(whole.length);
     return {
-      path: a.path, kind: a.kind, size: whole.length, mode: a.mode, mtime: a.mtime,
+      path: a.path,
+      kind: a.kind,
+      size: whole.length,
+      mode: a.mode,
+      mtime: a.mtime,
       ...(a.text !== undefined ? { text: a.text } : {}),
       ...(a.check ? { check: () => a.check!() } : {}),
       rereadable: true, // (in memory: an incremental snapshot may read a log's prefix, then all of it)
@@ -270,15 +289,19 @@ class MemsnapRedactor implements Redactor {
       }
       await writeAll(fh, chunks, spool!);
     };
-    const sr = new StreamRedactor(this.engine, {
-      json: isJsonArtifact(a),
-      count: (rule, red) => {
-        if (red) rewritten++;
-        this.report_.add(payloadPath, rule, red);
+    const sr = new StreamRedactor(
+      this.engine,
+      {
+        json: isJsonArtifact(a),
+        count: (rule, red) => {
+          if (red) rewritten++;
+          this.report_.add(payloadPath, rule, red);
+        },
+        scanned: (n) => this.report_.scanned(n),
+        largeView: collectLargeViews,
       },
-      scanned: (n) => this.report_.scanned(n),
-      largeView: collectLargeViews,
-    }, write);
+      write,
+    );
     try {
       const src = whole ? [whole] : a.open();
       let seen = 0;
@@ -289,7 +312,10 @@ class MemsnapRedactor implements Redactor {
       }
       if (seen !== a.size) throw sourceChanged(payloadPath, `shrank from ${a.size} to ${seen} bytes`);
       await sr.end();
-      if (fh) await fh.close().catch((e: unknown) => { throw destinationError(e, spool!); });
+      if (fh)
+        await fh.close().catch((e: unknown) => {
+          throw destinationError(e, spool!);
+        });
       fh = undefined;
     } catch (e) {
       await sr.settle();
@@ -299,12 +325,17 @@ class MemsnapRedactor implements Redactor {
     }
     if (unkept > 0) {
       // Nothing rewritten and nothing kept: the bytes to pack are the source's own.
-      if (rewritten > 0 || size !== a.size) throw new Error(`redaction of ${payloadPath} kept no bytes of a text it rewrote or resized`);
+      if (rewritten > 0 || size !== a.size)
+        throw new Error(`redaction of ${payloadPath} kept no bytes of a text it rewrote or resized`);
       a.expectSha256 = scanned!.digest("hex");
       return a;
     }
     const out: Artifact = {
-      path: a.path, kind: a.kind, size, mode: a.mode, mtime: a.mtime,
+      path: a.path,
+      kind: a.kind,
+      size,
+      mode: a.mode,
+      mtime: a.mtime,
       ...(a.text !== undefined ? { text: a.text } : {}),
       ...(a.check ? { check: () => a.check!() } : {}),
       open: spool === undefined ? memOpen(mem) : this.spoolOpen(spool, size),
@@ -353,7 +384,8 @@ class MemsnapRedactor implements Redactor {
   }
 
   recordReused(artifact: string, counts: RuleCounts, redacted = true): void {
-    for (const [rule, n] of Object.entries(counts)) if (Number.isSafeInteger(n) && n > 0) this.report_.add(artifact, rule, redacted, n);
+    for (const [rule, n] of Object.entries(counts))
+      if (Number.isSafeInteger(n) && n > 0) this.report_.add(artifact, rule, redacted, n);
   }
 
   async cleanup(): Promise<void> {
@@ -456,5 +488,6 @@ export async function createRedactor(cfg: RedactionConfig, tmpDir: string): Prom
 }
 
 /** The redactor class's extra method, for tests and tools: JSON-aware redaction of a whole text. */
-export type DocumentRedactor = Redactor & { redactDocument(text: string, artifact: string, json: boolean): Promise<string> };
-
+export type DocumentRedactor = Redactor & {
+  redactDocument(text: string, artifact: string, json: boolean): Promise<string>;
+};

@@ -23,7 +23,10 @@
 import { type Decoded, decode, decodeText, hidingEscapeAt as escapeAt } from "./escapes.js";
 import { candidate } from "./prefilter.js";
 
-/** Tokenizer state at a line start that continues a line cut mid-way: 0 outside a string, 1 inside, 2 inside right after a backslash. */
+/**
+ * Tokenizer state at a line start that continues a line cut mid-way: 0 outside a string, 1 inside, 2 inside right after
+ * a backslash.
+ */
 export type JsonState = 0 | 1 | 2;
 
 export interface Unit {
@@ -104,7 +107,8 @@ export function jsonUnits(line: string, state: JsonState): Unit[] {
     isValue.add(i + 1);
     const end = v.closed ? v.c1 + 1 : v.c1;
     const text = line.slice(s.q0, end);
-    if (candidate(text) || escapedCandidate(text)) units.push({ text, base: s.q0, a: v.c0 - s.q0, b: v.c1 - s.q0, json: true });
+    if (candidate(text) || escapedCandidate(text))
+      units.push({ text, base: s.q0, a: v.c0 - s.q0, b: v.c1 - s.q0, json: true });
   }
   gap(line.length);
   return units;
@@ -151,7 +155,9 @@ const ESCAPE = /\\([nrtbf])|\\[\s\S]/g;
  */
 export function escapeView(text: string): string {
   if (!text.includes("\\")) return text;
-  return text.replace(ESCAPE, (m, c: string | undefined) => (c === undefined ? m : c === "n" || c === "r" ? "\r\n" : "  "));
+  return text.replace(ESCAPE, (m, c: string | undefined) =>
+    c === undefined ? m : c === "n" || c === "r" ? "\r\n" : "  ",
+  );
 }
 
 // ------------------------------------------------------------------------------ escaped text
@@ -165,7 +171,8 @@ export function escapeView(text: string): string {
  * decoded only if it is one as it is (the rules, once a text is a candidate, still see every
  * escape decoded: {@link decodeJsonEscapes}).
  */
-export const HIDING_ESCAPE = /\\(?:\/|u(?:00(?:2[027dDeEfF]|3[0-9aAdD]|4[0-9A-Fa-f]|5[0-9aAcCfF]|6[1-9A-Fa-f]|7[0-9aA])|000[9A-Da-d]|00[Aa]0|1680|200[0-9Aa]|202[89Ff]|205[Ff]|3000|[Ff][Ee][Ff][Ff]))/;
+export const HIDING_ESCAPE =
+  /\\(?:\/|u(?:00(?:2[027dDeEfF]|3[0-9aAdD]|4[0-9A-Fa-f]|5[0-9aAcCfF]|6[1-9A-Fa-f]|7[0-9aA])|000[9A-Da-d]|00[Aa]0|1680|200[0-9Aa]|202[89Ff]|205[Ff]|3000|[Ff][Ee][Ff][Ff]))/;
 const HIDING_ESCAPE_G = new RegExp(HIDING_ESCAPE.source, "g");
 
 /** Does `text` hold a {@link HIDING_ESCAPE}? */

@@ -35,7 +35,13 @@ export interface NativePrefilter {
    * look from, and the digest is not written. `bytesRead` short of `size`: the file ended early.
    * (Blocks of 1 MiB with 4 KiB of context either side; see native/prefilter/prefilter.c.)
    */
-  scanFile?(fd: number, size: number, digest: Uint8Array, callback: (errno: number, at: number, bytesRead: number) => void, json?: boolean): void;
+  scanFile?(
+    fd: number,
+    size: number,
+    digest: Uint8Array,
+    callback: (errno: number, at: number, bytesRead: number) => void,
+    json?: boolean,
+  ): void;
   /**
    * True when scanFile takes `json`: then a JSON escape that can hide a secret (./json.ts,
    * hidingEscapeAt) also stops the scan. An addon built before it ignores the argument, so a

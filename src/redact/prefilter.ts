@@ -31,11 +31,14 @@ export type { Cursor, Finder } from "./finders.js";
 const ci = (w: string): string => w.replace(/[a-z]/g, (c) => `[${c.toUpperCase()}${c}]`);
 
 /** Key names that introduce a secret value (assignments, AWS secret key / account id). */
-const KEYS = ["passw(?:or)?d", "passphrase", "pwd", "secret", "token", "key", "credentials?", "account(?:_?id)?"].map(ci).join("|");
+const KEYS = ["passw(?:or)?d", "passphrase", "pwd", "secret", "token", "key", "credentials?", "account(?:_?id)?"]
+  .map(ci)
+  .join("|");
 
 /** The alternatives of the main scanner, each named by its trigger. */
 const ALT: FinderAlternatives = {
-  // token prefixes ending in `_` (GitHub, Hugging Face, npm, Stripe, Shopify, Grafana, 1Password, Groq, Linear, Notion, Vercel, Docker, Figma)
+  // token prefixes ending in `_` (GitHub, Hugging Face, npm, Stripe, Shopify, Grafana, 1Password, Groq, Linear, Notion,
+  // Vercel, Docker, Figma)
   underscore: String.raw`_(?<=(?:gh[pousr]|github_pat|hf|npm|[sr]k_(?:live|test)|shp(?:pa|ca|at|ss)|glc|glsa|ops|gsk|lin_api|ntn|vc[pirak]|dckr_pat|figd)_)`,
   // PEM blocks, GitHub x-oauth-basic URLs, OpenAI / Anthropic keys, Slack and GitLab tokens
   dash: String.raw`-(?:----BEGIN|oauth-basic(?<=x-oauth-basic)|(?<=sk-)(?:(?:proj|svcacct|admin|ant)-|[a-zA-Z0-9]{20}T3BlbkFJ)|(?<=(?:xox[bpaor]|xapp|glpat)-))`,

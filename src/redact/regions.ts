@@ -75,7 +75,12 @@ function snapFwd(t: string, p: number, max: number): number {
  * whose strings must be tokenized from the line start). `finders` is for tests (the pre-filter's
  * reference regexes against its fast finders).
  */
-export function planRegions(text: string, final: boolean, windows = true, finders: readonly Finder[] = FINDERS): RegionPlan {
+export function planRegions(
+  text: string,
+  final: boolean,
+  windows = true,
+  finders: readonly Finder[] = FINDERS,
+): RegionPlan {
   const raw: Region[] = [];
   let pending = -1; // line start of a PEM block whose end is not known yet
   for (const f of finders) {

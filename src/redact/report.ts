@@ -24,7 +24,10 @@ export class ReportBuilder {
     const fired = new Set<string>();
     let totalRedacted = 0;
     let totalUnredacted = 0;
-    const dump = (table: Map<string, Map<string, number>>, onCount: (n: number) => void): Record<string, RuleCounts> => {
+    const dump = (
+      table: Map<string, Map<string, number>>,
+      onCount: (n: number) => void,
+    ): Record<string, RuleCounts> => {
       const out: Record<string, RuleCounts> = {};
       for (const artifact of [...table.keys()].sort()) {
         const counts = table.get(artifact)!;
@@ -76,22 +79,34 @@ export function summarizeRedaction(report: unknown, layers?: ReadonlySet<string>
   let unredacted = 0;
   const table = (v: unknown): [string, Record<string, unknown>][] =>
     v !== null && typeof v === "object" && !Array.isArray(v)
-      ? Object.entries(v as Record<string, unknown>).filter((e): e is [string, Record<string, unknown>] =>
-        (!layers || layers.has(e[0].split("/")[0]!)) && e[1] !== null && typeof e[1] === "object" && !Array.isArray(e[1]))
+      ? Object.entries(v as Record<string, unknown>).filter(
+          (e): e is [string, Record<string, unknown>] =>
+            (!layers || layers.has(e[0].split("/")[0]!)) &&
+            e[1] !== null &&
+            typeof e[1] === "object" &&
+            !Array.isArray(e[1]),
+        )
       : [];
   const counts = (c: Record<string, unknown>, each: (rule: string, n: number) => void): void => {
-    for (const [rule, n] of Object.entries(c)) if (Number.isSafeInteger(n) && (n as number) > 0) each(rule, n as number);
+    for (const [rule, n] of Object.entries(c))
+      if (Number.isSafeInteger(n) && (n as number) > 0) each(rule, n as number);
   };
-  const r = report !== null && typeof report === "object" ? report as Record<string, unknown> : {};
+  const r = report !== null && typeof report === "object" ? (report as Record<string, unknown>) : {};
   for (const [path, c] of table(r.redacted)) {
     let here = 0;
-    counts(c, (rule, n) => { here += n; rules.add(rule); });
+    counts(c, (rule, n) => {
+      here += n;
+      rules.add(rule);
+    });
     if (here > 0) {
       artifacts.push(path);
       total += here;
     }
   }
-  for (const [, c] of table(r.unredacted)) counts(c, (_, n) => { unredacted += n; });
+  for (const [, c] of table(r.unredacted))
+    counts(c, (_, n) => {
+      unredacted += n;
+    });
   return { total, artifacts: artifacts.sort(), rules: [...rules].sort(), unredacted };
 }
 

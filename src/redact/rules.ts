@@ -94,11 +94,18 @@ function eachMatch(re: RegExp, text: string, fn: (m: RegExpExecArray) => void): 
 
 /** A rule whose whole match (or one capture group, for regexes with the `d` flag) is the secret. */
 function tokenRule(
-  id: string, priority: number, description: string, re: RegExp, group = 0, ok: (v: string) => boolean = () => true,
+  id: string,
+  priority: number,
+  description: string,
+  re: RegExp,
+  group = 0,
+  ok: (v: string) => boolean = () => true,
 ): MemsnapRule {
   if (group > 0 && !re.hasIndices) throw new Error(`${id}: a group rule needs the d flag`);
   return {
-    id, priority, description,
+    id,
+    priority,
+    description,
     find(text, out) {
       eachMatch(re, text, (m) => {
         const v = m[group];
@@ -114,7 +121,8 @@ function tokenRule(
  * Values that are not secrets: templates (`${X}`, `$X`, `{{x}}`, `<x>`, `%X%`), masks
  * (`***`, `xxxx`, `...`), already-redacted values and type/placeholder words.
  */
-const PLACEHOLDER = /^(?:\$\{.*\}|\$\(.*\)|\$[A-Za-z_][A-Za-z0-9_]*|\{\{.*\}\}|\{[A-Za-z_][A-Za-z0-9_.]*\}|<[^>]*>|%[A-Za-z_][A-Za-z0-9_]*%|\*+|[xX]+|\.+|•+|-+|_+|#+|\?+|null|none|nil|true|false|undefined|empty|redacted|hidden|masked|placeholder|string|str|required|optional|password|secret|token|your[_-]?\w*|changeme|change[_-]me|todo|tbd|example|xxx+\w*)$/i;
+const PLACEHOLDER =
+  /^(?:\$\{.*\}|\$\(.*\)|\$[A-Za-z_][A-Za-z0-9_]*|\{\{.*\}\}|\{[A-Za-z_][A-Za-z0-9_.]*\}|<[^>]*>|%[A-Za-z_][A-Za-z0-9_]*%|\*+|[xX]+|\.+|•+|-+|_+|#+|\?+|null|none|nil|true|false|undefined|empty|redacted|hidden|masked|placeholder|string|str|required|optional|password|secret|token|your[_-]?\w*|changeme|change[_-]me|todo|tbd|example|xxx+\w*)$/i;
 
 export function isPlaceholder(v: string): boolean {
   return v.startsWith(REDACTED_PREFIX) || v.startsWith("${") || v.startsWith("{{") || PLACEHOLDER.test(v);
@@ -134,10 +142,19 @@ const VALUE =
   String.raw`|([^\s"'\x60,;\\\[\]<>{}()=:|>][^\s"'\x60,;\\\[\]<>{}()]*))`; // bare; never starts with [ (a redaction)
 const OP = String.raw`(\\?["'])?[^\S\r\n]*(?::=|=>|=|:)[^\S\r\n]*`;
 
-function assignmentRule(id: string, priority: number, description: string, key: string, minLen: number, ok: (v: string) => boolean): MemsnapRule {
+function assignmentRule(
+  id: string,
+  priority: number,
+  description: string,
+  key: string,
+  minLen: number,
+  ok: (v: string) => boolean,
+): MemsnapRule {
   const re = new RegExp(String.raw`(?<![A-Za-z0-9])(?:${key})${OP}${VALUE}`, "gi");
   return {
-    id, priority, description,
+    id,
+    priority,
+    description,
     find(text, out) {
       eachMatch(re, text, (m) => {
         const v = m[2] ?? m[3] ?? m[4] ?? m[5];
@@ -221,7 +238,8 @@ export function pemExtent(text: string, p: number, final: boolean): number | nul
 const pemRule: MemsnapRule = {
   id: "memsnap/pem-private-key",
   priority: 1,
-  description: "PEM private-key blocks (-----BEGIN … PRIVATE KEY----- … -----END … PRIVATE KEY-----), multi-line or with \\n escapes",
+  description:
+    "PEM private-key blocks (-----BEGIN … PRIVATE KEY----- … -----END … PRIVATE KEY-----), multi-line or with \\n escapes",
   find(text, out) {
     for (let p = text.indexOf("-----BEGIN"); p >= 0; p = text.indexOf("-----BEGIN", p + 10)) {
       const end = pemExtent(text, p, true);
@@ -237,33 +255,81 @@ const pemRule: MemsnapRule = {
 const B = String.raw`(?<![A-Za-z0-9_\-])`; // token start boundary
 
 export const MEMSNAP_RULES: readonly MemsnapRule[] = [
-  tokenRule("memsnap/jwt", 1, "JSON Web Tokens (eyJ….eyJ….sig)",
-    new RegExp(String.raw`${B}eyJ[A-Za-z0-9_\-]{5,}\.eyJ[A-Za-z0-9_\-]{5,}\.[A-Za-z0-9_\-]*`, "g")),
-  tokenRule("memsnap/openai-project-key", 1, "OpenAI project, service-account and admin keys (sk-proj-…, sk-svcacct-…, sk-admin-…)",
-    new RegExp(String.raw`${B}sk-(?:proj|svcacct|admin)-[A-Za-z0-9_\-]{20,}`, "g")),
-  tokenRule("memsnap/anthropic-key", 1, "Anthropic API and admin keys in any length (sk-ant-api03-…, sk-ant-admin01-…)",
-    new RegExp(String.raw`${B}sk-ant-[a-z]{3,8}\d{2}-[A-Za-z0-9_\-]{20,}`, "g")),
-  tokenRule("memsnap/aws-temporary-id", 3, "AWS temporary (STS) access key ids (ASIA + 16)",
-    /(?<![A-Za-z0-9])ASIA[0-9A-Z]{16}(?![A-Za-z0-9])/g),
-  tokenRule("memsnap/github-fine-grained-pat", 1, "GitHub fine-grained personal access tokens (github_pat_…) in any length",
-    /(?<![A-Za-z0-9_])github_pat_[A-Za-z0-9_]{22,}(?![A-Za-z0-9_])/g),
-  tokenRule("memsnap/stripe-key", 1, "Stripe secret and restricted keys (sk_live_…, rk_live_…, sk_test_…, rk_test_…)",
-    /(?<![A-Za-z0-9])[sr]k_(?:live|test)_[A-Za-z0-9]{16,}(?![A-Za-z0-9])/g),
-  tokenRule("memsnap/gcp-service-account-key", 3, "the private_key of a GCP service-account JSON (escaped newlines)",
-    /"private_key"[^\S\r\n]*:[^\S\r\n]*"(-----BEGIN [A-Z ]*PRIVATE KEY-----(?:\\[nr/]|[A-Za-z0-9+/=\s])*?-----END [A-Z ]*PRIVATE KEY-----(?:\\[nr]|\s)*)"/dg, 1),
+  tokenRule(
+    "memsnap/jwt",
+    1,
+    "JSON Web Tokens (eyJ….eyJ….sig)",
+    new RegExp(String.raw`${B}eyJ[A-Za-z0-9_\-]{5,}\.eyJ[A-Za-z0-9_\-]{5,}\.[A-Za-z0-9_\-]*`, "g"),
+  ),
+  tokenRule(
+    "memsnap/openai-project-key",
+    1,
+    "OpenAI project, service-account and admin keys (sk-proj-…, sk-svcacct-…, sk-admin-…)",
+    new RegExp(String.raw`${B}sk-(?:proj|svcacct|admin)-[A-Za-z0-9_\-]{20,}`, "g"),
+  ),
+  tokenRule(
+    "memsnap/anthropic-key",
+    1,
+    "Anthropic API and admin keys in any length (sk-ant-api03-…, sk-ant-admin01-…)",
+    new RegExp(String.raw`${B}sk-ant-[a-z]{3,8}\d{2}-[A-Za-z0-9_\-]{20,}`, "g"),
+  ),
+  tokenRule(
+    "memsnap/aws-temporary-id",
+    3,
+    "AWS temporary (STS) access key ids (ASIA + 16)",
+    /(?<![A-Za-z0-9])ASIA[0-9A-Z]{16}(?![A-Za-z0-9])/g,
+  ),
+  tokenRule(
+    "memsnap/github-fine-grained-pat",
+    1,
+    "GitHub fine-grained personal access tokens (github_pat_…) in any length",
+    /(?<![A-Za-z0-9_])github_pat_[A-Za-z0-9_]{22,}(?![A-Za-z0-9_])/g,
+  ),
+  tokenRule(
+    "memsnap/stripe-key",
+    1,
+    "Stripe secret and restricted keys (sk_live_…, rk_live_…, sk_test_…, rk_test_…)",
+    /(?<![A-Za-z0-9])[sr]k_(?:live|test)_[A-Za-z0-9]{16,}(?![A-Za-z0-9])/g,
+  ),
+  tokenRule(
+    "memsnap/gcp-service-account-key",
+    3,
+    "the private_key of a GCP service-account JSON (escaped newlines)",
+    /"private_key"[^\S\r\n]*:[^\S\r\n]*"(-----BEGIN [A-Z ]*PRIVATE KEY-----(?:\\[nr/]|[A-Za-z0-9+/=\s])*?-----END [A-Z ]*PRIVATE KEY-----(?:\\[nr]|\s)*)"/dg,
+    1,
+  ),
   pemRule,
-  tokenRule("memsnap/url-credentials", 1, "the password in a URL's user-info (scheme://user:password@host)",
-    /(?<![A-Za-z0-9+.\-])[A-Za-z][A-Za-z0-9+.\-]{1,30}:\/\/[^\s/:@]{0,256}:([^\s/@]{1,256})@/dg, 1,
-    (v) => v.length >= 3 && !isPlaceholder(v)),
-  tokenRule("memsnap/bearer-token", 1, "HTTP bearer tokens (Authorization: Bearer …)",
-    /(?<![A-Za-z0-9])[Bb](?:earer|EARER)[^\S\r\n]+((?=[A-Za-z0-9\-._~+/]*\d)[A-Za-z0-9\-._~+/]{16,}=*)(?![A-Za-z0-9\-._~+/=])/dg, 1),
-  assignmentRule("memsnap/password-assignment", 0,
-    "password assignments (password=…, passwd: …, \"password\": \"…\", DB_PASSWORD=…, db_pwd=…): the value only",
-    String.raw`[A-Za-z0-9_.\-]{0,64}?(?:password|passwd|passphrase|[A-Za-z0-9]{1,32}[_.\-]pwd)`, 3, () => true),
-  assignmentRule("memsnap/secret-assignment", 0,
-    "secret/token/API-key assignments (secret: …, api_key=…, \"access_token\": \"…\", _authToken=…): the value only",
-    String.raw`[A-Za-z0-9_.\-]{0,64}?(?:secret|token|secret[_\-]?key|api[_\-]?key|access[_\-]?key|private[_\-]?key|auth[_\-]?key|credentials?)`, 8,
-    (v) => !/^\d+$/.test(v)),
+  tokenRule(
+    "memsnap/url-credentials",
+    1,
+    "the password in a URL's user-info (scheme://user:password@host)",
+    /(?<![A-Za-z0-9+.\-])[A-Za-z][A-Za-z0-9+.\-]{1,30}:\/\/[^\s/:@]{0,256}:([^\s/@]{1,256})@/dg,
+    1,
+    (v) => v.length >= 3 && !isPlaceholder(v),
+  ),
+  tokenRule(
+    "memsnap/bearer-token",
+    1,
+    "HTTP bearer tokens (Authorization: Bearer …)",
+    /(?<![A-Za-z0-9])[Bb](?:earer|EARER)[^\S\r\n]+((?=[A-Za-z0-9\-._~+/]*\d)[A-Za-z0-9\-._~+/]{16,}=*)(?![A-Za-z0-9\-._~+/=])/dg,
+    1,
+  ),
+  assignmentRule(
+    "memsnap/password-assignment",
+    0,
+    'password assignments (password=…, passwd: …, "password": "…", DB_PASSWORD=…, db_pwd=…): the value only',
+    String.raw`[A-Za-z0-9_.\-]{0,64}?(?:password|passwd|passphrase|[A-Za-z0-9]{1,32}[_.\-]pwd)`,
+    3,
+    () => true,
+  ),
+  assignmentRule(
+    "memsnap/secret-assignment",
+    0,
+    'secret/token/API-key assignments (secret: …, api_key=…, "access_token": "…", _authToken=…): the value only',
+    String.raw`[A-Za-z0-9_.\-]{0,64}?(?:secret|token|secret[_\-]?key|api[_\-]?key|access[_\-]?key|private[_\-]?key|auth[_\-]?key|credentials?)`,
+    8,
+    (v) => !/^\d+$/.test(v),
+  ),
 ];
 
 export const MEMSNAP_RULE_IDS: readonly string[] = MEMSNAP_RULES.map((r) => r.id);
@@ -287,8 +353,10 @@ export function resolveOverlaps(cands: Candidate[]): Finding[] {
   let end = cur.end;
   let best = cur;
   const better = (c: Candidate, b: Candidate): boolean =>
-    c.priority !== b.priority ? c.priority > b.priority
-      : c.end - c.start !== b.end - b.start ? c.end - c.start > b.end - b.start
+    c.priority !== b.priority
+      ? c.priority > b.priority
+      : c.end - c.start !== b.end - b.start
+        ? c.end - c.start > b.end - b.start
         : c.start < b.start;
   for (let i = 1; i < cands.length; i++) {
     cur = cands[i]!;

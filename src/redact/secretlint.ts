@@ -113,7 +113,8 @@ async function loadScanner(disabled: ReadonlySet<string>): Promise<SecretlintSca
   } catch (e) {
     loaded = undefined;
     throw new MemsnapError("MEMSNAP_INTERNAL", `cannot load secretlint: ${(e as Error).message}`, {
-      cause: e, hint: "reinstall memsnap's dependencies (@secretlint/core, @secretlint/secretlint-rule-preset-recommend)",
+      cause: e,
+      hint: "reinstall memsnap's dependencies (@secretlint/core, @secretlint/secretlint-rule-preset-recommend)",
     });
   }
   const { lintSource, rules } = lib;
@@ -146,9 +147,13 @@ async function loadScanner(disabled: ReadonlySet<string>): Promise<SecretlintSca
         });
       } catch (e) {
         // the message may quote the text; keep only the error's kind
-        throw new MemsnapError("MEMSNAP_INTERNAL", `secretlint failed while scanning for secrets (${(e as Error).name})`, {
-          hint: "report this as a bug; redaction can be switched off with --no-redact",
-        });
+        throw new MemsnapError(
+          "MEMSNAP_INTERNAL",
+          `secretlint failed while scanning for secrets (${(e as Error).name})`,
+          {
+            hint: "report this as a bug; redaction can be switched off with --no-redact",
+          },
+        );
       }
       for (const m of result.messages) {
         let [s, e] = m.range;
@@ -185,7 +190,14 @@ async function loadScanner(disabled: ReadonlySet<string>): Promise<SecretlintSca
           if (trail && text.lastIndexOf("@", end - 1) < start + trail.index) end -= trail[0].length;
         }
         if (end <= start) continue;
-        out[lo]!.push({ start, end, rule: m.ruleId, priority: SECRETLINT_PRIORITY, ctxStart: Math.max(0, ctxStart), ctxEnd: Math.max(ctxEnd, end) });
+        out[lo]!.push({
+          start,
+          end,
+          rule: m.ruleId,
+          priority: SECRETLINT_PRIORITY,
+          ctxStart: Math.max(0, ctxStart),
+          ctxEnd: Math.max(ctxEnd, end),
+        });
       }
       return out;
     },

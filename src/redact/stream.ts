@@ -5,7 +5,8 @@
  * start that no region crosses; the rest (an incomplete line, an open PEM block) is carried
  * into the next piece, up to {@link CARRY_CAP} bytes, beyond which the piece is processed as
  * it is (a secret straddling that forced cut may be missed; a JSON string cut there is
- * continued correctly). Output goes out in batches of about {@link BLOCK} bytes. The pre-filter runs over a latin1 view of the bytes (a copy at memory
+ * continued correctly). Output goes out in batches of about {@link BLOCK} bytes. The pre-filter runs over a latin1 view
+  * of the bytes (a copy at memory
  * speed; offsets are byte offsets); only regions are decoded as UTF-8, and bytes outside the
  * regions are passed on as they are, so text without a candidate costs about one scan.
  *
@@ -45,7 +46,13 @@ const BINARY_SNIFF = 8000;
 export type CountFn = (rule: string, redacted: boolean) => void;
 
 /** Redact (or, with `scanOnly`, only scan) a whole string. */
-export async function processText(engine: Engine, text: string, json: boolean, scanOnly: boolean, count: CountFn): Promise<string> {
+export async function processText(
+  engine: Engine,
+  text: string,
+  json: boolean,
+  scanOnly: boolean,
+  count: CountFn,
+): Promise<string> {
   const plan = withEscapedLines(planRegions(text, true, !json), text);
   if (plan.regions.length === 0) return text;
   const regions: RegionText[] = plan.regions.map((r) => ({ text: text.slice(r.start, r.end), json }));
@@ -89,7 +96,10 @@ export interface StreamOptions {
   count: CountFn;
   /** Bytes of input processed, as they are. */
   scanned: (bytes: number) => void;
-  /** Called with the length of each latin1 view of at least {@link LARGE_VIEW} bytes (a carried long line), for GC pacing. */
+  /**
+   * Called with the length of each latin1 view of at least {@link LARGE_VIEW} bytes (a carried long line), for GC
+   * pacing.
+   */
   largeView?: (bytes: number) => void;
 }
 

@@ -28,7 +28,18 @@ import { extractPayload, RestoredAttributes } from "../read/extract.js";
 import { basesNeeded, checkReferencedLayers, extractReferenced, openBases, References } from "../read/bases.js";
 import { LayerMaterializer } from "./materialize.js";
 import { listFiles } from "../agent/live-files.js";
-import { backupName, checkJournal, journalScope, newJournal, recoverJournal, rollForward, stagingName, writeJournal, cleanup, type Swap } from "../agent/journal.js";
+import {
+  backupName,
+  checkJournal,
+  journalScope,
+  newJournal,
+  recoverJournal,
+  rollForward,
+  stagingName,
+  writeJournal,
+  cleanup,
+  type Swap,
+} from "../agent/journal.js";
 import { Protected, realish, type LiveRoot, type PathProblem } from "../agent/live-guard.js";
 import { checkBundleKey } from "./key-check.js";
 import { processesUsing, refuseLiveProcesses, type LiveProcess } from "../agent/live-procs.js";
@@ -88,14 +99,19 @@ export interface RestoreInPlaceResult {
   durationMs: number;
 }
 
-
 /** Match the bundle's layers to the config's sources. Throws MEMSNAP_USAGE for a layer with no place to go. */
-export async function selectLayers(manifest: Manifest, config: MemsnapConfig, only?: string[]): Promise<SelectedLayer[]> {
+export async function selectLayers(
+  manifest: Manifest,
+  config: MemsnapConfig,
+  only?: string[],
+): Promise<SelectedLayer[]> {
   const wanted = only?.length ? new Set(only) : null;
   if (wanted) {
     for (const name of wanted) {
       if (!manifest.layers.some((l) => l.name === name)) {
-        throw new MemsnapError("MEMSNAP_USAGE", `--only ${name}: the bundle has no such layer`, { hint: `its layers: ${manifest.layers.map((l) => l.name).join(", ")}` });
+        throw new MemsnapError("MEMSNAP_USAGE", `--only ${name}: the bundle has no such layer`, {
+          hint: `its layers: ${manifest.layers.map((l) => l.name).join(", ")}`,
+        });
       }
     }
   }
@@ -104,19 +120,31 @@ export async function selectLayers(manifest: Manifest, config: MemsnapConfig, on
     if (wanted && !wanted.has(layer.name)) continue;
     const source = config.sources.find((s) => s.cfg.name === layer.name);
     if (!source || source.impl.kind !== layer.kind) {
-      throw new MemsnapError("MEMSNAP_USAGE", `layer ${layer.name} (${layer.kind}) has no ${layer.kind} source named ${layer.name} in the config`, {
-        hint: "restore it with --to DIR, or leave it out with --only",
-      });
+      throw new MemsnapError(
+        "MEMSNAP_USAGE",
+        `layer ${layer.name} (${layer.kind}) has no ${layer.kind} source named ${layer.name} in the config`,
+        {
+          hint: "restore it with --to DIR, or leave it out with --only",
+        },
+      );
     }
     if (!source.impl.liveTarget) {
       // The way out spelled: the --only flags for every other layer that can go in place.
-      const others = manifest.layers.filter((l) => l.name !== layer.name && (!wanted || wanted.has(l.name))
-        && config.sources.find((s) => s.cfg.name === l.name && s.impl.kind === l.kind)?.impl.liveTarget);
-      throw new MemsnapError("MEMSNAP_USAGE", `layer ${layer.name}: ${layer.kind} layers cannot be restored in place yet`, {
-        hint: others.length
-          ? `restore it with --to DIR; the others in place with ${others.map((l) => `--only ${l.name}`).join(" ")}`
-          : "restore it with --to DIR",
-      });
+      const others = manifest.layers.filter(
+        (l) =>
+          l.name !== layer.name &&
+          (!wanted || wanted.has(l.name)) &&
+          config.sources.find((s) => s.cfg.name === l.name && s.impl.kind === l.kind)?.impl.liveTarget,
+      );
+      throw new MemsnapError(
+        "MEMSNAP_USAGE",
+        `layer ${layer.name}: ${layer.kind} layers cannot be restored in place yet`,
+        {
+          hint: others.length
+            ? `restore it with --to DIR; the others in place with ${others.map((l) => `--only ${l.name}`).join(" ")}`
+            : "restore it with --to DIR",
+        },
+      );
     }
     out.push({ layer, source, target: await source.impl.liveTarget(source.cfg, config.baseDir, layer) });
   }
@@ -130,7 +158,14 @@ export async function selectLayers(manifest: Manifest, config: MemsnapConfig, on
  * touched. The config file this restore runs with is owned by no layer: never replaced, never
  * removed (its path goes to `kept` when the bundle has a copy).
  */
-async function buildSwaps(sel: SelectedLayer, staged: string, backup: string, protect: Protected, kept: string[], partial = false): Promise<Swap[]> {
+async function buildSwaps(
+  sel: SelectedLayer,
+  staged: string,
+  backup: string,
+  protect: Protected,
+  kept: string[],
+  partial = false,
+): Promise<Swap[]> {
   const { target, layer } = sel;
   if (target.mode === "dir") return [{ layer: layer.name, target: target.root, staged, backup }];
   const realRoot = realish(target.root);
@@ -141,17 +176,25 @@ async function buildSwaps(sel: SelectedLayer, staged: string, backup: string, pr
   const removals = new Set<string>();
   for (const rel of newFiles) {
     if (!target.owns?.(rel)) {
-      throw new MemsnapError("MEMSNAP_UNSAFE_PATH",
-        `layer ${layer.name}: the bundle holds ${rel}, which the ${layer.kind} source ${layer.name} does not own (outside its include/exclude globs or its kind's files)`, {
+      throw new MemsnapError(
+        "MEMSNAP_UNSAFE_PATH",
+        `layer ${layer.name}: the bundle holds ${rel}, which the ${layer.kind} source ${layer.name} does not own (outside its include/exclude globs or its kind's files)`,
+        {
           path: `${layer.name}/${rel}`,
           hint: "nothing was changed: an in-place restore writes only what the configured source owns; look at the bundle with `restore --to DIR`",
-        });
+        },
+      );
     }
     if (isProtected(rel)) {
       kept.push(join(target.root, rel));
       continue;
     }
-    swaps.push({ layer: layer.name, target: join(target.root, rel), staged: join(staged, rel), backup: join(backup, rel) });
+    swaps.push({
+      layer: layer.name,
+      target: join(target.root, rel),
+      staged: join(staged, rel),
+      backup: join(backup, rel),
+    });
     for (const c of target.companions?.(rel) ?? []) removals.add(c);
   }
   // restore --path of part of a layer: the selected files are written, nothing else is touched.
@@ -163,7 +206,8 @@ async function buildSwaps(sel: SelectedLayer, staged: string, backup: string, pr
     }
   }
   for (const rel of removals) {
-    if (!have.has(rel) && !isProtected(rel)) swaps.push({ layer: layer.name, target: join(target.root, rel), staged: null, backup: join(backup, rel) });
+    if (!have.has(rel) && !isProtected(rel))
+      swaps.push({ layer: layer.name, target: join(target.root, rel), staged: null, backup: join(backup, rel) });
   }
   return swaps;
 }
@@ -172,15 +216,17 @@ async function buildSwaps(sel: SelectedLayer, staged: string, backup: string, pr
 function refusedPath(why: string, path?: string): MemsnapError {
   return new MemsnapError("MEMSNAP_UNSAFE_PATH", `in-place restore refused: ${why}`, {
     ...(path ? { path } : {}),
-    hint: "nothing was changed: an in-place restore never renames or creates through a symlink, nor puts a file where a directory is; "
-      + "move that path out of the way and restore again, or restore with --to DIR",
+    hint:
+      "nothing was changed: an in-place restore never renames or creates through a symlink, nor puts a file where a directory is; " +
+      "move that path out of the way and restore again, or restore with --to DIR",
   });
 }
 
 /** A live path found unusable during the swap phase (the live tree changed under the restore). */
 function swapFailure(p: PathProblem): MemsnapError {
   return new MemsnapError("MEMSNAP_UNSAFE_PATH", `in-place restore stopped: ${p.path} ${p.why}`, {
-    path: p.path, hint: "the live tree changed during the restore: move that path out of the way, then run `memsnap recover` to finish the restore",
+    path: p.path,
+    hint: "the live tree changed during the restore: move that path out of the way, then run `memsnap recover` to finish the restore",
   });
 }
 
@@ -192,17 +238,24 @@ function checkTargets(selected: SelectedLayer[], protect: Protected): void {
   for (const s of selected) {
     const root = s.target.root;
     if (protect.covers(root, realish(root)) || (s.target.mode === "dir" && protect.inside(root))) {
-      throw new MemsnapError("MEMSNAP_USAGE",
-        `layer ${s.layer.name}: its live root ${root} ${s.target.mode === "dir" ? "holds or is" : "is"} the config or memsnap's .memsnap directory, which a restore never replaces`, {
+      throw new MemsnapError(
+        "MEMSNAP_USAGE",
+        `layer ${s.layer.name}: its live root ${root} ${s.target.mode === "dir" ? "holds or is" : "is"} the config or memsnap's .memsnap directory, which a restore never replaces`,
+        {
           hint: "point the source at a directory that holds neither, or restore the layer with --to DIR",
-        });
+        },
+      );
     }
   }
 }
 
 /** Errors of the safety snapshot that come from the live state itself (see restoreInPlace). */
 const SAFETY_SOURCE_CODES = new Set<string>([
-  "MEMSNAP_SOURCE_MISSING", "MEMSNAP_SOURCE_UNREADABLE", "MEMSNAP_SOURCE_INVALID", "MEMSNAP_SOURCE_DIGEST_MISMATCH", "MEMSNAP_TRACE_INVALID",
+  "MEMSNAP_SOURCE_MISSING",
+  "MEMSNAP_SOURCE_UNREADABLE",
+  "MEMSNAP_SOURCE_INVALID",
+  "MEMSNAP_SOURCE_DIGEST_MISMATCH",
+  "MEMSNAP_TRACE_INVALID",
 ]);
 
 /**
@@ -213,7 +266,11 @@ const SAFETY_SOURCE_CODES = new Set<string>([
  * manifest), or its passphrase; a plaintext bundle and no recipients in the config give a
  * plaintext safety snapshot (the CLI warns).
  */
-export function safetyEncryption(config: MemsnapConfig, manifest: Manifest, keys: Keys): { recipients: string[] } | { passphrase: string } | Record<string, never> {
+export function safetyEncryption(
+  config: MemsnapConfig,
+  manifest: Manifest,
+  keys: Keys,
+): { recipients: string[] } | { passphrase: string } | Record<string, never> {
   if (config.recipients.length) return { recipients: config.recipients };
   const enc = manifest.payload.encryption;
   if (!enc) return {};
@@ -232,16 +289,22 @@ export function safetyEncryption(config: MemsnapConfig, manifest: Manifest, keys
  * integrity/key/format errors (before anything live is touched), MEMSNAP_USAGE for an agent
  * mismatch or a layer without a target, and MEMSNAP_DEST_* for write failures (staging removed).
  */
-export async function restoreInPlace(bundle: string, config: MemsnapConfig, opts: RestoreInPlaceOptions = {}): Promise<RestoreInPlaceResult> {
+export async function restoreInPlace(
+  bundle: string,
+  config: MemsnapConfig,
+  opts: RestoreInPlaceOptions = {},
+): Promise<RestoreInPlaceResult> {
   const t0 = performance.now();
   const layout = await readLayout(bundle);
   const manifest = parseManifest(layout.manifestBytes);
   checkManifestFindings(checkManifest(manifest, layout));
   enforceSignature(manifest, opts);
   if (!opts.asAgent && (manifest.tenant !== config.tenant || manifest.agent !== config.agent)) {
-    throw new MemsnapError("MEMSNAP_AGENT_MISMATCH",
+    throw new MemsnapError(
+      "MEMSNAP_AGENT_MISMATCH",
       `bundle is for ${manifest.tenant}/${manifest.agent}, the config is for ${config.tenant}/${config.agent}`,
-      { hint: "pass --as-agent to restore it into this agent anyway" });
+      { hint: "pass --as-agent to restore it into this agent anyway" },
+    );
   }
   const keys = opts.keys ?? {};
   if (manifest.payload.encryption && !(keys.identities?.length || keys.passphrases?.length)) {
@@ -253,14 +316,23 @@ export async function restoreInPlace(bundle: string, config: MemsnapConfig, opts
   await checkBundleKey(layout, manifest, keys);
   // --path: which artifacts, from the index (the manifest's, else a first read of the payload).
   const selection = opts.paths?.length
-    ? selectPaths(manifest, await loadIndex({ path: bundle, layout, manifest }, keys, opts.signal), opts.paths, opts.only)
+    ? selectPaths(
+        manifest,
+        await loadIndex({ path: bundle, layout, manifest }, keys, opts.signal),
+        opts.paths,
+        opts.only,
+      )
     : null;
   const selected = await selectLayers(manifest, config, selection ? [...selection.layers] : opts.only);
   for (const s of selected) {
     if (selection?.partial.has(s.layer.name) && s.target.mode !== "files") {
-      throw new MemsnapError("MEMSNAP_USAGE", `--path selects part of layer ${s.layer.name}, which is restored in place only whole`, {
-        hint: `select the whole layer (--path ${s.layer.name}/), or restore the files with --to DIR`,
-      });
+      throw new MemsnapError(
+        "MEMSNAP_USAGE",
+        `--path selects part of layer ${s.layer.name}, which is restored in place only whole`,
+        {
+          hint: `select the whole layer (--path ${s.layer.name}/), or restore the files with --to DIR`,
+        },
+      );
     }
   }
   const protect = new Protected(config);
@@ -274,7 +346,19 @@ export async function restoreInPlace(bundle: string, config: MemsnapConfig, opts
   if (opts.dryRun) {
     const plan = await planRestore(layout, manifest, config, selected, keys, opts.signal, selection ?? undefined);
     const processes = await processesUsing(selected.map((s) => s.target));
-    return { manifest, layers: selected.map((s) => s.layer.name), swaps: 0, bytes: 0, safetySnapshot: null, recovered: null, plan, processes, kept: [], notes: [], durationMs: performance.now() - t0 };
+    return {
+      manifest,
+      layers: selected.map((s) => s.layer.name),
+      swaps: 0,
+      bytes: 0,
+      safetySnapshot: null,
+      recovered: null,
+      plan,
+      processes,
+      kept: [],
+      notes: [],
+      durationMs: performance.now() - t0,
+    };
   }
   const lock: AgentLock = await acquireLock(config.baseDir, { waitMs: opts.waitMs ?? 0, command: "restore" });
   try {
@@ -284,15 +368,24 @@ export async function restoreInPlace(bundle: string, config: MemsnapConfig, opts
     if (!opts.ignoreOpenFiles) refuseLiveProcesses(await processesUsing(selected.map((s) => s.target)));
     let safety: SnapshotResult | null = null;
     if (opts.safetySnapshot !== false) {
-      if (!opts.store) throw new MemsnapError("MEMSNAP_USAGE", "a safety snapshot needs a store", { hint: "pass --store, or --no-safety-snapshot" });
+      if (!opts.store)
+        throw new MemsnapError("MEMSNAP_USAGE", "a safety snapshot needs a store", {
+          hint: "pass --store, or --no-safety-snapshot",
+        });
       try {
         // Of the layers this restore replaces (all of them, or those --only names): restoring
         // it undoes the restore; the others are left as they are.
         const replaced = new Set(selected.map((s) => s.layer.name));
         safety = await snapshot({
           config: { ...config, sources: config.sources.filter((s) => replaced.has(s.cfg.name)) },
-          store: opts.store, createdBy: "pre-restore", label: `auto:pre-restore-${manifest.snapshot_id}`,
-          ...safetyEncryption(config, manifest, keys), redact: false, allowUnredacted: true, allowPlaintextMemory: true, lock: "held",
+          store: opts.store,
+          createdBy: "pre-restore",
+          label: `auto:pre-restore-${manifest.snapshot_id}`,
+          ...safetyEncryption(config, manifest, keys),
+          redact: false,
+          allowUnredacted: true,
+          allowPlaintextMemory: true,
+          lock: "held",
           ...(opts.signal ? { signal: opts.signal } : {}),
         });
       } catch (e) {
@@ -301,16 +394,22 @@ export async function restoreInPlace(bundle: string, config: MemsnapConfig, opts
         // re-export the dump) is not the way out here. Same code, same exit status.
         if (!isMemsnapError(e) || !SAFETY_SOURCE_CODES.has(e.code)) throw e;
         throw new MemsnapError(e.code, `cannot take the safety snapshot of the live agent: ${e.message}`, {
-          ...(e.path ? { path: e.path } : {}), cause: e,
-          hint: e.code === "MEMSNAP_SOURCE_MISSING"
-            ? "nothing there to keep (a new machine?): pass --no-safety-snapshot to restore without one, or restore into a new directory with --to"
-            : "the live state cannot be kept as it is: pass --no-safety-snapshot to restore over it without a copy, or restore into a new directory with --to",
+          ...(e.path ? { path: e.path } : {}),
+          cause: e,
+          hint:
+            e.code === "MEMSNAP_SOURCE_MISSING"
+              ? "nothing there to keep (a new machine?): pass --no-safety-snapshot to restore without one, or restore into a new directory with --to"
+              : "the live state cannot be kept as it is: pass --no-safety-snapshot to restore over it without a copy, or restore into a new directory with --to",
         });
       }
       crashPoint("restore:safety-snapshot-done");
     }
     // (Only [0-9a-z]: the tag is part of paths, and recover accepts no other.)
-    const tag = `${manifest.snapshot_id.slice(-8).toLowerCase().replace(/[^0-9a-z]/g, "x").padStart(8, "x")}${randomBytes(2).toString("hex")}`;
+    const tag = `${manifest.snapshot_id
+      .slice(-8)
+      .toLowerCase()
+      .replace(/[^0-9a-z]/g, "x")
+      .padStart(8, "x")}${randomBytes(2).toString("hex")}`;
     const journal = newJournal(manifest.snapshot_id, layout.path);
     const kept: string[] = [];
     const roots = new Map<string, { staged: string; backup: string }>();
@@ -353,18 +452,36 @@ export async function restoreInPlace(bundle: string, config: MemsnapConfig, opts
       let r;
       try {
         r = await extractPayload(layout, manifest, (layer) => roots.get(layer)?.staged ?? null, {
-          keys, onLayerDone: (l) => { if (!deferred.has(l)) mat.layerDone(l); }, entries: mat.verified,
-          onEntry: (e) => early.bytes(e.size), attributes,
-          onRef: (a) => { refs.add(a); if (selection?.want(a.path) ?? true) wanted.add(a); }, ...(selection ? { want: selection.want } : {}),
-          ...(opts.signal ? { signal: opts.signal } : {}), ...(opts.onProgress ? { onProgress: opts.onProgress } : {}),
+          keys,
+          onLayerDone: (l) => {
+            if (!deferred.has(l)) mat.layerDone(l);
+          },
+          entries: mat.verified,
+          onEntry: (e) => early.bytes(e.size),
+          attributes,
+          onRef: (a) => {
+            refs.add(a);
+            if (selection?.want(a.path) ?? true) wanted.add(a);
+          },
+          ...(selection ? { want: selection.want } : {}),
+          ...(opts.signal ? { signal: opts.signal } : {}),
+          ...(opts.onProgress ? { onProgress: opts.onProgress } : {}),
         });
         checkReferencedLayers(manifest, refs);
         if (wanted.count) {
           let done = r.entries.bytes();
           bases ??= await openBases(bundle, manifest, wanted.basesIn(partial ?? undefined));
           await extractReferenced(bases, wanted, (layer) => roots.get(layer)?.staged ?? null, {
-            keys, ...(opts.signal ? { signal: opts.signal } : {}), verified: mat.verified, ...(partial ? { layers: partial } : {}),
-            onProgress: (n) => { done += n; early.bytes(n); opts.onProgress?.(done, manifest.payload.bytes); }, attributes,
+            keys,
+            ...(opts.signal ? { signal: opts.signal } : {}),
+            verified: mat.verified,
+            ...(partial ? { layers: partial } : {}),
+            onProgress: (n) => {
+              done += n;
+              early.bytes(n);
+              opts.onProgress?.(done, manifest.payload.bytes);
+            },
+            attributes,
           });
         }
       } catch (e) {
@@ -380,11 +497,17 @@ export async function restoreInPlace(bundle: string, config: MemsnapConfig, opts
       crashPoint("restore:staged");
       for (const s of selected) {
         const { staged, backup } = roots.get(s.layer.name)!;
-        journal.swaps.push(...(await buildSwaps(s, staged, backup, protect, kept, selection?.perFile.has(s.layer.name))));
+        journal.swaps.push(
+          ...(await buildSwaps(s, staged, backup, protect, kept, selection?.perFile.has(s.layer.name))),
+        );
       }
       // The same check recover makes, and the live tree's: no symlink or file on the way, no
       // directory where a file goes. A refusal here changes nothing live.
-      const own: LiveRoot[] = selected.map((s) => ({ ...s.target, layer: s.layer.name, realRoot: realish(s.target.root) }));
+      const own: LiveRoot[] = selected.map((s) => ({
+        ...s.target,
+        layer: s.layer.name,
+        realRoot: realish(s.target.root),
+      }));
       journal.phase = "swapping";
       const checked = checkJournal(journal, await journalScope(config, own), (why, path) => refusedPath(why, path));
       await writeJournal(config.baseDir, journal);
@@ -393,8 +516,15 @@ export async function restoreInPlace(bundle: string, config: MemsnapConfig, opts
       await rollForward(config.baseDir, journal, checked, swapFailure);
       const bytes = r.entries.bytes((name) => roots.has(name.split("/")[0]!) && (!selection || selection.want(name)));
       return {
-        manifest, layers: selected.map((s) => s.layer.name), swaps: journal.swaps.length, bytes, safetySnapshot: safety,
-        recovered: rec?.action ?? null, kept, notes, durationMs: performance.now() - t0,
+        manifest,
+        layers: selected.map((s) => s.layer.name),
+        swaps: journal.swaps.length,
+        bytes,
+        safetySnapshot: safety,
+        recovered: rec?.action ?? null,
+        kept,
+        notes,
+        durationMs: performance.now() - t0,
       };
     } catch (e) {
       // Before the swap phase the live state is untouched: remove staging and the journal.
@@ -410,7 +540,10 @@ export async function restoreInPlace(bundle: string, config: MemsnapConfig, opts
 }
 
 /** `memsnap recover`: finish or roll back an interrupted restore, under the agent's lock. */
-export async function recoverAgent(config: MemsnapConfig, opts: { waitMs?: number } = {}): Promise<{ action: "rolled-back" | "completed" | "none"; snapshotId: string | null }> {
+export async function recoverAgent(
+  config: MemsnapConfig,
+  opts: { waitMs?: number } = {},
+): Promise<{ action: "rolled-back" | "completed" | "none"; snapshotId: string | null }> {
   const lock = await acquireLock(config.baseDir, { waitMs: opts.waitMs ?? 0, command: "recover" });
   try {
     const r = await recoverJournal(config);
@@ -419,6 +552,3 @@ export async function recoverAgent(config: MemsnapConfig, opts: { waitMs?: numbe
     await lock.release();
   }
 }
-
-
-

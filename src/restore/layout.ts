@@ -25,9 +25,10 @@ export interface LayerPlace {
   mode: "dir" | "files";
 }
 
-const clash = (what: string): MemsnapError => new MemsnapError("MEMSNAP_USAGE", `restore --to in the config's layout: ${what}`, {
-  hint: "restore with --layout layers (each layer under its own name), or restore the layers apart with --only",
-});
+const clash = (what: string): MemsnapError =>
+  new MemsnapError("MEMSNAP_USAGE", `restore --to in the config's layout: ${what}`, {
+    hint: "restore with --layout layers (each layer under its own name), or restore the layers apart with --only",
+  });
 
 const inside = (a: string, b: string): boolean => b === "" || a === b || a.startsWith(b + sep);
 
@@ -36,7 +37,12 @@ const inside = (a: string, b: string): boolean => b === "" || a === b || a.start
  * source of its name and kind in the config, a source path outside the config's directory, or
  * whole-layer directories that overlap another layer's place.
  */
-export async function layerPlaces(manifest: Manifest, config: MemsnapConfig, target: string, layers: string[]): Promise<LayerPlace[]> {
+export async function layerPlaces(
+  manifest: Manifest,
+  config: MemsnapConfig,
+  target: string,
+  layers: string[],
+): Promise<LayerPlace[]> {
   const out: LayerPlace[] = [];
   for (const name of layers) {
     const layer = manifest.layers.find((l) => l.name === name)!;
@@ -52,14 +58,20 @@ export async function layerPlaces(manifest: Manifest, config: MemsnapConfig, tar
     }
     let t;
     try {
-      t = await source.impl.liveTarget({ ...source.cfg, path: rel === "" ? "." : rel } as typeof source.cfg, target, layer);
+      t = await source.impl.liveTarget(
+        { ...source.cfg, path: rel === "" ? "." : rel } as typeof source.cfg,
+        target,
+        layer,
+      );
     } catch {
       out.push({ layer: name, rel: name, mode: "dir" }); // no live place (a pfimg page manifest's kv layer)
       continue;
     }
     const r = relative(target, t.root);
-    if (r === ".." || r.startsWith(`..${sep}`) || isAbsolute(r)) throw clash(`layer ${name} would go to ${t.root}, outside ${target}`);
-    if (r === ".memsnap" || r.startsWith(`.memsnap${sep}`)) throw clash(`layer ${name} would go into ${join(target, ".memsnap")}, where the restore keeps the manifest`);
+    if (r === ".." || r.startsWith(`..${sep}`) || isAbsolute(r))
+      throw clash(`layer ${name} would go to ${t.root}, outside ${target}`);
+    if (r === ".memsnap" || r.startsWith(`.memsnap${sep}`))
+      throw clash(`layer ${name} would go into ${join(target, ".memsnap")}, where the restore keeps the manifest`);
     out.push({ layer: name, rel: r, mode: t.mode });
   }
   for (const a of out) {
@@ -87,7 +99,6 @@ async function filesUnder(dir: string, rel = ""): Promise<string[]> {
   return out;
 }
 
-
 /**
  * Move the layers staged under their names in `staging` to their places (inside `staging`).
  * Throws MEMSNAP_USAGE for two layers' files at one path, or a file inside a whole-layer
@@ -95,7 +106,9 @@ async function filesUnder(dir: string, rel = ""): Promise<string[]> {
  */
 export async function arrange(staging: string, places: LayerPlace[]): Promise<{ layer: string; path: string }[]> {
   const aside = join(staging, ".memsnap-arrange");
-  await mkdir(aside).catch((e: unknown) => { throw destinationError(e, aside); });
+  await mkdir(aside).catch((e: unknown) => {
+    throw destinationError(e, aside);
+  });
   const present: LayerPlace[] = [];
   for (const p of places) {
     if (!(await lexists(join(staging, p.layer)))) continue; // a layer with nothing selected to write
@@ -122,14 +135,17 @@ export async function arrange(staging: string, places: LayerPlace[]): Promise<{ 
       const rel = p.rel ? join(p.rel, f) : f;
       const inDir = dirs.find((d) => inside(rel, d.rel));
       if (inDir) throw clash(`layer ${p.layer}'s ${f} would go to ${rel}, inside layer ${inDir.layer}'s directory`);
-      if (rel === ".memsnap" || rel.startsWith(`.memsnap${sep}`)) throw clash(`layer ${p.layer}'s ${f} would go to ${rel}, where the restore keeps the manifest`);
+      if (rel === ".memsnap" || rel.startsWith(`.memsnap${sep}`))
+        throw clash(`layer ${p.layer}'s ${f} would go to ${rel}, where the restore keeps the manifest`);
       const dest = join(staging, rel);
-      if (owner.has(rel) || (await lexists(dest))) throw clash(`layers ${owner.get(rel) ?? "?"} and ${p.layer} both have a file at ${rel}`);
+      if (owner.has(rel) || (await lexists(dest)))
+        throw clash(`layers ${owner.get(rel) ?? "?"} and ${p.layer} both have a file at ${rel}`);
       try {
         await mkdir(join(dest, ".."), { recursive: true });
       } catch (e) {
         const code = (e as NodeJS.ErrnoException).code;
-        if (code === "EEXIST" || code === "ENOTDIR") throw clash(`layer ${p.layer}'s ${f} would go to ${rel}, below a file of another layer`);
+        if (code === "EEXIST" || code === "ENOTDIR")
+          throw clash(`layer ${p.layer}'s ${f} would go to ${rel}, below a file of another layer`);
         throw destinationError(e, dest);
       }
       await rename(join(aside, p.layer, f), dest);

@@ -37,13 +37,17 @@ export interface RestorePlan {
   layers: LayerPlan[];
 }
 
-
 /**
  * Build the plan. Reads the payload (hashing only) when the manifest does not list the index:
  * an encrypted bundle (given a key), or a plaintext one of over MANIFEST_INDEX_MAX artifacts.
  */
 export async function planRestore(
-  layout: BundleLayout, manifest: Manifest, config: MemsnapConfig, selected: SelectedLayer[], keys: Keys, signal?: AbortSignal,
+  layout: BundleLayout,
+  manifest: Manifest,
+  config: MemsnapConfig,
+  selected: SelectedLayer[],
+  keys: Keys,
+  signal?: AbortSignal,
   /** restore --path: only the selected artifacts; a partly selected layer removes nothing. */
   pick?: Selection,
 ): Promise<RestorePlan> {
@@ -56,21 +60,37 @@ export async function planRestore(
   const protect = new Protected(config);
   for (const s of selected) {
     const p: LayerPlan = {
-      layer: s.layer.name, kind: s.layer.kind, target: s.target.root, mode: s.target.mode, bytes: s.layer.bytes,
-      added: [], removed: [], changed: [], unchanged: 0, notes: [],
+      layer: s.layer.name,
+      kind: s.layer.kind,
+      target: s.target.root,
+      mode: s.target.mode,
+      bytes: s.layer.bytes,
+      added: [],
+      removed: [],
+      changed: [],
+      unchanged: 0,
+      notes: [],
     };
     if (s.target.mode === "dir") p.notes.push(`replaces the directory ${s.target.root}`);
     if (index && s.target.mode === "files") {
       const prefix = `${s.layer.name}/`;
-      const want = new Map(index.filter((e) => e.layer === s.layer.name && (!pick || pick.want(e.path))).map((e) => [e.path.slice(prefix.length), e.sha256]));
+      const want = new Map(
+        index
+          .filter((e) => e.layer === s.layer.name && (!pick || pick.want(e.path)))
+          .map((e) => [e.path.slice(prefix.length), e.sha256]),
+      );
       const realRoot = realish(s.target.root);
       const isProtected = (rel: string): boolean => protect.covers(join(s.target.root, rel), join(realRoot, rel));
-      const live = (await listFiles(s.target.root)).filter((rel) => (s.target.owns?.(rel) ?? true) && !isProtected(rel));
+      const live = (await listFiles(s.target.root)).filter(
+        (rel) => (s.target.owns?.(rel) ?? true) && !isProtected(rel),
+      );
       const liveSet = new Set(live);
       // What the restore would refuse or leave alone (see buildSwaps and checkJournal in the restore).
       const notOwned = [...want.keys()].filter((rel) => !s.target.owns?.(rel));
       if (notOwned.length) {
-        p.notes.push(`refuses: the bundle holds ${notOwned.length} file(s) the source does not own (${notOwned.slice(0, 3).join(", ")}${notOwned.length > 3 ? ", …" : ""})`);
+        p.notes.push(
+          `refuses: the bundle holds ${notOwned.length} file(s) the source does not own (${notOwned.slice(0, 3).join(", ")}${notOwned.length > 3 ? ", …" : ""})`,
+        );
       }
       const seen = new Set<string>();
       for (const [rel, sha] of want) {

@@ -38,11 +38,17 @@ export interface RestoreToDirOptions extends SignaturePolicy {
    * Where each layer goes in `to`: by default (`layers`) under its layer name; with a config,
    * where the config's source path puts it, relative to `to` (see ./layout.ts).
    */
-  layout?: { kind: "layers" } | {
-    kind: "config"; config: MemsnapConfig;
-    /** Where the config cannot place the layers (a layer it has no source for, paths that overlap): fall back to the layer names with a note instead of MEMSNAP_USAGE. */
-    fallback?: boolean;
-  };
+  layout?:
+    | { kind: "layers" }
+    | {
+        kind: "config";
+        config: MemsnapConfig;
+        /**
+         * Where the config cannot place the layers (a layer it has no source for, paths that overlap): fall back to the
+         * layer names with a note instead of MEMSNAP_USAGE.
+         */
+        fallback?: boolean;
+      };
 }
 
 export interface RestoreToDirResult {
@@ -71,7 +77,8 @@ async function isEmptyOrAbsent(dir: string): Promise<boolean> {
 
 /** With MEMSNAP_DEBUG_ENCODER set: when each restore step ended, on stderr. */
 function debugStep(t0: number, what: string): void {
-  if (process.env.MEMSNAP_DEBUG_ENCODER) process.stderr.write(`restore: ${what} at ${Math.round(performance.now() - t0)} ms\n`);
+  if (process.env.MEMSNAP_DEBUG_ENCODER)
+    process.stderr.write(`restore: ${what} at ${Math.round(performance.now() - t0)} ms\n`);
 }
 
 /**
@@ -80,7 +87,11 @@ function debugStep(t0: number, what: string): void {
  * MEMSNAP_UNSUPPORTED_*), MEMSNAP_IDENTITY_REQUIRED / MEMSNAP_DECRYPT_FAILED, MEMSNAP_UNSAFE_PATH,
  * and MEMSNAP_ARTIFACT_HASH_MISMATCH / MEMSNAP_INDEX_MISMATCH / MEMSNAP_PAYLOAD_HASH_MISMATCH.
  */
-export async function restoreToDir(bundle: string, to: string, opts: RestoreToDirOptions = {}): Promise<RestoreToDirResult> {
+export async function restoreToDir(
+  bundle: string,
+  to: string,
+  opts: RestoreToDirOptions = {},
+): Promise<RestoreToDirResult> {
   const t0 = performance.now();
   const target = resolve(to);
   const layout = await readLayout(bundle);
@@ -94,12 +105,19 @@ export async function restoreToDir(bundle: string, to: string, opts: RestoreToDi
   }
   for (const name of opts.only ?? []) {
     if (!manifest.layers.some((l) => l.name === name)) {
-      throw new MemsnapError("MEMSNAP_USAGE", `--only ${name}: the bundle has no such layer`, { hint: `its layers: ${manifest.layers.map((l) => l.name).join(", ")}` });
+      throw new MemsnapError("MEMSNAP_USAGE", `--only ${name}: the bundle has no such layer`, {
+        hint: `its layers: ${manifest.layers.map((l) => l.name).join(", ")}`,
+      });
     }
   }
   // --path: which artifacts, from the index (the manifest's, else a first read of the payload).
   const selection = opts.paths?.length
-    ? selectPaths(manifest, await loadIndex({ path: bundle, layout, manifest }, opts.keys ?? {}, opts.signal), opts.paths, opts.only)
+    ? selectPaths(
+        manifest,
+        await loadIndex({ path: bundle, layout, manifest }, opts.keys ?? {}, opts.signal),
+        opts.paths,
+        opts.only,
+      )
     : null;
   const partial = selection ? selection.layers : opts.only?.length ? new Set(opts.only) : null;
   const want = selection?.want;
@@ -108,10 +126,14 @@ export async function restoreToDir(bundle: string, to: string, opts: RestoreToDi
   let places = null;
   if (opts.layout?.kind === "config") {
     try {
-      places = await layerPlaces(manifest, opts.layout.config, target, [...(partial ?? manifest.layers.map((l) => l.name))]);
+      places = await layerPlaces(manifest, opts.layout.config, target, [
+        ...(partial ?? manifest.layers.map((l) => l.name)),
+      ]);
     } catch (e) {
       if (!opts.layout.fallback || !(e instanceof MemsnapError) || e.code !== "MEMSNAP_USAGE") throw e;
-      notes.push(`${e.message.replace(/^restore --to in the config's layout: /, "")}: each layer was restored under its layer name instead (--layout layers)`);
+      notes.push(
+        `${e.message.replace(/^restore --to in the config's layout: /, "")}: each layer was restored under its layer name instead (--layout layers)`,
+      );
     }
   }
   const selected = (layer: string): boolean => !partial || partial.has(layer);
@@ -122,10 +144,14 @@ export async function restoreToDir(bundle: string, to: string, opts: RestoreToDi
   let bases = needed === null ? null : await openBases(bundle, manifest, needed);
   if (!(await isEmptyOrAbsent(target))) {
     throw new MemsnapError("MEMSNAP_DEST_NOT_EMPTY", `${target} exists and is not empty`, {
-      path: target, hint: "restore into a new or empty directory",
+      path: target,
+      hint: "restore into a new or empty directory",
     });
   }
-  const staging = join(dirname(target), `.${basename(target)}.memsnap-staging-${process.pid}-${randomBytes(4).toString("hex")}`);
+  const staging = join(
+    dirname(target),
+    `.${basename(target)}.memsnap-staging-${process.pid}-${randomBytes(4).toString("hex")}`,
+  );
   try {
     await mkdir(staging, { recursive: false, mode: 0o700 });
   } catch (e) {
@@ -158,8 +184,17 @@ export async function restoreToDir(bundle: string, to: string, opts: RestoreToDi
     let r;
     try {
       r = await extractPayload(layout, manifest, (layer) => (selected(layer) ? join(staging, layer) : null), {
-        ...opts, onLayerDone: (l) => { if (!deferred.has(l)) mat.layerDone(l); }, entries: mat.verified,
-        onEntry: (e) => early.bytes(e.size), onRef: (a) => { refs.add(a); if (!want || want(a.path)) wanted.add(a); }, attributes,
+        ...opts,
+        onLayerDone: (l) => {
+          if (!deferred.has(l)) mat.layerDone(l);
+        },
+        entries: mat.verified,
+        onEntry: (e) => early.bytes(e.size),
+        onRef: (a) => {
+          refs.add(a);
+          if (!want || want(a.path)) wanted.add(a);
+        },
+        attributes,
         ...(want ? { want } : {}),
       });
       checkReferencedLayers(manifest, refs);
@@ -167,8 +202,16 @@ export async function restoreToDir(bundle: string, to: string, opts: RestoreToDi
         let done = r.entries.bytes();
         bases ??= await openBases(bundle, manifest, wanted.basesIn(partial ?? undefined));
         await extractReferenced(bases, wanted, (layer) => (selected(layer) ? join(staging, layer) : null), {
-          ...(opts.keys ? { keys: opts.keys } : {}), ...(opts.signal ? { signal: opts.signal } : {}), verified: mat.verified, ...(partial ? { layers: partial } : {}),
-          onProgress: (n) => { done += n; early.bytes(n); opts.onProgress?.(done, manifest.payload.bytes); }, attributes,
+          ...(opts.keys ? { keys: opts.keys } : {}),
+          ...(opts.signal ? { signal: opts.signal } : {}),
+          verified: mat.verified,
+          ...(partial ? { layers: partial } : {}),
+          onProgress: (n) => {
+            done += n;
+            early.bytes(n);
+            opts.onProgress?.(done, manifest.payload.bytes);
+          },
+          attributes,
         });
         debugStep(t0, "referenced artifacts extracted from the bases");
       }
@@ -184,16 +227,23 @@ export async function restoreToDir(bundle: string, to: string, opts: RestoreToDi
     await early.settle();
     attributes.apply(); // modes and mtimes, synced with the rest
     // The config layout: the layers moved from their names to their places (after the modes are set on the names).
-    const placed = places ? await arrange(staging, places) : [...layers.keys()].filter(selected).map((l) => ({ layer: l, path: l }));
+    const placed = places
+      ? await arrange(staging, places)
+      : [...layers.keys()].filter(selected).map((l) => ({ layer: l, path: l }));
     // An empty directory made for the restore keeps its permissions (staging is made 0700).
     const made = await stat(target).catch(() => null);
-    if (made?.isDirectory()) await chmod(staging, made.mode & 0o7777).catch((e: unknown) => { throw destinationError(e, staging); });
+    if (made?.isDirectory())
+      await chmod(staging, made.mode & 0o7777).catch((e: unknown) => {
+        throw destinationError(e, staging);
+      });
     await syncFilesystem(staging);
     debugStep(t0, "synced");
     await rmdir(target).catch((e: NodeJS.ErrnoException) => {
       if (e.code !== "ENOENT") throw destinationError(e, target);
     });
-    await rename(staging, target).catch((e: unknown) => { throw destinationError(e, target); });
+    await rename(staging, target).catch((e: unknown) => {
+      throw destinationError(e, target);
+    });
     await fsyncDir(dirname(target));
     // (the referenced artifacts were recorded in the same table as the bundle's own)
     const mine = (name: string): boolean => selected(name.slice(0, name.indexOf("/"))) && (!want || want(name));
@@ -202,7 +252,16 @@ export async function restoreToDir(bundle: string, to: string, opts: RestoreToDi
       artifacts = 0;
       for (let i = 0; i < r.entries.length; i++) if (mine(r.entries.name(i))) artifacts++;
     }
-    return { path: target, manifest, artifacts, bytes: r.entries.bytes(partial ? mine : undefined), durationMs: performance.now() - t0, notes, placed, layout: places ? "config" : "layers" };
+    return {
+      path: target,
+      manifest,
+      artifacts,
+      bytes: r.entries.bytes(partial ? mine : undefined),
+      durationMs: performance.now() - t0,
+      notes,
+      placed,
+      layout: places ? "config" : "layers",
+    };
   } catch (e) {
     await rm(staging, { recursive: true, force: true });
     throw interruptedOr(e, opts.signal, "restore interrupted", "nothing was restored");

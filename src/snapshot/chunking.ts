@@ -90,7 +90,8 @@ export function recipeOf(b: Pick<ChunkBase, "size" | "holder" | "rec">): Piece[]
 
 /** Why the artifact must be stored whole this time rather than chunked against `b`, or null. */
 export function wholeReason(b: ChunkBase, hint: ChunkHint, a: Artifact): string | null {
-  if (b.rec.m !== hint.mode || (hint.mode === "pages" && b.rec.p !== hint.pageSize)) return "it is cut another way than last time";
+  if (b.rec.m !== hint.mode || (hint.mode === "pages" && b.rec.p !== hint.pageSize))
+    return "it is cut another way than last time";
   if (b.rec.g >= POLICY.maxGenerations) return `${POLICY.maxGenerations} chunked snapshots in a row`;
   const r = recipeOf(b);
   if (new Set(r.map((p) => p[1])).size >= POLICY.maxHolders) return `its bytes are in ${POLICY.maxHolders} bundles`;
@@ -245,7 +246,11 @@ class BaseTable {
   readonly used: Uint8Array;
   readonly #rec: number;
 
-  constructor(readonly table: Buffer, readonly hint: ChunkHint, size: number) {
+  constructor(
+    readonly table: Buffer,
+    readonly hint: ChunkHint,
+    size: number,
+  ) {
     this.#rec = hint.mode === "cdc" ? 20 : 16;
     let off = 0;
     for (let at = 0; at + this.#rec <= table.length; at += this.#rec) {
@@ -277,8 +282,14 @@ class BaseTable {
     if (!this.offsets.length) return undefined;
     if (this.hint.mode === "pages") {
       const i = Math.floor(at / this.hint.pageSize!);
-      if (i < this.offsets.length && !this.used[i] && this.lengths[i] === len && this.offsets[i] === at
-        && this.table.compare(h, 0, 16, i * 16, i * 16 + 16) === 0) return i;
+      if (
+        i < this.offsets.length &&
+        !this.used[i] &&
+        this.lengths[i] === len &&
+        this.offsets[i] === at &&
+        this.table.compare(h, 0, 16, i * 16, i * 16 + 16) === 0
+      )
+        return i;
     }
     const had = this.#map().get(h.toString("latin1"));
     if (had === undefined) return undefined;
@@ -300,21 +311,34 @@ async function* iterate(a: Artifact): AsyncGenerator<Buffer> {
 }
 
 /** Pack `a` whole, taking its table on the way (the base for the next snapshot). */
-export async function packWhole(a: Artifact, hint: ChunkHint, pack: (a: Artifact) => Promise<IndexEntry>, whole?: string): Promise<ChunkedPack> {
+export async function packWhole(
+  a: Artifact,
+  hint: ChunkHint,
+  pack: (a: Artifact) => Promise<IndexEntry>,
+  whole?: string,
+): Promise<ChunkedPack> {
   const cut = splitter(hint);
   const table = cut ? new TableBuilder(hint.mode) : null;
-  const tapped: Artifact = !cut ? a : {
-    ...a,
-    open: (o) => (async function* () {
-      for await (const c of a.open(o) as AsyncIterable<Buffer>) {
-        for (const x of cut.push(c)) table!.add(x.length, hash16(x));
-        yield c;
-      }
-      for (const x of cut.end()) table!.add(x.length, hash16(x));
-    })(),
-  };
+  const tapped: Artifact = !cut
+    ? a
+    : {
+        ...a,
+        open: (o) =>
+          (async function* () {
+            for await (const c of a.open(o) as AsyncIterable<Buffer>) {
+              for (const x of cut.push(c)) table!.add(x.length, hash16(x));
+              yield c;
+            }
+            for (const x of cut.end()) table!.add(x.length, hash16(x));
+          })(),
+      };
   const entry = await pack(tapped);
-  return { entry, rec: { m: hint.mode, g: 0, ...(hint.mode === "pages" ? { p: hint.pageSize! } : {}) }, table: table?.done() ?? null, ...(whole ? { whole } : {}) };
+  return {
+    entry,
+    rec: { m: hint.mode, g: 0, ...(hint.mode === "pages" ? { p: hint.pageSize! } : {}) },
+    table: table?.done() ?? null,
+    ...(whole ? { whole } : {}),
+  };
 }
 
 export interface ChunkContext {
@@ -332,10 +356,25 @@ export interface ChunkContext {
 }
 
 /** The chunked index entry for `a`, its stored ranges packed as `stored`. */
-function chunkedEntry(ctx: ChunkContext, a: Artifact, size: number, sha256: string, ranges: ChunkRange[], stored: IndexEntry): IndexEntry {
+function chunkedEntry(
+  ctx: ChunkContext,
+  a: Artifact,
+  size: number,
+  sha256: string,
+  ranges: ChunkRange[],
+  stored: IndexEntry,
+): IndexEntry {
   return {
-    path: ctx.name, layer: ctx.layer, kind: a.kind, size, sha256, mode: a.mode, mtime: a.mtime.toISOString(),
-    ranges, stored_size: stored.size, stored_sha256: stored.sha256,
+    path: ctx.name,
+    layer: ctx.layer,
+    kind: a.kind,
+    size,
+    sha256,
+    mode: a.mode,
+    mtime: a.mtime.toISOString(),
+    ranges,
+    stored_size: stored.size,
+    stored_sha256: stored.sha256,
   };
 }
 
@@ -343,7 +382,12 @@ function chunkedEntry(ctx: ChunkContext, a: Artifact, size: number, sha256: stri
  * Pack `a` against `base` (checked with {@link wholeReason} first): a chunked entry when some
  * of its bytes are the base's, else whole.
  */
-export async function packChunked(a: Artifact, hint: ChunkHint, base: ChunkBase, ctx: ChunkContext): Promise<ChunkedPack> {
+export async function packChunked(
+  a: Artifact,
+  hint: ChunkHint,
+  base: ChunkBase,
+  ctx: ChunkContext,
+): Promise<ChunkedPack> {
   return hint.mode === "append" ? packAppended(a, base, ctx) : packMatched(a, hint, base, ctx);
 }
 
@@ -376,19 +420,24 @@ async function packAppended(a: Artifact, base: ChunkBase, ctx: ChunkContext): Pr
     return packWhole(a, { mode: "append" }, ctx.pack, "its first bytes changed");
   }
   const tail: Artifact = {
-    path: a.path, kind: a.kind, size: a.size - base.size, mode: a.mode, mtime: a.mtime,
-    open: () => (async function* () {
-      if (left) {
-        whole.update(left);
-        yield left;
-      }
-      for (;;) {
-        const r = await it.next();
-        if (r.done) return;
-        whole.update(r.value);
-        yield r.value;
-      }
-    })(),
+    path: a.path,
+    kind: a.kind,
+    size: a.size - base.size,
+    mode: a.mode,
+    mtime: a.mtime,
+    open: () =>
+      (async function* () {
+        if (left) {
+          whole.update(left);
+          yield left;
+        }
+        for (;;) {
+          const r = await it.next();
+          if (r.done) return;
+          whole.update(r.value);
+          yield r.value;
+        }
+      })(),
   };
   const stored = await ctx.pack(tail);
   await a.check?.();
@@ -401,7 +450,8 @@ async function packAppended(a: Artifact, base: ChunkBase, ctx: ChunkContext): Pr
   ctx.use(r.map((p) => p[1]).filter((id) => id !== ctx.self));
   return {
     entry: chunkedEntry(ctx, a, a.size, sha256, indexRanges(r, ctx.self), stored),
-    rec: { m: "append", g: base.rec.g + 1, r }, table: null,
+    rec: { m: "append", g: base.rec.g + 1, r },
+    table: null,
   };
 }
 
@@ -410,7 +460,10 @@ class Spool {
   readonly #buf = Buffer.allocUnsafe(1 << 20);
   #n = 0;
   size = 0;
-  constructor(readonly path: string, readonly fh: FileHandle) {}
+  constructor(
+    readonly path: string,
+    readonly fh: FileHandle,
+  ) {}
 
   async add(b: Buffer): Promise<void> {
     this.size += b.length;
@@ -490,21 +543,26 @@ async function packMatched(a: Artifact, hint: ChunkHint, base: ChunkBase, ctx: C
       throw sourceChanged(ctx.name, "its bytes changed between the redaction scan and packing (same size and mtime)");
     }
     const spooled: Artifact = {
-      path: a.path, kind: a.kind, size: spool.size, mode: a.mode, mtime: a.mtime,
-      open: () => (async function* () {
-        const f = await open(file, "r");
-        try {
-          for (let pos = 0; pos < spool.size;) {
-            const buf = Buffer.allocUnsafe(Math.min(1 << 20, spool.size - pos));
-            const { bytesRead } = await f.read(buf, 0, buf.length, pos);
-            if (bytesRead === 0) break;
-            pos += bytesRead;
-            yield buf.subarray(0, bytesRead);
+      path: a.path,
+      kind: a.kind,
+      size: spool.size,
+      mode: a.mode,
+      mtime: a.mtime,
+      open: () =>
+        (async function* () {
+          const f = await open(file, "r");
+          try {
+            for (let pos = 0; pos < spool.size;) {
+              const buf = Buffer.allocUnsafe(Math.min(1 << 20, spool.size - pos));
+              const { bytesRead } = await f.read(buf, 0, buf.length, pos);
+              if (bytesRead === 0) break;
+              pos += bytesRead;
+              yield buf.subarray(0, bytesRead);
+            }
+          } finally {
+            await f.close();
           }
-        } finally {
-          await f.close();
-        }
-      })(),
+        })(),
     };
     const rec: ChunkRecord = { m: hint.mode, g: 0, ...(hint.mode === "pages" ? { p: hint.pageSize! } : {}) };
     const stored = await ctx.pack(spooled);
@@ -516,7 +574,8 @@ async function packMatched(a: Artifact, hint: ChunkHint, base: ChunkBase, ctx: C
     ctx.use(pieces.map((p) => p[1]).filter((id) => id !== ctx.self));
     return {
       entry: chunkedEntry(ctx, a, a.size, sha256, indexRanges(pieces, ctx.self), stored),
-      rec: { ...rec, g: base.rec.g + 1, r: pieces }, table: table.done(),
+      rec: { ...rec, g: base.rec.g + 1, r: pieces },
+      table: table.done(),
     };
   } finally {
     await rm(file, { force: true });

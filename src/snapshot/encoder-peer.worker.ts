@@ -14,13 +14,11 @@ export interface PeerData {
 
 /** Payload worker → peer: a segment to compress, or a frame buffer given back. */
 export type PeerRequest =
-  | { t: "seg"; seq: number; ab: ArrayBuffer; len: number; level: number }
-  | { t: "free"; ab: ArrayBuffer };
+  { t: "seg"; seq: number; ab: ArrayBuffer; len: number; level: number } | { t: "free"; ab: ArrayBuffer };
 
 /** Peer → payload worker: the frame of segment `seq` (and the segment's buffer back), or a failure. */
 export type PeerReply =
-  | { t: "frame"; seq: number; ab: ArrayBuffer; len: number; seg: ArrayBuffer }
-  | { t: "err"; msg: string };
+  { t: "frame"; seq: number; ab: ArrayBuffer; len: number; seg: ArrayBuffer } | { t: "err"; msg: string };
 
 const parentPort = port!;
 const wd = workerData as PeerData;
@@ -31,8 +29,14 @@ cctx.setParameter(b.CParameter.checksumFlag, wd.checksum ? 1 : 0);
 const free: ArrayBuffer[] = [];
 parentPort.on("message", (m: PeerRequest) => {
   try {
-    if (m.t === "free") { free.push(m.ab); return; }
-    if (m.level !== cctxLevel) { cctx.setParameter(b.CParameter.compressionLevel, m.level); cctxLevel = m.level; }
+    if (m.t === "free") {
+      free.push(m.ab);
+      return;
+    }
+    if (m.level !== cctxLevel) {
+      cctx.setParameter(b.CParameter.compressionLevel, m.level);
+      cctxLevel = m.level;
+    }
     const dst = free.length ? Buffer.from(free.pop()!) : Buffer.allocUnsafeSlow(wd.dstBytes);
     const n = cctx.compress2(dst, Buffer.from(m.ab, 0, m.len));
     const ab = dst.buffer as ArrayBuffer;

@@ -60,9 +60,11 @@ const wd = workerData as SinkData;
 const post = (m: EncoderReply): void => parentPort.postMessage(m);
 const ring = Buffer.from(wd.ring);
 const ctl = new Int32Array(wd.ctl);
-const SLOTS = wd.slots, WB = wd.wBatch;
+const SLOTS = wd.slots,
+  WB = wd.wBatch;
 const COPY = nativeCopy(wd.memAddon);
-const CHUNK = wd.ageChunk, TAG = wd.ageTag;
+const CHUNK = wd.ageChunk,
+  TAG = wd.ageTag;
 const now = (): number => Number(process.hrtime.bigint()) / 1e6;
 const T = { seal: 0, write: 0, busy: 0 };
 
@@ -92,7 +94,9 @@ let directBytes = 0; // written with O_DIRECT
 // with one buffer the sink stood still for each (~0.6 s per 550 MB bundle on the bench
 // machine; the payload worker then waited for ring slots). pend: the write in flight
 // ({ buf, n, at }), waited for before its buffer is filled again.
-let DIO: DirectIo | null = null, W: unknown = null, spare: Buffer | null = null;
+let DIO: DirectIo | null = null,
+  W: unknown = null,
+  spare: Buffer | null = null;
 let pend: { buf: Buffer; n: number; at: number } | null = null;
 if (wd.dfd >= 0 && wd.directAddon) {
   try {
@@ -125,7 +129,8 @@ function stopDirect(): void {
 // -- posting mode (wd.fd < 0): the bytes go to the main thread in order, copied into
 // transferred buffers; ctl[wd.ackIdx] counts the batches it has taken, and at most
 // wd.outUnacked may be ahead of it (the sink waits, as for the ring, and sees a stop meanwhile).
-let posted = 0, postedBytes = 0;
+let posted = 0,
+  postedBytes = 0;
 class Stopped extends Error {}
 function postOut(buf: Buffer, off: number, len: number, at: number): void {
   if (at !== wd.start + postedBytes) throw new Error(`payload bytes out of order: ${at}`);
@@ -137,7 +142,8 @@ function postOut(buf: Buffer, off: number, len: number, at: number): void {
   }
   const ab = new ArrayBuffer(len);
   const dst = Buffer.from(ab);
-  if (COPY !== null) COPY(dst, 0, buf, off, len); // buf may be the shared ring
+  if (COPY !== null)
+    COPY(dst, 0, buf, off, len); // buf may be the shared ring
   else buf.copy(dst, 0, off, off + len);
   parentPort.postMessage({ t: "out", ab } satisfies EncoderReply, [ab]);
   posted++;
@@ -234,7 +240,8 @@ function out(buf: Buffer): void {
   for (let off = 0; off < buf.length;) {
     if (wlen === CAP) flushWrites(false);
     const k = Math.min(CAP - wlen, buf.length - off);
-    if (COPY !== null) COPY(wbuf, wlen, buf, off, k); // buf may be the shared ring
+    if (COPY !== null)
+      COPY(wbuf, wlen, buf, off, k); // buf may be the shared ring
     else buf.copy(wbuf, wlen, off, off + k);
     wlen += k;
     off += k;
@@ -249,7 +256,8 @@ const collect = gcPacer(4 * 1024 * 1024, "minor");
 // is held back until more bytes arrive, so only the whole payload's end is flagged last.
 const key = wd.ageKey ? Buffer.from(wd.ageKey) : null;
 const chunk = key ? Buffer.allocUnsafeSlow(CHUNK) : null;
-let used = 0, counter = 0;
+let used = 0,
+  counter = 0;
 const nonce = Buffer.alloc(12);
 // With native/aead, each chunk is sealed straight into the write batch (no cipher object, no
 // output buffer, no copy); node:crypto otherwise.
@@ -280,7 +288,10 @@ function seal(plain: Buffer, last: boolean): void {
 function emit(data: Buffer): void {
   if (!key) return out(data);
   while (data.length > 0) {
-    if (used === CHUNK) { seal(chunk!, false); used = 0; }
+    if (used === CHUNK) {
+      seal(chunk!, false);
+      used = 0;
+    }
     if (used === 0 && data.length > CHUNK) {
       seal(data.subarray(0, CHUNK), false);
       data = data.subarray(CHUNK);
@@ -293,12 +304,16 @@ function emit(data: Buffer): void {
   }
 }
 
-let consumed = 0, taken = 0;
+let consumed = 0,
+  taken = 0;
 try {
   if (key) out(Buffer.from(wd.agePreamble!));
   for (;;) {
     if (Atomics.load(ctl, 2) !== 0) break;
-    if (Atomics.load(ctl, 0) === consumed) { Atomics.wait(ctl, 0, consumed, 50); continue; }
+    if (Atomics.load(ctl, 0) === consumed) {
+      Atomics.wait(ctl, 0, consumed, 50);
+      continue;
+    }
     const t0 = now();
     const i = consumed % SLOTS;
     const len = Atomics.load(ctl, 3 + i);
@@ -332,7 +347,12 @@ try {
 }
 /** Let the write in flight finish (its error is moot now); direct I/O off. */
 function settleWrites(): void {
-  if (pend !== null) try { DIO!.writerWait(W); } catch { /* moot */ }
+  if (pend !== null)
+    try {
+      DIO!.writerWait(W);
+    } catch {
+      /* moot */
+    }
   pend = null;
   stopDirect();
 }

@@ -74,7 +74,10 @@ const W_SLOTS = 4;
 const STOLEN_FRAMES = 4;
 /** A buffer for one stolen frame: ≥ ZSTD_compressBound(IN_BUF). */
 const FRAME_BYTES = IN_BUF + (IN_BUF >> 7) + 1024;
-/** With {@link PayloadEncoderOptions.output}: batches (≤ 1 MiB each) the sink posts before the main thread has taken them. */
+/**
+ * With {@link PayloadEncoderOptions.output}: batches (≤ 1 MiB each) the sink posts before the main thread has taken
+ * them.
+ */
 const OUT_UNACKED = 4;
 
 export interface PayloadEncoderOptions {
@@ -98,7 +101,10 @@ export interface PayloadEncoderOptions {
    * whoever reads it with `zstd -d` alone.
    */
   age: AgeStreamParams | null;
-  /** Write with O_DIRECT where the native/directio addon and the file system allow it (default true; see src/util/directio.ts). */
+  /**
+   * Write with O_DIRECT where the native/directio addon and the file system allow it (default true; see
+   * src/util/directio.ts).
+   */
   directIo?: boolean;
   /**
    * Instead of writing to `fd`: the sink posts the stored bytes (sealed, hashed) in order to the
@@ -161,8 +167,14 @@ export class PayloadEncoder {
     this.#ctl = new Int32Array(ctl);
     this.#output = opts.output;
     const shared = {
-      ring, ctl, slots: W_SLOTS, wBatch: W_BATCH, fd: opts.output ? -1 : opts.fd, start: opts.start,
-      memAddon: memoryAddon(), aeadAddon: aeadAddonPath(),
+      ring,
+      ctl,
+      slots: W_SLOTS,
+      wBatch: W_BATCH,
+      fd: opts.output ? -1 : opts.fd,
+      start: opts.start,
+      memAddon: memoryAddon(),
+      aeadAddon: aeadAddonPath(),
     };
     const direct = opts.directIo === false || opts.output ? null : directIoAddon();
     // The O_DIRECT descriptor and the head of its first block are opened and read here, and the
@@ -192,10 +204,16 @@ export class PayloadEncoder {
         execArgv: [],
         resourceLimits: { maxYoungGenerationSizeMb: 4 },
         workerData: {
-          ...shared, ageChunk: AGE_CHUNK, ageTag: AGE_TAG,
+          ...shared,
+          ageChunk: AGE_CHUNK,
+          ageTag: AGE_TAG,
           ageKey: opts.age ? Uint8Array.from(opts.age.key) : null,
           agePreamble: opts.age ? Uint8Array.from(opts.age.preamble) : null,
-          directAddon: dfd >= 0 ? direct : null, dfd, lead, ackIdx: 3 + W_SLOTS, outUnacked: OUT_UNACKED,
+          directAddon: dfd >= 0 ? direct : null,
+          dfd,
+          lead,
+          ackIdx: 3 + W_SLOTS,
+          outUnacked: OUT_UNACKED,
         } satisfies SinkData,
       });
       this.#worker = new Worker(workerUrl("snapshot/encoder.worker.js"), {
@@ -203,10 +221,14 @@ export class PayloadEncoder {
         // The worker's JS only moves buffers: a small young generation keeps its heap small.
         resourceLimits: { maxYoungGenerationSizeMb: 4 },
         workerData: {
-          ...shared, bindingPath: zstdBindingPath(), level: opts.level,
-          segBytes: SEG_BYTES, parallel: (opts.threads ?? 0) > 0,
+          ...shared,
+          bindingPath: zstdBindingPath(),
+          level: opts.level,
+          segBytes: SEG_BYTES,
+          parallel: (opts.threads ?? 0) > 0,
           peerUrl: workerUrl("snapshot/encoder-peer.worker.js").href,
-          checksum: this.#checksum, directMin: IN_BUF / 4,
+          checksum: this.#checksum,
+          directMin: IN_BUF / 4,
         } satisfies PayloadWorkerData,
       });
     } catch (e) {
@@ -218,17 +240,25 @@ export class PayloadEncoder {
       else void sink.terminate().finally(close);
       throw e;
     }
-    this.#exited = Promise.all([this.#worker, this.#sink].map((w) => new Promise<void>((res) => w.once("exit", () => res())))).then(() => {
+    this.#exited = Promise.all(
+      [this.#worker, this.#sink].map((w) => new Promise<void>((res) => w.once("exit", () => res()))),
+    ).then(() => {
       if (dfd >= 0) closeSync(dfd);
     });
-    for (const [w, what] of [[this.#worker, "payload worker"], [this.#sink, "payload writer"]] as const) {
+    for (const [w, what] of [
+      [this.#worker, "payload worker"],
+      [this.#sink, "payload writer"],
+    ] as const) {
       w.on("message", (m: EncoderReply) => this.#onMessage(m));
-      w.on("error", (e: Error) => this.#fail(new MemsnapError("MEMSNAP_INTERNAL", `${what} failed: ${e.message}`, { cause: e })));
+      w.on("error", (e: Error) =>
+        this.#fail(new MemsnapError("MEMSNAP_INTERNAL", `${what} failed: ${e.message}`, { cause: e })),
+      );
       w.on("exit", (code: number) => {
         // The sink ends on its own once it has written the end of the stream and said so, or
         // when told to stop (by the payload worker, whose own error message is the one to report).
         if (w === this.#sink && (this.#sunk !== null || Atomics.load(this.#ctl, 2) === 2)) return;
-        if (this.#finish !== null || this.#waiter !== null) this.#fail(new MemsnapError("MEMSNAP_INTERNAL", `${what} exited unexpectedly (code ${code})`));
+        if (this.#finish !== null || this.#waiter !== null)
+          this.#fail(new MemsnapError("MEMSNAP_INTERNAL", `${what} exited unexpectedly (code ${code})`));
       });
     }
   }
@@ -240,7 +270,12 @@ export class PayloadEncoder {
     this.#finish = null;
     void this.#worker.terminate();
     if (this.#sunk.taken !== this.#done.compressed) {
-      f?.reject(new MemsnapError("MEMSNAP_INTERNAL", `payload writer took ${this.#sunk.taken} bytes of ${this.#done.compressed}`));
+      f?.reject(
+        new MemsnapError(
+          "MEMSNAP_INTERNAL",
+          `payload writer took ${this.#sunk.taken} bytes of ${this.#done.compressed}`,
+        ),
+      );
       return;
     }
     const r = { storedSize: this.#sunk.stored, sha256: this.#sunk.sha256, head: Buffer.from(this.#sunk.head) };
@@ -267,7 +302,6 @@ export class PayloadEncoder {
       Atomics.notify(this.#ctl, 3 + W_SLOTS);
     });
   }
-
 
   #onMessage(m: EncoderReply): void {
     switch (m.t) {
@@ -297,9 +331,10 @@ export class PayloadEncoder {
         this.#settle();
         return;
       case "err": {
-        const e = m.kind === "io"
-          ? destinationError(Object.assign(new Error(m.msg), { code: m.code }), this.#path)
-          : new MemsnapError("MEMSNAP_INTERNAL", `payload encoding failed: ${m.msg}`);
+        const e =
+          m.kind === "io"
+            ? destinationError(Object.assign(new Error(m.msg), { code: m.code }), this.#path)
+            : new MemsnapError("MEMSNAP_INTERNAL", `payload encoding failed: ${m.msg}`);
         this.#fail(e);
         return;
       }
@@ -358,7 +393,9 @@ export class PayloadEncoder {
       this.#compressHere();
     } catch (e) {
       this.#len = 0;
-      this.#fail(new MemsnapError("MEMSNAP_INTERNAL", `payload encoding failed: ${(e as Error).message}`, { cause: e }));
+      this.#fail(
+        new MemsnapError("MEMSNAP_INTERNAL", `payload encoding failed: ${(e as Error).message}`, { cause: e }),
+      );
     }
   }
 
@@ -385,7 +422,9 @@ export class PayloadEncoder {
   #room(): Promise<void> | undefined {
     if (this.#error) return Promise.reject(this.#error);
     if (this.#inFlight < IN_FLIGHT_BUFS || this.#stolen < STOLEN_FRAMES) return undefined;
-    return new Promise((resolve, reject) => { this.#waiter = { resolve, reject }; });
+    return new Promise((resolve, reject) => {
+      this.#waiter = { resolve, reject };
+    });
   }
 
   /**
@@ -409,10 +448,12 @@ export class PayloadEncoder {
         if (this.#inFlight >= IN_FLIGHT_BUFS) {
           // Rare: a write larger than the free buffers; wait, then go on with the rest.
           const rest = data.subarray(off);
-          return this.#room()!.then(() => {
-            this.#post();
-            return this.write(rest);
-          }).then(() => undefined);
+          return this.#room()!
+            .then(() => {
+              this.#post();
+              return this.write(rest);
+            })
+            .then(() => undefined);
         }
         this.#post();
       }

@@ -51,7 +51,12 @@ type Queued = { t: "data"; ab: ArrayBuffer; len: number; pos: number } | Exclude
  * A compressed frame waiting for its turn: `own` buffers are this thread's, `main` ones go back
  * to the main thread, others to the peer.
  */
-interface Frame { buf: Buffer; len: number; own: boolean; main?: boolean }
+interface Frame {
+  buf: Buffer;
+  len: number;
+  own: boolean;
+  main?: boolean;
+}
 
 const parentPort = port!;
 const wd = workerData as PayloadWorkerData;
@@ -66,10 +71,13 @@ const T = { z: 0, ring: 0, idle: 0 }; // busy ms, for MEMSNAP_DEBUG_ENCODER
 // length of slot i (0 marks the end of the stream).
 const ring = Buffer.from(wd.ring);
 const ctl = new Int32Array(wd.ctl);
-const SLOTS = wd.slots, WB = wd.wBatch;
+const SLOTS = wd.slots,
+  WB = wd.wBatch;
 const COPY = nativeCopy(wd.memAddon);
 let compressed = 0;
-let slot = 0, wlen = 0, published = 0;
+let slot = 0,
+  wlen = 0,
+  published = 0;
 class SinkGone extends Error {}
 /** Wait until slot number `published` is free (the sink has consumed the one it replaces). */
 function acquire(): void {
@@ -113,7 +121,7 @@ function endOutput(): void {
 // each compressed as one complete frame; odd segments go to a second compressor thread (the
 // "peer", started on the first one) so that both cores compress, and frames are emitted in order.
 const cctx = new b.CCtx();
-let level = wd.level;          // level of the segment being filled
+let level = wd.level; // level of the segment being filled
 let cctxLevel = level;
 cctx.setParameter(b.CParameter.compressionLevel, level);
 cctx.setParameter(b.CParameter.checksumFlag, wd.checksum ? 1 : 0);
@@ -124,16 +132,22 @@ const DIRECT_MIN = wd.directMin;
 const DST = SEG + (SEG >> 7) + 1024; // ≥ ZSTD_compressBound(SEG)
 let seg = Buffer.allocUnsafeSlow(SEG);
 let segLen = 0;
-let nextSeq = 0, emitSeq = 0, frames = 0;
+let nextSeq = 0,
+  emitSeq = 0,
+  frames = 0;
 const ready = new Map<number, Frame>(); // seq → compressed frames waiting for their turn
-const segFree: ArrayBuffer[] = [];      // segment ArrayBuffers the peer gave back
-const dstFree: Buffer[] = [];           // this thread's frame buffers
-let peer: Worker | null = null, peerBusy = 0;
-const queue: Queued[] = [];             // input items in order: data / frame / level / end
+const segFree: ArrayBuffer[] = []; // segment ArrayBuffers the peer gave back
+const dstFree: Buffer[] = []; // this thread's frame buffers
+let peer: Worker | null = null,
+  peerBusy = 0;
+const queue: Queued[] = []; // input items in order: data / frame / level / end
 let finished = false;
 
 function compressFrame(src: Buffer, lvl: number): Frame {
-  if (lvl !== cctxLevel) { cctx.setParameter(b.CParameter.compressionLevel, lvl); cctxLevel = lvl; }
+  if (lvl !== cctxLevel) {
+    cctx.setParameter(b.CParameter.compressionLevel, lvl);
+    cctxLevel = lvl;
+  }
   const dst = dstFree.pop() || Buffer.allocUnsafeSlow(DST);
   const t0 = now();
   const n = cctx.compress2(dst, src);
@@ -155,7 +169,8 @@ function drain(): void {
 }
 function startPeer(): void {
   const p = new Worker(new URL(wd.peerUrl), {
-    execArgv: [], resourceLimits: { maxYoungGenerationSizeMb: 4 },
+    execArgv: [],
+    resourceLimits: { maxYoungGenerationSizeMb: 4 },
     workerData: { bindingPath: wd.bindingPath, dstBytes: DST, checksum: wd.checksum } satisfies PeerData,
   });
   peer = p;
@@ -166,7 +181,12 @@ function startPeer(): void {
       frames++;
       segFree.push(m.seg);
       ready.set(m.seq, { buf: Buffer.from(m.ab, 0, DST), len: m.len, own: false });
-      try { drain(); pump(); } catch (e) { fail(e, errKind(e)); }
+      try {
+        drain();
+        pump();
+      } catch (e) {
+        fail(e, errKind(e));
+      }
     } else if (m.t === "err") {
       fail({ message: m.msg }, "internal");
     }
@@ -247,7 +267,9 @@ function pump(): void {
   }
 }
 
-function now(): number { return Number(process.hrtime.bigint()) / 1e6; }
+function now(): number {
+  return Number(process.hrtime.bigint()) / 1e6;
+}
 /** "io" for a failed system call (it carries its errno code), else "internal". */
 function errKind(e: unknown): "io" | "internal" {
   const x = e as { code?: unknown; syscall?: unknown } | null;
@@ -267,7 +289,10 @@ function fail(e: unknown, kind: "io" | "internal"): void {
 let idleSince: number | null = now();
 parentPort.on("message", (m: PayloadRequest) => {
   if (failed) return;
-  if (idleSince !== null) { T.idle += now() - idleSince; idleSince = null; }
+  if (idleSince !== null) {
+    T.idle += now() - idleSince;
+    idleSince = null;
+  }
   try {
     if (m.t === "data") queue.push({ t: "data", ab: m.ab, len: m.len, pos: 0 });
     else queue.push(m);

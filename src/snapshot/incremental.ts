@@ -74,11 +74,16 @@ function parseRecord(json: string): ChunkRecord | null {
   }
   if (typeof v !== "object" || v === null || !["append", "pages", "cdc"].includes(v.m) || !isCount(v.g)) return null;
   if (v.p !== undefined && !isCount(v.p)) return null;
-  if (v.r !== undefined && (!Array.isArray(v.r) || !v.r.every((p) => Array.isArray(p) && isCount(p[0]) && typeof p[1] === "string" && isCount(p[2])))) return null;
-  if (v.t !== undefined && (!Array.isArray(v.t) || !isCount(v.t[0]) || !isCount(v.t[1]) || typeof v.t[2] !== "string")) return null;
+  if (
+    v.r !== undefined &&
+    (!Array.isArray(v.r) ||
+      !v.r.every((p) => Array.isArray(p) && isCount(p[0]) && typeof p[1] === "string" && isCount(p[2])))
+  )
+    return null;
+  if (v.t !== undefined && (!Array.isArray(v.t) || !isCount(v.t[0]) || !isCount(v.t[1]) || typeof v.t[2] !== "string"))
+    return null;
   return v;
 }
-
 
 /** What must be equal for the last snapshot's bytes to stand for this one's. */
 export interface IncrementalKey {
@@ -91,10 +96,17 @@ export interface IncrementalKey {
 }
 
 /** The key for a snapshot's settings (null when references are not allowed: a passphrase). */
-export function incrementalKey(tenant: string, agent: string, recipientFingerprints: string[] | null, redaction: unknown): IncrementalKey | null {
+export function incrementalKey(
+  tenant: string,
+  agent: string,
+  recipientFingerprints: string[] | null,
+  redaction: unknown,
+): IncrementalKey | null {
   if (recipientFingerprints === null) return null;
   const encryption = recipientFingerprints.length ? [...recipientFingerprints].sort().join(",") : "none";
-  const r = createHash("sha256").update(canonicalJson({ redaction: redaction ?? "off", tool: TOOL_VERSION })).digest("hex");
+  const r = createHash("sha256")
+    .update(canonicalJson({ redaction: redaction ?? "off", tool: TOOL_VERSION }))
+    .digest("hex");
   return { tenant, agent, encryption, redaction: r };
 }
 
@@ -111,7 +123,10 @@ const own = (s: string): string => Buffer.from(s, "utf8").toString("utf8");
 
 /** Bytes per artifact in the reference set's record buffer: SHA-256, size, base, kind. */
 const REC = 32 + 8 + 2 + 1;
-/** Cache file bytes read at a time: the text of a chunk stays a young-generation string (V8 puts strings over 128 KiB in large-object space, freed only by a full collection). */
+/**
+ * Cache file bytes read at a time: the text of a chunk stays a young-generation string (V8 puts strings over 128 KiB in
+ * large-object space, freed only by a full collection).
+ */
 const READ_CHUNK = 64 * 1024;
 
 /** What the cache keeps of a chunkable artifact, carried over when it is referenced. */
@@ -198,7 +213,8 @@ export class ReferenceSet {
       const rec = t.length === 7 ? parseRecord(t[6]!) : null;
       if (t.length === 7 && !rec) return;
       const bytes = Number(size);
-      if (sha.length !== 64 || !seals.has(base) || !Number.isSafeInteger(bytes) || bytes < 0 || String(bytes) !== size) return;
+      if (sha.length !== 64 || !seals.has(base) || !Number.isSafeInteger(bytes) || bytes < 0 || String(bytes) !== size)
+        return;
       let path: unknown;
       try {
         path = JSON.parse(pj);
@@ -235,7 +251,8 @@ export class ReferenceSet {
     try {
       fd = openSync(file, "r");
     } catch (e) {
-      if ((e as NodeJS.ErrnoException).code === "ENOENT") return ReferenceSet.empty("no earlier incremental snapshot of this agent");
+      if ((e as NodeJS.ErrnoException).code === "ENOENT")
+        return ReferenceSet.empty("no earlier incremental snapshot of this agent");
       return ReferenceSet.empty(`the incremental cache is unreadable (${(e as Error).message})`);
     }
     try {
@@ -254,15 +271,23 @@ export class ReferenceSet {
           }
           const v = JSON.parse(line) as Record<string, unknown>;
           header = v;
-          if (v.format !== FORMAT || v.version !== VERSION) return ReferenceSet.empty("the incremental cache is of another format");
-          if (v.tenant !== key.tenant || v.agent !== key.agent) return ReferenceSet.empty("the incremental cache is another agent's");
-          if (v.encryption !== key.encryption) return ReferenceSet.empty("the last incremental snapshot was encrypted differently");
-          if (v.redaction !== key.redaction) return ReferenceSet.empty("the redaction settings, the secretlint rules' version or the memsnap version changed");
-          for (const [id, seal] of Object.entries((v.bundles ?? {}) as Record<string, unknown>)) if (typeof seal === "string") seals.set(id, seal);
+          if (v.format !== FORMAT || v.version !== VERSION)
+            return ReferenceSet.empty("the incremental cache is of another format");
+          if (v.tenant !== key.tenant || v.agent !== key.agent)
+            return ReferenceSet.empty("the incremental cache is another agent's");
+          if (v.encryption !== key.encryption)
+            return ReferenceSet.empty("the last incremental snapshot was encrypted differently");
+          if (v.redaction !== key.redaction)
+            return ReferenceSet.empty(
+              "the redaction settings, the secretlint rules' version or the memsnap version changed",
+            );
+          for (const [id, seal] of Object.entries((v.bundles ?? {}) as Record<string, unknown>))
+            if (typeof seal === "string") seals.set(id, seal);
           out.from = typeof v.snapshot_id === "string" ? v.snapshot_id : null;
           if (out.from && /^[0-9A-Z]{26}$/.test(out.from)) out.#tables = tableFile(file, out.from);
           if (v.redacted !== null && typeof v.redacted === "object") redacted = v.redacted as Record<string, unknown>;
-          if (v.unredacted !== null && typeof v.unredacted === "object") unredacted = v.unredacted as Record<string, unknown>;
+          if (v.unredacted !== null && typeof v.unredacted === "object")
+            unredacted = v.unredacted as Record<string, unknown>;
           findings = Object.keys(redacted).length > 0 || Object.keys(unredacted).length > 0;
         }
         if (got === 0) break;
@@ -275,7 +300,8 @@ export class ReferenceSet {
     if (!header) return ReferenceSet.empty("the incremental cache is empty");
     // A base must still be in the store, whole and sealed as recorded (the manifest alone:
     // restore and verify check its payload).
-    // In an s3 store, a bundle a prune condemned is deleted once the grace has passed: never a new base (store/s3/store.ts).
+    // In an s3 store, a bundle a prune condemned is deleted once the grace has passed: never a new base
+    // (store/s3/store.ts).
     const condemned = isBundleUrl(storeDir)
       ? await (await import("../store/s3/store.js")).condemnedIds(storeDir).catch(() => null)
       : new Map<string, number>();
@@ -283,16 +309,24 @@ export class ReferenceSet {
       if (condemned === null || condemned.has(id)) continue; // (the markers unreadable: no bases)
       try {
         const m = parseManifest((await readLayout(bundleIn(storeDir, id))).manifestBytes);
-        if (m.snapshot_id === id && m.seal === seal && checkSeal(m) && m.tenant === key.tenant && m.agent === key.agent) {
+        if (
+          m.snapshot_id === id &&
+          m.seal === seal &&
+          checkSeal(m) &&
+          m.tenant === key.tenant &&
+          m.agent === key.agent
+        ) {
           out.#bases.set(id, seal);
-          out.#manifests.set(id, { ...m, index: [] }); // the layers' meta is what is kept (a plaintext one's index can be large)
+          // the layers' meta is what is kept (a plaintext one's index can be large)
+          out.#manifests.set(id, { ...m, index: [] });
         }
       } catch {
         // pruned or damaged: its artifacts are packed again
       }
     }
     const gone = new Set(out.#ids.map((id, i) => (out.#bases.has(id) ? -1 : i)).filter((i) => i >= 0));
-    if (gone.size) for (const [p, i] of out.#byPath) if (gone.has(out.#rec.readUInt16LE(i * REC + 40))) out.#byPath.delete(p);
+    if (gone.size)
+      for (const [p, i] of out.#byPath) if (gone.has(out.#rec.readUInt16LE(i * REC + 40))) out.#byPath.delete(p);
     // A chunked artifact needs every bundle its recipe reads.
     for (const [p, i] of out.#byPath) {
       const r = out.#chunks.get(i)?.r;
@@ -308,7 +342,10 @@ export class ReferenceSet {
     const sha256 = this.#rec.toString("hex", at, at + 32);
     const size = this.#rec.readDoubleLE(at + 32);
     return {
-      kind: this.#kinds[this.#rec.readUInt8(at + 42)]!, size, base: this.#rec.readUInt16LE(at + 40), sha256,
+      kind: this.#kinds[this.#rec.readUInt8(at + 42)]!,
+      size,
+      base: this.#rec.readUInt16LE(at + 40),
+      sha256,
       fingerprint: this.#fps[i] ?? kvPageFingerprint(sha256, size),
     };
   }
@@ -355,7 +392,13 @@ export class ReferenceSet {
     const e = this.#decode(i);
     if (!rec || rec.m !== hint.mode || e.kind !== a.kind) return null;
     this.#byPath.delete(path);
-    return { size: e.size, sha256: e.sha256, holder: this.#ids[e.base]!, rec, table: await readTable(this.#tables, rec) };
+    return {
+      size: e.size,
+      sha256: e.sha256,
+      holder: this.#ids[e.base]!,
+      rec,
+      table: await readTable(this.#tables, rec),
+    };
   }
 
   /** Bundles a chunked artifact reads: bases of this snapshot. */
@@ -376,7 +419,9 @@ export class ReferenceSet {
     return this.#manifests.get(this.#ids[e.base]!)?.layers.find((l) => l.name === layer)?.meta ?? null;
   }
 
-  /** For a source (CaptureContext.lastMeta): the meta of `layer` in the last incremental snapshot, when it is a base. */
+  /**
+   * For a source (CaptureContext.lastMeta): the meta of `layer` in the last incremental snapshot, when it is a base.
+   */
   lastLayerMeta(layer: string): Record<string, unknown> | null {
     return (this.from && this.#manifests.get(this.from)?.layers.find((l) => l.name === layer)?.meta) || null;
   }
@@ -402,7 +447,10 @@ export class CacheWriter {
   #flushing: Promise<void> = Promise.resolve();
 
   /** `id`: the snapshot whose cache this is (it names the table file). */
-  constructor(readonly file: string, readonly id: string) {
+  constructor(
+    readonly file: string,
+    readonly id: string,
+  ) {
     this.#tmp = `${file}.tmp-${process.pid}`;
     this.#tablesTmp = `${tableFile(file, id)}.tmp-${process.pid}`;
   }
@@ -425,8 +473,14 @@ export class CacheWriter {
    * chunkable one's record and table (this snapshot is then `base` unless the whole artifact was
    * referenced).
    */
-  add(e: IndexEntry, fingerprint: string | undefined, holder: string, chunk?: { rec: ChunkRecord; table: Buffer | null }): void {
-    if ((fingerprint === undefined && !chunk) || /[\t\n]/.test(fingerprint ?? "") || /[\t\n]/.test(e.kind)) return; // never referenced
+  add(
+    e: IndexEntry,
+    fingerprint: string | undefined,
+    holder: string,
+    chunk?: { rec: ChunkRecord; table: Buffer | null },
+  ): void {
+    // never referenced
+    if ((fingerprint === undefined && !chunk) || /[\t\n]/.test(fingerprint ?? "") || /[\t\n]/.test(e.kind)) return;
     const fp = fingerprint === undefined ? "-" : fingerprint === kvPageFingerprint(e.sha256, e.size) ? "" : fingerprint;
     let rec = "";
     if (chunk) {
@@ -438,7 +492,9 @@ export class CacheWriter {
         const at = this.#tableSize;
         this.#tableSize += t.length;
         const fh = this.#tables!;
-        this.#flushing = this.#flushing.then(async () => { await fh.write(t, 0, t.length, at); });
+        this.#flushing = this.#flushing.then(async () => {
+          await fh.write(t, 0, t.length, at);
+        });
       }
       rec = `\t${JSON.stringify(r)}`;
     }
@@ -452,7 +508,9 @@ export class CacheWriter {
     this.#lines = [];
     this.#pending = 0;
     const fh = this.#fh!;
-    this.#flushing = this.#flushing.then(async () => { await fh.write(text); });
+    this.#flushing = this.#flushing.then(async () => {
+      await fh.write(text);
+    });
   }
 
   /**
@@ -460,8 +518,13 @@ export class CacheWriter {
    * and the redaction report's counts per artifact, values replaced and secrets left as they
    * were) and put the cache in place.
    */
-  async commit(snapshotId: string, key: IncrementalKey, bundles: Record<string, string>, redacted: Record<string, RuleCounts>,
-    unredacted: Record<string, RuleCounts>): Promise<void> {
+  async commit(
+    snapshotId: string,
+    key: IncrementalKey,
+    bundles: Record<string, string>,
+    redacted: Record<string, RuleCounts>,
+    unredacted: Record<string, RuleCounts>,
+  ): Promise<void> {
     if (this.#lines.length) this.#flush();
     await this.#flushing;
     const body = this.#fh!;
@@ -472,7 +535,16 @@ export class CacheWriter {
     await this.#tables!.close();
     this.#tables = null;
     await rename(this.#tablesTmp, tableFile(this.file, this.id));
-    const header = JSON.stringify({ format: FORMAT, version: VERSION, snapshot_id: snapshotId, ...key, bundles, redacted, unredacted }) + "\n";
+    const header =
+      JSON.stringify({
+        format: FORMAT,
+        version: VERSION,
+        snapshot_id: snapshotId,
+        ...key,
+        bundles,
+        redacted,
+        unredacted,
+      }) + "\n";
     const out = await open(`${this.file}.new-${process.pid}`, "w", 0o600);
     try {
       await out.write(header);

@@ -24,13 +24,22 @@ const ENTRY_KEYS = 7; // kind, layer, mode, mtime, path, sha256, size
  * the generic encoder, so the bytes are canonical JSON either way.
  */
 export function entryJson(e: IndexEntry): string {
-  if (Object.keys(e).length !== ENTRY_KEYS || !Number.isSafeInteger(e.mode) || !Number.isSafeInteger(e.size) ||
-    typeof e.kind !== "string" || typeof e.layer !== "string" || typeof e.mtime !== "string" ||
-    typeof e.path !== "string" || typeof e.sha256 !== "string") {
+  if (
+    Object.keys(e).length !== ENTRY_KEYS ||
+    !Number.isSafeInteger(e.mode) ||
+    !Number.isSafeInteger(e.size) ||
+    typeof e.kind !== "string" ||
+    typeof e.layer !== "string" ||
+    typeof e.mtime !== "string" ||
+    typeof e.path !== "string" ||
+    typeof e.sha256 !== "string"
+  ) {
     return canonicalJson(e);
   }
-  return `{"kind":${JSON.stringify(e.kind)},"layer":${JSON.stringify(e.layer)},"mode":${e.mode},"mtime":${JSON.stringify(e.mtime)},` +
-    `"path":${JSON.stringify(e.path)},"sha256":${JSON.stringify(e.sha256)},"size":${e.size}}`;
+  return (
+    `{"kind":${JSON.stringify(e.kind)},"layer":${JSON.stringify(e.layer)},"mode":${e.mode},"mtime":${JSON.stringify(e.mtime)},` +
+    `"path":${JSON.stringify(e.path)},"sha256":${JSON.stringify(e.sha256)},"size":${e.size}}`
+  );
 }
 
 export class IndexSpill {
@@ -89,8 +98,11 @@ export class IndexSpill {
 
   /** Size of {@link document} in bytes. */
   documentBytes(snapshotId: string): number {
-    return Buffer.byteLength('{"artifacts":[', "utf8") + this.bodyBytes
-      + Buffer.byteLength(`],"format":"memsnap-index","snapshot_id":${JSON.stringify(snapshotId)}}`, "utf8");
+    return (
+      Buffer.byteLength('{"artifacts":[', "utf8") +
+      this.bodyBytes +
+      Buffer.byteLength(`],"format":"memsnap-index","snapshot_id":${JSON.stringify(snapshotId)}}`, "utf8")
+    );
   }
 
   close(): void {

@@ -102,7 +102,10 @@ export class LevelPolicy {
     return this.#current;
   }
 
-  /** Account the artifact's next chunk (the first one too, after {@link start}); inside a big artifact, a chunk that starts a new stretch is re-sampled. */
+  /**
+   * Account the artifact's next chunk (the first one too, after {@link start}); inside a big artifact, a chunk that
+   * starts a new stretch is re-sampled.
+   */
   next(chunk: Uint8Array): number {
     if (this.dense !== this.level && this.#big && this.#since >= RESAMPLE_BYTES) this.#sample(chunk);
     this.#since += chunk.length;

@@ -25,8 +25,21 @@ import { MemsnapError, destinationError, interruptedOr, sourceChanged } from "..
 import { BundleWriter } from "../format/container.js";
 import { BLOCK, encodeEntryHeader, padding } from "../format/tar-header.js";
 import {
-  computeSeal, encodeManifest, INDEX_PATH, MANIFEST_VERSION, MANIFEST_VERSION_NO_INDEX, SNAPSHOT_ID_PATTERN, MANIFEST_VERSION_FULL, MANIFEST_VERSION_INCREMENTAL, PAYLOAD_MEMBER_ENCRYPTED, PAYLOAD_MEMBER_PLAIN,
-  type CreatedBy, type IndexEntry, type LayerEntry, type Manifest, type RecipientInfo,
+  computeSeal,
+  encodeManifest,
+  INDEX_PATH,
+  MANIFEST_VERSION,
+  MANIFEST_VERSION_NO_INDEX,
+  SNAPSHOT_ID_PATTERN,
+  MANIFEST_VERSION_FULL,
+  MANIFEST_VERSION_INCREMENTAL,
+  PAYLOAD_MEMBER_ENCRYPTED,
+  PAYLOAD_MEMBER_PLAIN,
+  type CreatedBy,
+  type IndexEntry,
+  type LayerEntry,
+  type Manifest,
+  type RecipientInfo,
 } from "../format/manifest.js";
 import { createRedactor } from "../redact/index.js";
 import { secretlintVersions } from "../redact/secretlint.js";
@@ -151,7 +164,11 @@ const REDACT_LOOKAHEAD = 2;
 export const MANIFEST_INDEX_MAX = 10_000;
 
 /** Yield `prepare(x)` for each item in order, with up to `depth` preparations started ahead. */
-async function* lookahead<T, U>(items: AsyncIterable<T>, prepare: (x: T) => Promise<U>, depth: number): AsyncGenerator<U> {
+async function* lookahead<T, U>(
+  items: AsyncIterable<T>,
+  prepare: (x: T) => Promise<U>,
+  depth: number,
+): AsyncGenerator<U> {
   const queue: Promise<U>[] = [];
   const it = items[Symbol.asyncIterator]();
   let done = false;
@@ -199,7 +216,11 @@ const collectPacked = gcPacer(16 * 1024 * 1024, "minor");
 const collectArtifacts = heapPacer(16 * 1024 * 1024);
 
 async function packArtifact(
-  enc: PayloadEncoder, levels: LevelPolicy, layer: string, a: Artifact, onBytes: (n: number) => void,
+  enc: PayloadEncoder,
+  levels: LevelPolicy,
+  layer: string,
+  a: Artifact,
+  onBytes: (n: number) => void,
 ): Promise<IndexEntry> {
   const name = `${layer}/${a.path}`;
   const known = a.text ? undefined : a.sha256;
@@ -233,8 +254,13 @@ async function packArtifact(
     throw sourceChanged(name, "its bytes changed between the redaction scan and packing (same size and mtime)");
   }
   return {
-    path: name, layer, kind: a.kind, size: a.size, sha256,
-    mode: a.mode, mtime: a.mtime.toISOString(),
+    path: name,
+    layer,
+    kind: a.kind,
+    size: a.size,
+    sha256,
+    mode: a.mode,
+    mtime: a.mtime.toISOString(),
   };
 }
 
@@ -257,9 +283,17 @@ interface Chunking {
 type PackedChunk = { rec: ChunkRecord; table: Buffer | null };
 
 async function packLayer(
-  enc: PayloadEncoder, levels: LevelPolicy, layer: LayerEntry, cap: LayerCapture, independent: boolean, distinctPaths: boolean,
-  redactor: Redactor | undefined, signal: AbortSignal | undefined, onBytes: (n: number) => void,
-  onPacked: (e: IndexEntry, fingerprint: string | undefined, chunk?: PackedChunk) => void, refs: ReferenceSet | null,
+  enc: PayloadEncoder,
+  levels: LevelPolicy,
+  layer: LayerEntry,
+  cap: LayerCapture,
+  independent: boolean,
+  distinctPaths: boolean,
+  redactor: Redactor | undefined,
+  signal: AbortSignal | undefined,
+  onBytes: (n: number) => void,
+  onPacked: (e: IndexEntry, fingerprint: string | undefined, chunk?: PackedChunk) => void,
+  refs: ReferenceSet | null,
   chunking: Chunking | null,
 ): Promise<number> {
   let redactMs = 0;
@@ -274,12 +308,17 @@ async function packLayer(
     }
     if (!redactor || !raw.text) return Promise.resolve(raw);
     const r0 = performance.now();
-    const p = redactor.redactArtifact(raw, `${layer.name}/${raw.path}`).then((out) => {
-      // The redacted bytes are a function of the source's: the next incremental snapshot may reference them.
-      if (raw.fingerprint !== undefined) out.fingerprint = raw.fingerprint;
-      if (raw.chunking !== undefined) out.chunking = raw.chunking;
-      return out;
-    }).finally(() => { redactMs += performance.now() - r0; });
+    const p = redactor
+      .redactArtifact(raw, `${layer.name}/${raw.path}`)
+      .then((out) => {
+        // The redacted bytes are a function of the source's: the next incremental snapshot may reference them.
+        if (raw.fingerprint !== undefined) out.fingerprint = raw.fingerprint;
+        if (raw.chunking !== undefined) out.chunking = raw.chunking;
+        return out;
+      })
+      .finally(() => {
+        redactMs += performance.now() - r0;
+      });
     p.catch(() => undefined); // awaited in order below
     return p;
   };
@@ -294,11 +333,25 @@ async function packLayer(
       // Secrets found in the referenced bytes and left there (a git bundle's history) count as
       // this snapshot's too: a plaintext bundle is still refused for them.
       if (ref.unredacted) redactor?.recordReused?.(name, ref.unredacted, false);
-      const base = { path: name, layer: layer.name, kind: a.kind, size: ref.size, sha256: ref.sha256, mode: a.mode, mtime: a.mtime.toISOString() };
+      const base = {
+        path: name,
+        layer: layer.name,
+        kind: a.kind,
+        size: ref.size,
+        sha256: ref.sha256,
+        mode: a.mode,
+        mtime: a.mtime.toISOString(),
+      };
       const chunk = ref.chunk ? { rec: ref.chunk.rec, table: await ref.chunk.table() } : undefined;
       if (ref.ranges) {
         // Chunked last time and unchanged: the same ranges, with an empty payload entry (no bytes stored).
-        const empty = await packArtifact(enc, levels, layer.name, { path: a.path, kind: a.kind, size: 0, mode: a.mode, mtime: a.mtime, open: () => [] }, onBytes);
+        const empty = await packArtifact(
+          enc,
+          levels,
+          layer.name,
+          { path: a.path, kind: a.kind, size: 0, mode: a.mode, mtime: a.mtime, open: () => [] },
+          onBytes,
+        );
         onPacked({ ...base, ranges: ref.ranges, stored_size: 0, stored_sha256: empty.sha256 }, a.fingerprint, chunk);
       } else {
         onPacked({ ...base, ref: ref.base }, a.fingerprint, chunk);
@@ -317,10 +370,21 @@ async function packLayer(
       const pack = (x: Artifact): Promise<IndexEntry> => packArtifact(enc, levels, layer.name, x, onBytes);
       const b = await refs!.chunkBase(name, a, hint);
       const why = b ? wholeReason(b, hint, a) : "no base";
-      const r = b && why === null
-        ? await packChunked(a, hint, b, { name, layer: layer.name, self: chunking!.self, workDir: chunking!.workDir, pack, use: (ids) => refs!.use(ids) })
-        : await packWhole(a, hint, pack, why ?? undefined);
-      if (process.env.MEMSNAP_DEBUG_ENCODER) process.stderr.write(`chunking ${name}: ${r.entry.ranges ? `${r.entry.stored_size} of ${r.entry.size} bytes stored` : `whole (${r.whole ?? "?"})`}\n`);
+      const r =
+        b && why === null
+          ? await packChunked(a, hint, b, {
+              name,
+              layer: layer.name,
+              self: chunking!.self,
+              workDir: chunking!.workDir,
+              pack,
+              use: (ids) => refs!.use(ids),
+            })
+          : await packWhole(a, hint, pack, why ?? undefined);
+      if (process.env.MEMSNAP_DEBUG_ENCODER)
+        process.stderr.write(
+          `chunking ${name}: ${r.entry.ranges ? `${r.entry.stored_size} of ${r.entry.size} bytes stored` : `whole (${r.whole ?? "?"})`}\n`,
+        );
       onPacked(r.entry, a.fingerprint, { rec: r.rec, table: r.table });
       collectArtifacts();
       crashPoint("snapshot:artifact");
@@ -352,26 +416,43 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
   const createdAt = new Date();
   const recipients = opts.recipients ?? [];
   if (recipients.length && opts.passphrase) {
-    throw new MemsnapError("MEMSNAP_USAGE", "use recipients or a passphrase, not both", { hint: "drop --recipient or --passphrase-file" });
-  }
-  if (opts.label != null && !LABEL_OK.test(opts.label)) {
-    throw new MemsnapError("MEMSNAP_USAGE", `a label is 1 to ${LABEL_MAX} characters on one line, without control characters: got ${JSON.stringify(opts.label.length > 40 ? `${opts.label.slice(0, 40)}…` : opts.label)} (${opts.label.length} characters)`, {
-      hint: "e.g. --label before-upgrade; `memsnap list` shows it and `prune --keep-label` matches it",
+    throw new MemsnapError("MEMSNAP_USAGE", "use recipients or a passphrase, not both", {
+      hint: "drop --recipient or --passphrase-file",
     });
   }
+  if (opts.label != null && !LABEL_OK.test(opts.label)) {
+    throw new MemsnapError(
+      "MEMSNAP_USAGE",
+      `a label is 1 to ${LABEL_MAX} characters on one line, without control characters: got ${JSON.stringify(opts.label.length > 40 ? `${opts.label.slice(0, 40)}…` : opts.label)} (${opts.label.length} characters)`,
+      {
+        hint: "e.g. --label before-upgrade; `memsnap list` shows it and `prune --keep-label` matches it",
+      },
+    );
+  }
   if (opts.parent != null && !SNAPSHOT_ID_PATTERN.test(opts.parent)) {
-    throw new MemsnapError("MEMSNAP_USAGE", `parent ${JSON.stringify(opts.parent.slice(0, 40))} is not a snapshot id (a ULID)`, { hint: "pass the parent's snapshot id, or null" });
+    throw new MemsnapError(
+      "MEMSNAP_USAGE",
+      `parent ${JSON.stringify(opts.parent.slice(0, 40))} is not a snapshot id (a ULID)`,
+      { hint: "pass the parent's snapshot id, or null" },
+    );
   }
   const encrypted = recipients.length > 0 || !!opts.passphrase;
   const memory = cfg.sources.filter((s) => s.impl.processMemory).map((s) => s.cfg.name);
   if (memory.length && !encrypted && !opts.allowPlaintextMemory) {
-    throw new MemsnapError("MEMSNAP_PLAINTEXT_PROCESS_MEMORY", `layer(s) ${memory.join(", ")} hold process memory, which cannot be redacted; refusing a plaintext bundle`,
-      { hint: "encrypt the bundle (-r age1… or --passphrase-file), or pass --allow-plaintext-memory" });
+    throw new MemsnapError(
+      "MEMSNAP_PLAINTEXT_PROCESS_MEMORY",
+      `layer(s) ${memory.join(", ")} hold process memory, which cannot be redacted; refusing a plaintext bundle`,
+      { hint: "encrypt the bundle (-r age1… or --passphrase-file), or pass --allow-plaintext-memory" },
+    );
   }
   if (opts.incremental && (opts.out || !opts.store)) {
-    throw new MemsnapError("MEMSNAP_USAGE", "an incremental snapshot goes into the store (its bases are the bundles beside it)", {
-      hint: "drop --out (use --store DIR), or drop --incremental",
-    });
+    throw new MemsnapError(
+      "MEMSNAP_USAGE",
+      "an incremental snapshot goes into the store (its bases are the bundles beside it)",
+      {
+        hint: "drop --out (use --store DIR), or drop --incremental",
+      },
+    );
   }
   let dest = opts.out;
   let parent = opts.parent ?? null;
@@ -379,7 +460,10 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
   let newestSnapshotIn: typeof import("../format/s3-bundle-writer.js").newestSnapshotIn;
   let s3: { client: S3Client; bucket: string; key: string } | null = null;
   if (!dest) {
-    if (!opts.store) throw new MemsnapError("MEMSNAP_USAGE", "no store and no --out given", { hint: "pass --out FILE or --store DIR" });
+    if (!opts.store)
+      throw new MemsnapError("MEMSNAP_USAGE", "no store and no --out given", {
+        hint: "pass --out FILE or --store DIR",
+      });
     if (isS3Url(opts.store)) {
       // An object store: the bundle streams into an upload of <prefix>/<tenant>/<agent>/<id>.memsnap.
       const loc = parseStoreLocation(opts.store);
@@ -405,8 +489,17 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
       if (opts.parent === undefined) parent = await newestIn(dirname(dest), id);
     }
   }
-  if (!s3 && await stat(dest).then(() => true, () => false)) {
-    throw new MemsnapError("MEMSNAP_DEST_EXISTS", `${dest} already exists`, { path: dest, hint: "choose another --out path or remove the file" });
+  if (
+    !s3 &&
+    (await stat(dest).then(
+      () => true,
+      () => false,
+    ))
+  ) {
+    throw new MemsnapError("MEMSNAP_DEST_EXISTS", `${dest} already exists`, {
+      path: dest,
+      hint: "choose another --out path or remove the file",
+    });
   }
   const level = opts.level ?? cfg.compression.level;
   let lock: AgentLock | null = null;
@@ -422,7 +515,10 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
   // The work dir (redaction scratch, the index spill) is beside the bundle, or for an object
   // store in the agent's control dir: nothing of the bundle's size is written locally then.
   const workBase = s3 ? controlDir(cfg.baseDir) : dirname(dest);
-  if (s3) await mkdir(workBase, { recursive: true, mode: 0o700 }).catch((e: unknown) => { throw destinationError(e, workBase); });
+  if (s3)
+    await mkdir(workBase, { recursive: true, mode: 0o700 }).catch((e: unknown) => {
+      throw destinationError(e, workBase);
+    });
   await removeOrphans(workBase); // a killed earlier snapshot's temp file and work dir
   const writer = s3
     ? new S3Writer!(s3.client, s3.bucket, s3.key, encrypted, opts.signal ? { signal: opts.signal } : {})
@@ -442,7 +538,9 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
   // is awaited before the file is committed or aborted (never a sync of a closed descriptor).
   let syncing: Promise<void> | null = null;
   const earlySync = (fd: number): void => {
-    syncing ??= new Promise<void>((res) => fdatasync(fd, () => res())).finally(() => { syncing = null; });
+    syncing ??= new Promise<void>((res) => fdatasync(fd, () => res())).finally(() => {
+      syncing = null;
+    });
   };
   try {
     try {
@@ -451,9 +549,13 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
       throw destinationError(e, dest);
     }
     redactor = await createRedactor({ ...cfg.redaction, enabled: opts.redact ?? cfg.redaction.enabled }, workDir);
-    const age = !encrypted ? null : await prepareAgeEncryption(opts.passphrase
-      ? { passphrase: opts.passphrase, ...(opts.scryptLogN ? { scryptLogN: opts.scryptLogN } : {}) }
-      : { recipients });
+    const age = !encrypted
+      ? null
+      : await prepareAgeEncryption(
+          opts.passphrase
+            ? { passphrase: opts.passphrase, ...(opts.scryptLogN ? { scryptLogN: opts.scryptLogN } : {}) }
+            : { recipients },
+        );
     const threads = cfg.compression.threads ?? defaultZstdThreads();
     let raw: { fd: number; start: number } | null = null;
     if (!(writer instanceof BundleWriter)) {
@@ -467,22 +569,33 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
     const levels = new LevelPolicy(level);
 
     // Bases are the bundles beside this one: the same directory, or the same key prefix of an s3 store.
-    const incKey = !opts.incremental ? null
-      : incrementalKey(cfg.tenant, cfg.agent, opts.passphrase ? null : recipients.map(recipientFingerprint),
-        redactor ? { settings: cfg.redaction, rules: secretlintVersions() } : null);
-    const refs = !opts.incremental ? null
-      : incKey ? await ReferenceSet.load(cachePath(cfg.baseDir, cfg.tenant, cfg.agent), incKey, dirname(dest))
-      : ReferenceSet.empty("a passphrase-encrypted snapshot references nothing (passphrases cannot be compared)");
+    const incKey = !opts.incremental
+      ? null
+      : incrementalKey(
+          cfg.tenant,
+          cfg.agent,
+          opts.passphrase ? null : recipients.map(recipientFingerprint),
+          redactor ? { settings: cfg.redaction, rules: secretlintVersions() } : null,
+        );
+    const refs = !opts.incremental
+      ? null
+      : incKey
+        ? await ReferenceSet.load(cachePath(cfg.baseDir, cfg.tenant, cfg.agent), incKey, dirname(dest))
+        : ReferenceSet.empty("a passphrase-encrypted snapshot references nothing (passphrases cannot be compared)");
     if (incKey) {
       cache = new CacheWriter(cachePath(cfg.baseDir, cfg.tenant, cfg.agent), id);
-      await cache.start().catch((e: unknown) => { throw destinationError(e, cache!.file); });
+      await cache.start().catch((e: unknown) => {
+        throw destinationError(e, cache!.file);
+      });
     }
     let referencedCount = 0;
     let referencedBytes = 0;
     let chunked = 0;
     if (process.env.MEMSNAP_DEBUG_ENCODER && refs) {
       const mu = process.memoryUsage();
-      process.stderr.write(`incremental: ${refs.size} artifact(s) may be referenced (rss ${Math.round(mu.rss / 1048576)} heap used ${Math.round(mu.heapUsed / 1048576)} of ${Math.round(mu.heapTotal / 1048576)} MiB)\n`);
+      process.stderr.write(
+        `incremental: ${refs.size} artifact(s) may be referenced (rss ${Math.round(mu.rss / 1048576)} heap used ${Math.round(mu.heapUsed / 1048576)} of ${Math.round(mu.heapTotal / 1048576)} MiB)\n`,
+      );
     }
 
     // The index goes to a spill file as artifacts pack (bounded memory whatever their number);
@@ -503,7 +616,8 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
     // another, in config order. Only one layer ahead: a capture holds its plan in memory (a KV
     // page table is tens of MiB at scale 10), so starting them all at once raised peak RSS.
     const captureCtx = {
-      baseDir: cfg.baseDir, tmpDir: workDir,
+      baseDir: cfg.baseDir,
+      tmpDir: workDir,
       ...(opts.signal ? { signal: opts.signal } : {}),
       ...(redactor ? { redactor } : {}),
       ...(refs?.size ? { unchanged: (path: string, fp: string, kind: string) => refs.unchanged(path, fp, kind) } : {}),
@@ -513,7 +627,12 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
       const src = cfg.sources[i];
       if (!src || started[i]) return;
       const p = src.impl.capture(src.cfg, captureCtx);
-      p.then((c) => { captures.push(c); }, () => undefined);
+      p.then(
+        (c) => {
+          captures.push(c);
+        },
+        () => undefined,
+      );
       started[i] = p;
     };
     for (const [i, { impl, cfg: scfg }] of cfg.sources.entries()) {
@@ -522,32 +641,53 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
       startCapture(i + 1);
       const cap = await started[i]!;
       estimate = estimate === null || cap.estimatedBytes === undefined ? null : estimate + cap.estimatedBytes;
-      const layer: LayerEntry = { name: scfg.name, kind: impl.kind, schema_version: cap.schemaVersion ?? impl.schemaVersion, artifacts: 0, bytes: 0 };
-      redactMs += await packLayer(enc, levels, layer, cap, !!impl.independentArtifacts, !!impl.distinctPaths, redactor, opts.signal, (n) => {
-        opts.signal?.throwIfAborted();
-        bytes += n;
-        opts.onProgress?.({ bytes, totalBytes: estimate, artifacts: spill!.count, layer: scfg.name });
-      }, (e, fingerprint, chunk) => {
-        spill!.add(e);
-        if (index && index.length === (opts.manifestIndexMax ?? MANIFEST_INDEX_MAX)) index = null;
-        index?.push(e);
-        cache?.add(e, fingerprint, e.ref ?? id, chunk);
-        if (e.ref !== undefined) {
-          referencedCount++;
-          referencedBytes += e.size;
-        } else if (e.ranges !== undefined) {
-          // (its stored ranges were counted as they packed)
-          chunked++;
-          referencedCount++;
-          referencedBytes += e.size - e.stored_size!;
-        }
-      }, refs, incKey ? { self: id, workDir } : null);
+      const layer: LayerEntry = {
+        name: scfg.name,
+        kind: impl.kind,
+        schema_version: cap.schemaVersion ?? impl.schemaVersion,
+        artifacts: 0,
+        bytes: 0,
+      };
+      redactMs += await packLayer(
+        enc,
+        levels,
+        layer,
+        cap,
+        !!impl.independentArtifacts,
+        !!impl.distinctPaths,
+        redactor,
+        opts.signal,
+        (n) => {
+          opts.signal?.throwIfAborted();
+          bytes += n;
+          opts.onProgress?.({ bytes, totalBytes: estimate, artifacts: spill!.count, layer: scfg.name });
+        },
+        (e, fingerprint, chunk) => {
+          spill!.add(e);
+          if (index && index.length === (opts.manifestIndexMax ?? MANIFEST_INDEX_MAX)) index = null;
+          index?.push(e);
+          cache?.add(e, fingerprint, e.ref ?? id, chunk);
+          if (e.ref !== undefined) {
+            referencedCount++;
+            referencedBytes += e.size;
+          } else if (e.ranges !== undefined) {
+            // (its stored ranges were counted as they packed)
+            chunked++;
+            referencedCount++;
+            referencedBytes += e.size - e.stored_size!;
+          }
+        },
+        refs,
+        incKey ? { self: id, workDir } : null,
+      );
       if (process.env.MEMSNAP_DEBUG_ENCODER) {
         const elu = performance.eventLoopUtilization(elu0);
         elu0 = performance.eventLoopUtilization();
         const mu = process.memoryUsage();
         const mib = (n: number): number => Math.round(n / 1048576);
-        process.stderr.write(`layer ${scfg.name} packed at ${Math.round(performance.now() - t0)} ms (main thread busy ${Math.round(elu.active)} of ${Math.round(elu.active + elu.idle)} ms; rss ${mib(mu.rss)} heap ${mib(mu.heapTotal)} external ${mib(mu.external)} MiB)\n`);
+        process.stderr.write(
+          `layer ${scfg.name} packed at ${Math.round(performance.now() - t0)} ms (main thread busy ${Math.round(elu.active)} of ${Math.round(elu.active + elu.idle)} ms; rss ${mib(mu.rss)} heap ${mib(mu.heapTotal)} external ${mib(mu.external)} MiB)\n`,
+        );
       }
       // finish() runs now (a SQLite source stops its workers), but the next layer packs while
       // it settles: the git source's finish waits for its history scan, and a SQLite
@@ -572,17 +712,23 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
       indexHash.update(c);
       await enc.write(c);
     }
-    await enc.write(Buffer.concat([ZEROS.subarray(0, padding(indexSize)), ZEROS])); // padding, then the end-of-archive blocks
+    // padding, then the end-of-archive blocks
+    await enc.write(Buffer.concat([ZEROS.subarray(0, padding(indexSize)), ZEROS]));
     for (const f of finishing) await f; // the layers' meta, and the history scans' findings in the report
     const redaction = redactor ? redactor.report() : null;
     if (redaction && redaction.total_unredacted > 0 && !encrypted && !opts.allowUnredacted) {
       const where = Object.keys(redaction.unredacted);
-      throw new MemsnapError("MEMSNAP_UNREDACTED_SECRETS",
+      throw new MemsnapError(
+        "MEMSNAP_UNREDACTED_SECRETS",
         `${redaction.total_unredacted} secret(s) found in content that cannot be redacted (${where.slice(0, 3).join(", ")}${where.length > 3 ? ", …" : ""}); refusing a plaintext bundle`,
-        { hint: "encrypt the bundle (-r age1… or --passphrase-file), or pass --allow-unredacted" });
+        { hint: "encrypt the bundle (-r age1… or --passphrase-file), or pass --allow-unredacted" },
+      );
     }
     const tarSize = enc.bytesIn;
-    if (process.env.MEMSNAP_DEBUG_ENCODER) process.stderr.write(`levels: ${levels.samples} samples, ${levels.denseSamples} dense; frames compressed on the main thread: ${enc.stolenFrames}\n`);
+    if (process.env.MEMSNAP_DEBUG_ENCODER)
+      process.stderr.write(
+        `levels: ${levels.samples} samples, ${levels.denseSamples} dense; frames compressed on the main thread: ${enc.stolenFrames}\n`,
+      );
     const payload = await enc.finish();
     const recipientInfo: RecipientInfo[] = opts.passphrase
       ? [{ type: "scrypt" }]
@@ -593,7 +739,13 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
     const body: Omit<Manifest, "seal"> = {
       format: "memsnap",
       // The oldest version that says what this bundle is (so older readers read what they can).
-      manifest_version: chunked ? MANIFEST_VERSION : !encrypted && !index ? MANIFEST_VERSION_NO_INDEX : bases.length ? MANIFEST_VERSION_INCREMENTAL : MANIFEST_VERSION_FULL,
+      manifest_version: chunked
+        ? MANIFEST_VERSION
+        : !encrypted && !index
+          ? MANIFEST_VERSION_NO_INDEX
+          : bases.length
+            ? MANIFEST_VERSION_INCREMENTAL
+            : MANIFEST_VERSION_FULL,
       snapshot_id: id,
       created_at: createdAt.toISOString(),
       created_by: opts.createdBy ?? "api",
@@ -620,10 +772,13 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
       redaction: redaction ? { ...redaction } : { policy: "off" },
     };
     const sealed: Manifest = { ...body, seal: computeSeal(body) };
-    const manifest: Manifest = opts.signKey ? { ...sealed, signature: { ...signManifest(sealed, opts.signKey) } } : sealed;
+    const manifest: Manifest = opts.signKey
+      ? { ...sealed, signature: { ...signManifest(sealed, opts.signKey) } }
+      : sealed;
     await syncing;
     let bundleBytes: number;
-    if (!(writer instanceof BundleWriter)) bundleBytes = (await writer.commit(encodeManifest(manifest), payload.storedSize)).size;
+    if (!(writer instanceof BundleWriter))
+      bundleBytes = (await writer.commit(encodeManifest(manifest), payload.storedSize)).size;
     else {
       await writer.commit(encodeManifest(manifest), payload.storedSize);
       bundleBytes = (await stat(dest)).size;
@@ -631,15 +786,23 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
     let incremental: IncrementalResult | undefined;
     if (refs) {
       incremental = {
-        referenced: referencedCount, referencedBytes, chunked, bases: bases.map((b) => b.snapshot_id),
-        reason: referencedCount ? null : refs.reason ?? "nothing was unchanged",
+        referenced: referencedCount,
+        referencedBytes,
+        chunked,
+        bases: bases.map((b) => b.snapshot_id),
+        reason: referencedCount ? null : (refs.reason ?? "nothing was unchanged"),
       };
       if (cache && incKey) {
         // The next incremental snapshot's references: this bundle, and the bases it referenced.
         const holders = Object.fromEntries([[id, manifest.seal], ...bases.map((b) => [b.snapshot_id, b.seal])]);
         try {
-          await cache.commit(id, incKey, holders, (redaction?.redacted ?? {}) as Record<string, Record<string, number>>,
-            (redaction?.unredacted ?? {}) as Record<string, Record<string, number>>);
+          await cache.commit(
+            id,
+            incKey,
+            holders,
+            (redaction?.redacted ?? {}) as Record<string, Record<string, number>>,
+            (redaction?.unredacted ?? {}) as Record<string, Record<string, number>>,
+          );
         } catch (e) {
           incremental.cacheError = (e as Error).message;
           await cache.abort();
@@ -648,7 +811,13 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
       }
     }
     return {
-      id, path: dest, manifest, inputBytes: bytes, bundleBytes, durationMs: performance.now() - t0, redactionMs: redactMs,
+      id,
+      path: dest,
+      manifest,
+      inputBytes: bytes,
+      bundleBytes,
+      durationMs: performance.now() - t0,
+      redactionMs: redactMs,
       ...(incremental ? { incremental } : {}),
       notices: noticesOf.flatMap(([layer, c]) => c.notices!().map((message) => ({ layer, message }))),
     };

@@ -14,11 +14,21 @@ import type { SourceKind } from "./types.js";
 import { CDC_MIN_FILE } from "../format/artifact.js";
 import { compileGlobs } from "../util/glob.js";
 import { readAhead } from "./prefetch.js";
-import { completeLinesPrefix, fileArtifact, fingerprintOf, SMALL_FILE, sourceError, walkNotices, walkStream, type FoundFile } from "./walk.js";
+import {
+  completeLinesPrefix,
+  fileArtifact,
+  fingerprintOf,
+  SMALL_FILE,
+  sourceError,
+  walkNotices,
+  walkStream,
+  type FoundFile,
+} from "./walk.js";
 import { pathTarget } from "./live-target.js";
 
 /** Files whose content the pipeline redacts (memory notes, JSON, JSONL, config-like text). */
-const TEXT_EXT = /\.(md|markdown|txt|text|json|jsonl|ndjson|ya?ml|toml|ini|cfg|conf|env|csv|tsv|log|html?|xml|rst|org)$/i;
+const TEXT_EXT =
+  /\.(md|markdown|txt|text|json|jsonl|ndjson|ya?ml|toml|ini|cfg|conf|env|csv|tsv|log|html?|xml|rst|org)$/i;
 
 export interface FilesConfig {
   kind: "files";
@@ -52,7 +62,9 @@ function isCompleteJson(tail: Buffer): boolean {
   }
 }
 
-/** Files and directories, captured byte for byte. Symlinks and special files are skipped and counted in the layer meta. */
+/**
+ * Files and directories, captured byte for byte. Symlinks and special files are skipped and counted in the layer meta.
+ */
 export const filesSource: SourceKind<FilesConfig> = {
   kind: "files",
   schemaVersion: 1,
@@ -72,7 +84,10 @@ export const filesSource: SourceKind<FilesConfig> = {
     };
   },
   async liveTarget(cfg, baseDir, layer) {
-    return pathTarget(resolve(baseDir, cfg.path), layer.meta?.root_is_file === true, { include: cfg.include, exclude: cfg.exclude });
+    return pathTarget(resolve(baseDir, cfg.path), layer.meta?.root_is_file === true, {
+      include: cfg.include,
+      exclude: cfg.exclude,
+    });
   },
   async capture(cfg, ctx) {
     const root = resolve(ctx.baseDir, cfg.path);
@@ -120,7 +135,12 @@ export const filesSource: SourceKind<FilesConfig> = {
             // An append-only file's size is fixed before any of its bytes is packed: its tar header comes first.
             let p: { size: number; tail: number };
             try {
-              p = await completeLinesPrefix(f.abs, f.stats.size, JSONL.test(f.rel) ? isCompleteJson : null, MAX_JSON_TAIL);
+              p = await completeLinesPrefix(
+                f.abs,
+                f.stats.size,
+                JSONL.test(f.rel) ? isCompleteJson : null,
+                MAX_JSON_TAIL,
+              );
             } catch (e) {
               throw sourceError(e, f.abs);
             }

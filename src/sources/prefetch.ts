@@ -30,7 +30,9 @@ interface Batch {
  * snapshot will reference). Without the addon every file comes without bytes.
  */
 export async function* readAhead(
-  files: AsyncIterable<FoundFile>, root: string, limit: (f: FoundFile) => number | null,
+  files: AsyncIterable<FoundFile>,
+  root: string,
+  limit: (f: FoundFile) => number | null,
 ): AsyncGenerator<{ f: FoundFile; pre: ReadAhead | null }> {
   const native = Buffer.byteLength(root) < 4000 ? nativeFs() : null; // (the addon takes roots under 4 KiB)
   if (native === null) {

@@ -85,19 +85,34 @@ export class RestoreSpool {
    * MEMSNAP_UNSAFE_PATH for a name seen before, MEMSNAP_UNSAFE_BUNDLE for a place past
    * PLACE_MAX_END, MEMSNAP_ARTIFACT_HASH_MISMATCH for more bytes than declared, MEMSNAP_DEST_*.
    */
-  async put(name: string, rel: string, size: number, chunks: AsyncIterable<Buffer>, place: SpoolPlace | null, onBytes: (n: number) => void): Promise<void> {
+  async put(
+    name: string,
+    rel: string,
+    size: number,
+    chunks: AsyncIterable<Buffer>,
+    place: SpoolPlace | null,
+    onBytes: (n: number) => void,
+  ): Promise<void> {
     if (this.#names.has(rel)) throw conflictingEntry(name);
     if (place && place.offset + size > PLACE_MAX_END) {
-      throw new MemsnapError("MEMSNAP_UNSAFE_BUNDLE", `${name} is placed at byte ${place.offset}, past what a restore writes`, {
-        path: name, hint: "this bundle was not written by memsnap or was tampered with; nothing was restored",
-      });
+      throw new MemsnapError(
+        "MEMSNAP_UNSAFE_BUNDLE",
+        `${name} is placed at byte ${place.offset}, past what a restore writes`,
+        {
+          path: name,
+          hint: "this bundle was not written by memsnap or was tampered with; nothing was restored",
+        },
+      );
     }
     if (!place) this.#fd ??= this.#open(SPOOL_FILE, "wx"); // (resumed: sets #pos to the spool's end)
     const start = place ? place.offset : this.#pos;
     let n = 0;
     try {
       for await (const c of chunks) {
-        if (n + c.length > size) throw new MemsnapError("MEMSNAP_ARTIFACT_HASH_MISMATCH", `${name} is longer than its header declares`, { path: name });
+        if (n + c.length > size)
+          throw new MemsnapError("MEMSNAP_ARTIFACT_HASH_MISMATCH", `${name} is longer than its header declares`, {
+            path: name,
+          });
         // The fd is looked up for every chunk: another artifact's part may have evicted it.
         const fd = place ? this.#part(place.file) : (this.#fd ??= this.#open(SPOOL_FILE, "wx"));
         const w = this.#writes.write(fd, c, start + n, place ? spoolPart(place.file) : SPOOL_FILE);
@@ -131,7 +146,9 @@ export class RestoreSpool {
   /** Wait for every write, write the rest of the map and close every file. */
   async close(): Promise<void> {
     try {
-      await this.#writes.drain().catch((e: unknown) => { throw this.#writeError(e, SPOOL_FILE); });
+      await this.#writes.drain().catch((e: unknown) => {
+        throw this.#writeError(e, SPOOL_FILE);
+      });
       this.#map.flush();
     } finally {
       await this.release();
@@ -162,8 +179,12 @@ export async function* readSpoolMap(path: string): AsyncGenerator<[string, Spool
     } catch {
       throw new Error("a spool map line is not JSON");
     }
-    if (!Array.isArray(v) || (v.length !== 3 && v.length !== 4) || typeof v[0] !== "string"
-      || !v.slice(1).every((x) => Number.isSafeInteger(x) && (x as number) >= 0)) {
+    if (
+      !Array.isArray(v) ||
+      (v.length !== 3 && v.length !== 4) ||
+      typeof v[0] !== "string" ||
+      !v.slice(1).every((x) => Number.isSafeInteger(x) && (x as number) >= 0)
+    ) {
       throw new Error("a spool map line is not an entry");
     }
     return [v[0], v.slice(1) as SpoolAt];

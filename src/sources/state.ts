@@ -24,7 +24,6 @@ export interface StateConfig {
   exclude?: string[];
 }
 
-
 /** JSON state files; a file that is not valid JSON is MEMSNAP_SOURCE_INVALID. */
 export const stateSource: SourceKind<StateConfig> = {
   kind: "state",
@@ -43,7 +42,10 @@ export const stateSource: SourceKind<StateConfig> = {
     };
   },
   async liveTarget(cfg, baseDir, layer) {
-    return pathTarget(resolve(baseDir, cfg.path), layer.meta?.root_is_file === true, { include: cfg.include ?? ["*.json"], exclude: cfg.exclude });
+    return pathTarget(resolve(baseDir, cfg.path), layer.meta?.root_is_file === true, {
+      include: cfg.include ?? ["*.json"],
+      exclude: cfg.exclude,
+    });
   },
   async capture(cfg, ctx) {
     const root = resolve(ctx.baseDir, cfg.path);
@@ -56,7 +58,8 @@ export const stateSource: SourceKind<StateConfig> = {
         for (const f of files) {
           if (f.stats.size > STATE_MAX_BYTES) {
             throw new MemsnapError("MEMSNAP_SOURCE_INVALID", `state file ${f.abs} is over ${STATE_MAX_BYTES} bytes`, {
-              path: f.abs, hint: "capture large files with a files source instead",
+              path: f.abs,
+              hint: "capture large files with a files source instead",
             });
           }
           let bytes: Buffer;
@@ -69,18 +72,29 @@ export const stateSource: SourceKind<StateConfig> = {
           try {
             JSON.parse(bytes.toString("utf8"));
           } catch (e) {
-            throw new MemsnapError("MEMSNAP_SOURCE_INVALID", `state file ${f.abs} is not valid JSON: ${(e as Error).message}`, {
-              path: f.abs, hint: "fix or remove the file, or exclude it from the state source",
-            });
+            throw new MemsnapError(
+              "MEMSNAP_SOURCE_INVALID",
+              `state file ${f.abs} is not valid JSON: ${(e as Error).message}`,
+              {
+                path: f.abs,
+                hint: "fix or remove the file, or exclude it from the state source",
+              },
+            );
           }
           yield {
-            path: f.rel, kind: "json", text: true, size: bytes.length, mode: f.stats.mode & 0o7777, mtime: f.stats.mtime,
+            path: f.rel,
+            kind: "json",
+            text: true,
+            size: bytes.length,
+            mode: f.stats.mode & 0o7777,
+            mtime: f.stats.mtime,
             open: () => Readable.from([bytes]),
           };
         }
       })(),
       finish: async () => ({
-        root, root_is_file: files.length === 1 && files[0]!.abs === root,
+        root,
+        root_is_file: files.length === 1 && files[0]!.abs === root,
         ...(walked.skipped.unsafe_names ? { skipped: { unsafe_names: walked.skipped.unsafe_names } } : {}),
       }),
     };

@@ -25,13 +25,30 @@ import { basename, join, resolve } from "node:path";
 import { MemsnapError } from "../errors.js";
 import type { Redactor } from "../redact/types.js";
 import {
-  agentlogId, JsonBudgetError, JsonNumber, JsonSyntaxError, mapStrings, parseLossless, serializeFaithful, VALUE_COST,
-  type JsonObject, type JsonValue, type ParseLimits,
+  agentlogId,
+  JsonBudgetError,
+  JsonNumber,
+  JsonSyntaxError,
+  mapStrings,
+  parseLossless,
+  serializeFaithful,
+  VALUE_COST,
+  type JsonObject,
+  type JsonValue,
+  type ParseLimits,
 } from "../util/canonical-agentlog.js";
 import { optStringArray, rejectUnknownKeys, reqString } from "../util/config-check.js";
 import type { Artifact, SourceKind } from "./types.js";
 import { pathTarget } from "./live-target.js";
-import { completeLinesPrefix, fileArtifact, sourceChanged, sourceError, walkFiles, walkNotices, type FoundFile } from "./walk.js";
+import {
+  completeLinesPrefix,
+  fileArtifact,
+  sourceChanged,
+  sourceError,
+  walkFiles,
+  walkNotices,
+  type FoundFile,
+} from "./walk.js";
 import { consumeAll } from "../util/streams.js";
 
 export interface TraceConfig {
@@ -46,7 +63,16 @@ export interface TraceConfig {
 
 export const AGENTLOG_VERSION = "0.1";
 export const AGENTLOG_KINDS: ReadonlySet<string> = new Set([
-  "metadata", "chat_request", "chat_response", "tool_call", "tool_result", "error", "replay_summary", "chunk", "harness_event", "blob_ref",
+  "metadata",
+  "chat_request",
+  "chat_response",
+  "tool_call",
+  "tool_result",
+  "error",
+  "replay_summary",
+  "chunk",
+  "harness_event",
+  "blob_ref",
 ]);
 const ID = /^sha256:[0-9a-f]{64}$/;
 /** Longest record line memsnap parses. */
@@ -67,7 +93,10 @@ export function recordLimits(bytes: number): ParseLimits {
 }
 
 export class TraceRecordError extends Error {
-  constructor(readonly line: number, readonly why: string) {
+  constructor(
+    readonly line: number,
+    readonly why: string,
+  ) {
     super(`line ${line}: ${why}`);
   }
 }
@@ -83,7 +112,8 @@ export interface TraceRecord {
 const decoder = new TextDecoder("utf-8", { fatal: true });
 /** A set key for an id: its 32 raw bytes as a latin1 string (half the memory of the hex). */
 const idKey = (id: string): string => Buffer.from(id.slice(7), "hex").toString("latin1");
-const show = (v: JsonValue | undefined): string => JSON.stringify(v instanceof JsonNumber ? v.text : v instanceof Map ? "{…}" : v ?? null);
+const show = (v: JsonValue | undefined): string =>
+  JSON.stringify(v instanceof JsonNumber ? v.text : v instanceof Map ? "{…}" : (v ?? null));
 
 /** Checks records in order; holds the ids seen so far (for parent links). */
 export class TraceValidator {
@@ -108,9 +138,11 @@ export class TraceValidator {
       v = parseLossless(text, recordLimits(line.length));
     } catch (e) {
       if (e instanceof JsonBudgetError) {
-        fail(e.what === "budget"
-          ? `record is over the ${RECORD_BUDGET / 1024 / 1024} MiB memory budget for checking one record (its bytes plus ${VALUE_COST} per value: too many values)`
-          : `record's numbers would expand past ${e.limit} digits in canonical form (exponents like 1e4000)`);
+        fail(
+          e.what === "budget"
+            ? `record is over the ${RECORD_BUDGET / 1024 / 1024} MiB memory budget for checking one record (its bytes plus ${VALUE_COST} per value: too many values)`
+            : `record's numbers would expand past ${e.limit} digits in canonical form (exponents like 1e4000)`,
+        );
       }
       fail(`not valid JSON (${e instanceof JsonSyntaxError ? e.message : String(e)})`);
     }
@@ -126,7 +158,8 @@ export class TraceValidator {
     if (typeof ts !== "string" && !(ts instanceof JsonNumber)) fail('"ts" must be a string or a number');
     if (!obj.has("parent")) fail('"parent" is missing (null for the first record)');
     const parent = obj.get("parent");
-    if (parent !== null && (typeof parent !== "string" || !ID.test(parent))) return fail('"parent" must be null or a record id');
+    if (parent !== null && (typeof parent !== "string" || !ID.test(parent)))
+      return fail('"parent" must be null or a record id');
     if (obj.has("meta") && !(obj.get("meta") instanceof Map)) fail('"meta" must be an object');
     if (!obj.has("payload")) fail('"payload" is missing');
     const payload = obj.get("payload")!;
@@ -136,7 +169,8 @@ export class TraceValidator {
     } catch (e) {
       fail(`the payload has no canonical form (${(e as Error).message})`);
     }
-    if (computed !== id) fail(`record id ${id} does not match its payload (the canonical payload hashes to ${computed})`);
+    if (computed !== id)
+      fail(`record id ${id} does not match its payload (the canonical payload hashes to ${computed})`);
     if (this.records === 0) {
       if (kind !== "metadata") fail(`the first record must be kind "metadata", not "${kind}"`);
       if (parent !== null) fail("the first record's parent must be null");
@@ -173,7 +207,8 @@ export class LineSplitter {
     if (start < chunk.length) {
       const rest = chunk.subarray(start);
       this.pending += rest.length;
-      if (this.pending > MAX_RECORD_BYTES) throw new TraceRecordError(this.line + 1, `record over ${MAX_RECORD_BYTES} bytes`);
+      if (this.pending > MAX_RECORD_BYTES)
+        throw new TraceRecordError(this.line + 1, `record over ${MAX_RECORD_BYTES} bytes`);
       this.parts.push(rest);
     }
   }
@@ -201,7 +236,8 @@ export async function validateTrace(bytes: AsyncIterable<Buffer>): Promise<numbe
 
 function invalid(file: string, e: TraceRecordError): MemsnapError {
   return new MemsnapError("MEMSNAP_TRACE_INVALID", `trace ${file}: ${e.message}`, {
-    path: file, hint: "the trace was damaged or edited by hand (ids are SHA-256 of the canonical payload); fix or exclude the file",
+    path: file,
+    hint: "the trace was damaged or edited by hand (ids are SHA-256 of the canonical payload); fix or exclude the file",
   });
 }
 
@@ -211,16 +247,21 @@ function invalid(file: string, e: TraceRecordError): MemsnapError {
  * left out when it does not (a record being written).
  */
 function completePrefix(abs: string, size: number): Promise<{ size: number; tail: number }> {
-  return completeLinesPrefix(abs, size, (tail) => {
-    try {
-      parseLossless(decoder.decode(tail), recordLimits(tail.length));
-      return true;
-    } catch (e) {
-      // Over budget is a whole record that the validator then refuses; anything else is a
-      // record still being written.
-      return e instanceof JsonBudgetError;
-    }
-  }, MAX_RECORD_BYTES);
+  return completeLinesPrefix(
+    abs,
+    size,
+    (tail) => {
+      try {
+        parseLossless(decoder.decode(tail), recordLimits(tail.length));
+        return true;
+      } catch (e) {
+        // Over budget is a whole record that the validator then refuses; anything else is a
+        // record still being written.
+        return e instanceof JsonBudgetError;
+      }
+    },
+    MAX_RECORD_BYTES,
+  );
 }
 
 /** The trace's first `size` bytes, checked record by record as they stream into the bundle. */
@@ -234,27 +275,28 @@ function plainArtifact(f: FoundFile, size: number, onRecords: (n: number) => voi
     text: false, // redaction would break the ids; this source redacts and re-seals itself
     rereadable: true, // each open() reads and checks the file again (an incremental snapshot may read its prefix twice)
     chunking: { mode: "append" }, // a trace is only ever appended to: an incremental snapshot stores the new records
-    open: () => (async function* () {
-      const v = new TraceValidator();
-      const s = new LineSplitter();
-      if (size === 0) return;
-      const src = createReadStream(f.abs, { start: 0, end: size - 1, highWaterMark: 1 << 20 });
-      try {
-        for await (const chunk of src) {
-          for (const l of s.push(chunk as Buffer)) v.check(l.line, l.no);
-          yield chunk as Buffer;
+    open: () =>
+      (async function* () {
+        const v = new TraceValidator();
+        const s = new LineSplitter();
+        if (size === 0) return;
+        const src = createReadStream(f.abs, { start: 0, end: size - 1, highWaterMark: 1 << 20 });
+        try {
+          for await (const chunk of src) {
+            for (const l of s.push(chunk as Buffer)) v.check(l.line, l.no);
+            yield chunk as Buffer;
+          }
+          const last = s.end();
+          if (last) v.check(last.line, last.no);
+          onRecords(v.records);
+        } catch (e) {
+          if (e instanceof TraceRecordError) throw invalid(f.abs, e);
+          if ((e as NodeJS.ErrnoException).code === "ENOENT") throw sourceChanged(f.abs, "it was removed");
+          throw sourceError(e, f.abs);
+        } finally {
+          src.destroy();
         }
-        const last = s.end();
-        if (last) v.check(last.line, last.no);
-        onRecords(v.records);
-      } catch (e) {
-        if (e instanceof TraceRecordError) throw invalid(f.abs, e);
-        if ((e as NodeJS.ErrnoException).code === "ENOENT") throw sourceChanged(f.abs, "it was removed");
-        throw sourceError(e, f.abs);
-      } finally {
-        src.destroy();
-      }
-    })(),
+      })(),
     check: async () => {
       let now: Stats;
       try {
@@ -262,7 +304,8 @@ function plainArtifact(f: FoundFile, size: number, onRecords: (n: number) => voi
       } catch {
         throw sourceChanged(f.abs, "it was removed");
       }
-      if (now.size < size) throw sourceChanged(f.abs, `it shrank from ${size} to ${now.size} bytes (a trace may only grow)`);
+      if (now.size < size)
+        throw sourceChanged(f.abs, `it shrank from ${size} to ${now.size} bytes (a trace may only grow)`);
     },
   };
 }
@@ -274,7 +317,13 @@ interface ResealStats {
 }
 
 /** Validate, redact and re-seal one trace into `spool`. */
-async function resealTrace(f: FoundFile, size: number, spool: string, redactor: Redactor, payloadPath: string): Promise<ResealStats> {
+async function resealTrace(
+  f: FoundFile,
+  size: number,
+  spool: string,
+  redactor: Redactor,
+  payloadPath: string,
+): Promise<ResealStats> {
   const out = await open(spool, "wx", 0o600);
   let pending: Buffer[] = [];
   let pendingBytes = 0;
@@ -295,7 +344,8 @@ async function resealTrace(f: FoundFile, size: number, spool: string, redactor: 
   const s = new LineSplitter();
   const remap = new Map<string, string>();
   const stats: ResealStats = { records: 0, resealed: 0, parents: 0 };
-  const redact = async (x: string): Promise<string> => (redactor.candidate(x) ? redactor.redactText(x, payloadPath) : x);
+  const redact = async (x: string): Promise<string> =>
+    redactor.candidate(x) ? redactor.redactText(x, payloadPath) : x;
   const one = async (line: Buffer, no: number, newline: boolean): Promise<void> => {
     const r = v.check(line, no);
     stats.records++;
@@ -310,7 +360,7 @@ async function resealTrace(f: FoundFile, size: number, spool: string, redactor: 
         if (!remap.has(r.id)) remap.set(r.id, id);
       }
     }
-    const parent = r.parent === null ? null : remap.get(r.parent) ?? r.parent;
+    const parent = r.parent === null ? null : (remap.get(r.parent) ?? r.parent);
     if (parent !== r.parent) stats.parents++;
     if (!payload.changed && !meta?.changed && parent === r.parent) {
       await write(line);
@@ -348,7 +398,6 @@ async function resealTrace(f: FoundFile, size: number, spool: string, redactor: 
   return stats;
 }
 
-
 /** agentlog traces; see the module comment. */
 export const traceSource: SourceKind<TraceConfig> = {
   kind: "trace",
@@ -356,7 +405,11 @@ export const traceSource: SourceKind<TraceConfig> = {
   restoresAttributes: true,
   parseConfig(raw, where) {
     rejectUnknownKeys(raw, ["kind", "name", "path", "include", "exclude"], where);
-    const cfg: TraceConfig = { kind: "trace", name: reqString(raw, "name", where), path: reqString(raw, "path", where) };
+    const cfg: TraceConfig = {
+      kind: "trace",
+      name: reqString(raw, "name", where),
+      path: reqString(raw, "path", where),
+    };
     const include = optStringArray(raw, "include", where);
     const exclude = optStringArray(raw, "exclude", where);
     if (include) cfg.include = include;
@@ -369,13 +422,21 @@ export const traceSource: SourceKind<TraceConfig> = {
     // root is a file of the configured name.
     const abs = resolve(baseDir, cfg.path);
     const m = layer.meta ?? {};
-    const isFile = typeof m.root_is_file === "boolean" ? m.root_is_file
-      : m.files === 1 && typeof m.root === "string" && basename(m.root) === basename(abs) && /\.agentlog$/i.test(abs);
-    return pathTarget(abs, isFile, { include: cfg.include ?? ["*.agentlog"], ...(cfg.exclude ? { exclude: cfg.exclude } : {}) });
+    const isFile =
+      typeof m.root_is_file === "boolean"
+        ? m.root_is_file
+        : m.files === 1 && typeof m.root === "string" && basename(m.root) === basename(abs) && /\.agentlog$/i.test(abs);
+    return pathTarget(abs, isFile, {
+      include: cfg.include ?? ["*.agentlog"],
+      ...(cfg.exclude ? { exclude: cfg.exclude } : {}),
+    });
   },
   async capture(cfg, ctx) {
     const root = resolve(ctx.baseDir, cfg.path);
-    const walked = await walkFiles(root, { include: cfg.include ?? ["*.agentlog"], ...(cfg.exclude ? { exclude: cfg.exclude } : {}) });
+    const walked = await walkFiles(root, {
+      include: cfg.include ?? ["*.agentlog"],
+      ...(cfg.exclude ? { exclude: cfg.exclude } : {}),
+    });
     const { files, skipped } = walked;
     const prefixes: { f: FoundFile; size: number; tail: number }[] = [];
     for (const f of files) {
@@ -402,7 +463,10 @@ export const traceSource: SourceKind<TraceConfig> = {
           if (!redactor) {
             // (counted once however many times it is read)
             let counted = 0;
-            yield plainArtifact(f, size, (n) => { records += n - counted; counted = n; });
+            yield plainArtifact(f, size, (n) => {
+              records += n - counted;
+              counted = n;
+            });
             continue;
           }
           spoolDir ??= await mkdtemp(join(ctx.tmpDir, `trace-${cfg.name}-`));
@@ -446,4 +510,3 @@ export const traceSource: SourceKind<TraceConfig> = {
     });
   },
 };
-

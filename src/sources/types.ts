@@ -38,7 +38,10 @@ export interface CaptureContext {
   /** Directory relative config paths resolve against. */
   baseDir: string;
   signal?: AbortSignal;
-  /** Present when redaction is on; sources use it for content they rewrite themselves (SQLite cells) or only scan (git history). */
+  /**
+   * Present when redaction is on; sources use it for content they rewrite themselves (SQLite cells) or only scan (git
+   * history).
+   */
   redactor?: Redactor;
   /** A private temp directory for this capture (removed after the snapshot). */
   tmpDir: string;
@@ -77,7 +80,10 @@ export interface LiveTarget {
   root: string;
   /** `dir`: the whole root is replaced by the staged layer; `files`: each owned file is swapped on its own. */
   mode: "dir" | "files";
-  /** files mode: which live files (relative to root) belong to the layer; owned files absent from the bundle are removed. */
+  /**
+   * files mode: which live files (relative to root) belong to the layer; owned files absent from the bundle are
+   * removed.
+   */
   owns?: (rel: string) => boolean;
   /** files mode: live siblings removed along with a restored file (SQLite `-wal`/`-shm`). */
   companions?: (rel: string) => string[];
@@ -110,7 +116,12 @@ export interface SourceKind<C extends { name: string } = { name: string }> {
    * resolve with notes for the user (git: symlinks written as plain files), which the restore
    * returns as `notes`.
    */
-  materialize?(dir: string, layer: LayerEntry, verified?: VerifiedLookup, signal?: AbortSignal): Promise<void | string[]>;
+  materialize?(
+    dir: string,
+    layer: LayerEntry,
+    verified?: VerifiedLookup,
+    signal?: AbortSignal,
+  ): Promise<void | string[]>;
   /**
    * True when the layer holds process memory (CRIU pages), which cannot be redacted: a
    * plaintext bundle with such a layer is refused (MEMSNAP_PLAINTEXT_PROCESS_MEMORY) before
@@ -159,7 +170,8 @@ export const SPOOL_MAP = ".memsnap-spool.json";
 /** The name of spool part `file` (see {@link SourceKind.restoreSpool}). */
 export const spoolPart = (file: number): string => `${SPOOL_FILE}-${file}`;
 /** Names of the spool, its map and its parts: reserved in a layer that spools. */
-export const isSpoolName = (rel: string): boolean => rel === SPOOL_FILE || rel.startsWith(`${SPOOL_FILE}-`) || rel === SPOOL_MAP;
+export const isSpoolName = (rel: string): boolean =>
+  rel === SPOOL_FILE || rel.startsWith(`${SPOOL_FILE}-`) || rel === SPOOL_MAP;
 
 /** Where a spooled artifact's bytes go: part file `file` at byte `offset`. */
 export interface SpoolPlace {
@@ -175,7 +187,9 @@ export interface VerifiedLookup {
   get(path: string): string | undefined;
 }
 
-/** The fingerprint the KV source gives an unshuffled page (sources/kv/capture.ts): left out of the cache's memory image. */
+/**
+ * The fingerprint the KV source gives an unshuffled page (sources/kv/capture.ts): left out of the cache's memory image.
+ */
 export function kvPageFingerprint(sha256: string, size: number): string {
   return `kv-page:${sha256}:1:${size}`;
 }

@@ -1,6 +1,16 @@
 /** Directory walking shared by file-based sources: sorted, filtered, regular files only. */
 import { open, stat, type FileHandle } from "node:fs/promises";
-import { closeSync, createReadStream, fstatSync, lstatSync, openSync, readdirSync, readSync, statSync, type Stats } from "node:fs";
+import {
+  closeSync,
+  createReadStream,
+  fstatSync,
+  lstatSync,
+  openSync,
+  readdirSync,
+  readSync,
+  statSync,
+  type Stats,
+} from "node:fs";
 import { constants as osConstants } from "node:os";
 import { basename, join } from "node:path";
 import { getSystemErrorName } from "node:util";
@@ -71,9 +81,15 @@ export function walkNotices(r: { unsafe?: readonly string[]; links?: LinksLeftOu
   const some = (xs: readonly string[]): string => `${xs.slice(0, 5).join(", ")}${xs.length > 5 ? ", …" : ""}`;
   const out: string[] = [];
   const u = r.unsafe ?? [];
-  if (u.length) out.push(`left out ${u.length} file(s) or folder(s) whose names are not UTF-8, which a bundle cannot hold (rename them to capture them): ${some(u)}`);
+  if (u.length)
+    out.push(
+      `left out ${u.length} file(s) or folder(s) whose names are not UTF-8, which a bundle cannot hold (rename them to capture them): ${some(u)}`,
+    );
   const l = r.links;
-  if (l?.count) out.push(`left out ${l.count} symlink(s): memsnap captures regular files, not links (capture their targets' folder instead): ${l.some.join(", ")}${l.count > l.some.length ? ", …" : ""}`);
+  if (l?.count)
+    out.push(
+      `left out ${l.count} symlink(s): memsnap captures regular files, not links (capture their targets' folder instead): ${l.some.join(", ")}${l.count > l.some.length ? ", …" : ""}`,
+    );
   return out;
 }
 
@@ -110,7 +126,12 @@ export async function walkFiles(root: string, opts: WalkOptions = {}): Promise<W
   const walk = await walkStream(root, opts);
   const files: FoundFile[] = [];
   for await (const f of walk) files.push(f);
-  return { files, skipped: walk.skipped, ...(walk.unsafe.length ? { unsafe: walk.unsafe } : {}), ...(walk.links.count ? { links: walk.links } : {}) };
+  return {
+    files,
+    skipped: walk.skipped,
+    ...(walk.unsafe.length ? { unsafe: walk.unsafe } : {}),
+    ...(walk.links.count ? { links: walk.links } : {}),
+  };
 }
 
 /** An entry's lstat as the walk needs it: its kind, and for a file what memsnap keeps of its stat. */
@@ -227,7 +248,9 @@ export async function walkStream(root: string, opts: WalkOptions = {}): Promise<
   // WALK_SLICE_MS: an async lstat per entry is a thread-pool round trip, and awaited one after
   // another they made the walk latency-bound (3,010 files of the bench's memory layer: 180-375 ms
   // async against 37-64 ms this way, with the machine busy).
-  const stack: { dir: string; relDir: string; list: Listing; i: number }[] = [{ dir: root, relDir: "", list: listDir(root), i: 0 }];
+  const stack: { dir: string; relDir: string; list: Listing; i: number }[] = [
+    { dir: root, relDir: "", list: listDir(root), i: 0 },
+  ];
   const it = (async function* (): AsyncGenerator<FoundFile> {
     let slice = performance.now();
     while (stack.length > 0) {
@@ -274,7 +297,6 @@ export async function walkStream(root: string, opts: WalkOptions = {}): Promise<
   })();
   return { skipped, unsafe, links, [Symbol.asyncIterator]: () => it };
 }
-
 
 /**
  * How many bytes of a found file a read asks for: `size + 1`, so a file that grew is detected
@@ -351,15 +373,23 @@ export function fingerprintOf(st: FileStats): string {
  * captured (see {@link completeLinesPrefix}), growth during the capture is allowed, and a file
  * that shrank, was replaced or was rewritten without growing is MEMSNAP_SOURCE_CHANGED.
  */
-export function fileArtifact(f: FoundFile, kind: string, path = f.rel, prefix?: number, pre?: ReadAhead | null): Artifact {
+export function fileArtifact(
+  f: FoundFile,
+  kind: string,
+  path = f.rel,
+  prefix?: number,
+  pre?: ReadAhead | null,
+): Artifact {
   const limit = readLimit(f, prefix);
   // A small file's stat, taken on its descriptor right after its one read: check() compares
   // it instead of a stat by path (one syscall of the ~5 a small file costs, and no path lookup).
   let afterRead: FileStats | null = null;
   const small = limit <= SMALL_FILE;
-  const readDone = (st: FileStats): void => { afterRead = st; };
+  const readDone = (st: FileStats): void => {
+    afterRead = st;
+  };
   // Bytes read ahead (./prefetch.ts): the first open() yields them; any later one reads again.
-  let ahead = small ? pre ?? null : null;
+  let ahead = small ? (pre ?? null) : null;
   return {
     path,
     kind,
@@ -404,9 +434,15 @@ export function fileArtifact(f: FoundFile, kind: string, path = f.rel, prefix?: 
         }
       }
       if (prefix !== undefined) {
-        if (now.ino !== f.stats.ino || now.dev !== f.stats.dev) throw sourceChanged(f.abs, "it was replaced (an append-only file may only grow)");
-        if (now.size < f.stats.size) throw sourceChanged(f.abs, `it shrank from ${f.stats.size} to ${now.size} bytes (an append-only file may only grow)`);
-        if (now.size === f.stats.size && now.mtimeMs !== f.stats.mtimeMs) throw sourceChanged(f.abs, "rewritten without growing (an append-only file may only grow)");
+        if (now.ino !== f.stats.ino || now.dev !== f.stats.dev)
+          throw sourceChanged(f.abs, "it was replaced (an append-only file may only grow)");
+        if (now.size < f.stats.size)
+          throw sourceChanged(
+            f.abs,
+            `it shrank from ${f.stats.size} to ${now.size} bytes (an append-only file may only grow)`,
+          );
+        if (now.size === f.stats.size && now.mtimeMs !== f.stats.mtimeMs)
+          throw sourceChanged(f.abs, "rewritten without growing (an append-only file may only grow)");
         return;
       }
       if (now.size !== f.stats.size) throw sourceChanged(f.abs, `size ${f.stats.size} → ${now.size}`);
@@ -422,7 +458,10 @@ export function fileArtifact(f: FoundFile, kind: string, path = f.rel, prefix?: 
  * being written), or when it is longer than `maxTail` (not read). `tail` is the bytes left out.
  */
 export async function completeLinesPrefix(
-  abs: string, size: number, complete: ((tail: Buffer) => boolean) | null, maxTail: number,
+  abs: string,
+  size: number,
+  complete: ((tail: Buffer) => boolean) | null,
+  maxTail: number,
 ): Promise<{ size: number; tail: number }> {
   if (size === 0) return { size, tail: 0 };
   const fh = await open(abs, "r");

@@ -40,7 +40,9 @@ export interface CopyItem {
  * discards what it wrote.
  */
 export async function streamChecked(
-  src: string, size: number | undefined, write: (chunk: Buffer) => Promise<void>,
+  src: string,
+  size: number | undefined,
+  write: (chunk: Buffer) => Promise<void>,
 ): Promise<number> {
   const f = await openBundle(src, size);
   try {
@@ -48,7 +50,8 @@ export async function streamChecked(
     const m = parseManifest(layout.manifestBytes);
     if (!checkSeal(m)) {
       throw new MemsnapError("MEMSNAP_SEAL_MISMATCH", `${src}: the manifest seal does not match its content`, {
-        path: src, hint: "the stored bundle is damaged (memsnap verify says more); it was not copied",
+        path: src,
+        hint: "the stored bundle is damaged (memsnap verify says more); it was not copied",
       });
     }
     const ph = createHash("sha256");
@@ -84,15 +87,21 @@ export async function streamChecked(
 
 /** Copy one bundle to a local path `to` (temp file, fsync, rename). */
 async function copyToFile(src: StoredSnapshot, to: string): Promise<void> {
-  await mkdir(dirname(to), { recursive: true }).catch((e: unknown) => { throw destinationError(e, to); });
+  await mkdir(dirname(to), { recursive: true }).catch((e: unknown) => {
+    throw destinationError(e, to);
+  });
   const tmp = tempPathFor(to);
-  const fh = await open(tmp, "wx", 0o600).catch((e: unknown) => { throw destinationError(e, to); });
+  const fh = await open(tmp, "wx", 0o600).catch((e: unknown) => {
+    throw destinationError(e, to);
+  });
   try {
     let pos = 0;
     await streamChecked(src.path, src.size, async (c) => {
       let w = 0;
       while (w < c.length) {
-        const r = await fh.write(c, w, c.length - w, pos + w).catch((e: unknown) => { throw destinationError(e, to); });
+        const r = await fh.write(c, w, c.length - w, pos + w).catch((e: unknown) => {
+          throw destinationError(e, to);
+        });
         w += r.bytesWritten;
       }
       pos += c.length;
@@ -110,7 +119,8 @@ async function copyToFile(src: StoredSnapshot, to: string): Promise<void> {
 /** Copy one bundle to an object URL `to` (a multipart upload completed only once the copy checks out). */
 async function copyToObject(src: StoredSnapshot, to: string, signal?: AbortSignal): Promise<void> {
   const [{ BundleUpload }, { clientFor }] = await Promise.all([
-    import("../objstore/upload.js"), import("../objstore/object-reader.js"),
+    import("../objstore/upload.js"),
+    import("../objstore/object-reader.js"),
   ]);
   const { bucket, key } = parseObjectUrl(to);
   const up = new BundleUpload(clientFor(bucket), bucket, key, signal ? { signal } : {});
@@ -128,7 +138,10 @@ async function copyToObject(src: StoredSnapshot, to: string, signal?: AbortSigna
  * (of `filter`'s tenant/agent). Returns what was copied and skipped, in order.
  */
 export async function copySnapshots(
-  from: string, to: string, ids: string[], filter: { tenant?: string; agent?: string } = {},
+  from: string,
+  to: string,
+  ids: string[],
+  filter: { tenant?: string; agent?: string } = {},
   opts: { signal?: AbortSignal; onItem?: (i: CopyItem) => void } = {},
 ): Promise<CopyItem[]> {
   const all = await listSnapshots(from, filter);
@@ -161,14 +174,22 @@ export async function copySnapshots(
   for (const s of chosen) {
     opts.signal?.throwIfAborted();
     const dest = bundleIn(agentDir(to, s.tenant, s.agent), s.id);
-    const have = there.get(`${s.tenant}/${s.agent}/${s.id}`)
-      ?? (!isS3Url(to) && await stat(dest).then(() => true, () => false) ? await findSnapshot(to, dest) : undefined);
+    const have =
+      there.get(`${s.tenant}/${s.agent}/${s.id}`) ??
+      (!isS3Url(to) &&
+      (await stat(dest).then(
+        () => true,
+        () => false,
+      ))
+        ? await findSnapshot(to, dest)
+        : undefined);
     let action: CopyItem["action"] = "copied";
     if (have) {
       if (have.manifest.seal !== s.manifest.seal) {
         const msg = `${have.path} exists and is not the snapshot ${s.id} of ${from} (its seal differs)`;
         throw new MemsnapError("MEMSNAP_DEST_EXISTS", msg, {
-          path: have.path, hint: "nothing is overwritten: delete it there first if it is the wrong one",
+          path: have.path,
+          hint: "nothing is overwritten: delete it there first if it is the wrong one",
         });
       }
       action = "skipped";

@@ -56,7 +56,13 @@ export interface SqliteDiff {
    * meta) and, when the database changed, the rows added, removed and changed by rowid (tables
    * with a rowid in both copies), with the first changed rowids.
    */
-  databases: Record<string, Record<string, { from: number; to: number; added?: number; removed?: number; changed?: number; changed_rowids?: string[] }>>;
+  databases: Record<
+    string,
+    Record<
+      string,
+      { from: number; to: number; added?: number; removed?: number; changed?: number; changed_rowids?: string[] }
+    >
+  >;
 }
 
 export interface LayerDiff {
@@ -83,7 +89,9 @@ export async function indexOf(s: StoredSnapshot, keys: Keys): Promise<IndexEntry
 
 function needKey(s: StoredSnapshot, keys: Keys, what: string): void {
   if (s.manifest.payload.encryption !== null && !(keys.identities?.length || keys.passphrases?.length)) {
-    throw new MemsnapError("MEMSNAP_IDENTITY_REQUIRED", `snapshot ${s.id} is encrypted: ${what} needs the key`, { hint: "pass --identity FILE (or --passphrase-file)" });
+    throw new MemsnapError("MEMSNAP_IDENTITY_REQUIRED", `snapshot ${s.id} is encrypted: ${what} needs the key`, {
+      hint: "pass --identity FILE (or --passphrase-file)",
+    });
   }
 }
 
@@ -91,7 +99,8 @@ function checked(id: string, manifest: Manifest, r: Awaited<ReturnType<typeof re
   const f = compareWithIndex(manifest, r)[0];
   if (f) {
     throw new MemsnapError(f.code, `snapshot ${id}: ${f.message}`, {
-      ...(f.path ? { path: f.path } : {}), hint: "the bundle is damaged or was altered; run memsnap verify on it",
+      ...(f.path ? { path: f.path } : {}),
+      hint: "the bundle is damaged or was altered; run memsnap verify on it",
     });
   }
 }
@@ -118,13 +127,20 @@ function writer(want: Want, written: Set<string>): EntryHandler {
  * Read a snapshot's payload once: its checked index, and the artifacts in `want` (payload name
  * → temp file path) written out, those an incremental snapshot references read from its base.
  */
-async function readSnapshot(s: StoredSnapshot, keys: Keys, want: Want | null): Promise<{ index: IndexEntry[]; written: Set<string> }> {
+async function readSnapshot(
+  s: StoredSnapshot,
+  keys: Keys,
+  want: Want | null,
+): Promise<{ index: IndexEntry[]; written: Set<string> }> {
   const written = new Set<string>();
   needKey(s, keys, want ? "looking inside its layers" : "its file list");
   const layout = await readLayout(s.path);
   const r = await readPayload(layout, s.manifest, keys, writer(want ?? (() => undefined), written));
   checked(s.id, s.manifest, r);
-  if (!r.index) throw new MemsnapError("MEMSNAP_INDEX_MISMATCH", `snapshot ${s.id} has no readable index`, { hint: "the bundle is damaged; run memsnap verify on it" });
+  if (!r.index)
+    throw new MemsnapError("MEMSNAP_INDEX_MISMATCH", `snapshot ${s.id} has no readable index`, {
+      hint: "the bundle is damaged; run memsnap verify on it",
+    });
   const index = r.index.artifacts;
   // Wanted chunked artifacts (their stored ranges are written): the rest of their bytes is read from their bases.
   const chunked = new References();
@@ -142,23 +158,43 @@ async function readSnapshot(s: StoredSnapshot, keys: Keys, want: Want | null): P
   }
   for (const [id, refs] of byBase) {
     const [base] = await openBases(s.path, s.manifest, new Set([id]));
-    if (!base) throw new MemsnapError("MEMSNAP_BASE_MISSING", `snapshot ${s.id} references base ${id}, which it does not declare`, { hint: "the bundle is damaged; run memsnap verify on it" });
-        const found = new Set<string>();
-    const rb = await readPayload(base.layout, base.manifest, keys, writer((n) => (refs.has(n) ? want!(n) : undefined), written), {
-      onEntry: (e) => {
-        const w = refs.get(e.name);
-        if (!w) return;
-        if (w.size !== e.size || w.sha256 !== e.sha256) {
-          throw new MemsnapError("MEMSNAP_ARTIFACT_HASH_MISMATCH", `${e.name}: base ${id} holds other bytes than the reference records`, {
-            path: e.name, hint: "the bundle or its base is damaged or was altered",
-          });
-        }
-        found.add(e.name);
+    if (!base)
+      throw new MemsnapError(
+        "MEMSNAP_BASE_MISSING",
+        `snapshot ${s.id} references base ${id}, which it does not declare`,
+        { hint: "the bundle is damaged; run memsnap verify on it" },
+      );
+    const found = new Set<string>();
+    const rb = await readPayload(
+      base.layout,
+      base.manifest,
+      keys,
+      writer((n) => (refs.has(n) ? want!(n) : undefined), written),
+      {
+        onEntry: (e) => {
+          const w = refs.get(e.name);
+          if (!w) return;
+          if (w.size !== e.size || w.sha256 !== e.sha256) {
+            throw new MemsnapError(
+              "MEMSNAP_ARTIFACT_HASH_MISMATCH",
+              `${e.name}: base ${id} holds other bytes than the reference records`,
+              {
+                path: e.name,
+                hint: "the bundle or its base is damaged or was altered",
+              },
+            );
+          }
+          found.add(e.name);
+        },
       },
-    });
+    );
     checked(id, base.manifest, rb);
     for (const p of refs.keys()) {
-      if (!found.has(p)) throw new MemsnapError("MEMSNAP_INDEX_MISMATCH", `${p} is referenced from base ${id}, which does not hold it`, { path: p, hint: "the bundle or its base is damaged or was altered" });
+      if (!found.has(p))
+        throw new MemsnapError("MEMSNAP_INDEX_MISMATCH", `${p} is referenced from base ${id}, which does not hold it`, {
+          path: p,
+          hint: "the bundle or its base is damaged or was altered",
+        });
     }
   }
   return { index, written };
@@ -186,16 +222,23 @@ export async function diffSnapshots(a: StoredSnapshot, b: StoredSnapshot, keys: 
     if (gitLayers.length || sqliteLayers.size) dir = await mkdtemp(join(tmpdir(), "memsnap-diff-"));
     // What each side writes out: every git layer's repo.bundle and every SQLite database, to
     // temp files named by side and a counter (never by a payload path); `only` narrows it.
-    const side = (tag: string): { want: (only: ReadonlySet<string> | null) => Want; files: Map<string, string>; written: Set<string> } => {
+    const side = (
+      tag: string,
+    ): { want: (only: ReadonlySet<string> | null) => Want; files: Map<string, string>; written: Set<string> } => {
       const files = new Map<string, string>();
       let n = 0;
       return {
-        files, written: new Set(),
+        files,
+        written: new Set(),
         want: (only) => (name) => {
           if (only && !only.has(name)) return undefined;
           const slash = name.indexOf("/");
           const l = name.slice(0, slash);
-          if (!(sqliteLayers.has(l) || (gitLayers.includes(l) && (name === `${l}/repo.bundle` || name === `${l}/${WORKTREE_DOC}`)))) return undefined;
+          if (!(
+            sqliteLayers.has(l) ||
+            (gitLayers.includes(l) && (name === `${l}/repo.bundle` || name === `${l}/${WORKTREE_DOC}`))
+          ))
+            return undefined;
           let f = files.get(name);
           if (f === undefined) files.set(name, (f = join(dir!, `${tag}${n++}`)));
           return f;
@@ -219,10 +262,15 @@ export async function diffSnapshots(a: StoredSnapshot, b: StoredSnapshot, keys: 
     // The git layers whose bundles differ (the same bytes: the same history), and the databases in both that differ.
     const differs = gitLayers.filter((l) => ha.get(`${l}/repo.bundle`) !== hb.get(`${l}/repo.bundle`));
     const needed = new Set<string>(differs.map((l) => `${l}/repo.bundle`));
-    for (const l of gitLayers) if (ha.get(`${l}/${WORKTREE_DOC}`) !== hb.get(`${l}/${WORKTREE_DOC}`)) needed.add(`${l}/${WORKTREE_DOC}`);
-    for (const e of ib) if (sqliteLayers.has(e.layer) && ha.has(e.path) && ha.get(e.path) !== e.sha256) needed.add(e.path);
+    for (const l of gitLayers)
+      if (ha.get(`${l}/${WORKTREE_DOC}`) !== hb.get(`${l}/${WORKTREE_DOC}`)) needed.add(`${l}/${WORKTREE_DOC}`);
+    for (const e of ib)
+      if (sqliteLayers.has(e.layer) && ha.has(e.path) && ha.get(e.path) !== e.sha256) needed.add(e.path);
     // A payload is read (again) only for those not written yet.
-    for (const [s, x, h] of [[a, sa, ha], [b, sb, hb]] as const) {
+    for (const [s, x, h] of [
+      [a, sa, ha],
+      [b, sb, hb],
+    ] as const) {
       const only = new Set([...needed].filter((p) => h.has(p) && !(x.files.has(p) && x.written.has(x.files.get(p)!))));
       if (only.size) for (const f of (await readSnapshot(s, keys, x.want(only))).written) x.written.add(f);
     }
@@ -230,7 +278,9 @@ export async function diffSnapshots(a: StoredSnapshot, b: StoredSnapshot, keys: 
       const f = x.files.get(name);
       return f !== undefined && x.written.has(f) ? f : null;
     };
-    const layers = [...new Set([...a.manifest.layers, ...b.manifest.layers].map((l) => `${l.name}\0${l.kind}`))].map((k) => k.split("\0") as [string, string]);
+    const layers = [...new Set([...a.manifest.layers, ...b.manifest.layers].map((l) => `${l.name}\0${l.kind}`))].map(
+      (k) => k.split("\0") as [string, string],
+    );
     const out: LayerDiff[] = [];
     for (const [layer, kind] of layers) {
       const d = artifactDiff(layer, kind, ia, ib);
@@ -238,11 +288,17 @@ export async function diffSnapshots(a: StoredSnapshot, b: StoredSnapshot, keys: 
       if (kind === "git") {
         const i = gitLayers.indexOf(layer);
         const bundle = `${layer}/repo.bundle`;
-        d.git = await gitDiff(d, xa, xb, differs.includes(layer) ? { a: got(sa, bundle), b: got(sb, bundle), repo: join(dir!, `repo${i}.git`) } : null);
+        d.git = await gitDiff(
+          d,
+          xa,
+          xb,
+          differs.includes(layer) ? { a: got(sa, bundle), b: got(sb, bundle), repo: join(dir!, `repo${i}.git`) } : null,
+        );
         const doc = `${layer}/${WORKTREE_DOC}`;
         if (ha.get(doc) !== hb.get(doc)) {
           const [da, db] = [await deletedIn(got(sa, doc)), await deletedIn(got(sb, doc))];
-          if (da === null || db === null) d.notes.push(`${WORKTREE_DOC} is not readable; uncommitted deletions not compared`);
+          if (da === null || db === null)
+            d.notes.push(`${WORKTREE_DOC} is not readable; uncommitted deletions not compared`);
           else {
             const before = new Set(da);
             d.git.worktree.deleted = db.filter((p) => !before.has(p)).slice(0, LIST_MAX);
@@ -251,7 +307,11 @@ export async function diffSnapshots(a: StoredSnapshot, b: StoredSnapshot, keys: 
         const oa = d.git.head.from;
         const ob = d.git.head.to;
         const subj = (xb.head as { subject?: unknown } | undefined)?.subject;
-        d.notes.push(oa === ob ? `HEAD unchanged at ${String(oa ?? "-").slice(0, 12)}` : `HEAD ${String(oa ?? "-").slice(0, 12)} → ${String(ob ?? "-").slice(0, 12)}${typeof subj === "string" && subj ? ` (${subj})` : ""}`);
+        d.notes.push(
+          oa === ob
+            ? `HEAD unchanged at ${String(oa ?? "-").slice(0, 12)}`
+            : `HEAD ${String(oa ?? "-").slice(0, 12)} → ${String(ob ?? "-").slice(0, 12)}${typeof subj === "string" && subj ? ` (${subj})` : ""}`,
+        );
       }
       if (kind === "sqlite") {
         const da = (xa.databases ?? {}) as Record<string, { tables?: Record<string, number> }>;
@@ -314,10 +374,22 @@ function artifactDiff(layer: string, kind: string, ia: IndexEntry[], ib: IndexEn
 function gitEnv(gitDir: string): NodeJS.ProcessEnv {
   const env: NodeJS.ProcessEnv = {};
   for (const [k, v] of Object.entries(process.env)) if (!k.startsWith("GIT_") || k === "GIT_EXEC_PATH") env[k] = v;
-  const cfg: Array<[string, string]> = [["core.hooksPath", "/dev/null"], ["core.fsmonitor", "false"], ["gc.auto", "0"], ["maintenance.auto", "false"]];
+  const cfg: Array<[string, string]> = [
+    ["core.hooksPath", "/dev/null"],
+    ["core.fsmonitor", "false"],
+    ["gc.auto", "0"],
+    ["maintenance.auto", "false"],
+  ];
   Object.assign(env, {
-    GIT_DIR: gitDir, GIT_CONFIG_NOSYSTEM: "1", GIT_CONFIG_GLOBAL: "/dev/null", GIT_TERMINAL_PROMPT: "0", GIT_OPTIONAL_LOCKS: "0",
-    GIT_NO_REPLACE_OBJECTS: "1", GIT_NO_LAZY_FETCH: "1", GIT_PROTOCOL_FROM_USER: "0", GIT_CONFIG_COUNT: String(cfg.length),
+    GIT_DIR: gitDir,
+    GIT_CONFIG_NOSYSTEM: "1",
+    GIT_CONFIG_GLOBAL: "/dev/null",
+    GIT_TERMINAL_PROMPT: "0",
+    GIT_OPTIONAL_LOCKS: "0",
+    GIT_NO_REPLACE_OBJECTS: "1",
+    GIT_NO_LAZY_FETCH: "1",
+    GIT_PROTOCOL_FROM_USER: "0",
+    GIT_CONFIG_COUNT: String(cfg.length),
   });
   cfg.forEach(([k, v], i) => {
     env[`GIT_CONFIG_KEY_${i}`] = k;
@@ -333,9 +405,21 @@ const RECORD_MAX = 64 * 1024;
  * Run git, streaming its stdout as `sep`-terminated records to `onRecord` (as UTF-8 text, data
  * only); resolves with the exit code (rejects when it is not in `ok`, or git cannot start).
  */
-function gitRecords(gitDir: string, args: string[], sep: number, onRecord: (rec: string) => void, ok: number[] = [0], cwd = tmpdir()): Promise<number> {
+function gitRecords(
+  gitDir: string,
+  args: string[],
+  sep: number,
+  onRecord: (rec: string) => void,
+  ok: number[] = [0],
+  cwd = tmpdir(),
+): Promise<number> {
   return new Promise((res, rej) => {
-    const child = spawn("git", args, { cwd, env: gitEnv(gitDir), stdio: ["ignore", "pipe", "pipe"], windowsHide: true });
+    const child = spawn("git", args, {
+      cwd,
+      env: gitEnv(gitDir),
+      stdio: ["ignore", "pipe", "pipe"],
+      windowsHide: true,
+    });
     let parts: Buffer[] = [];
     let len = 0;
     let err = "";
@@ -354,11 +438,14 @@ function gitRecords(gitDir: string, args: string[], sep: number, onRecord: (rec:
       }
       if (at < b.length) push(Buffer.from(b.subarray(at)));
     });
-    child.stderr.on("data", (b: Buffer) => { if (err.length < 4096) err += b.toString("utf8"); });
+    child.stderr.on("data", (b: Buffer) => {
+      if (err.length < 4096) err += b.toString("utf8");
+    });
     child.on("error", rej);
     child.on("close", (code) => {
       if (len > 0) onRecord(Buffer.concat(parts).toString("utf8"));
-      if (code === null || !ok.includes(code)) rej(new Error(`git ${args[0]} exited ${code ?? "on a signal"}: ${err.trim().split("\n").slice(-1)[0] ?? ""}`));
+      if (code === null || !ok.includes(code))
+        rej(new Error(`git ${args[0]} exited ${code ?? "on a signal"}: ${err.trim().split("\n").slice(-1)[0] ?? ""}`));
       else res(code);
     });
   });
@@ -397,7 +484,9 @@ async function deletedIn(file: string | null): Promise<string[] | null> {
       const { size } = await fh.stat();
       if (size > WORKTREE_DOC_MAX) return null;
       const doc = JSON.parse((await fh.readFile()).toString("utf8")) as { deleted?: unknown };
-      return Array.isArray(doc.deleted) && doc.deleted.every((p) => typeof p === "string") ? doc.deleted as string[] : null;
+      return Array.isArray(doc.deleted) && doc.deleted.every((p) => typeof p === "string")
+        ? (doc.deleted as string[])
+        : null;
     } finally {
       await fh.close();
     }
@@ -406,9 +495,16 @@ async function deletedIn(file: string | null): Promise<string[] | null> {
   }
 }
 
-/** The git view of one layer: worktree overlay from the index, and with both bundles, the files and commits between the HEADs. */
-async function gitDiff(d: LayerDiff, xa: Record<string, unknown>, xb: Record<string, unknown>,
-  bundles: { a: string | null; b: string | null; repo: string } | null): Promise<GitDiff> {
+/**
+ * The git view of one layer: worktree overlay from the index, and with both bundles, the files and commits between the
+ * HEADs.
+ */
+async function gitDiff(
+  d: LayerDiff,
+  xa: Record<string, unknown>,
+  xb: Record<string, unknown>,
+  bundles: { a: string | null; b: string | null; repo: string } | null,
+): Promise<GitDiff> {
   const wt = (p: string): string | null => {
     const rel = p.slice(d.layer.length + 1);
     return rel.startsWith("worktree/") ? rel.slice("worktree/".length) : null;
@@ -420,8 +516,14 @@ async function gitDiff(d: LayerDiff, xa: Record<string, unknown>, xb: Record<str
     deleted: [] as string[],
   };
   const g: GitDiff = {
-    head: { from: headOf(xa), to: headOf(xb) }, descendant: null, commits: [], commits_total: 0, commits_dropped: 0,
-    files: { added: [], changed: [], deleted: [] }, files_total: { added: 0, changed: 0, deleted: 0 }, worktree,
+    head: { from: headOf(xa), to: headOf(xb) },
+    descendant: null,
+    commits: [],
+    commits_total: 0,
+    commits_dropped: 0,
+    files: { added: [], changed: [], deleted: [] },
+    files_total: { added: 0, changed: 0, deleted: 0 },
+    worktree,
   };
   if (g.head.from !== null && g.head.from === g.head.to) g.descendant = true;
   if (!bundles) return g;
@@ -431,46 +533,89 @@ async function gitDiff(d: LayerDiff, xa: Record<string, unknown>, xb: Record<str
     return g;
   }
   try {
-    await gitRecords(bundles.repo, ["init", "--bare", "-q", `--object-format=${fmt(bundles.b ? xb : xa)}`], 0x0a, () => undefined);
-    const ha = bundles.a ? (await unbundle(bundles.repo, bundles.a)) ?? g.head.from : null;
-    const hb = bundles.b ? (await unbundle(bundles.repo, bundles.b)) ?? g.head.to : null;
+    await gitRecords(
+      bundles.repo,
+      ["init", "--bare", "-q", `--object-format=${fmt(bundles.b ? xb : xa)}`],
+      0x0a,
+      () => undefined,
+    );
+    const ha = bundles.a ? ((await unbundle(bundles.repo, bundles.a)) ?? g.head.from) : null;
+    const hb = bundles.b ? ((await unbundle(bundles.repo, bundles.b)) ?? g.head.to) : null;
     g.head = { from: ha, to: hb };
     const isCommit = async (oid: string | null): Promise<string | null> =>
-      oid !== null && (await gitRecords(bundles.repo, ["cat-file", "-e", `${oid}^{commit}`], 0x0a, () => undefined, [0, 1, 128])) === 0 ? oid : null;
+      oid !== null &&
+      (await gitRecords(bundles.repo, ["cat-file", "-e", `${oid}^{commit}`], 0x0a, () => undefined, [0, 1, 128])) === 0
+        ? oid
+        : null;
     const [ca, cb] = [await isCommit(ha), await isCommit(hb)];
     let empty = "";
-    await gitRecords(bundles.repo, ["mktree", "--missing"], 0x0a, (r) => { if (r) empty = r.trim(); }, [0]);
+    await gitRecords(
+      bundles.repo,
+      ["mktree", "--missing"],
+      0x0a,
+      (r) => {
+        if (r) empty = r.trim();
+      },
+      [0],
+    );
     // diff-tree (plumbing: no external diff, no textconv), no rename detection: paths as git names them.
     const files = { A: new Capped(), M: new Capped(), D: new Capped() };
     let status: string | null = null;
-    await gitRecords(bundles.repo, ["diff-tree", "-r", "-z", "--no-renames", "--name-status", ca ?? empty, cb ?? empty], 0x00, (rec) => {
-      if (status === null) {
-        status = rec;
-        return;
-      }
-      const k = status === "A" ? "A" : status === "D" ? "D" : "M";
-      files[k].add(rec);
-      status = null;
-    });
+    await gitRecords(
+      bundles.repo,
+      ["diff-tree", "-r", "-z", "--no-renames", "--name-status", ca ?? empty, cb ?? empty],
+      0x00,
+      (rec) => {
+        if (status === null) {
+          status = rec;
+          return;
+        }
+        const k = status === "A" ? "A" : status === "D" ? "D" : "M";
+        files[k].add(rec);
+        status = null;
+      },
+    );
     g.files = { added: files.A.items, changed: files.M.items, deleted: files.D.items };
     g.files_total = { added: files.A.total, changed: files.M.total, deleted: files.D.total };
     if (cb !== null) {
       const commits: { oid: string; subject: string }[] = [];
       let total = 0;
-      await gitRecords(bundles.repo, ["log", "--no-color", "--no-decorate", "--no-mailmap", "-z", "--format=%H %s", ...(ca ? [`${ca}..${cb}`] : [cb]), "--"], 0x00, (rec) => {
-        const sp = rec.indexOf(" ");
-        if (sp < 0) return;
-        if (commits.length < LIST_MAX) commits.push({ oid: rec.slice(0, sp), subject: rec.slice(sp + 1) });
-        total++;
-      });
+      await gitRecords(
+        bundles.repo,
+        [
+          "log",
+          "--no-color",
+          "--no-decorate",
+          "--no-mailmap",
+          "-z",
+          "--format=%H %s",
+          ...(ca ? [`${ca}..${cb}`] : [cb]),
+          "--",
+        ],
+        0x00,
+        (rec) => {
+          const sp = rec.indexOf(" ");
+          if (sp < 0) return;
+          if (commits.length < LIST_MAX) commits.push({ oid: rec.slice(0, sp), subject: rec.slice(sp + 1) });
+          total++;
+        },
+      );
       g.commits = commits;
       g.commits_total = total;
     }
     if (ca !== null && cb !== null) {
-      const code = await gitRecords(bundles.repo, ["merge-base", "--is-ancestor", ca, cb], 0x0a, () => undefined, [0, 1]);
+      const code = await gitRecords(
+        bundles.repo,
+        ["merge-base", "--is-ancestor", ca, cb],
+        0x0a,
+        () => undefined,
+        [0, 1],
+      );
       g.descendant = code === 0;
       if (!g.descendant) {
-        await gitRecords(bundles.repo, ["rev-list", "--count", `${cb}..${ca}`, "--"], 0x0a, (r) => { if (/^\d+$/.test(r)) g.commits_dropped = Number(r); });
+        await gitRecords(bundles.repo, ["rev-list", "--count", `${cb}..${ca}`, "--"], 0x0a, (r) => {
+          if (/^\d+$/.test(r)) g.commits_dropped = Number(r);
+        });
       }
     }
   } catch (e) {
@@ -483,7 +628,10 @@ async function gitDiff(d: LayerDiff, xa: Record<string, unknown>, xb: Record<str
 // ------------------------------------------------------------------------------ sqlite rows
 
 interface Bs {
-  prepare(sql: string): { raw(on: boolean): { safeIntegers(on: boolean): { iterate(): IterableIterator<unknown[]> } }; all(): unknown[] };
+  prepare(sql: string): {
+    raw(on: boolean): { safeIntegers(on: boolean): { iterate(): IterableIterator<unknown[]> } };
+    all(): unknown[];
+  };
   pragma(s: string): unknown;
   close(): void;
 }
@@ -503,7 +651,10 @@ function cell(v: unknown): string {
  * two ordered scans merged, one row of each in memory at a time. The copies are private temp
  * files; each is opened with untrusted schema off and queries only.
  */
-async function rowDiff(fa: string, fb: string): Promise<Record<string, { added: number; removed: number; changed: number; changed_rowids: string[] }>> {
+async function rowDiff(
+  fa: string,
+  fb: string,
+): Promise<Record<string, { added: number; removed: number; changed: number; changed_rowids: string[] }>> {
   const Database = createRequire(import.meta.url)("better-sqlite3") as new (p: string, o: object) => Bs;
   const open = (f: string): Bs => {
     const db = new Database(f, { fileMustExist: true });
@@ -513,9 +664,20 @@ async function rowDiff(fa: string, fb: string): Promise<Record<string, { added: 
   };
   const [A, B] = [open(fa), open(fb)];
   try {
-    const tables = (db: Bs): Map<string, string> => new Map((db.prepare("SELECT name, sql FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\'").all() as { name: string; sql: string | null }[])
-      .filter((t) => !/^\s*CREATE\s+VIRTUAL\b/i.test(t.sql ?? "") && !/\bWITHOUT\s+ROWID\s*[;,)]?\s*$/i.test(t.sql ?? ""))
-      .map((t) => [t.name, t.sql ?? ""]));
+    const tables = (db: Bs): Map<string, string> =>
+      new Map(
+        (
+          db
+            .prepare(
+              "SELECT name, sql FROM sqlite_schema WHERE type = 'table' AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\'",
+            )
+            .all() as { name: string; sql: string | null }[]
+        )
+          .filter(
+            (t) => !/^\s*CREATE\s+VIRTUAL\b/i.test(t.sql ?? "") && !/\bWITHOUT\s+ROWID\s*[;,)]?\s*$/i.test(t.sql ?? ""),
+          )
+          .map((t) => [t.name, t.sql ?? ""]),
+      );
     const [ta, tb] = [tables(A), tables(B)];
     const out: Record<string, { added: number; removed: number; changed: number; changed_rowids: string[] }> = {};
     let turn = performance.now();

@@ -26,8 +26,22 @@ export interface PruneResult {
  * its store lock; leftovers of dead memsnap processes older than `orphanMinAgeMs` are removed,
  * never those of a live process.
  */
-export async function pruneStore(store: string, policy: RetentionPolicy, opts: { tenant?: string; agent?: string; dryRun?: boolean; orphanMinAgeMs?: number; waitMs?: number; graceMs?: number } = {}): Promise<PruneResult[]> {
-  const all = await listSnapshots(store, { ...(opts.tenant ? { tenant: opts.tenant } : {}), ...(opts.agent ? { agent: opts.agent } : {}) });
+export async function pruneStore(
+  store: string,
+  policy: RetentionPolicy,
+  opts: {
+    tenant?: string;
+    agent?: string;
+    dryRun?: boolean;
+    orphanMinAgeMs?: number;
+    waitMs?: number;
+    graceMs?: number;
+  } = {},
+): Promise<PruneResult[]> {
+  const all = await listSnapshots(store, {
+    ...(opts.tenant ? { tenant: opts.tenant } : {}),
+    ...(opts.agent ? { agent: opts.agent } : {}),
+  });
   const agents = new Map<string, StoredSnapshot[]>();
   for (const s of all) agents.set(`${s.tenant}/${s.agent}`, [...(agents.get(`${s.tenant}/${s.agent}`) ?? []), s]);
   const out: PruneResult[] = [];
@@ -40,8 +54,19 @@ export async function pruneStore(store: string, policy: RetentionPolicy, opts: {
     }
     if (isS3Url(store)) {
       const { s3PruneAgent } = await import("./s3/store.js");
-      const r = await s3PruneAgent(store, tenant, agent, policy, { graceMs: opts.graceMs ?? DEFAULT_S3_GRACE_MS, ...(opts.waitMs !== undefined ? { waitMs: opts.waitMs } : {}) });
-      out.push({ tenant, agent, decisions: r.decisions, removed: r.removed, orphans: [], condemned: r.condemned, uploads: r.uploads });
+      const r = await s3PruneAgent(store, tenant, agent, policy, {
+        graceMs: opts.graceMs ?? DEFAULT_S3_GRACE_MS,
+        ...(opts.waitMs !== undefined ? { waitMs: opts.waitMs } : {}),
+      });
+      out.push({
+        tenant,
+        agent,
+        decisions: r.decisions,
+        removed: r.removed,
+        orphans: [],
+        condemned: r.condemned,
+        uploads: r.uploads,
+      });
       continue;
     }
     const lock = await acquireLock(dir, { waitMs: opts.waitMs ?? 10_000, command: "prune" });
@@ -52,7 +77,9 @@ export async function pruneStore(store: string, policy: RetentionPolicy, opts: {
       const removed: string[] = [];
       for (const d of decisions) {
         if (d.keep) continue;
-        await unlink(d.snapshot.path).catch((e: NodeJS.ErrnoException) => { if (e.code !== "ENOENT") throw e; });
+        await unlink(d.snapshot.path).catch((e: NodeJS.ErrnoException) => {
+          if (e.code !== "ENOENT") throw e;
+        });
         removed.push(d.snapshot.path);
       }
       const orphans = await removeOrphans(dir, opts.orphanMinAgeMs ?? 15 * 60_000);

@@ -8,7 +8,11 @@ import { locationString, parseStoreLocation } from "../objstore/location.js";
  * A local one is an absolute directory; an s3 one stays its canonical `s3://bucket/prefix` URL.
  * Any other `scheme://` (or a malformed s3 URL) is MEMSNAP_USAGE, never a local directory.
  */
-export function resolveStore(explicit: string | undefined, fromConfig: string | undefined, env: NodeJS.ProcessEnv = process.env): string {
+export function resolveStore(
+  explicit: string | undefined,
+  fromConfig: string | undefined,
+  env: NodeJS.ProcessEnv = process.env,
+): string {
   if (explicit) return locationString(parseStoreLocation(explicit));
   if (env.MEMSNAP_STORE) return locationString(parseStoreLocation(env.MEMSNAP_STORE));
   if (fromConfig) return locationString(parseStoreLocation(fromConfig));

@@ -49,7 +49,8 @@ export function isSafety(s: { created_by: string; label: string | null }): boole
 
 /** A label the user set: not an auto: label, and not the label a schedule gives its own snapshots. */
 export function userLabel(s: { created_by: string; label: string | null }): string | null {
-  if (s.label === null || s.label.startsWith("auto:") || s.created_by === "schedule" || s.created_by === "pre-restore") return null;
+  if (s.label === null || s.label.startsWith("auto:") || s.created_by === "schedule" || s.created_by === "pre-restore")
+    return null;
   return s.label;
 }
 
@@ -97,7 +98,9 @@ export function decide(snapshots: StoredSnapshot[], policy: RetentionPolicy, now
   }
   const all = [...snapshots].sort((a, b) => (a.id < b.id ? 1 : a.id > b.id ? -1 : 0));
   const reasons = new Map<string, string[]>(all.map((s) => [s.id, []]));
-  const why = (s: StoredSnapshot, r: string): void => { reasons.get(s.id)!.push(r); };
+  const why = (s: StoredSnapshot, r: string): void => {
+    reasons.get(s.id)!.push(r);
+  };
   if (all[0]) why(all[0], "newest");
   // Protections first: what they keep is out of the rules' reach and does not count for them.
   const safetyMs = policy.safetyMs ?? DEFAULT_SAFETY_MS;
@@ -108,10 +111,17 @@ export function decide(snapshots: StoredSnapshot[], policy: RetentionPolicy, now
     const age = now - Date.parse(s.created_at);
     const label = userLabel(s);
     if (isSafety(s) && age < safetyMs) {
-      why(s, `safety snapshot, kept until ${new Date(Date.parse(s.created_at) + safetyMs).toISOString()} (--keep-safety)`);
+      why(
+        s,
+        `safety snapshot, kept until ${new Date(Date.parse(s.created_at) + safetyMs).toISOString()} (--keep-safety)`,
+      );
     } else if (label !== null && !keepLabel(label) && !pruneLabel(label)) {
       why(s, `labelled ${JSON.stringify(label)}: no rule names it (--keep-label/--prune-label)`);
-    } else if (policy.createdBy && !policy.createdBy.includes(s.created_by) && !(isSafety(s) && policy.createdBy.includes("pre-restore"))) {
+    } else if (
+      policy.createdBy &&
+      !policy.createdBy.includes(s.created_by) &&
+      !(isSafety(s) && policy.createdBy.includes("pre-restore"))
+    ) {
       why(s, `made by ${s.created_by}, not decided here (--prune-all)`);
     } else {
       newestFirst.push(s);

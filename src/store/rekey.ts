@@ -30,8 +30,15 @@ import { basename, dirname, join } from "node:path";
 import { MemsnapError, destinationError } from "../errors.js";
 import { readAt, readLayout, tempPathFor, type BundleLayout } from "../format/container.js";
 import {
-  basesOf, checkSeal, computeSeal, encodeManifest, MANIFEST_MEMBER, parseManifest, PAYLOAD_MEMBER_ENCRYPTED,
-  type Manifest, type RecipientInfo,
+  basesOf,
+  checkSeal,
+  computeSeal,
+  encodeManifest,
+  MANIFEST_MEMBER,
+  parseManifest,
+  PAYLOAD_MEMBER_ENCRYPTED,
+  type Manifest,
+  type RecipientInfo,
 } from "../format/manifest.js";
 import { BLOCK, encodeHeader, padding } from "../format/tar-header.js";
 import { recipientFingerprint, recipientsOfIdentities } from "../codecs/age/keys.js";
@@ -99,16 +106,21 @@ interface Item {
 
 const COPY_BUF = 1 << 20;
 
-
 /** A recipient (`age1…`) or fingerprint as the manifest records it. */
 function fingerprintOf(r: string): string {
   return r.startsWith("age1") ? recipientFingerprint(r) : r;
 }
 
 /** The bundles in `dir` other than `skip`, that reference one of `ids` as a base. */
-async function dependentsIn(dir: string, ids: Set<string>, skip: Set<string>): Promise<Array<{ id: string; base: string }>> {
+async function dependentsIn(
+  dir: string,
+  ids: Set<string>,
+  skip: Set<string>,
+): Promise<Array<{ id: string; base: string }>> {
   const out: Array<{ id: string; base: string }> = [];
-  const names = (await readdir(dir).catch(() => [] as string[])).filter((n) => n.endsWith(".memsnap") && isUlid(n.slice(0, -8))).sort();
+  const names = (await readdir(dir).catch(() => [] as string[]))
+    .filter((n) => n.endsWith(".memsnap") && isUlid(n.slice(0, -8)))
+    .sort();
   for (const n of names) {
     const path = join(dir, n);
     if (skip.has(path)) continue;
@@ -138,38 +150,65 @@ function plan(item: Item, stanzas: AgeStanza[], opened: number, opts: RekeyOptio
   const add = [...new Set(opts.add ?? [])];
   const where = `${item.manifest.snapshot_id} (${item.path})`;
   if (opts.newPassphrase !== undefined) {
-    return { keep: [], recipients: [], passphrase: opts.newPassphrase, infos: [{ type: "scrypt" }], added: [], removed: old.map((o) => o.fingerprint ?? o.type) };
+    return {
+      keep: [],
+      recipients: [],
+      passphrase: opts.newPassphrase,
+      infos: [{ type: "scrypt" }],
+      added: [],
+      removed: old.map((o) => o.fingerprint ?? o.type),
+    };
   }
   const isScrypt = stanzas.some((s) => s.type === "scrypt");
   if (opts.replace || isScrypt) {
     if (opts.remove?.length && isScrypt) {
-      throw new MemsnapError("MEMSNAP_USAGE", `${where} is encrypted to a passphrase: it has no recipient to remove`, { hint: "give the new recipients with -r (they replace the passphrase), or --new-passphrase-file" });
+      throw new MemsnapError("MEMSNAP_USAGE", `${where} is encrypted to a passphrase: it has no recipient to remove`, {
+        hint: "give the new recipients with -r (they replace the passphrase), or --new-passphrase-file",
+      });
     }
-    if (!add.length) throw new MemsnapError("MEMSNAP_USAGE", "--replace needs the new recipients (-r/-R)", { hint: "name every recipient the bundles should be encrypted to" });
+    if (!add.length)
+      throw new MemsnapError("MEMSNAP_USAGE", "--replace needs the new recipients (-r/-R)", {
+        hint: "name every recipient the bundles should be encrypted to",
+      });
     return {
-      keep: [], recipients: add, infos: add.map((r) => ({ type: "x25519", fingerprint: recipientFingerprint(r) })),
-      added: add.map(recipientFingerprint), removed: old.map((o) => o.fingerprint ?? o.type),
+      keep: [],
+      recipients: add,
+      infos: add.map((r) => ({ type: "x25519", fingerprint: recipientFingerprint(r) })),
+      added: add.map(recipientFingerprint),
+      removed: old.map((o) => o.fingerprint ?? o.type),
     };
   }
   // Position i of the manifest's recipients is stanza i, when the header and the manifest agree.
   const ownFps = new Set(recipientsOfIdentities(opts.keys.identities ?? []).map(recipientFingerprint));
-  const mapped = old.length === stanzas.length
-    && stanzas.every((s, i) => s.type === "X25519" && old[i]!.type === "x25519" && typeof old[i]!.fingerprint === "string")
-    && opened >= 0 && ownFps.has(old[opened]!.fingerprint!);
+  const mapped =
+    old.length === stanzas.length &&
+    stanzas.every(
+      (s, i) => s.type === "X25519" && old[i]!.type === "x25519" && typeof old[i]!.fingerprint === "string",
+    ) &&
+    opened >= 0 &&
+    ownFps.has(old[opened]!.fingerprint!);
   const removeFps = [...new Set((opts.remove ?? []).map(fingerprintOf))];
   const drop = new Set<number>();
   if (removeFps.length) {
     if (!mapped) {
-      throw new MemsnapError("MEMSNAP_USAGE", `cannot tell which recipient stanza of ${where} is whose: its header and its manifest's recipient list do not line up`, {
-        hint: "replace the whole recipient set instead: --replace -r age1… (every recipient the bundle should keep)",
-      });
+      throw new MemsnapError(
+        "MEMSNAP_USAGE",
+        `cannot tell which recipient stanza of ${where} is whose: its header and its manifest's recipient list do not line up`,
+        {
+          hint: "replace the whole recipient set instead: --replace -r age1… (every recipient the bundle should keep)",
+        },
+      );
     }
     for (const fp of removeFps) {
       const i = old.findIndex((o) => o.fingerprint === fp);
       if (i < 0) {
-        throw new MemsnapError("MEMSNAP_USAGE", `${fp} is not a recipient of ${where} (its recipients: ${old.map((o) => o.fingerprint).join(", ")})`, {
-          hint: "name a recipient by its age1… key or the fingerprint `memsnap inspect` shows",
-        });
+        throw new MemsnapError(
+          "MEMSNAP_USAGE",
+          `${fp} is not a recipient of ${where} (its recipients: ${old.map((o) => o.fingerprint).join(", ")})`,
+          {
+            hint: "name a recipient by its age1… key or the fingerprint `memsnap inspect` shows",
+          },
+        );
       }
       drop.add(i);
     }
@@ -179,11 +218,16 @@ function plan(item: Item, stanzas: AgeStanza[], opened: number, opts: RekeyOptio
   const have = new Set(keptInfos.map((o) => o.fingerprint));
   const newOnes = add.filter((r) => !have.has(recipientFingerprint(r)));
   if (keep.length + newOnes.length === 0) {
-    throw new MemsnapError("MEMSNAP_USAGE", `removing ${removeFps.join(", ")} would leave ${where} with no recipient`, { hint: "add a new recipient with -r in the same command" });
+    throw new MemsnapError("MEMSNAP_USAGE", `removing ${removeFps.join(", ")} would leave ${where} with no recipient`, {
+      hint: "add a new recipient with -r in the same command",
+    });
   }
   return {
-    keep, recipients: newOnes, infos: [...keptInfos, ...newOnes.map((r) => ({ type: "x25519" as const, fingerprint: recipientFingerprint(r) }))],
-    added: newOnes.map(recipientFingerprint), removed: [...drop].sort((a, b) => a - b).map((i) => old[i]!.fingerprint!),
+    keep,
+    recipients: newOnes,
+    infos: [...keptInfos, ...newOnes.map((r) => ({ type: "x25519" as const, fingerprint: recipientFingerprint(r) }))],
+    added: newOnes.map(recipientFingerprint),
+    removed: [...drop].sort((a, b) => a - b).map((i) => old[i]!.fingerprint!),
   };
 }
 
@@ -197,7 +241,12 @@ interface Pending {
  * Write the rekeyed bundle to a temp file beside `item.path` (fsynced), or only plan it in a
  * dry run. `newSeals` maps the ids of bases rekeyed earlier in this run to their new seals.
  */
-async function rekeyOne(item: Item, opts: RekeyOptions, newSeals: Map<string, string>, pending: Pending[]): Promise<RekeyResult> {
+async function rekeyOne(
+  item: Item,
+  opts: RekeyOptions,
+  newSeals: Map<string, string>,
+  pending: Pending[],
+): Promise<RekeyResult> {
   const { layout, manifest } = item;
   const src = await open(item.path, "r");
   let out: FileHandle | undefined;
@@ -207,7 +256,9 @@ async function rekeyOne(item: Item, opts: RekeyOptions, newSeals: Map<string, st
     const opened = await openAgeHeaderForRekey(prefix, opts.keys);
     const p = plan(item, opened.stanzas, opened.opened, opts);
     const header = await writeAgeHeader(opened.fileKey, {
-      keep: p.keep, recipients: p.recipients, ...(p.passphrase !== undefined ? { passphrase: p.passphrase } : {}),
+      keep: p.keep,
+      recipients: p.recipients,
+      ...(p.passphrase !== undefined ? { passphrase: p.passphrase } : {}),
       ...(opts.scryptLogN ? { scryptLogN: opts.scryptLogN } : {}),
     });
     opened.fileKey.fill(0);
@@ -219,9 +270,19 @@ async function rekeyOne(item: Item, opts: RekeyOptions, newSeals: Map<string, st
     const basesUpdated = bases.filter((b) => newSeals.has(sealKey(b.snapshot_id))).map((b) => b.snapshot_id);
     const basesNot = bases.filter((b) => !newSeals.has(sealKey(b.snapshot_id))).map((b) => b.snapshot_id);
     const base: RekeyResult = {
-      snapshot_id: manifest.snapshot_id, path: item.path, recipients: p.infos, added: p.added, removed: p.removed,
-      passphrase: p.passphrase !== undefined, signed: !!opts.signKey, signature_dropped: !opts.signKey && manifest.signature !== undefined,
-      bases_updated: basesUpdated, bases_not_rekeyed: basesNot, stored_size: storedSize, sha256: "", dry_run: !!opts.dryRun,
+      snapshot_id: manifest.snapshot_id,
+      path: item.path,
+      recipients: p.infos,
+      added: p.added,
+      removed: p.removed,
+      passphrase: p.passphrase !== undefined,
+      signed: !!opts.signKey,
+      signature_dropped: !opts.signKey && manifest.signature !== undefined,
+      bases_updated: basesUpdated,
+      bases_not_rekeyed: basesNot,
+      stored_size: storedSize,
+      sha256: "",
+      dry_run: !!opts.dryRun,
     };
     if (opts.dryRun) return base;
 
@@ -236,7 +297,11 @@ async function rekeyOne(item: Item, opts: RekeyOptions, newSeals: Map<string, st
     const buf = Buffer.allocUnsafe(COPY_BUF);
     for (let done = 0; done < bodyLen;) {
       const { bytesRead } = await src.read(buf, 0, Math.min(COPY_BUF, bodyLen - done), bodyStart + done);
-      if (bytesRead === 0) throw new MemsnapError("MEMSNAP_BUNDLE_TRUNCATED", `${item.path}: the payload ends early`, { path: item.path, hint: "the bundle changed while it was rekeyed; run rekey again" });
+      if (bytesRead === 0)
+        throw new MemsnapError("MEMSNAP_BUNDLE_TRUNCATED", `${item.path}: the payload ends early`, {
+          path: item.path,
+          hint: "the bundle changed while it was rekeyed; run rekey again",
+        });
       hash.update(buf.subarray(0, bytesRead));
       await out.write(buf, 0, bytesRead, pos);
       pos += bytesRead;
@@ -246,15 +311,30 @@ async function rekeyOne(item: Item, opts: RekeyOptions, newSeals: Map<string, st
     const { seal: _s, signature: _sig, ...rest } = manifest;
     const body: Omit<Manifest, "seal"> = {
       ...rest,
-      ...(bases.length ? { bases: bases.map((b) => ({ snapshot_id: b.snapshot_id, seal: newSeals.get(sealKey(b.snapshot_id)) ?? b.seal })) } : {}),
-      payload: { ...manifest.payload, encryption: { scheme: "age", recipients: p.infos }, stored_size: storedSize, sha256 },
+      ...(bases.length
+        ? {
+            bases: bases.map((b) => ({
+              snapshot_id: b.snapshot_id,
+              seal: newSeals.get(sealKey(b.snapshot_id)) ?? b.seal,
+            })),
+          }
+        : {}),
+      payload: {
+        ...manifest.payload,
+        encryption: { scheme: "age", recipients: p.infos },
+        stored_size: storedSize,
+        sha256,
+      },
     };
     const sealed: Manifest = { ...body, seal: computeSeal(body) };
     const final: Manifest = opts.signKey ? { ...sealed, signature: { ...signManifest(sealed, opts.signKey) } } : sealed;
     const mBytes = encodeManifest(final);
     const tail = Buffer.concat([
-      Buffer.alloc(padding(storedSize)), encodeHeader(MANIFEST_MEMBER, mBytes.length, mtime, 0o644), mBytes,
-      Buffer.alloc(padding(mBytes.length)), Buffer.alloc(2 * BLOCK),
+      Buffer.alloc(padding(storedSize)),
+      encodeHeader(MANIFEST_MEMBER, mBytes.length, mtime, 0o644),
+      mBytes,
+      Buffer.alloc(padding(mBytes.length)),
+      Buffer.alloc(2 * BLOCK),
     ]);
     await out.write(tail, 0, tail.length, pos);
     await out.truncate(pos + tail.length);
@@ -265,7 +345,9 @@ async function rekeyOne(item: Item, opts: RekeyOptions, newSeals: Map<string, st
     const check = await readLayout(tmp);
     const back = parseManifest(check.manifestBytes);
     if (!checkSeal(back) || back.payload.stored_size !== check.payloadSize || back.seal !== final.seal) {
-      throw new MemsnapError("MEMSNAP_INTERNAL", `${item.path}: the rekeyed bundle does not read back as written`, { hint: "the original is unchanged; report this" });
+      throw new MemsnapError("MEMSNAP_INTERNAL", `${item.path}: the rekeyed bundle does not read back as written`, {
+        hint: "the original is unchanged; report this",
+      });
     }
     pending.push({ tmp, dest: item.path });
     tmp = undefined;
@@ -282,7 +364,11 @@ async function rekeyOne(item: Item, opts: RekeyOptions, newSeals: Map<string, st
 }
 
 /** Open and check the bundles to rekey: encrypted, sealed, each once. */
-async function load(paths: readonly string[], skipPlaintext: boolean, skipped: RekeyOutcome["skipped"]): Promise<Item[]> {
+async function load(
+  paths: readonly string[],
+  skipPlaintext: boolean,
+  skipped: RekeyOutcome["skipped"],
+): Promise<Item[]> {
   const items: Item[] = [];
   const seen = new Set<string>();
   for (const given of paths) {
@@ -292,23 +378,38 @@ async function load(paths: readonly string[], skipPlaintext: boolean, skipped: R
     seen.add(path);
     const manifest = parseManifest(layout.manifestBytes);
     if (!checkSeal(manifest)) {
-      throw new MemsnapError("MEMSNAP_SEAL_MISMATCH", `${given}: the manifest seal does not match its content; refusing to rekey a damaged bundle`, {
-        path: given, hint: "run `memsnap verify` on it; rekey only bundles that verify",
-      });
+      throw new MemsnapError(
+        "MEMSNAP_SEAL_MISMATCH",
+        `${given}: the manifest seal does not match its content; refusing to rekey a damaged bundle`,
+        {
+          path: given,
+          hint: "run `memsnap verify` on it; rekey only bundles that verify",
+        },
+      );
     }
     if (!manifest.payload.encryption || layout.payloadMember !== PAYLOAD_MEMBER_ENCRYPTED) {
       if (skipPlaintext) {
         skipped.push({ path: given, snapshot_id: manifest.snapshot_id, reason: "not encrypted" });
         continue;
       }
-      throw new MemsnapError("MEMSNAP_USAGE", `${given} (${manifest.snapshot_id}) is not encrypted: rekey changes the keys of encrypted bundles, it does not encrypt`, {
-        path: given, hint: "take a new, encrypted snapshot (-r age1… or --passphrase-file) instead",
-      });
+      throw new MemsnapError(
+        "MEMSNAP_USAGE",
+        `${given} (${manifest.snapshot_id}) is not encrypted: rekey changes the keys of encrypted bundles, it does not encrypt`,
+        {
+          path: given,
+          hint: "take a new, encrypted snapshot (-r age1… or --passphrase-file) instead",
+        },
+      );
     }
     if (layout.payloadSize !== manifest.payload.stored_size) {
-      throw new MemsnapError("MEMSNAP_PAYLOAD_HASH_MISMATCH", `${given}: the payload is ${layout.payloadSize} bytes, the manifest says ${manifest.payload.stored_size}`, {
-        path: given, hint: "the bundle is damaged; rekey only bundles that verify",
-      });
+      throw new MemsnapError(
+        "MEMSNAP_PAYLOAD_HASH_MISMATCH",
+        `${given}: the payload is ${layout.payloadSize} bytes, the manifest says ${manifest.payload.stored_size}`,
+        {
+          path: given,
+          hint: "the bundle is damaged; rekey only bundles that verify",
+        },
+      );
     }
     items.push({ path, layout, manifest });
   }
@@ -367,17 +468,29 @@ function groups(items: Item[]): Item[][] {
 export async function rekeyBundles(paths: readonly string[], opts: RekeyOptions): Promise<RekeyOutcome> {
   const add = opts.add ?? [];
   if (!add.length && !opts.remove?.length && opts.newPassphrase === undefined) {
-    throw new MemsnapError("MEMSNAP_USAGE", "nothing to change: give recipients to add (-r/-R), to remove (--remove-recipient), or a new passphrase", {
-      hint: "e.g. memsnap rekey ID -i old.key -r age1… --remove-recipient age1…",
-    });
+    throw new MemsnapError(
+      "MEMSNAP_USAGE",
+      "nothing to change: give recipients to add (-r/-R), to remove (--remove-recipient), or a new passphrase",
+      {
+        hint: "e.g. memsnap rekey ID -i old.key -r age1… --remove-recipient age1…",
+      },
+    );
   }
   if (opts.newPassphrase !== undefined && (add.length || opts.remove?.length || opts.replace)) {
-    throw new MemsnapError("MEMSNAP_USAGE", "a new passphrase replaces every recipient: give it without -r/-R, --remove-recipient or --replace", {
-      hint: "a passphrase must be the only recipient of an age file",
-    });
+    throw new MemsnapError(
+      "MEMSNAP_USAGE",
+      "a new passphrase replaces every recipient: give it without -r/-R, --remove-recipient or --replace",
+      {
+        hint: "a passphrase must be the only recipient of an age file",
+      },
+    );
   }
   if (opts.replace && opts.remove?.length) {
-    throw new MemsnapError("MEMSNAP_USAGE", "--replace drops every old recipient already: give it without --remove-recipient", { hint: "--replace -r age1… names the whole new set" });
+    throw new MemsnapError(
+      "MEMSNAP_USAGE",
+      "--replace drops every old recipient already: give it without --remove-recipient",
+      { hint: "--replace -r age1… names the whole new set" },
+    );
   }
   const skipped: RekeyOutcome["skipped"] = [];
   const items = await load(paths, !!opts.skipPlaintext, skipped);
@@ -388,7 +501,8 @@ export async function rekeyBundles(paths: readonly string[], opts: RekeyOptions)
   const results: RekeyResult[] = [];
   try {
     // Under the store lock (prune and delete take it too), before anything is checked.
-    if (opts.lock && !opts.dryRun) for (const dir of dirs) locks.push(await acquireLock(dir, { waitMs: 10_000, command: "rekey" }));
+    if (opts.lock && !opts.dryRun)
+      for (const dir of dirs) locks.push(await acquireLock(dir, { waitMs: 10_000, command: "rekey" }));
 
     // A base rekeyed alone would break the bundles that reference it (their seal of it changes).
     const inSet = new Set(items.map((it) => it.path));
@@ -397,14 +511,19 @@ export async function rekeyBundles(paths: readonly string[], opts: RekeyOptions)
       const deps = await dependentsIn(dir, ids, inSet);
       if (deps.length) {
         const names = deps.map((d) => `${d.id} (references ${d.base})`);
-        throw new MemsnapError("MEMSNAP_USAGE", `refusing to rekey a base alone: ${names.slice(0, 5).join(", ")}${names.length > 5 ? `, and ${names.length - 5} more` : ""} reference it; their record of its seal would no longer match`, {
-          hint: `rekey them together (memsnap rekey ${[...ids][0]} ${deps.map((d) => d.id).join(" ")} …, or --all); nothing was changed`,
-        });
+        throw new MemsnapError(
+          "MEMSNAP_USAGE",
+          `refusing to rekey a base alone: ${names.slice(0, 5).join(", ")}${names.length > 5 ? `, and ${names.length - 5} more` : ""} reference it; their record of its seal would no longer match`,
+          {
+            hint: `rekey them together (memsnap rekey ${[...ids][0]} ${deps.map((d) => d.id).join(" ")} …, or --all); nothing was changed`,
+          },
+        );
       }
     }
 
     // The old key must open every bundle before the first one changes (header reads only).
-    if (!opts.dryRun && items.length > 1) for (const it of items) await rekeyOne(it, { ...opts, dryRun: true }, new Map(), []);
+    if (!opts.dryRun && items.length > 1)
+      for (const it of items) await rekeyOne(it, { ...opts, dryRun: true }, new Map(), []);
 
     const newSeals = new Map<string, string>();
     for (const g of groups(items)) {
@@ -415,9 +534,14 @@ export async function rekeyBundles(paths: readonly string[], opts: RekeyOptions)
       } catch (e) {
         for (const p of pending) await unlinkQuiet(p.tmp).catch(() => undefined);
         if (results.length && e instanceof MemsnapError) {
-          throw new MemsnapError(e.code, `${e.message} (nothing of ${g[0]!.manifest.snapshot_id}'s group was changed; ${results.length} bundle(s) rekeyed before it stay rekeyed: ${results.map((r) => r.snapshot_id).join(", ")})`, {
-            ...(e.hint ? { hint: e.hint } : {}), cause: e,
-          });
+          throw new MemsnapError(
+            e.code,
+            `${e.message} (nothing of ${g[0]!.manifest.snapshot_id}'s group was changed; ${results.length} bundle(s) rekeyed before it stay rekeyed: ${results.map((r) => r.snapshot_id).join(", ")})`,
+            {
+              ...(e.hint ? { hint: e.hint } : {}),
+              cause: e,
+            },
+          );
         }
         throw e;
       }

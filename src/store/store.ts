@@ -21,7 +21,6 @@ import type { StoredSnapshot } from "./types.js";
 
 export type { StoredSnapshot } from "./types.js";
 
-
 /** Where an agent's bundles live in a store. */
 export function agentDir(store: string, tenant: string, agent: string): string {
   if (isS3Url(store)) {
@@ -36,14 +35,21 @@ const s3 = (): Promise<typeof import("./s3/store.js")> => import("./s3/store.js"
 
 async function dirs(p: string): Promise<string[]> {
   const names = await readdir(p, { withFileTypes: true }).catch(() => []);
-  return names.filter((d) => d.isDirectory() && ID_PATTERN.test(d.name)).map((d) => d.name).sort();
+  return names
+    .filter((d) => d.isDirectory() && ID_PATTERN.test(d.name))
+    .map((d) => d.name)
+    .sort();
 }
 
 /**
  * List the snapshots in a store, oldest first, optionally for one tenant/agent. Unreadable
  * bundles are reported through `onBad` and skipped.
  */
-export async function listSnapshots(store: string, filter: { tenant?: string; agent?: string } = {}, onBad?: (path: string, e: unknown) => void): Promise<StoredSnapshot[]> {
+export async function listSnapshots(
+  store: string,
+  filter: { tenant?: string; agent?: string } = {},
+  onBad?: (path: string, e: unknown) => void,
+): Promise<StoredSnapshot[]> {
   if (isS3Url(store)) return (await s3()).s3ListSnapshots(store, filter, onBad);
   const out: StoredSnapshot[] = [];
   for (const path of await bundlePaths(store, filter)) {
@@ -51,8 +57,17 @@ export async function listSnapshots(store: string, filter: { tenant?: string; ag
       const layout = await readLayout(path);
       const m = parseManifest(layout.manifestBytes);
       out.push({
-        id: m.snapshot_id, path, tenant: m.tenant, agent: m.agent, created_at: m.created_at, created_by: m.created_by,
-        label: m.label, size: layout.fileSize, encrypted: m.payload.encryption !== null, signed: m.signature !== undefined, manifest: m,
+        id: m.snapshot_id,
+        path,
+        tenant: m.tenant,
+        agent: m.agent,
+        created_at: m.created_at,
+        created_by: m.created_by,
+        label: m.label,
+        size: layout.fileSize,
+        encrypted: m.payload.encryption !== null,
+        signed: m.signature !== undefined,
+        manifest: m,
       });
     } catch (e) {
       onBad?.(path, e);
@@ -71,7 +86,9 @@ export async function bundlePaths(store: string, filter: { tenant?: string; agen
   for (const tenant of filter.tenant ? [filter.tenant] : await dirs(store)) {
     for (const agent of filter.agent ? [filter.agent] : await dirs(join(store, tenant))) {
       const dir = agentDir(store, tenant, agent);
-      const names = (await readdir(dir).catch(() => [] as string[])).filter((n) => n.endsWith(".memsnap") && isUlid(n.slice(0, -8))).sort();
+      const names = (await readdir(dir).catch(() => [] as string[]))
+        .filter((n) => n.endsWith(".memsnap") && isUlid(n.slice(0, -8)))
+        .sort();
       for (const n of names) out.push(join(dir, n));
     }
   }
@@ -79,21 +96,38 @@ export async function bundlePaths(store: string, filter: { tenant?: string; agen
 }
 
 /** Find one snapshot by id (or unique id prefix, or a path to a bundle). Throws MEMSNAP_USAGE. */
-export async function findSnapshot(store: string, ref: string, filter: { tenant?: string; agent?: string } = {}): Promise<StoredSnapshot> {
+export async function findSnapshot(
+  store: string,
+  ref: string,
+  filter: { tenant?: string; agent?: string } = {},
+): Promise<StoredSnapshot> {
   if (ref.endsWith(".memsnap") || ref.includes("/")) {
     const layout = await readLayout(ref);
     const m = parseManifest(layout.manifestBytes);
     return {
-      id: m.snapshot_id, path: ref, tenant: m.tenant, agent: m.agent, created_at: m.created_at, created_by: m.created_by,
-      label: m.label, size: layout.fileSize, encrypted: m.payload.encryption !== null, signed: m.signature !== undefined, manifest: m,
+      id: m.snapshot_id,
+      path: ref,
+      tenant: m.tenant,
+      agent: m.agent,
+      created_at: m.created_at,
+      created_by: m.created_by,
+      label: m.label,
+      size: layout.fileSize,
+      encrypted: m.payload.encryption !== null,
+      signed: m.signature !== undefined,
+      manifest: m,
     };
   }
   const all = await listSnapshots(store, filter);
   const hits = all.filter((s) => s.id === ref.toUpperCase() || s.id.startsWith(ref.toUpperCase()));
   if (hits.length === 1) return hits[0]!;
-  throw new MemsnapError("MEMSNAP_USAGE", hits.length ? `snapshot id ${ref} is ambiguous (${hits.length} matches)` : `no snapshot ${ref} in ${store}`, {
-    hint: hits.length ? "give more characters of the id" : "see `memsnap list`",
-  });
+  throw new MemsnapError(
+    "MEMSNAP_USAGE",
+    hits.length ? `snapshot id ${ref} is ambiguous (${hits.length} matches)` : `no snapshot ${ref} in ${store}`,
+    {
+      hint: hits.length ? "give more characters of the id" : "see `memsnap list`",
+    },
+  );
 }
 
 /**
@@ -119,9 +153,14 @@ export async function downloadBundle(url: string, dest: string, size?: number): 
       pos += c.length;
     }
     if (pos !== layout.fileSize || h.digest("hex") !== m.payload.sha256) {
-      throw new MemsnapError("MEMSNAP_PAYLOAD_HASH_MISMATCH", `${url}: the payload read does not hash to the manifest's SHA-256`, {
-        path: url, hint: "the stored bundle is damaged (memsnap verify says more); nothing was written",
-      });
+      throw new MemsnapError(
+        "MEMSNAP_PAYLOAD_HASH_MISMATCH",
+        `${url}: the payload read does not hash to the manifest's SHA-256`,
+        {
+          path: url,
+          hint: "the stored bundle is damaged (memsnap verify says more); nothing was written",
+        },
+      );
     }
   } finally {
     await out?.close();
@@ -131,8 +170,16 @@ export async function downloadBundle(url: string, dest: string, size?: number): 
 
 /** Copy a bundle to `to` (temp → fsync → rename), then check the copy's container and seal. Throws MEMSNAP_DEST_*. */
 export async function exportSnapshot(s: StoredSnapshot, to: string): Promise<void> {
-  if (await stat(to).then(() => true, () => false)) {
-    throw new MemsnapError("MEMSNAP_DEST_EXISTS", `${to} already exists`, { path: to, hint: "choose another --to path" });
+  if (
+    await stat(to).then(
+      () => true,
+      () => false,
+    )
+  ) {
+    throw new MemsnapError("MEMSNAP_DEST_EXISTS", `${to} already exists`, {
+      path: to,
+      hint: "choose another --to path",
+    });
   }
   const tmp = tempPathFor(to);
   try {
@@ -142,7 +189,8 @@ export async function exportSnapshot(s: StoredSnapshot, to: string): Promise<voi
     await fh.sync();
     await fh.close();
     const layout = await readLayout(tmp);
-    if (!checkSeal(parseManifest(layout.manifestBytes)) || layout.fileSize !== s.size) throw new Error("the copy does not match the original");
+    if (!checkSeal(parseManifest(layout.manifestBytes)) || layout.fileSize !== s.size)
+      throw new Error("the copy does not match the original");
     await commitRename(tmp, to);
   } catch (e) {
     await unlinkQuiet(tmp).catch(() => undefined);
@@ -154,7 +202,11 @@ export async function exportSnapshot(s: StoredSnapshot, to: string): Promise<voi
  * Delete snapshots of one agent under its store lock. Refuses (MEMSNAP_USAGE) to delete the
  * agent's last snapshot unless `force`.
  */
-export async function deleteSnapshots(store: string, targets: StoredSnapshot[], opts: { force?: boolean; waitMs?: number } = {}): Promise<string[]> {
+export async function deleteSnapshots(
+  store: string,
+  targets: StoredSnapshot[],
+  opts: { force?: boolean; waitMs?: number } = {},
+): Promise<string[]> {
   const deleted: string[] = [];
   const byAgent = new Map<string, StoredSnapshot[]>();
   for (const t of targets) byAgent.set(`${t.tenant}/${t.agent}`, [...(byAgent.get(`${t.tenant}/${t.agent}`) ?? []), t]);
@@ -177,14 +229,27 @@ export async function deleteSnapshots(store: string, targets: StoredSnapshot[], 
       for (const s of survivors) {
         const needed = basesOf(s.manifest).find((b) => doomed.has(b.snapshot_id));
         if (needed && !opts.force) {
-          throw new MemsnapError("MEMSNAP_USAGE", `refusing to delete ${needed.snapshot_id}: the incremental snapshot ${s.id} references artifacts in it`, {
-            hint: `delete ${s.id} too, or pass --force (${s.id} can then no longer be restored)`,
-          });
+          throw new MemsnapError(
+            "MEMSNAP_USAGE",
+            `refusing to delete ${needed.snapshot_id}: the incremental snapshot ${s.id} references artifacts in it`,
+            {
+              hint: `delete ${s.id} too, or pass --force (${s.id} can then no longer be restored)`,
+            },
+          );
         }
       }
-      if (remote) await (await s3()).s3DeleteBundles(store, ts.map((t) => t.path));
+      if (remote)
+        await (
+          await s3()
+        ).s3DeleteBundles(
+          store,
+          ts.map((t) => t.path),
+        );
       for (const t of ts) {
-        if (!remote) await unlink(t.path).catch((e: NodeJS.ErrnoException) => { if (e.code !== "ENOENT") throw e; });
+        if (!remote)
+          await unlink(t.path).catch((e: NodeJS.ErrnoException) => {
+            if (e.code !== "ENOENT") throw e;
+          });
         deleted.push(t.path);
       }
     } finally {
@@ -193,5 +258,3 @@ export async function deleteSnapshots(store: string, targets: StoredSnapshot[], 
   }
   return deleted;
 }
-
-

@@ -38,7 +38,10 @@ export type JsonValue = null | boolean | string | JsonNumber | JsonValue[] | Jso
 export type JsonObject = Map<string, JsonValue>;
 
 export class JsonSyntaxError extends Error {
-  constructor(message: string, readonly offset: number) {
+  constructor(
+    message: string,
+    readonly offset: number,
+  ) {
     super(`${message} at offset ${offset}`);
   }
 }
@@ -66,10 +69,16 @@ export interface ParseLimits {
 
 /** A text whose parsed tree or canonical form would be over a {@link ParseLimits} bound. */
 export class JsonBudgetError extends Error {
-  constructor(readonly what: "budget" | "expansion", readonly limit: number, readonly offset: number) {
-    super(what === "budget"
-      ? `over the ${limit}-byte budget for its parsed values (${VALUE_COST} bytes per value and key) at offset ${offset}`
-      : `its numbers' canonical form would add more than ${limit} digits (exponents) at offset ${offset}`);
+  constructor(
+    readonly what: "budget" | "expansion",
+    readonly limit: number,
+    readonly offset: number,
+  ) {
+    super(
+      what === "budget"
+        ? `over the ${limit}-byte budget for its parsed values (${VALUE_COST} bytes per value and key) at offset ${offset}`
+        : `its numbers' canonical form would add more than ${limit} digits (exponents) at offset ${offset}`,
+    );
   }
 }
 
@@ -115,14 +124,30 @@ export function parseLossless(text: string, limits: ParseLimits = {}): JsonValue
       const e = text[i + 1];
       i += 2;
       switch (e) {
-        case '"': out += '"'; break;
-        case "\\": out += "\\"; break;
-        case "/": out += "/"; break;
-        case "b": out += "\b"; break;
-        case "f": out += "\f"; break;
-        case "n": out += "\n"; break;
-        case "r": out += "\r"; break;
-        case "t": out += "\t"; break;
+        case '"':
+          out += '"';
+          break;
+        case "\\":
+          out += "\\";
+          break;
+        case "/":
+          out += "/";
+          break;
+        case "b":
+          out += "\b";
+          break;
+        case "f":
+          out += "\f";
+          break;
+        case "n":
+          out += "\n";
+          break;
+        case "r":
+          out += "\r";
+          break;
+        case "t":
+          out += "\t";
+          break;
         case "u": {
           const h = text.slice(i, i + 4);
           if (!/^[0-9a-fA-F]{4}$/.test(h)) fail("bad \\u escape");
@@ -241,7 +266,8 @@ export function canonicalNumber(text: string): string {
   if (!m) throw new TypeError(`not a JSON number: ${text}`);
   const [, sign, int, frac = "", expText = "0"] = m;
   const exp = Number(expText);
-  if (!Number.isSafeInteger(exp) || Math.abs(exp) > MAX_NUMBER_DIGITS) throw new RangeError(`number ${text} is out of the canonical range`);
+  if (!Number.isSafeInteger(exp) || Math.abs(exp) > MAX_NUMBER_DIGITS)
+    throw new RangeError(`number ${text} is out of the canonical range`);
   let digits = int! + frac;
   let point = int!.length + exp; // decimal point position from the left of `digits`
   let lead = 0;
@@ -260,7 +286,15 @@ export function canonicalNumber(text: string): string {
   return sign === "-" ? `-${out}` : out;
 }
 
-const SHORT: Record<number, string> = { 0x08: "\\b", 0x09: "\\t", 0x0a: "\\n", 0x0c: "\\f", 0x0d: "\\r", 0x22: '\\"', 0x5c: "\\\\" };
+const SHORT: Record<number, string> = {
+  0x08: "\\b",
+  0x09: "\\t",
+  0x0a: "\\n",
+  0x0c: "\\f",
+  0x0d: "\\r",
+  0x22: '\\"',
+  0x5c: "\\\\",
+};
 
 /** A JSON string literal: minimal escapes (see the module comment); no normalisation. */
 export function quote(s: string): string {
@@ -316,7 +350,8 @@ export function writeCanonical(v: JsonValue, out: (piece: string) => void): void
   }
   entries.sort((a, b) => Buffer.compare(a.bytes, b.bytes) || (a.quoted < b.quoted ? -1 : a.quoted > b.quoted ? 1 : 0));
   for (let j = 1; j < entries.length; j++) {
-    if (entries[j]!.quoted === entries[j - 1]!.quoted) throw new TypeError(`duplicate key ${entries[j]!.quoted} after NFC normalisation`);
+    if (entries[j]!.quoted === entries[j - 1]!.quoted)
+      throw new TypeError(`duplicate key ${entries[j]!.quoted} after NFC normalisation`);
   }
   out("{");
   for (let j = 0; j < entries.length; j++) {
@@ -330,7 +365,9 @@ export function writeCanonical(v: JsonValue, out: (piece: string) => void): void
 /** The canonical JSON text of a value (see the module comment). Throws on NFC-duplicate keys. */
 export function canonicalize(v: JsonValue): string {
   const parts: string[] = [];
-  writeCanonical(v, (p) => { parts.push(p); });
+  writeCanonical(v, (p) => {
+    parts.push(p);
+  });
   return parts.join("");
 }
 
@@ -365,7 +402,10 @@ export function agentlogId(payload: JsonValue): string {
 }
 
 /** Rewrite every string value (not keys) under `v` with `fn`; returns the new value and whether anything changed. */
-export async function mapStrings(v: JsonValue, fn: (s: string) => Promise<string>): Promise<{ value: JsonValue; changed: boolean }> {
+export async function mapStrings(
+  v: JsonValue,
+  fn: (s: string) => Promise<string>,
+): Promise<{ value: JsonValue; changed: boolean }> {
   if (typeof v === "string") {
     const s = await fn(v);
     return { value: s, changed: s !== v };

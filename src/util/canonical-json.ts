@@ -37,7 +37,13 @@ export function canonicalJson(value: unknown): string {
       } else {
         const o = v as Record<string, unknown>;
         out.push("{");
-        stack.push({ o, keys: Object.keys(o).filter((k) => o[k] !== undefined).sort(), i: 0 });
+        stack.push({
+          o,
+          keys: Object.keys(o)
+            .filter((k) => o[k] !== undefined)
+            .sort(),
+          i: 0,
+        });
       }
     }
     // The next value to write, closing every container that has none left.
@@ -79,7 +85,8 @@ export function jsonDepthOver(bytes: Uint8Array, max: number): boolean {
   for (let i = 0; i < bytes.length; i++) {
     const c = bytes[i]!;
     if (inString) {
-      if (c === 0x5c) i++; // a backslash: the next byte is escaped (UTF-8 multibyte never holds 0x22 or 0x5c)
+      if (c === 0x5c)
+        i++; // a backslash: the next byte is escaped (UTF-8 multibyte never holds 0x22 or 0x5c)
       else if (c === 0x22) inString = false;
     } else if (c === 0x22) {
       inString = true;

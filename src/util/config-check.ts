@@ -2,7 +2,9 @@
 import { MemsnapError } from "../errors.js";
 
 const invalid = (where: string, msg: string): MemsnapError =>
-  new MemsnapError("MEMSNAP_CONFIG_INVALID", `${where}: ${msg}`, { hint: "fix memsnap.json; see README 'Configuration'" });
+  new MemsnapError("MEMSNAP_CONFIG_INVALID", `${where}: ${msg}`, {
+    hint: "fix memsnap.json; see README 'Configuration'",
+  });
 
 /** Throw MEMSNAP_CONFIG_UNKNOWN_KEY for any key of `raw` not in `allowed`. */
 export function rejectUnknownKeys(raw: Record<string, unknown>, allowed: readonly string[], where: string): void {
@@ -37,7 +39,13 @@ export function optStringArray(raw: Record<string, unknown>, key: string, where:
   return v as string[];
 }
 
-export function optInt(raw: Record<string, unknown>, key: string, where: string, min: number, max: number): number | undefined {
+export function optInt(
+  raw: Record<string, unknown>,
+  key: string,
+  where: string,
+  min: number,
+  max: number,
+): number | undefined {
   const v = raw[key];
   if (v === undefined) return undefined;
   if (!Number.isSafeInteger(v) || (v as number) < min || (v as number) > max) {

@@ -21,6 +21,9 @@ export function crashPoint(point: string): void {
   hits.set(point, n);
   if (list) appendFileSync(list, `${point}:${n}\n`);
   if (!want) return;
-  const [p, count] = want.includes(":") && /:\d+$/.test(want) ? [want.slice(0, want.lastIndexOf(":")), Number(want.slice(want.lastIndexOf(":") + 1))] : [want, 1];
+  const [p, count] =
+    want.includes(":") && /:\d+$/.test(want)
+      ? [want.slice(0, want.lastIndexOf(":")), Number(want.slice(want.lastIndexOf(":") + 1))]
+      : [want, 1];
   if (p === point && n === count) process.kill(process.pid, "SIGKILL");
 }

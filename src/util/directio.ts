@@ -20,7 +20,8 @@ const ADDON = fileURLToPath(new URL("../../native/directio/build/Release/memsnap
 
 /** The addon's path when this process may write bundles with O_DIRECT (null: page cache). */
 export function directIoAddon(): string | null {
-  if (process.env.MEMSNAP_DIRECT_IO === "0" || process.platform !== "linux" || constants.O_DIRECT === undefined) return null;
+  if (process.env.MEMSNAP_DIRECT_IO === "0" || process.platform !== "linux" || constants.O_DIRECT === undefined)
+    return null;
   return existsSync(ADDON) ? ADDON : null;
 }
 
@@ -59,7 +60,9 @@ export function alignedBuffer(size: number): Buffer | null {
   const path = directIoAddon();
   if (path === null) return null;
   try {
-    const ab = (createRequire(import.meta.url)(path) as { alignedBuffer(size: number, align: number): ArrayBuffer }).alignedBuffer(size + 1, DIRECT_ALIGN);
+    const ab = (
+      createRequire(import.meta.url)(path) as { alignedBuffer(size: number, align: number): ArrayBuffer }
+    ).alignedBuffer(size + 1, DIRECT_ALIGN);
     return Buffer.from(ab, process.env.MEMSNAP_DIRECT_IO === "misaligned" ? 1 : 0, size);
   } catch {
     return null; // built for another ABI: the page cache
@@ -87,9 +90,17 @@ export class SequentialDirectWriter {
   #pos = 0;
   #inflight: Promise<void> | null = null;
 
-  constructor(readonly path: string, readonly fd: number, bufs: Buffer | readonly Buffer[]) {
+  constructor(
+    readonly path: string,
+    readonly fd: number,
+    bufs: Buffer | readonly Buffer[],
+  ) {
     this.#bufs = Array.isArray(bufs) ? bufs : [bufs as Buffer];
-    if (this.#bufs.length < 1 || this.#bufs.length > 2 || this.#bufs.some((b) => b.length !== this.#bufs[0]!.length || b.length % DIRECT_ALIGN !== 0)) {
+    if (
+      this.#bufs.length < 1 ||
+      this.#bufs.length > 2 ||
+      this.#bufs.some((b) => b.length !== this.#bufs[0]!.length || b.length % DIRECT_ALIGN !== 0)
+    ) {
       throw new RangeError("SequentialDirectWriter: one or two buffers of the same size, a multiple of 4096 bytes");
     }
     try {

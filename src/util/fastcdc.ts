@@ -13,11 +13,32 @@ import { createHash } from "node:crypto";
 
 /** Masks by number of bits (fastcdc-rs MASKS; 0-4 unused). */
 const MASKS = [
-  "0", "0", "0", "0", "0", "0000000001804110", "0000000001803110", "0000000018035100", "0000001800035300",
-  "0000019000353000", "0000590003530000", "0000d90003530000", "0000d90103530000", "0000d90303530000",
-  "0000d90313530000", "0000d90f03530000", "0000d90303537000", "0000d90703537000", "0000d90707537000",
-  "0000d91707537000", "0000d91747537000", "0000d91767537000", "0000d93767537000", "0000d93777537000",
-  "0000d93777577000", "0000db3777577000",
+  "0",
+  "0",
+  "0",
+  "0",
+  "0",
+  "0000000001804110",
+  "0000000001803110",
+  "0000000018035100",
+  "0000001800035300",
+  "0000019000353000",
+  "0000590003530000",
+  "0000d90003530000",
+  "0000d90103530000",
+  "0000d90303530000",
+  "0000d90313530000",
+  "0000d90f03530000",
+  "0000d90303537000",
+  "0000d90703537000",
+  "0000d90707537000",
+  "0000d91707537000",
+  "0000d91747537000",
+  "0000d91767537000",
+  "0000d93767537000",
+  "0000d93777537000",
+  "0000d93777577000",
+  "0000db3777577000",
 ];
 
 const M64 = (1n << 64n) - 1n;
@@ -68,7 +89,16 @@ const rolled = { at: -1, hi: 0, lo: 0 };
  * hash there, for the masks (mhi, mlo) and, left-shifted, (lhi, llo) (24- and 26-bit halves).
  */
 function roll(
-  src: Uint8Array, start: number, from: number, to: number, hi: number, lo: number, mhi: number, mlo: number, lhi: number, llo: number,
+  src: Uint8Array,
+  start: number,
+  from: number,
+  to: number,
+  hi: number,
+  lo: number,
+  mhi: number,
+  mlo: number,
+  lhi: number,
+  llo: number,
 ): { at: number; hi: number; lo: number } {
   let at = -1;
   for (let index = from; index < to; index++) {
@@ -109,7 +139,8 @@ export class FastCdc {
   readonly #mlLs: [number, number];
 
   constructor({ min, avg, max }: FastCdcParams) {
-    if (!(min >= 64 && min <= avg && avg <= max && max <= 16 * 1024 * 1024 && avg >= 256)) throw new RangeError("FastCDC sizes out of range");
+    if (!(min >= 64 && min <= avg && avg <= max && max <= 16 * 1024 * 1024 && avg >= 256))
+      throw new RangeError("FastCDC sizes out of range");
     this.min = min;
     this.avg = avg;
     this.max = max;
@@ -135,7 +166,8 @@ export class FastCdc {
     const first = this.min >>> 1;
     const mid = Math.max(first, center >>> 1);
     let r = roll(src, start, first, mid, 0, 0, this.#ms[0], this.#ms[1], this.#msLs[0], this.#msLs[1]);
-    if (r.at < 0) r = roll(src, start, mid, remaining >>> 1, r.hi, r.lo, this.#ml[0], this.#ml[1], this.#mlLs[0], this.#mlLs[1]);
+    if (r.at < 0)
+      r = roll(src, start, mid, remaining >>> 1, r.hi, r.lo, this.#ml[0], this.#ml[1], this.#mlLs[0], this.#mlLs[1]);
     return r.at >= 0 ? r.at : remaining;
   }
 

@@ -46,15 +46,26 @@ export async function syncFilesystem(dir: string): Promise<void> {
       return;
     }
     const errno = /no space left|quota/i.test(said) ? "ENOSPC" : "EIO";
-    throw destinationError(Object.assign(new Error(said || `sync -f exited with ${String(err.code)}`), { code: errno }), dir);
+    throw destinationError(
+      Object.assign(new Error(said || `sync -f exited with ${String(err.code)}`), { code: errno }),
+      dir,
+    );
   }
 }
 
 /** Whether something is at `p`, following a symbolic link (a dangling link is not there). */
-export const exists = (p: string): Promise<boolean> => access(p).then(() => true, () => false);
+export const exists = (p: string): Promise<boolean> =>
+  access(p).then(
+    () => true,
+    () => false,
+  );
 
 /** Whether anything is at `p`, a symbolic link itself included (lstat). */
-export const lexists = (p: string): Promise<boolean> => lstat(p).then(() => true, () => false);
+export const lexists = (p: string): Promise<boolean> =>
+  lstat(p).then(
+    () => true,
+    () => false,
+  );
 
 /** The SHA-256 (hex) of a file's bytes, streamed. */
 export async function sha256File(path: string): Promise<string> {
@@ -104,7 +115,13 @@ export class EarlySync {
     this.#inFlight = (async () => {
       // A staged root that extraction has not created yet has nothing to flush.
       for (const d of dirs) if (await exists(d)) await syncFilesystem(d);
-    })().catch((error: unknown) => { this.#failed ??= { error }; }).finally(() => { this.#inFlight = null; });
+    })()
+      .catch((error: unknown) => {
+        this.#failed ??= { error };
+      })
+      .finally(() => {
+        this.#inFlight = null;
+      });
   }
 
   /** Wait for the sync in flight; throws the write-back error an early sync met. */

@@ -35,7 +35,11 @@ function toSource(glob: string): string {
         src += "\\{";
         continue;
       }
-      src += `(?:${glob.slice(i + 1, close).split(",").map(toSource).join("|")})`;
+      src += `(?:${glob
+        .slice(i + 1, close)
+        .split(",")
+        .map(toSource)
+        .join("|")})`;
       i = close;
     } else {
       src += escape(c);

@@ -35,7 +35,10 @@ export class JsonStreamError extends Error {
 }
 
 export interface StreamJsonOptions {
-  /** Top-level keys whose value, when it is an array, is streamed: each element is parsed (JSON.parse of its own slice) and passed to the callback with its index. */
+  /**
+   * Top-level keys whose value, when it is an array, is streamed: each element is parsed (JSON.parse of its own slice)
+   * and passed to the callback with its index.
+   */
   arrays: Record<string, (item: unknown, index: number) => void>;
   /** Largest single element or other member value, in bytes (default 16 MiB); larger -> JsonStreamError. */
   maxValueBytes?: number;
@@ -147,7 +150,8 @@ class StreamParser {
   }
 
   push(chunk: Uint8Array): void {
-    if (!(chunk instanceof Uint8Array)) throw new TypeError("streamJson: chunks must be Uint8Array (bytes), not strings");
+    if (!(chunk instanceof Uint8Array))
+      throw new TypeError("streamJson: chunks must be Uint8Array (bytes), not strings");
     if (chunk.length === 0) return;
     this.append(Buffer.isBuffer(chunk) ? chunk : Buffer.from(chunk.buffer, chunk.byteOffset, chunk.byteLength));
     this.run();
@@ -159,7 +163,8 @@ class StreamParser {
     this.run();
     if (this.state !== DONE) {
       const at = this.base + this.len;
-      if (this.state === START) throw new JsonStreamError(at === 0 ? "empty input" : "no JSON value (only whitespace)", at);
+      if (this.state === START)
+        throw new JsonStreamError(at === 0 ? "empty input" : "no JSON value (only whitespace)", at);
       throw new JsonStreamError("unexpected end of input", at);
     }
     return this.result;
@@ -281,7 +286,10 @@ class StreamParser {
           if (!this.scan()) return;
           this.retained += this.pos - this.tokStart;
           if (this.retained > this.maxRetainedBytes) {
-            throw new JsonStreamError(`members other than the streamed arrays take more than maxRetainedBytes (${this.maxRetainedBytes}) in all; the one`, this.base + this.tokStart);
+            throw new JsonStreamError(
+              `members other than the streamed arrays take more than maxRetainedBytes (${this.maxRetainedBytes}) in all; the one`,
+              this.base + this.tokStart,
+            );
           }
           this.set(this.key, this.parseToken("value"));
           this.state = OBJ_AFTER;
@@ -450,7 +458,10 @@ class StreamParser {
     this.pos = i;
     if (this.final) throw new JsonStreamError("unexpected end of input", this.base + this.len);
     if (this.len - this.tokStart > this.maxValueBytes) {
-      throw new JsonStreamError(`value longer than maxValueBytes (${this.maxValueBytes}) starting`, this.base + this.tokStart);
+      throw new JsonStreamError(
+        `value longer than maxValueBytes (${this.maxValueBytes}) starting`,
+        this.base + this.tokStart,
+      );
     }
     return false;
   }
@@ -461,7 +472,10 @@ class StreamParser {
     const end = this.pos;
     this.tokStart = -1;
     if (end - start > this.maxValueBytes) {
-      throw new JsonStreamError(`${what} longer than maxValueBytes (${this.maxValueBytes}) starting`, this.base + start);
+      throw new JsonStreamError(
+        `${what} longer than maxValueBytes (${this.maxValueBytes}) starting`,
+        this.base + start,
+      );
     }
     const text = this.buf.toString("utf8", start, end);
     try {

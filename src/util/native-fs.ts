@@ -13,14 +13,57 @@ import type { Stats } from "node:fs";
 import { memoryAddon } from "./directio.js";
 
 /** scanDir's numbers per entry (native/directio/directio.c, SD_*). */
-export const SD = { OFF: 0, LEN: 1, UTF8: 2, ERR: 3, FMT: 4, DEV: 5, INO: 6, MODE: 7, SIZE: 8, MSEC: 9, MNSEC: 10, CSEC: 11, CNSEC: 12, FIELDS: 13 } as const;
+export const SD = {
+  OFF: 0,
+  LEN: 1,
+  UTF8: 2,
+  ERR: 3,
+  FMT: 4,
+  DEV: 5,
+  INO: 6,
+  MODE: 7,
+  SIZE: 8,
+  MSEC: 9,
+  MNSEC: 10,
+  CSEC: 11,
+  CNSEC: 12,
+  FIELDS: 13,
+} as const;
 /** readFiles' numbers per file (RF_*). */
-export const RF = { ERR: 0, OFF: 1, LEN: 2, DEV: 3, INO: 4, MODE: 5, SIZE: 6, MSEC: 7, MNSEC: 8, CSEC: 9, CNSEC: 10, FIELDS: 11 } as const;
+export const RF = {
+  ERR: 0,
+  OFF: 1,
+  LEN: 2,
+  DEV: 3,
+  INO: 4,
+  MODE: 5,
+  SIZE: 6,
+  MSEC: 7,
+  MNSEC: 8,
+  CSEC: 9,
+  CNSEC: 10,
+  FIELDS: 11,
+} as const;
 
 export interface NativeFs {
   scanDir(path: string): [number, Buffer?, Float64Array?];
-  readFiles(root: string, paths: Uint8Array, count: number, limits: Float64Array, out: Uint8Array, meta: Float64Array, cb: (errno: number) => void): void;
-  writeFiles(paths: Uint8Array, count: number, data: Uint8Array, offsets: Float64Array, results: Int32Array, cb: (errno: number) => void): void;
+  readFiles(
+    root: string,
+    paths: Uint8Array,
+    count: number,
+    limits: Float64Array,
+    out: Uint8Array,
+    meta: Float64Array,
+    cb: (errno: number) => void,
+  ): void;
+  writeFiles(
+    paths: Uint8Array,
+    count: number,
+    data: Uint8Array,
+    offsets: Float64Array,
+    results: Int32Array,
+    cb: (errno: number) => void,
+  ): void;
 }
 
 let loaded: NativeFs | null | undefined;
@@ -32,7 +75,10 @@ export function nativeFs(): NativeFs | null {
   if (loaded === undefined) {
     try {
       const m = createRequire(import.meta.url)(path) as Partial<NativeFs>;
-      loaded = typeof m.scanDir === "function" && typeof m.readFiles === "function" && typeof m.writeFiles === "function" ? (m as NativeFs) : null;
+      loaded =
+        typeof m.scanDir === "function" && typeof m.readFiles === "function" && typeof m.writeFiles === "function"
+          ? (m as NativeFs)
+          : null;
     } catch {
       loaded = null; // built for another ABI
     }
@@ -40,7 +86,9 @@ export function nativeFs(): NativeFs | null {
   return loaded;
 }
 
-/** Milliseconds from seconds and nanoseconds, computed as Node computes `Stats.mtimeMs`, so fingerprints compare equal. */
+/**
+ * Milliseconds from seconds and nanoseconds, computed as Node computes `Stats.mtimeMs`, so fingerprints compare equal.
+ */
 export function msFromTimeSpec(sec: number, nsec: number): number {
   return sec * 1000 + nsec / 1_000_000;
 }
@@ -55,8 +103,12 @@ export type FileStats = Pick<Stats, "dev" | "ino" | "mode" | "size" | "mtimeMs" 
  */
 export class CompactStats implements FileStats {
   constructor(
-    readonly dev: number, readonly ino: number, readonly mode: number, readonly size: number,
-    readonly mtimeMs: number, readonly ctimeMs: number,
+    readonly dev: number,
+    readonly ino: number,
+    readonly mode: number,
+    readonly size: number,
+    readonly mtimeMs: number,
+    readonly ctimeMs: number,
   ) {}
 
   static of(st: Stats): CompactStats {
@@ -64,9 +116,28 @@ export class CompactStats implements FileStats {
   }
 
   /** From the addon's numbers at `f[base + …]`, `F` naming the fields (SD or RF). */
-  static at(f: Float64Array, base: number, F: { DEV: number; INO: number; MODE: number; SIZE: number; MSEC: number; MNSEC: number; CSEC: number; CNSEC: number }): CompactStats {
-    return new CompactStats(f[base + F.DEV]!, f[base + F.INO]!, f[base + F.MODE]!, f[base + F.SIZE]!,
-      msFromTimeSpec(f[base + F.MSEC]!, f[base + F.MNSEC]!), msFromTimeSpec(f[base + F.CSEC]!, f[base + F.CNSEC]!));
+  static at(
+    f: Float64Array,
+    base: number,
+    F: {
+      DEV: number;
+      INO: number;
+      MODE: number;
+      SIZE: number;
+      MSEC: number;
+      MNSEC: number;
+      CSEC: number;
+      CNSEC: number;
+    },
+  ): CompactStats {
+    return new CompactStats(
+      f[base + F.DEV]!,
+      f[base + F.INO]!,
+      f[base + F.MODE]!,
+      f[base + F.SIZE]!,
+      msFromTimeSpec(f[base + F.MSEC]!, f[base + F.MNSEC]!),
+      msFromTimeSpec(f[base + F.CSEC]!, f[base + F.CNSEC]!),
+    );
   }
 
   /** As Node's `Stats.mtime`: the milliseconds rounded (a Date of a fractional time would truncate). */

@@ -21,7 +21,12 @@ export const REUSED_CHUNK = 1 << 20;
  * end of the file if it is shorter, in chunks of at most `chunk` bytes. Each chunk is
  * overwritten once the next is asked for; a consumer that keeps bytes must copy them.
  */
-export async function* reusedChunks(fh: FileHandle, start: number, end: number, chunk = REUSED_CHUNK): AsyncGenerator<Buffer, void, undefined> {
+export async function* reusedChunks(
+  fh: FileHandle,
+  start: number,
+  end: number,
+  chunk = REUSED_CHUNK,
+): AsyncGenerator<Buffer, void, undefined> {
   const limit = end + 1;
   // A file smaller than a chunk needs one small buffer; bigger ones take two full ones from the pool.
   const small = limit - start <= chunk;

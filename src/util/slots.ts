@@ -27,7 +27,11 @@ export class SlotPool {
   readonly #poison = process.env.MEMSNAP_POISON_SLOTS === "1";
 
   /** `onFree(slot)`: the slot may be filled again (called once its last hold is released). */
-  constructor(readonly count: number, readonly slotSize: number, private readonly onFree: (slot: number) => void) {
+  constructor(
+    readonly count: number,
+    readonly slotSize: number,
+    private readonly onFree: (slot: number) => void,
+  ) {
     this.memory = new SharedArrayBuffer(count * slotSize);
     this.#holds = new Uint32Array(count);
     pools.set(this.memory, this);

@@ -16,11 +16,15 @@ export async function collect(it: AsyncIterable<Buffer>, limit: number): Promise
  * Run `fn` over `bytes`, then drain whatever it left unread: a consumer that stops early (a parse error) must not
  * leave the producer waiting.
  */
-export async function consumeAll<T>(bytes: AsyncIterable<Buffer>, fn: (b: AsyncIterable<Buffer>) => Promise<T>): Promise<T> {
+export async function consumeAll<T>(
+  bytes: AsyncIterable<Buffer>,
+  fn: (b: AsyncIterable<Buffer>) => Promise<T>,
+): Promise<T> {
   const it = bytes[Symbol.asyncIterator]();
   const view: AsyncIterable<Buffer> = {
     [Symbol.asyncIterator]: () => ({
-      next: () => it.next(), return: async () => ({ done: true as const, value: undefined }),
+      next: () => it.next(),
+      return: async () => ({ done: true as const, value: undefined }),
     }),
   };
   try {

@@ -7,7 +7,11 @@
 import { Transform, type TransformCallback } from "node:stream";
 
 export class Tap extends Transform {
-  constructor(private readonly see: (chunk: Buffer) => void, private readonly atEnd?: () => void, highWaterMark = 256 * 1024) {
+  constructor(
+    private readonly see: (chunk: Buffer) => void,
+    private readonly atEnd?: () => void,
+    highWaterMark = 256 * 1024,
+  ) {
     super({ highWaterMark });
   }
 

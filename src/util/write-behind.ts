@@ -29,7 +29,10 @@ const BATCH_BYTES = 1024 * 1024;
 const BATCH_BUFS = 64;
 
 export class WriteFailed extends Error {
-  constructor(readonly err: NodeJS.ErrnoException, readonly where: string) {
+  constructor(
+    readonly err: NodeJS.ErrnoException,
+    readonly where: string,
+  ) {
     super(err.message);
   }
 }
@@ -42,7 +45,9 @@ interface Queued {
   un: (() => void) | null;
 }
 
-/** A descriptor's writes: those not yet started (at most `limit` bytes of them), and whether one is on the thread pool. */
+/**
+ * A descriptor's writes: those not yet started (at most `limit` bytes of them), and whether one is on the thread pool.
+ */
 interface Lane {
   queue: Queued[];
   busy: boolean;
@@ -75,7 +80,9 @@ export class WriteBehind {
     lane.queue.push({ buf, pos, where, un: pin(buf) });
     if (!lane.busy) this.#pump(fd, lane);
     if (this.#bytes < this.#limit) return undefined;
-    return new Promise<void>((res) => { this.#room.push(res); }).then(() => {
+    return new Promise<void>((res) => {
+      this.#room.push(res);
+    }).then(() => {
       if (this.#error) throw this.#error;
     });
   }
@@ -97,12 +104,24 @@ export class WriteBehind {
     this.#gather(fd, lane, items, bufs, first.pos, len, 0, first.where);
   }
 
-  /** Write `bufs` (`len` bytes at `pos`, those of `items`) from byte `off` on; a short write goes on where it stopped. */
-  #gather(fd: number, lane: Lane, items: Queued[], bufs: Uint8Array[], pos: number, len: number, off: number, where: string): void {
+  /**
+   * Write `bufs` (`len` bytes at `pos`, those of `items`) from byte `off` on; a short write goes on where it stopped.
+   */
+  #gather(
+    fd: number,
+    lane: Lane,
+    items: Queued[],
+    bufs: Uint8Array[],
+    pos: number,
+    len: number,
+    off: number,
+    where: string,
+  ): void {
     writev(fd, off === 0 ? bufs : rest(bufs, off), pos + off, (err, n) => {
       if (!err && n > 0 && off + n < len) return this.#gather(fd, lane, items, bufs, pos, len, off + n, where);
       if (err) this.#error ??= new WriteFailed(err, where);
-      else if (n === 0) this.#error ??= new WriteFailed(Object.assign(new Error("a write made no progress"), { code: "EIO" }), where);
+      else if (n === 0)
+        this.#error ??= new WriteFailed(Object.assign(new Error("a write made no progress"), { code: "EIO" }), where);
       this.#bytes -= len;
       for (const it of items) it.un?.();
       if (this.#error) {

@@ -20,7 +20,8 @@ interface KeyOpts {
 async function keysFrom(o: KeyOpts): Promise<Keys> {
   const passphrase = await loadPassphrase(o.passphraseFile);
   return {
-    identities: await loadIdentities(o.identity), passphrases: passphrase ? [passphrase] : [],
+    identities: await loadIdentities(o.identity),
+    passphrases: passphrase ? [passphrase] : [],
     ...(o.scryptMaxLogN !== undefined ? { scryptMaxLogN: scryptMaxLogN(o.scryptMaxLogN) } : {}),
   };
 }
@@ -37,25 +38,50 @@ const octal = (mode: number): string => (mode & 0o7777).toString(8).padStart(4, 
 /** An index entry as `ls --json` and `find --json` give it. */
 function entryJson(m: Manifest, e: IndexEntry): Record<string, unknown> {
   return {
-    path: e.path, layer: e.layer, kind: e.kind, size: e.size, mode: octal(e.mode), mtime: e.mtime, sha256: e.sha256,
+    path: e.path,
+    layer: e.layer,
+    kind: e.kind,
+    size: e.size,
+    mode: octal(e.mode),
+    mtime: e.mtime,
+    sha256: e.sha256,
     ...(m.manifest_version >= 2 && e.ref ? { base: e.ref } : {}),
   };
 }
 
 function table(rows: string[][], head: string[]): string {
   const w = head.map((h, i) => Math.max(h.length, ...rows.map((r) => r[i]!.length)));
-  return [head, ...rows].map((r) => r.map((c, i) => (i === r.length - 1 ? c : c.padEnd(w[i]!))).join("  ").trimEnd()).join("\n") + "\n";
+  return (
+    [head, ...rows]
+      .map((r) =>
+        r
+          .map((c, i) => (i === r.length - 1 ? c : c.padEnd(w[i]!)))
+          .join("  ")
+          .trimEnd(),
+      )
+      .join("\n") + "\n"
+  );
 }
 
-/** A name from a bundle as a terminal line shows it: control characters escaped (a hostile name cannot move the cursor). */
-const shown = (s: string): string => s.replace(/[\x00-\x1f\x7f-\x9f]/g, (c) => `\\x${c.charCodeAt(0).toString(16).padStart(2, "0")}`);
+/**
+ * A name from a bundle as a terminal line shows it: control characters escaped (a hostile name cannot move the cursor).
+ */
+const shown = (s: string): string =>
+  s.replace(/[\x00-\x1f\x7f-\x9f]/g, (c) => `\\x${c.charCodeAt(0).toString(16).padStart(2, "0")}`);
 
 const when = (iso: string): string => iso.replace(/\.\d+Z$/, "Z");
 
 export function registerBrowse(program: Command, global: () => GlobalOpts): void {
-  keyOptions(program.command("ls <bundle> [path...]").description("list a snapshot's files with their size, mode and layer"))
-    .option("--store <dir>", "store to look the snapshot id up in (default: $MEMSNAP_STORE, ./memsnap.json's store, ~/.local/share/memsnap/store)")
-    .addHelpText("after", `
+  keyOptions(
+    program.command("ls <bundle> [path...]").description("list a snapshot's files with their size, mode and layer"),
+  )
+    .option(
+      "--store <dir>",
+      "store to look the snapshot id up in (default: $MEMSNAP_STORE, ./memsnap.json's store, ~/.local/share/memsnap/store)",
+    )
+    .addHelpText(
+      "after",
+      `
 BUNDLE is a path or a snapshot id (or unique prefix). PATH filters: a path as listed
 (<layer>/<path>), a directory prefix of one, or a glob (\`*\`, \`**\`, \`?\`, \`{a,b}\`; a pattern
 without \`/\` matches a name at any depth).
@@ -70,7 +96,8 @@ Files of an incremental snapshot whose bytes are in a base bundle are listed too
 Examples:
   $ memsnap ls 01JD0K7Q
   $ memsnap ls 01JD0K7Q 'memory/**/*.md' -i key.txt
-  $ memsnap ls agent.memsnap memory/ --json`)
+  $ memsnap ls agent.memsnap memory/ --json`,
+    )
     .action(async (ref: string, paths: string[], o: KeyOpts & { store?: string }) => {
       const bundle = await bundleArg(ref, () => defaultStore(o.store));
       const s = await openSnapshot(bundle);
@@ -86,14 +113,31 @@ Examples:
         return;
       }
       const incremental = hits.some((e) => e.ref);
-      const rows = hits.map((e) => [octal(e.mode), String(e.size), when(e.mtime), shown(e.kind), shown(e.path), ...(incremental ? [e.ref ?? "-"] : [])]);
-      process.stdout.write(table(rows.map((r) => (incremental ? [...r.slice(0, 4), r[5]!, r[4]!] : r)),
-        ["MODE", "SIZE", "MTIME", "KIND", ...(incremental ? ["BASE"] : []), "PATH"]));
+      const rows = hits.map((e) => [
+        octal(e.mode),
+        String(e.size),
+        when(e.mtime),
+        shown(e.kind),
+        shown(e.path),
+        ...(incremental ? [e.ref ?? "-"] : []),
+      ]);
+      process.stdout.write(
+        table(
+          rows.map((r) => (incremental ? [...r.slice(0, 4), r[5]!, r[4]!] : r)),
+          ["MODE", "SIZE", "MTIME", "KIND", ...(incremental ? ["BASE"] : []), "PATH"],
+        ),
+      );
     });
 
-  keyOptions(program.command("cat <bundle> <path>").description("write one file of a snapshot to stdout, its SHA-256 and size checked first"))
+  keyOptions(
+    program
+      .command("cat <bundle> <path>")
+      .description("write one file of a snapshot to stdout, its SHA-256 and size checked first"),
+  )
     .option("--store <dir>", "store to look the snapshot id up in")
-    .addHelpText("after", `
+    .addHelpText(
+      "after",
+      `
 PATH is a file as 'memsnap ls' lists it (<layer>/<path>). The file's bytes are kept in a
 private temporary file (mode 0600, in $TMPDIR, removed after) until their size and SHA-256 are
 checked, and only then written to stdout: a file that does not match writes nothing (exit 3,
@@ -104,9 +148,13 @@ references is read from its base bundle beside it.
 
 Examples:
   $ memsnap cat 01JD0K7Q memory/notes/note3.md
-  $ memsnap cat agent.memsnap state/session.json -i key.txt | jq .`)
+  $ memsnap cat agent.memsnap state/session.json -i key.txt | jq .`,
+    )
     .action(async (ref: string, path: string, o: KeyOpts & { store?: string }) => {
-      if (global().json) throw new MemsnapError("MEMSNAP_USAGE", "cat writes the file's bytes; --json does not apply", { hint: "drop --json" });
+      if (global().json)
+        throw new MemsnapError("MEMSNAP_USAGE", "cat writes the file's bytes; --json does not apply", {
+          hint: "drop --json",
+        });
       const bundle = await bundleArg(ref, () => defaultStore(o.store));
       const s = await openSnapshot(bundle);
       const keys = await keysFrom(o);
@@ -114,26 +162,36 @@ Examples:
     });
 
   keyOptions(program.command("find <glob>").description("find files by path across an agent's snapshots"))
-    .option("--store <dir>", "store directory (default: $MEMSNAP_STORE, the config's store, ~/.local/share/memsnap/store)")
-    .option("-c, --config <file>", "take the store, tenant and agent from this memsnap.json (default: ./memsnap.json if present)")
+    .option(
+      "--store <dir>",
+      "store directory (default: $MEMSNAP_STORE, the config's store, ~/.local/share/memsnap/store)",
+    )
+    .option(
+      "-c, --config <file>",
+      "take the store, tenant and agent from this memsnap.json (default: ./memsnap.json if present)",
+    )
     .option("--tenant <id>", "only this tenant")
     .option("--agent <id>", "only this agent")
-    .addHelpText("after", `
+    .addHelpText(
+      "after",
+      `
 GLOB matches paths as 'memsnap ls' lists them (<layer>/<path>; a pattern without \`/\` matches a
 name at any depth). Plaintext snapshots are searched through their manifests; encrypted ones need
 -i/--passphrase-file (and are read whole); those no given key opens are skipped with a warning.
 
 Examples:
   $ memsnap find note3.md
-  $ memsnap find 'memory/**/*.md' -c agent/memsnap.json -i key.txt --json`)
+  $ memsnap find 'memory/**/*.md' -c agent/memsnap.json -i key.txt --json`,
+    )
     .action(async (glob: string, o: KeyOpts & { store?: string; config?: string; tenant?: string; agent?: string }) => {
       const cfgPath = o.config ?? (existsSync("memsnap.json") ? "memsnap.json" : undefined);
       const config = cfgPath ? await loadConfig(cfgPath) : null;
       const tenant = o.tenant ?? config?.tenant;
       const agent = o.agent ?? config?.agent;
       const store = resolveStore(o.store, config?.store);
-      const snaps = await listSnapshots(store, { ...(tenant ? { tenant } : {}), ...(agent ? { agent } : {}) },
-        (p) => process.stderr.write(`memsnap: warning: unreadable bundle ${p}\n`));
+      const snaps = await listSnapshots(store, { ...(tenant ? { tenant } : {}), ...(agent ? { agent } : {}) }, (p) =>
+        process.stderr.write(`memsnap: warning: unreadable bundle ${p}\n`),
+      );
       const keys = await keysFrom(o);
       const match = pathFilter([glob]);
       const found: { snapshot_id: string; created_at: string; m: Manifest; e: IndexEntry }[] = [];
@@ -149,18 +207,36 @@ Examples:
             process.stderr.write(`memsnap: warning: skipped ${snap.id}: ${e.message}\n`);
             continue;
           }
-          for (const e of index) if (match(e.path)) found.push({ snapshot_id: snap.id, created_at: snap.created_at, m: snap.manifest, e });
+          for (const e of index)
+            if (match(e.path)) found.push({ snapshot_id: snap.id, created_at: snap.created_at, m: snap.manifest, e });
         }
       });
       if (global().json) {
-        printJson({ ok: true, store, matches: found.map((f) => ({ snapshot_id: f.snapshot_id, created_at: f.created_at, ...entryJson(f.m, f.e) })), skipped });
+        printJson({
+          ok: true,
+          store,
+          matches: found.map((f) => ({ snapshot_id: f.snapshot_id, created_at: f.created_at, ...entryJson(f.m, f.e) })),
+          skipped,
+        });
         return;
       }
       if (!found.length) {
-        process.stderr.write(`memsnap: no file matches ${glob} in ${snaps.length - skipped.length} snapshot(s) of ${store}\n`);
+        process.stderr.write(
+          `memsnap: no file matches ${glob} in ${snaps.length - skipped.length} snapshot(s) of ${store}\n`,
+        );
         return;
       }
-      process.stdout.write(table(found.map((f) => [f.snapshot_id, when(f.created_at), fmtBytes(f.e.size), f.e.sha256.slice(0, 12), shown(f.e.path)]),
-        ["SNAPSHOT", "CREATED", "SIZE", "SHA256", "PATH"]));
+      process.stdout.write(
+        table(
+          found.map((f) => [
+            f.snapshot_id,
+            when(f.created_at),
+            fmtBytes(f.e.size),
+            f.e.sha256.slice(0, 12),
+            shown(f.e.path),
+          ]),
+          ["SNAPSHOT", "CREATED", "SIZE", "SHA256", "PATH"],
+        ),
+      );
     });
 }

@@ -10,14 +10,19 @@ import type { GlobalOpts } from "../common.js";
 export function registerKeygen(program: Command, global: () => GlobalOpts): void {
   program
     .command("keygen")
-    .description("make an age X25519 identity file (mode 0600) and print its recipient; with --sign, an Ed25519 signing key")
+    .description(
+      "make an age X25519 identity file (mode 0600) and print its recipient; with --sign, an Ed25519 signing key",
+    )
     .requiredOption("-o, --out <file>", "where to write the key (must not exist)")
     .option("--sign", "make an Ed25519 manifest-signing key instead (writes FILE and FILE.pub, prints the public key)")
-    .addHelpText("after", `
+    .addHelpText(
+      "after",
+      `
 Examples:
   $ memsnap keygen -o ~/.config/memsnap/key.txt
   $ memsnap snapshot -r "$(memsnap keygen -o key.txt)"
-  $ memsnap keygen --sign -o signing.key        # prints memsnap-ed25519:…, also in signing.key.pub`)
+  $ memsnap keygen --sign -o signing.key        # prints memsnap-ed25519:…, also in signing.key.pub`,
+    )
     .action(async (o: { out: string; sign?: boolean }) => {
       if (o.sign) {
         const { privatePem, publicKey } = generateSigningKey();
@@ -38,7 +43,9 @@ Examples:
       await writeNew(o.out, identityFileText(identity, recipient, new Date()), 0o600);
       if (global().json) printJson({ ok: true, path: o.out, recipient });
       else {
-        process.stderr.write(`memsnap: wrote identity to ${o.out} (keep it secret; without it encrypted bundles cannot be restored)\n`);
+        process.stderr.write(
+          `memsnap: wrote identity to ${o.out} (keep it secret; without it encrypted bundles cannot be restored)\n`,
+        );
         process.stdout.write(`${recipient}\n`);
       }
     });
@@ -55,9 +62,17 @@ async function writeNew(path: string, text: string, mode: number): Promise<void>
     fh = await open(path, "wx", mode);
   } catch (e) {
     const code = (e as NodeJS.ErrnoException).code;
-    throw new MemsnapError(code === "EEXIST" ? "MEMSNAP_DEST_EXISTS" : "MEMSNAP_DEST_UNWRITABLE", `cannot create ${path}: ${(e as Error).message}`, {
-      path, hint: code === "EEXIST" ? "keygen never overwrites a key; choose another path" : "check that the directory can be created and written",
-    });
+    throw new MemsnapError(
+      code === "EEXIST" ? "MEMSNAP_DEST_EXISTS" : "MEMSNAP_DEST_UNWRITABLE",
+      `cannot create ${path}: ${(e as Error).message}`,
+      {
+        path,
+        hint:
+          code === "EEXIST"
+            ? "keygen never overwrites a key; choose another path"
+            : "check that the directory can be created and written",
+      },
+    );
   }
   try {
     await fh.writeFile(text);

@@ -29,10 +29,16 @@ function skippedNote(r: VerifyReport): string {
 }
 
 /** A failure's message without the bundle path it may start with (the line names the path already). */
-const without = (path: string, message: string): string => (message.startsWith(`${path}: `) ? message.slice(path.length + 2) : message);
+const without = (path: string, message: string): string =>
+  message.startsWith(`${path}: `) ? message.slice(path.length + 2) : message;
 
 const reportJson = (r: VerifyReport) => ({
-  ok: r.ok, path: r.path, snapshot_id: r.manifest?.snapshot_id ?? null, encrypted: r.encrypted, checks: r.checks, findings: r.findings,
+  ok: r.ok,
+  path: r.path,
+  snapshot_id: r.manifest?.snapshot_id ?? null,
+  encrypted: r.encrypted,
+  checks: r.checks,
+  findings: r.findings,
 });
 
 /**
@@ -46,8 +52,14 @@ async function verifyOne(path: string, opts: Parameters<typeof verifyBundle>[1])
   } catch (e) {
     if (isMemsnapError(e) || opts?.signal?.aborted) throw e;
     return {
-      ok: false, path, manifest: null, encrypted: null, checks: [{ name: "verify", status: "failed", detail: String((e as Error)?.message ?? e) }],
-      findings: [{ code: "MEMSNAP_INTERNAL", message: `verify failed unexpectedly: ${String((e as Error)?.message ?? e)}` }],
+      ok: false,
+      path,
+      manifest: null,
+      encrypted: null,
+      checks: [{ name: "verify", status: "failed", detail: String((e as Error)?.message ?? e) }],
+      findings: [
+        { code: "MEMSNAP_INTERNAL", message: `verify failed unexpectedly: ${String((e as Error)?.message ?? e)}` },
+      ],
     };
   }
 }
@@ -58,11 +70,21 @@ export function registerVerify(program: Command, global: () => GlobalOpts): void
     .description("check bundles; without a key checks what can be checked and says what was not")
     .option("-i, --identity <file>", "age identity file to decrypt with (repeatable)", collect, [])
     .option("--passphrase-file <file>", "passphrase on the first line of this file (or set MEMSNAP_PASSPHRASE)")
-    .option("--trust <pubkey|file>", "require a valid signature by this public key (memsnap-ed25519:… or a file of them; repeatable)", collect, [])
+    .option(
+      "--trust <pubkey|file>",
+      "require a valid signature by this public key (memsnap-ed25519:… or a file of them; repeatable)",
+      collect,
+      [],
+    )
     .option("--deep", "also run each layer's own checks (e.g. JSON parse of state files)")
     .option("--all", "verify every bundle in the store (every tenant and agent), damaged ones included")
-    .option("--store <dir>", "the store for --all and for snapshot ids (default: $MEMSNAP_STORE, ./memsnap.json's store, ~/.local/share/memsnap/store)")
-    .addHelpText("after", `
+    .option(
+      "--store <dir>",
+      "the store for --all and for snapshot ids (default: $MEMSNAP_STORE, ./memsnap.json's store, ~/.local/share/memsnap/store)",
+    )
+    .addHelpText(
+      "after",
+      `
 A BUNDLE is a path, or a snapshot id (or unique prefix of one) from \`memsnap list\`. With one
 bundle every check is listed; with several (or --all) one line per bundle, then a summary, and
 the command fails if any bundle fails.
@@ -71,10 +93,17 @@ Examples:
   $ memsnap verify snap.memsnap                      # keyless: structure, seal, payload SHA-256
   $ memsnap verify snap.memsnap -i key.txt --deep    # every artifact, plus layer checks
   $ memsnap verify snap.memsnap --trust signing.key.pub   # who made it, offline, no decryption key
-  $ memsnap verify --all --store /backups/memsnap    # every bundle of a copied store, no key needed`)
+  $ memsnap verify --all --store /backups/memsnap    # every bundle of a copied store, no key needed`,
+    )
     .action(async (refs: string[], o: VerifyOpts) => {
-      if (o.all && refs.length) throw new MemsnapError("MEMSNAP_USAGE", "--all verifies the whole store: give no bundles with it", { hint: "drop --all, or the bundle arguments" });
-      if (!o.all && !refs.length) throw new MemsnapError("MEMSNAP_USAGE", "no bundle given", { hint: "pass a bundle path or id, or --all for the whole store" });
+      if (o.all && refs.length)
+        throw new MemsnapError("MEMSNAP_USAGE", "--all verifies the whole store: give no bundles with it", {
+          hint: "drop --all, or the bundle arguments",
+        });
+      if (!o.all && !refs.length)
+        throw new MemsnapError("MEMSNAP_USAGE", "no bundle given", {
+          hint: "pass a bundle path or id, or --all for the whole store",
+        });
       const trusted = await loadTrusted(o.trust);
       const identities = await loadIdentities(o.identity);
       const passphrase = await loadPassphrase(o.passphraseFile);
@@ -82,7 +111,9 @@ Examples:
       if (!o.all && refs.length === 1) {
         const bundle = await bundleArg(refs[0]!, () => defaultStore(o.store));
         const progress = new Progress("verify", !global().json && process.stderr.isTTY === true);
-        const r = await withAbort((signal) => verifyBundle(bundle, { ...opts, signal, onProgress: (b, t) => progress.update(b, t) }));
+        const r = await withAbort((signal) =>
+          verifyBundle(bundle, { ...opts, signal, onProgress: (b, t) => progress.update(b, t) }),
+        );
         progress.done();
         if (global().json) {
           printJson(reportJson(r));
@@ -107,14 +138,20 @@ Examples:
       if (o.all) {
         const store = await defaultStore(o.store);
         paths = await bundlePaths(store);
-        if (!paths.length) throw new MemsnapError("MEMSNAP_USAGE", `no bundles in ${store}`, { hint: "check --store (or $MEMSNAP_STORE)" });
+        if (!paths.length)
+          throw new MemsnapError("MEMSNAP_USAGE", `no bundles in ${store}`, {
+            hint: "check --store (or $MEMSNAP_STORE)",
+          });
       } else {
         paths = [];
         // A missing file among several is that one bundle's failure (reported, and the rest verified).
-        for (const ref of refs) paths.push(await bundleArg(ref, () => defaultStore(o.store)).catch((e: unknown) => {
-          if (isMemsnapError(e, "MEMSNAP_SOURCE_MISSING")) return ref;
-          throw e;
-        }));
+        for (const ref of refs)
+          paths.push(
+            await bundleArg(ref, () => defaultStore(o.store)).catch((e: unknown) => {
+              if (isMemsnapError(e, "MEMSNAP_SOURCE_MISSING")) return ref;
+              throw e;
+            }),
+          );
       }
       const results: VerifyReport[] = [];
       const failures: MemsnapError[] = [];
@@ -135,15 +172,22 @@ Examples:
         }
       });
       if (global().json) printJson({ ok: failures.length === 0, bundles: results.map(reportJson) });
-      else process.stdout.write(`${results.length} bundle(s): ${results.length - failures.length} verified, ${failures.length} failed\n`);
+      else
+        process.stdout.write(
+          `${results.length} bundle(s): ${results.length - failures.length} verified, ${failures.length} failed\n`,
+        );
       if (failures.length) {
         const first = failures[0]!;
         const classes = new Set(failures.map((f) => ERROR_CODES[f.code].class));
         const code = classes.size === 1 ? first.code : "MEMSNAP_VERIFY_FAILED";
         const at = paths[results.findIndex((r) => !r.ok)]!;
-        const err = new MemsnapError(code, `${failures.length} of ${results.length} bundles failed verification, first: ${at}: ${without(at, first.message)}`, {
-          hint: first.hint ?? "do not restore a bundle that fails verification",
-        });
+        const err = new MemsnapError(
+          code,
+          `${failures.length} of ${results.length} bundles failed verification, first: ${at}: ${without(at, first.message)}`,
+          {
+            hint: first.hint ?? "do not restore a bundle that fails verification",
+          },
+        );
         (err as { alreadyPrinted?: boolean }).alreadyPrinted = global().json;
         throw err;
       }

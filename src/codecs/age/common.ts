@@ -78,7 +78,8 @@ export function errMessage(e: unknown): string {
 
 export function decryptFailed(message: string, cause?: unknown): MemsnapError {
   return new MemsnapError("MEMSNAP_DECRYPT_FAILED", message, {
-    hint: DAMAGED_HINT, ...(cause === undefined ? {} : { cause }),
+    hint: DAMAGED_HINT,
+    ...(cause === undefined ? {} : { cause }),
   });
 }
 

@@ -101,4 +101,3 @@ export function parseHeader(header: Buffer): { stanzas: StanzaIn[]; macInput: Bu
   const macLen = text.length - lines[i]!.length - 1 + 3; // through "---"
   return { stanzas, macInput: header.subarray(0, macLen), mac };
 }
-

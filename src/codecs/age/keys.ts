@@ -101,7 +101,8 @@ export function parseRecipients(text: string): string[] {
       if (line.startsWith("AGE-SECRET-KEY-")) what = `line ${n} is a secret identity, not a recipient`;
       else if (line.startsWith("ssh-")) what = `line ${n} is an SSH key; memsnap supports only age X25519 recipients`;
       else if (line.startsWith("age1") && line.length !== 62) {
-        what = `line ${n} is not an X25519 age recipient (post-quantum, tag and plugin recipients are not ` +
+        what =
+          `line ${n} is not an X25519 age recipient (post-quantum, tag and plugin recipients are not ` +
           `supported): ${shorten(line)}`;
       }
       throw new MemsnapError("MEMSNAP_IDENTITY_INVALID", what, { hint: RECIPIENT_HINT });

@@ -13,7 +13,10 @@ import { unwrapX25519, x25519Identity } from "./x25519.js";
  * restore and keyed verify; interoperability with the real `age` binary is tested both ways.
  */
 export async function openAgeHeader(
-  header: Buffer, identities: string[], passphrases: string[], maxLogN: number = scryptMaxLogN(),
+  header: Buffer,
+  identities: string[],
+  passphrases: string[],
+  maxLogN: number = scryptMaxLogN(),
 ): Promise<Uint8Array> {
   const { stanzas, macInput, mac } = parseHeader(header);
   const hasScrypt = stanzas.some((st) => st.args[0] === "scrypt");

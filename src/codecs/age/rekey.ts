@@ -135,8 +135,10 @@ export async function writeAgeHeader(
     }
     const logN = opts.scryptLogN ?? DEFAULT_SCRYPT_LOG_N;
     if (!Number.isInteger(logN) || logN < 1 || logN > MAX_SCRYPT_LOG_N) {
-      throw new MemsnapError("MEMSNAP_USAGE",
-        `scrypt work factor must be an integer 1..${MAX_SCRYPT_LOG_N}, got ${logN}`);
+      throw new MemsnapError(
+        "MEMSNAP_USAGE",
+        `scrypt work factor must be an integer 1..${MAX_SCRYPT_LOG_N}, got ${logN}`,
+      );
     }
     stanzas.push(await scryptStanza(opts.passphrase, logN, fileKey));
   }

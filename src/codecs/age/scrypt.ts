@@ -26,14 +26,16 @@ export const SCRYPT_MAX_LOG_N_ENV = "MEMSNAP_SCRYPT_MAX_LOG_N";
  */
 export function scryptMaxLogN(given?: number | string, env: NodeJS.ProcessEnv = process.env): number {
   const num = (v: string): number => (/^[0-9]{1,3}$/.test(v.trim()) ? Number(v.trim()) : NaN);
-  const raw = typeof given === "string"
-    ? num(given)
-    : given ?? (env[SCRYPT_MAX_LOG_N_ENV] ? num(env[SCRYPT_MAX_LOG_N_ENV]!) : DEFAULT_SCRYPT_MAX_LOG_N);
+  const raw =
+    typeof given === "string"
+      ? num(given)
+      : (given ?? (env[SCRYPT_MAX_LOG_N_ENV] ? num(env[SCRYPT_MAX_LOG_N_ENV]!) : DEFAULT_SCRYPT_MAX_LOG_N));
   if (!Number.isInteger(raw) || raw < 1 || raw > MAX_SCRYPT_LOG_N) {
     const what = given !== undefined ? "--scrypt-max-log-n" : SCRYPT_MAX_LOG_N_ENV;
     const got = given ?? env[SCRYPT_MAX_LOG_N_ENV];
     throw new MemsnapError("MEMSNAP_USAGE", `${what} must be an integer from 1 to ${MAX_SCRYPT_LOG_N}, got ${got}`, {
-      hint: `the work factor is a power of two: ${DEFAULT_SCRYPT_MAX_LOG_N} (the default) opens ` +
+      hint:
+        `the work factor is a power of two: ${DEFAULT_SCRYPT_MAX_LOG_N} (the default) opens ` +
         `2^${DEFAULT_SCRYPT_MAX_LOG_N}, 20 opens 2^20 (1 GiB of memory)`,
     });
   }
@@ -87,15 +89,19 @@ export async function unwrapScrypt(st: StanzaIn, passphrase: string, maxLogN: nu
   if (logN > maxLogN) {
     const big = logN > 64 ? `${logNStr.length > 12 ? `${logNStr.slice(0, 12)}…` : logNStr}` : String(logN);
     const memory = logN <= 64 ? ` (${scryptMemory(logN)} of memory)` : "";
-    throw new MemsnapError("MEMSNAP_UNSAFE_BUNDLE",
+    throw new MemsnapError(
+      "MEMSNAP_UNSAFE_BUNDLE",
       `the bundle's passphrase stanza asks for an scrypt work factor of 2^${big}${memory}, over the limit of ` +
-        `2^${maxLogN} (${scryptMemory(maxLogN)}); nothing was decrypted`, {
-        hint: logN > MAX_SCRYPT_LOG_N
-          ? `memsnap opens work factors up to 2^${MAX_SCRYPT_LOG_N} at most; memsnap and age write ` +
-            `2^${DEFAULT_SCRYPT_LOG_N}: this bundle was not written by either, or was altered`
-          : `memsnap and age write 2^${DEFAULT_SCRYPT_LOG_N}; if you trust this bundle, raise the limit with ` +
-            `--scrypt-max-log-n ${logN} (or ${SCRYPT_MAX_LOG_N_ENV}=${logN})`,
-      });
+        `2^${maxLogN} (${scryptMemory(maxLogN)}); nothing was decrypted`,
+      {
+        hint:
+          logN > MAX_SCRYPT_LOG_N
+            ? `memsnap opens work factors up to 2^${MAX_SCRYPT_LOG_N} at most; memsnap and age write ` +
+              `2^${DEFAULT_SCRYPT_LOG_N}: this bundle was not written by either, or was altered`
+            : `memsnap and age write 2^${DEFAULT_SCRYPT_LOG_N}; if you trust this bundle, raise the limit with ` +
+              `--scrypt-max-log-n ${logN} (or ${SCRYPT_MAX_LOG_N_ENV}=${logN})`,
+      },
+    );
   }
   return openFileKey(await scryptKey(passphrase, salt, logN), st.body);
 }

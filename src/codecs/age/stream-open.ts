@@ -6,8 +6,19 @@ import { Transform, type TransformCallback } from "node:stream";
 import { MemsnapError } from "../../errors.js";
 import { decodeIdentity } from "./bech32.js";
 import {
-  AGE_MAGIC, ARMOR_BEGIN, asError, chunkNonce, DAMAGED_HINT, decryptFailed, errMessage, HEADER_MAX, IDENTITY_HINT,
-  NONCE_LEN, payloadKey, SEALED_CHUNK, TAG,
+  AGE_MAGIC,
+  ARMOR_BEGIN,
+  asError,
+  chunkNonce,
+  DAMAGED_HINT,
+  decryptFailed,
+  errMessage,
+  HEADER_MAX,
+  IDENTITY_HINT,
+  NONCE_LEN,
+  payloadKey,
+  SEALED_CHUNK,
+  TAG,
 } from "./common.js";
 import { openAgeHeader } from "./open-header.js";
 import { scryptMaxLogN } from "./scrypt.js";
@@ -231,7 +242,8 @@ export class AgeDecryptStream extends Transform {
     }
     if (last && sealed.length === SEALED_CHUNK && this.tryOpen(sealed, false) !== null) {
       throw decryptFailed(
-        `the age payload is truncated: it ends after chunk ${this.counter}, which is not marked final`);
+        `the age payload is truncated: it ends after chunk ${this.counter}, which is not marked final`,
+      );
     }
     const why = last ? " (the file is truncated or damaged)" : "";
     throw decryptFailed(`age payload chunk ${this.counter} does not authenticate${why}`);
@@ -255,16 +267,18 @@ export class AgeDecryptStream extends Transform {
       if (this.headerLen > 0) this.checkMagic();
       const cfg = this.headerLen >= AGE_MAGIC.length ? this.configError() : null;
       if (cfg) throw cfg;
-      throw decryptFailed(this.headerLen === 0
-        ? "the age payload is empty"
-        : "the age file is truncated inside its header");
+      throw decryptFailed(
+        this.headerLen === 0 ? "the age payload is empty" : "the age file is truncated inside its header",
+      );
     }
     if (this.phase === "nonce") throw decryptFailed("the age file is truncated: it ends before the payload nonce");
     if (this.phase === "done") return;
     if (this.used < TAG) {
-      throw decryptFailed(this.used === 0 && this.counter === 0
-        ? "the age file is truncated: it has no payload after the nonce"
-        : "the age file is truncated inside a chunk");
+      throw decryptFailed(
+        this.used === 0 && this.counter === 0
+          ? "the age file is truncated: it has no payload after the nonce"
+          : "the age file is truncated inside a chunk",
+      );
     }
     if (this.used === TAG && this.counter > 0) {
       throw decryptFailed("the age payload ends with an empty final chunk, which is invalid");
@@ -294,7 +308,9 @@ export { DAMAGED_HINT as AGE_DAMAGED_HINT };
  * the first sealed chunk. Errors as {@link createAgeDecryptor}'s.
  */
 export async function openAgePrefix(
-  prefix: Buffer, whole: boolean, opts: AgeDecryptOptions,
+  prefix: Buffer,
+  whole: boolean,
+  opts: AgeDecryptOptions,
 ): Promise<{ key: Buffer; offset: number }> {
   const ids = [...(opts.identities ?? [])];
   const s = new AgeDecryptStream(ids, [...(opts.passphrases ?? [])], scryptMaxLogN(opts.scryptMaxLogN));

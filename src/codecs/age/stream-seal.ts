@@ -111,19 +111,25 @@ export async function prepareAgeEncryption(opts: AgeEncryptOptions): Promise<Age
   const hasRecipients = opts.recipients !== undefined && opts.recipients.length > 0;
   const hasPassphrase = opts.passphrase !== undefined;
   if (hasRecipients === hasPassphrase) {
-    throw new MemsnapError("MEMSNAP_USAGE", hasRecipients
-      ? "encrypt to recipients or to a passphrase, not both"
-      : "encryption needs at least one recipient or a passphrase", {
-      hint: "pass --recipient/--recipients-file, or --passphrase, but not both",
-    });
+    throw new MemsnapError(
+      "MEMSNAP_USAGE",
+      hasRecipients
+        ? "encrypt to recipients or to a passphrase, not both"
+        : "encryption needs at least one recipient or a passphrase",
+      {
+        hint: "pass --recipient/--recipients-file, or --passphrase, but not both",
+      },
+    );
   }
   if (hasPassphrase && opts.passphrase === "") {
     throw new MemsnapError("MEMSNAP_USAGE", "the passphrase is empty", { hint: "use a long random passphrase" });
   }
   const logN = opts.scryptLogN ?? DEFAULT_SCRYPT_LOG_N;
   if (!Number.isInteger(logN) || logN < 1 || logN > MAX_SCRYPT_LOG_N) {
-    throw new MemsnapError("MEMSNAP_USAGE",
-      `scrypt work factor must be an integer 1..${MAX_SCRYPT_LOG_N}, got ${logN}`);
+    throw new MemsnapError(
+      "MEMSNAP_USAGE",
+      `scrypt work factor must be an integer 1..${MAX_SCRYPT_LOG_N}, got ${logN}`,
+    );
   }
 
   const fileKey = randomBytes(16);

@@ -1,7 +1,12 @@
 // age X25519 stanzas on node:crypto: a recipient's key from its identity, wrapping and unwrapping.
 
 import {
-  createPrivateKey, createPublicKey, diffieHellman, generateKeyPairSync, hkdfSync, type KeyObject,
+  createPrivateKey,
+  createPublicKey,
+  diffieHellman,
+  generateKeyPairSync,
+  hkdfSync,
+  type KeyObject,
 } from "node:crypto";
 import { MemsnapError } from "../../errors.js";
 import { bech32Encode, decodeIdentity } from "./bech32.js";
@@ -30,7 +35,8 @@ export function x25519Stanza(recipient: Uint8Array, fileKey: Uint8Array): Stanza
   const { publicKey, privateKey } = generateKeyPairSync("x25519");
   const share = Buffer.from(publicKey.export({ format: "jwk" }).x!, "base64url");
   const their = createPublicKey({
-    key: { kty: "OKP", crv: "X25519", x: Buffer.from(recipient).toString("base64url") }, format: "jwk",
+    key: { kty: "OKP", crv: "X25519", x: Buffer.from(recipient).toString("base64url") },
+    format: "jwk",
   });
   const shared = diffieHellman({ privateKey, publicKey: their });
   if (shared.every((b) => b === 0)) {
@@ -69,4 +75,3 @@ export function unwrapX25519(st: StanzaIn, id: { key: KeyObject; recipient: Buff
   const wrap = Buffer.from(hkdfSync("sha256", shared, Buffer.concat([share, id.recipient]), X25519_LABEL, 32));
   return openFileKey(wrap, st.body);
 }
-

@@ -14,7 +14,9 @@ const BLOB_HEADER_MAX = 1024 * 1024;
 
 /** Read the procs.criu.v1 header line and unpack the tar that follows into `dest`. */
 export async function unpackBlob(
-  file: string, dest: string, signal?: AbortSignal,
+  file: string,
+  dest: string,
+  signal?: AbortSignal,
 ): Promise<{ header: unknown; images: string }> {
   const src = createReadStream(file, { highWaterMark: 1 << 20 });
   const it = src[Symbol.asyncIterator]() as AsyncIterator<Buffer>;
@@ -56,14 +58,16 @@ export async function unpackBlob(
   // The iterator must exist before bytes flow: tar-stream drops entries emitted before it.
   const entries = extract[Symbol.asyncIterator]();
   const feed = pipeline(
-    Readable.from((async function* () {
-      if (rest.length) yield rest;
-      for (;;) {
-        const r = await it.next();
-        if (r.done) return;
-        yield r.value;
-      }
-    })()),
+    Readable.from(
+      (async function* () {
+        if (rest.length) yield rest;
+        for (;;) {
+          const r = await it.next();
+          if (r.done) return;
+          yield r.value;
+        }
+      })(),
+    ),
     extract as unknown as Writable,
     ...(signal ? [{ signal }] : []),
   );
@@ -81,9 +85,15 @@ export async function unpackBlob(
         entry.resume();
         continue;
       }
-      const bad = name.startsWith("/") ? "absolute path" : name.includes("\0") ? "NUL in name"
-        : name.includes("\\") ? "backslash in name"
-          : name.split("/").some((s) => s === ".." || s === "" || s === ".") ? "'..', '.' or empty segment" : null;
+      const bad = name.startsWith("/")
+        ? "absolute path"
+        : name.includes("\0")
+          ? "NUL in name"
+          : name.includes("\\")
+            ? "backslash in name"
+            : name.split("/").some((s) => s === ".." || s === "" || s === ".")
+              ? "'..', '.' or empty segment"
+              : null;
       if (bad) throw criuInvalid(file, `unsafe tar entry ${JSON.stringify(h.name)} (${bad})`);
       name = posix.normalize(name);
       const parts = name.split("/");
@@ -105,14 +115,20 @@ export async function unpackBlob(
           await fh.close();
         }
       } else if (
-        h.type === "symlink" && parts[parts.length - 1] === "parent" && h.linkname && !isAbsolute(h.linkname)
+        h.type === "symlink" &&
+        parts[parts.length - 1] === "parent" &&
+        h.linkname &&
+        !isAbsolute(h.linkname)
       ) {
         links.push({ path: out, target: h.linkname });
         linkNames.add(name);
         entry.resume();
       } else {
-        throw criuInvalid(file, `tar entry ${JSON.stringify(h.name)} is a ${h.type ?? "unknown"} entry; ` +
-          "only regular files, directories and relative `parent` symlinks are allowed");
+        throw criuInvalid(
+          file,
+          `tar entry ${JSON.stringify(h.name)} is a ${h.type ?? "unknown"} entry; ` +
+            "only regular files, directories and relative `parent` symlinks are allowed",
+        );
       }
     }
     await feed;

@@ -41,11 +41,14 @@ export async function captureCriu(cfg: CriuConfig, ctx: CaptureContext): Promise
         if (existing.length) {
           throw new MemsnapError("MEMSNAP_SOURCE_INVALID", `criu dump target ${images} is not empty`, {
             path: images,
-            hint: "with \"pid\", \"path\" names a new or empty directory for criu dump; " +
-              "drop \"pid\" to capture an existing dump",
+            hint:
+              'with "pid", "path" names a new or empty directory for criu dump; ' +
+              'drop "pid" to capture an existing dump',
           });
         }
-        await mkdir(images, { recursive: true, mode: 0o700 }).catch((e: unknown) => { throw sourceError(e, images); });
+        await mkdir(images, { recursive: true, mode: 0o700 }).catch((e: unknown) => {
+          throw sourceError(e, images);
+        });
       } else {
         images = join(t, "images");
         await mkdir(images, { mode: 0o700 });

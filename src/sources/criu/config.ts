@@ -22,8 +22,10 @@ export function parseCriuConfig(raw: Record<string, unknown>, where: string): Cr
   if (pid !== undefined) cfg.pid = pid;
   if (bin !== undefined) cfg.criu_bin = bin;
   if (path === undefined && pid === undefined) {
-    throw configInvalid(where, 'a criu source needs "path" (an images directory or procs.criu.v1 blob) or "pid" ' +
-      "(dump a running process)");
+    throw configInvalid(
+      where,
+      'a criu source needs "path" (an images directory or procs.criu.v1 blob) or "pid" ' + "(dump a running process)",
+    );
   }
   return cfg;
 }

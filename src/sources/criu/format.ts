@@ -34,32 +34,88 @@ export const PE_PRESENT = 1 << 2;
 
 /** Per-type magics of framed images (criu/include/magic.h), by value → name. */
 export const IMAGE_MAGICS: ReadonlyMap<number, string> = new Map<number, string>([
-  [PSTREE_MAGIC, "pstree"], [FDINFO_MAGIC, "fdinfo"], [PAGEMAP_MAGIC, "pagemap"], [CORE_MAGIC, "core"],
-  [IDS_MAGIC, "ids"], [0x54123737, "vmas"], [0x56513555, "pipes"], [0x56453709, "pipes-data"],
-  [0x58364939, "fifo"], [0x59333054, "fifo-data"], [0x55344201, "sigacts"], [0x54373943, "unixsk"],
-  [0x56443851, "inetsk"], [0x60454618, "packetsk"], [0x57464056, "itimers"], [0x52603957, "posix-timers"],
-  [0x56264026, "sk-queues"], [0x54473203, "utsns"], [0x54023547, "creds"], [0x53115007, "ipc-var"],
-  [0x46283044, "ipcns-shm"], [0x55453737, "ipcns-msg"], [0x59573019, "ipcns-sem"], [0x50363636, "reg-files"],
-  [0x59255641, "ext-files"], [FS_MAGIC, "fs"], [MM_MAGIC, "mm"], [0x59133954, "remap-fpath"],
-  [0x52583605, "ghost-file"], [0x51465506, "tcp-stream"], [0x44523722, "eventfd"], [0x45023858, "eventpoll"],
-  [0x44433746, "eventpoll-tfd"], [0x57323820, "signalfd"], [0x48424431, "inotify"], [0x54562009, "inotify-wd"],
-  [0x55563928, "mountpoints"], [0x57373951, "netdev"], [0x55933752, "netns"], [0x59433025, "tty-files"],
-  [0x59453036, "tty-info"], [0x59413026, "tty-data"], [0x54323616, "file-locks"], [0x57113925, "rlimit"],
-  [0x55096122, "fanotify"], [0x56506035, "fanotify-mark"], [0x59255647, "signal"], [0x58005614, "netlink-sk"],
-  [0x61394011, "ns-files"], [0x57143751, "tunfile"], [0x59383330, "cgroup"], [0x50493712, "timerfd"],
-  [0x61404013, "cpuinfo"], [0x55474906, "userns"], [0x64413049, "seccomp"], [0x67343323, "binfmt-misc"],
-  [0x49353943, "autofs"], [FILES_MAGIC, "files"], [0x48453499, "memfd-inode"], [0x43114433, "timens"],
-  [0x61157326, "pidns"], [0x57506142, "bpfmap-file"], [0x64324033, "bpfmap-data"], [0x59423047, "apparmor"],
+  [PSTREE_MAGIC, "pstree"],
+  [FDINFO_MAGIC, "fdinfo"],
+  [PAGEMAP_MAGIC, "pagemap"],
+  [CORE_MAGIC, "core"],
+  [IDS_MAGIC, "ids"],
+  [0x54123737, "vmas"],
+  [0x56513555, "pipes"],
+  [0x56453709, "pipes-data"],
+  [0x58364939, "fifo"],
+  [0x59333054, "fifo-data"],
+  [0x55344201, "sigacts"],
+  [0x54373943, "unixsk"],
+  [0x56443851, "inetsk"],
+  [0x60454618, "packetsk"],
+  [0x57464056, "itimers"],
+  [0x52603957, "posix-timers"],
+  [0x56264026, "sk-queues"],
+  [0x54473203, "utsns"],
+  [0x54023547, "creds"],
+  [0x53115007, "ipc-var"],
+  [0x46283044, "ipcns-shm"],
+  [0x55453737, "ipcns-msg"],
+  [0x59573019, "ipcns-sem"],
+  [0x50363636, "reg-files"],
+  [0x59255641, "ext-files"],
+  [FS_MAGIC, "fs"],
+  [MM_MAGIC, "mm"],
+  [0x59133954, "remap-fpath"],
+  [0x52583605, "ghost-file"],
+  [0x51465506, "tcp-stream"],
+  [0x44523722, "eventfd"],
+  [0x45023858, "eventpoll"],
+  [0x44433746, "eventpoll-tfd"],
+  [0x57323820, "signalfd"],
+  [0x48424431, "inotify"],
+  [0x54562009, "inotify-wd"],
+  [0x55563928, "mountpoints"],
+  [0x57373951, "netdev"],
+  [0x55933752, "netns"],
+  [0x59433025, "tty-files"],
+  [0x59453036, "tty-info"],
+  [0x59413026, "tty-data"],
+  [0x54323616, "file-locks"],
+  [0x57113925, "rlimit"],
+  [0x55096122, "fanotify"],
+  [0x56506035, "fanotify-mark"],
+  [0x59255647, "signal"],
+  [0x58005614, "netlink-sk"],
+  [0x61394011, "ns-files"],
+  [0x57143751, "tunfile"],
+  [0x59383330, "cgroup"],
+  [0x50493712, "timerfd"],
+  [0x61404013, "cpuinfo"],
+  [0x55474906, "userns"],
+  [0x64413049, "seccomp"],
+  [0x67343323, "binfmt-misc"],
+  [0x49353943, "autofs"],
+  [FILES_MAGIC, "files"],
+  [0x48453499, "memfd-inode"],
+  [0x43114433, "timens"],
+  [0x61157326, "pidns"],
+  [0x57506142, "bpfmap-file"],
+  [0x64324033, "bpfmap-data"],
+  [0x59423047, "apparmor"],
 ]);
 
 /** Service images' magics (after IMG_SERVICE_MAGIC). */
 export const SERVICE_MAGICS: ReadonlyMap<number, string> = new Map<number, string>([
-  [STATS_MAGIC, "stats"], [IRMAP_CACHE_MAGIC, "irmap-cache"],
+  [STATS_MAGIC, "stats"],
+  [IRMAP_CACHE_MAGIC, "irmap-cache"],
 ]);
 
 /** Types whose frames are followed by raw data (so frames do not run to EOF). */
 const INLINE_DATA_TYPES = new Set([
-  "pipes-data", "fifo-data", "sk-queues", "tcp-stream", "ghost-file", "ipcns-shm", "ipcns-msg", "ipcns-sem",
+  "pipes-data",
+  "fifo-data",
+  "sk-queues",
+  "tcp-stream",
+  "ghost-file",
+  "ipcns-shm",
+  "ipcns-msg",
+  "ipcns-sem",
   "bpfmap-data",
 ]);
 
@@ -122,7 +178,9 @@ export async function scanImage(cls: ImageClass, chunks: AsyncIterable<Buffer>, 
   let left = 0;
   let body: Buffer[] | null = null;
   let stop = false; // inline-data types: stop checking after the first frame header
-  const fail = (why: string): never => { throw new ImageFormatError(why); };
+  const fail = (why: string): never => {
+    throw new ImageFormatError(why);
+  };
 
   const parseHeader = (h: Buffer): void => {
     const m0 = h.readUInt32LE(0);
@@ -142,8 +200,11 @@ export async function scanImage(cls: ImageClass, chunks: AsyncIterable<Buffer>, 
       type = t!;
     } else {
       if (m0 !== IMG_COMMON_MAGIC) {
-        fail(m0 === IMG_SERVICE_MAGIC ? "service magic on a regular image"
-          : `bad magic 0x${hex(m0)} (an image starts with 0x${hex(IMG_COMMON_MAGIC)})`);
+        fail(
+          m0 === IMG_SERVICE_MAGIC
+            ? "service magic on a regular image"
+            : `bad magic 0x${hex(m0)} (an image starts with 0x${hex(IMG_COMMON_MAGIC)})`,
+        );
       }
       const t = IMAGE_MAGICS.get(m1);
       if (!t) fail(`unknown image magic 0x${hex(m1)}`);

@@ -7,8 +7,17 @@ import { lstat, readdir, readlink, realpath, stat } from "node:fs/promises";
 import { join, sep } from "node:path";
 import { MemsnapError } from "../../errors.js";
 import {
-  classifyImage, decodePagemapEntry, decodePagemapHead, decodePstreePid, ImageFormatError, PAGE_SIZE, pagesId,
-  pagesInImage, PE_PARENT, scanImage, type ImageClass,
+  classifyImage,
+  decodePagemapEntry,
+  decodePagemapHead,
+  decodePstreePid,
+  ImageFormatError,
+  PAGE_SIZE,
+  pagesId,
+  pagesInImage,
+  PE_PARENT,
+  scanImage,
+  type ImageClass,
 } from "./format.js";
 import { sourceError } from "../walk.js";
 
@@ -18,7 +27,8 @@ export const CRIU_MAX_CHAIN = 32;
 export function criuInvalid(path: string, why: string): MemsnapError {
   return new MemsnapError("MEMSNAP_CRIU_INVALID", `CRIU images ${path}: ${why}`, {
     path,
-    hint: "point the criu source at a complete images directory (criu dump -D DIR) or a procs.criu.v1 blob; " +
+    hint:
+      "point the criu source at a complete images directory (criu dump -D DIR) or a procs.criu.v1 blob; " +
       "a damaged dump must be taken again",
   });
 }
@@ -74,12 +84,17 @@ export async function resolveChain(top: string, root: string): Promise<Level[]> 
     try {
       real = await realpath(link);
     } catch {
-      throw criuInvalid(link,
-        `the parent link (${target ?? "parent"}) does not resolve; an incremental dump needs its parent images`);
+      throw criuInvalid(
+        link,
+        `the parent link (${target ?? "parent"}) does not resolve; an incremental dump needs its parent images`,
+      );
     }
     if (!isInside(real, root)) {
-      throw criuInvalid(link, `the parent link ${JSON.stringify(target ?? "parent")} resolves to ${real}, ` +
-        `outside the captured dump series ${root}; refusing to capture it`);
+      throw criuInvalid(
+        link,
+        `the parent link ${JSON.stringify(target ?? "parent")} resolves to ${real}, ` +
+          `outside the captured dump series ${root}; refusing to capture it`,
+      );
     }
     if (!(await stat(real)).isDirectory()) {
       throw criuInvalid(link, `the parent link resolves to ${real}, which is not a directory`);
@@ -158,7 +173,8 @@ export async function scanLevel(level: Level, depth: number, hasParent: boolean,
           const e = decodePagemapEntry(fr);
           if ((e.flags & PE_PARENT) !== 0 && !hasParent) {
             throw new ImageFormatError(
-              `has pages in the parent dump (vaddr 0x${e.vaddr.toString(16)}) but the dump has no parent link`);
+              `has pages in the parent dump (vaddr 0x${e.vaddr.toString(16)}) but the dump has no parent link`,
+            );
           }
           pages += pagesInImage(e);
         }
@@ -188,8 +204,10 @@ export async function scanLevel(level: Level, depth: number, hasParent: boolean,
       throw criuInvalid(level.dir, `${pm.file.name} lists ${pm.pages} page(s) in ${pagesName}, which is missing`);
     }
     if (have !== want) {
-      throw criuInvalid(pf!.abs,
-        `${pagesName} has ${have} bytes but ${pm.file.name} lists ${pm.pages} present page(s) = ${want} bytes`);
+      throw criuInvalid(
+        pf!.abs,
+        `${pagesName} has ${have} bytes but ${pm.file.name} lists ${pm.pages} present page(s) = ${want} bytes`,
+      );
     }
     pagesBytes += have;
   }

@@ -20,13 +20,18 @@ import { basename, join } from "node:path";
 import { lstat, readlink, realpath, symlink } from "node:fs/promises";
 import { MemsnapError } from "../../errors.js";
 import {
-  classifyImage, decodePagemapEntry, decodePagemapHead, decodePstreePid, ImageFormatError, PAGE_SIZE, scanImage,
+  classifyImage,
+  decodePagemapEntry,
+  decodePagemapHead,
+  decodePstreePid,
+  ImageFormatError,
+  PAGE_SIZE,
+  scanImage,
 } from "./format.js";
 import type { SourceKind } from "../types.js";
 import { captureCriu } from "./capture.js";
 import { parseCriuConfig, type CriuConfig } from "./config.js";
 import { consumeAll } from "../../util/streams.js";
-
 
 /** CRIU dumps; see the module comment. */
 export const criuSource: SourceKind<CriuConfig> = {
@@ -44,7 +49,8 @@ export const criuSource: SourceKind<CriuConfig> = {
         let n = 0;
         for await (const c of b) n += c.length;
         return cls === "pages" && n % PAGE_SIZE !== 0
-          ? `${entry.path}: ${n} bytes is not a whole number of ${PAGE_SIZE}-byte pages` : null;
+          ? `${entry.path}: ${n} bytes is not a whole number of ${PAGE_SIZE}-byte pages`
+          : null;
       }
       const decode = name === "pstree.img" || name.startsWith("pagemap-");
       try {
@@ -75,7 +81,8 @@ export const criuSource: SourceKind<CriuConfig> = {
     if (!pst.isDirectory() || !ist?.isDirectory()) {
       const why = `criu layer ${basename(dir)}: parent/ and images/ must both be directories`;
       throw new MemsnapError("MEMSNAP_UNSAFE_PATH", why, {
-        path: `${basename(dir)}/parent`, hint: "the bundle was not written by memsnap or was tampered with",
+        path: `${basename(dir)}/parent`,
+        hint: "the bundle was not written by memsnap or was tampered with",
       });
     }
     const link = join(images, "parent");
@@ -84,7 +91,8 @@ export const criuSource: SourceKind<CriuConfig> = {
       if (lst.isSymbolicLink() && (await readlink(link)) === "../parent") return; // already made
       const why = `criu layer ${basename(dir)}: images/parent exists in the bundle; it is reserved for the parent link`;
       throw new MemsnapError("MEMSNAP_UNSAFE_PATH", why, {
-        path: `${basename(dir)}/images/parent`, hint: "the bundle was not written by memsnap or was tampered with",
+        path: `${basename(dir)}/images/parent`,
+        hint: "the bundle was not written by memsnap or was tampered with",
       });
     }
     await symlink("../parent", link);

@@ -45,12 +45,18 @@ export function parseAllowedPlugins(value: string | undefined): { allowed: Allow
   if (v === "") return { allowed: [] };
   if (ALLOW_ANY_WORDS.has(v.toLowerCase())) {
     return {
-      error: `${ALLOW_PLUGINS_ENV}=${v} no longer allows every plugin: a bundle would choose the code that runs. ` +
+      error:
+        `${ALLOW_PLUGINS_ENV}=${v} no longer allows every plugin: a bundle would choose the code that runs. ` +
         "List each whole command instead",
     };
   }
   if (!v.startsWith("[") && !v.startsWith("{")) {
-    return { allowed: v.split(delimiter).filter(Boolean).map((w) => ({ command: [w] })) };
+    return {
+      allowed: v
+        .split(delimiter)
+        .filter(Boolean)
+        .map((w) => ({ command: [w] })),
+    };
   }
   let doc: unknown;
   try {
@@ -65,13 +71,18 @@ export function parseAllowedPlugins(value: string | undefined): { allowed: Allow
       allowed.push({ command: e });
       continue;
     }
-    if (isPlainObject(e) && isArgv(e.command) && Object.keys(e).every((k) => k === "command" || k === "cwd")
-      && (e.cwd === undefined || (typeof e.cwd === "string" && isAbsolute(e.cwd)))) {
+    if (
+      isPlainObject(e) &&
+      isArgv(e.command) &&
+      Object.keys(e).every((k) => k === "command" || k === "cwd") &&
+      (e.cwd === undefined || (typeof e.cwd === "string" && isAbsolute(e.cwd)))
+    ) {
       allowed.push({ command: e.command, ...(e.cwd !== undefined ? { cwd: e.cwd as string } : {}) });
       continue;
     }
     return {
-      error: `${ALLOW_PLUGINS_ENV} entry ${i} must be an array of non-empty strings (a whole command) ` +
+      error:
+        `${ALLOW_PLUGINS_ENV} entry ${i} must be an array of non-empty strings (a whole command) ` +
         'or {"command": [...], "cwd": "/absolute/dir"}',
     };
   }
@@ -97,11 +108,15 @@ export function allowedPlugin(layer: LayerEntry, recorded: string[]): AllowedPlu
   }
   const hit = parsed.allowed.find((a) => sameArgv(a.command, recorded));
   if (hit) return hit;
-  throw new MemsnapError("MEMSNAP_PLUGIN_UNTRUSTED",
+  throw new MemsnapError(
+    "MEMSNAP_PLUGIN_UNTRUSTED",
     `restoring layer ${layer.name} would run the plugin command the bundle records (${shown}), ` +
-    `which ${ALLOW_PLUGINS_ENV} does not list as a whole command`, {
+      `which ${ALLOW_PLUGINS_ENV} does not list as a whole command`,
+    {
       path: layer.name,
-      hint: `check the command (memsnap inspect); a plugin runs only when ${ALLOW_PLUGINS_ENV} lists its whole ` +
+      hint:
+        `check the command (memsnap inspect); a plugin runs only when ${ALLOW_PLUGINS_ENV} lists its whole ` +
         `command, every argument equal, e.g. ${ALLOW_EXAMPLE} (see docs/PLUGINS.md)`,
-    });
+    },
+  );
 }

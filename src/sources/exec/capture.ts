@@ -13,8 +13,15 @@ import type { Artifact, CaptureContext, LayerCapture } from "../types.js";
 import type { ExecConfig } from "./config.js";
 import { pluginEnv, PluginProcess, resolveCommand } from "./process.js";
 import {
-  DEFAULT_TIMEOUT_MS, entryPath, EXIT_WAIT_MS, PLUGIN_PROTOCOL, PLUGIN_RECORD, protocolError, timeoutError,
-  type PluginCaptureRequest, type PluginMeta,
+  DEFAULT_TIMEOUT_MS,
+  entryPath,
+  EXIT_WAIT_MS,
+  PLUGIN_PROTOCOL,
+  PLUGIN_RECORD,
+  protocolError,
+  timeoutError,
+  type PluginCaptureRequest,
+  type PluginMeta,
 } from "./protocol.js";
 
 type TarEntry = tar.ExtractEvents["entry"][1];
@@ -26,12 +33,17 @@ export async function captureLayer(cfg: ExecConfig, ctx: CaptureContext): Promis
   const argv = resolveCommand(cfg.command, ctx.baseDir);
   const timeoutMs = cfg.timeout_ms ?? DEFAULT_TIMEOUT_MS;
   const request: PluginCaptureRequest = {
-    protocol: PLUGIN_PROTOCOL, op: "capture", layer: cfg.name, config: cfg.config ?? {},
+    protocol: PLUGIN_PROTOCOL,
+    op: "capture",
+    layer: cfg.name,
+    config: cfg.config ?? {},
   };
   const extract = (await tarStream()).extract();
   const entries = extract[Symbol.asyncIterator]();
   const proc = new PluginProcess(argv, "capture", request, {
-    cwd: ctx.baseDir, env: pluginEnv(cfg.env), timeoutMs,
+    cwd: ctx.baseDir,
+    env: pluginEnv(cfg.env),
+    timeoutMs,
     onTimeout: () => extract.destroy(timeoutError(argv, timeoutMs)),
     signal: ctx.signal,
   });
@@ -68,7 +80,12 @@ export async function captureLayer(cfg: ExecConfig, ctx: CaptureContext): Promis
   return {
     artifacts: (async function* (): AsyncGenerator<Artifact> {
       yield {
-        path: PLUGIN_RECORD, kind: "json", size: record.length, mode: 0o600, mtime: startedAt, text: true,
+        path: PLUGIN_RECORD,
+        kind: "json",
+        size: record.length,
+        mode: 0o600,
+        mtime: startedAt,
+        text: true,
         open: () => Readable.from([record]),
       };
       for (;;) {
@@ -107,18 +124,19 @@ export async function captureLayer(cfg: ExecConfig, ctx: CaptureContext): Promis
           mode: (h.mode ?? 0o644) & 0o777,
           mtime: h.mtime ?? startedAt,
           text: pax["MEMSNAP.text"] === "1",
-          open: () => (async function* () {
-            let n = 0;
-            try {
-              for await (const c of entry as AsyncIterable<Buffer>) {
-                n += (c as Buffer).length;
-                yield c as Buffer;
+          open: () =>
+            (async function* () {
+              let n = 0;
+              try {
+                for await (const c of entry as AsyncIterable<Buffer>) {
+                  n += (c as Buffer).length;
+                  yield c as Buffer;
+                }
+              } catch (e) {
+                throw await classify(e);
               }
-            } catch (e) {
-              throw await classify(e);
-            }
-            if (n !== size) throw await classify(new Error(`entry ${p.path} ended after ${n} of ${size} bytes`));
-          })(),
+              if (n !== size) throw await classify(new Error(`entry ${p.path} ended after ${n} of ${size} bytes`));
+            })(),
         };
         entry.resume(); // in case the consumer left bytes behind
       }
@@ -129,7 +147,10 @@ export async function captureLayer(cfg: ExecConfig, ctx: CaptureContext): Promis
     })(),
     finish: async () => ({
       plugin: {
-        protocol: PLUGIN_PROTOCOL, command: argv, cwd: ctx.baseDir, timeout_ms: timeoutMs,
+        protocol: PLUGIN_PROTOCOL,
+        command: argv,
+        cwd: ctx.baseDir,
+        timeout_ms: timeoutMs,
       } satisfies PluginMeta,
       entries: stats.entries,
       bytes: stats.bytes,

@@ -19,8 +19,10 @@ export function parseExecConfig(raw: Record<string, unknown>, where: string): Ex
   const name = reqString(raw, "name", where);
   const command = raw.command;
   if (!Array.isArray(command) || command.length === 0 || !command.every((x) => typeof x === "string" && x !== "")) {
-    throw configInvalid(where,
-      '"command" must be a non-empty array of non-empty strings (the plugin and its arguments)');
+    throw configInvalid(
+      where,
+      '"command" must be a non-empty array of non-empty strings (the plugin and its arguments)',
+    );
   }
   const cfg: ExecConfig = { kind: "exec", name, command: command as string[] };
   const timeout = optInt(raw, "timeout_ms", where, MIN_TIMEOUT_MS, MAX_TIMEOUT_MS);

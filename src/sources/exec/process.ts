@@ -23,11 +23,23 @@ export class PluginProcess {
   /** Resolves when the process exited and its stdio closed. */
   readonly closed: Promise<void>;
 
-  constructor(readonly argv: string[], op: "capture" | "restore", request: object, opts: {
-    cwd: string; env: NodeJS.ProcessEnv; timeoutMs: number; onTimeout: () => void; signal?: AbortSignal | undefined;
-  }) {
+  constructor(
+    readonly argv: string[],
+    op: "capture" | "restore",
+    request: object,
+    opts: {
+      cwd: string;
+      env: NodeJS.ProcessEnv;
+      timeoutMs: number;
+      onTimeout: () => void;
+      signal?: AbortSignal | undefined;
+    },
+  ) {
     this.child = spawn(argv[0]!, [...argv.slice(1), op], {
-      cwd: opts.cwd, env: opts.env, stdio: ["pipe", "pipe", "pipe"], detached: true,
+      cwd: opts.cwd,
+      env: opts.env,
+      stdio: ["pipe", "pipe", "pipe"],
+      detached: true,
     });
     this.exited = new Promise<void>((res) => {
       this.child.once("exit", (code, signal) => {
@@ -46,7 +58,9 @@ export class PluginProcess {
     });
     this.closed = new Promise<void>((res) => {
       this.child.once("close", () => res());
-      void this.exited.then(() => { if (this.child.pid === undefined) res(); });
+      void this.exited.then(() => {
+        if (this.child.pid === undefined) res();
+      });
     });
     this.child.stderr!.on("data", (b: Buffer) => {
       this.stderr = (this.stderr + b.toString("utf8")).slice(-STDERR_KEEP);
@@ -106,7 +120,12 @@ export class PluginProcess {
   async waitExit(ms: number): Promise<boolean> {
     if (!this.running) return true;
     let t: NodeJS.Timeout | undefined;
-    await Promise.race([this.exited, new Promise<void>((r) => { t = setTimeout(r, ms); })]);
+    await Promise.race([
+      this.exited,
+      new Promise<void>((r) => {
+        t = setTimeout(r, ms);
+      }),
+    ]);
     clearTimeout(t);
     return !this.running;
   }
@@ -114,7 +133,12 @@ export class PluginProcess {
   /** Wait up to `ms` for stdio to close after the exit (the last output). */
   async waitClosed(ms: number): Promise<void> {
     let t: NodeJS.Timeout | undefined;
-    await Promise.race([this.closed, new Promise<void>((r) => { t = setTimeout(r, ms); })]);
+    await Promise.race([
+      this.closed,
+      new Promise<void>((r) => {
+        t = setTimeout(r, ms);
+      }),
+    ]);
     clearTimeout(t);
   }
 

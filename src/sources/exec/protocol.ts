@@ -43,7 +43,8 @@ export const MAX_TIMEOUT_MS = 24 * 3600 * 1000;
 export function failed(cmd: string[], why: string, stderr: string, path?: string): MemsnapError {
   const tail = stderr.trim().split("\n").slice(-5).join("\n").slice(-2000);
   return new MemsnapError("MEMSNAP_PLUGIN_FAILED", `plugin ${cmd.join(" ")} ${why}${tail ? `: ${tail}` : ""}`, {
-    ...(path ? { path } : {}), hint: "run the plugin by hand (see docs/PLUGINS.md) and check its stderr",
+    ...(path ? { path } : {}),
+    hint: "run the plugin by hand (see docs/PLUGINS.md) and check its stderr",
   });
 }
 

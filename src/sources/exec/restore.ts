@@ -11,8 +11,16 @@ import type { VerifiedLookup } from "../types.js";
 import { allowedPlugin, isArgv } from "./allow.js";
 import { pluginEnv, PluginProcess } from "./process.js";
 import {
-  failed, MAX_TIMEOUT_MS, MIN_TIMEOUT_MS, PLUGIN_PROTOCOL, PLUGIN_RECORD, protocolError, RESPONSE_MAX, timeoutError,
-  type PluginMeta, type PluginRestoreRequest,
+  failed,
+  MAX_TIMEOUT_MS,
+  MIN_TIMEOUT_MS,
+  PLUGIN_PROTOCOL,
+  PLUGIN_RECORD,
+  protocolError,
+  RESPONSE_MAX,
+  timeoutError,
+  type PluginMeta,
+  type PluginRestoreRequest,
 } from "./protocol.js";
 
 /** Restores that already ran in this process (a layer is materialized once). */
@@ -20,13 +28,18 @@ const materialized = new Set<string>();
 
 function readMeta(layer: LayerEntry): PluginMeta {
   const p = (layer.meta as { plugin?: unknown } | undefined)?.plugin;
-  const ok = isPlainObject(p) && isArgv(p.command) && typeof p.cwd === "string"
-    && Number.isSafeInteger(p.timeout_ms)
-    && (p.timeout_ms as number) >= MIN_TIMEOUT_MS && (p.timeout_ms as number) <= MAX_TIMEOUT_MS;
+  const ok =
+    isPlainObject(p) &&
+    isArgv(p.command) &&
+    typeof p.cwd === "string" &&
+    Number.isSafeInteger(p.timeout_ms) &&
+    (p.timeout_ms as number) >= MIN_TIMEOUT_MS &&
+    (p.timeout_ms as number) <= MAX_TIMEOUT_MS;
   if (!ok) {
     const msg = `exec layer ${layer.name}: the manifest does not name the plugin command (meta.plugin)`;
     throw new MemsnapError("MEMSNAP_PLUGIN_PROTOCOL", msg, {
-      path: layer.name, hint: "the bundle was not written by memsnap or was altered",
+      path: layer.name,
+      hint: "the bundle was not written by memsnap or was altered",
     });
   }
   return p as unknown as PluginMeta;
@@ -34,7 +47,10 @@ function readMeta(layer: LayerEntry): PluginMeta {
 
 /** Run the plugin's restore on the layer's restored files in `dir` (once per directory and process). */
 export async function materializeLayer(
-  dir: string, layer: LayerEntry, _verified?: VerifiedLookup, signal?: AbortSignal,
+  dir: string,
+  layer: LayerEntry,
+  _verified?: VerifiedLookup,
+  signal?: AbortSignal,
 ): Promise<void> {
   const key = resolve(dir);
   if (materialized.has(key)) return;
@@ -51,17 +67,28 @@ export async function materializeLayer(
   } catch (e) {
     const msg = `exec layer ${layer.name}: ${PLUGIN_RECORD} is missing or broken (${(e as Error).message})`;
     throw new MemsnapError("MEMSNAP_PLUGIN_PROTOCOL", msg, {
-      path: `${layer.name}/${PLUGIN_RECORD}`, hint: "the bundle was not written by memsnap or was altered",
+      path: `${layer.name}/${PLUGIN_RECORD}`,
+      hint: "the bundle was not written by memsnap or was altered",
     });
   }
   const argv = [...plugin.command];
   const cwd = plugin.cwd ?? key;
   const request: PluginRestoreRequest = {
-    protocol: PLUGIN_PROTOCOL, op: "restore", layer: layer.name, dir: key, config,
+    protocol: PLUGIN_PROTOCOL,
+    op: "restore",
+    layer: layer.name,
+    dir: key,
+    config,
   };
   let timedOut = false;
   const proc = new PluginProcess(argv, "restore", request, {
-    cwd, env: pluginEnv(undefined), timeoutMs: meta.timeout_ms, onTimeout: () => { timedOut = true; }, signal,
+    cwd,
+    env: pluginEnv(undefined),
+    timeoutMs: meta.timeout_ms,
+    onTimeout: () => {
+      timedOut = true;
+    },
+    signal,
   });
   let out = Buffer.alloc(0);
   let tooLong = false;

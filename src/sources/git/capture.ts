@@ -14,11 +14,25 @@ import type { GitConfig } from "./config.js";
 import { findRepo, stateFlags, type RepoPaths } from "./discover.js";
 import { lexists as exists } from "../../util/fs-atomic.js";
 import {
-  BUNDLE_ARTIFACT, commitFacts, readBundleHeader, WORKTREE_DIR, WORKTREE_DOC_ARTIFACT,
-  type BundleHeader, type HeadFacts, type WorktreeDoc,
+  BUNDLE_ARTIFACT,
+  commitFacts,
+  readBundleHeader,
+  WORKTREE_DIR,
+  WORKTREE_DOC_ARTIFACT,
+  type BundleHeader,
+  type HeadFacts,
+  type WorktreeDoc,
 } from "./format.js";
 import {
-  LINK_FRACTION, linkArtifact, MAX_LINKS, MAX_TIPS, orderChain, parseTips, tipsReachable, writeLink, type ChainLink,
+  LINK_FRACTION,
+  linkArtifact,
+  MAX_LINKS,
+  MAX_TIPS,
+  orderChain,
+  parseTips,
+  tipsReachable,
+  writeLink,
+  type ChainLink,
 } from "./chain.js";
 import { scanHistoryGit, type HistoryScan } from "./history-scan.js";
 import { isoRepoFacts, isoScanObjects, isoStatus, isoWriteBundle, type StatusEntry } from "./iso.js";
@@ -54,7 +68,11 @@ interface CaptureState {
  * scanning the history again (a commit, a new branch or a moved tag changes the fingerprint).
  */
 export function refsFingerprint(
-  impl: string, objectFormat: string, headRef: string | null, headOid: string | null, refs: readonly string[],
+  impl: string,
+  objectFormat: string,
+  headRef: string | null,
+  headOid: string | null,
+  refs: readonly string[],
 ): string {
   const h = createHash("sha256").update(`${impl}\n${objectFormat}\nHEAD ${headRef ?? "-"} ${headOid ?? "-"}\n`);
   for (const r of [...refs].sort()) h.update(`${r}\n`);
@@ -68,14 +86,17 @@ export function refsFingerprint(
  * redacts, is not reused.
  */
 function reusableBundle(
-  ctx: CaptureContext | undefined, artifact: string, fingerprint: string, redacting: boolean,
+  ctx: CaptureContext | undefined,
+  artifact: string,
+  fingerprint: string,
+  redacting: boolean,
 ): CaptureState["reused"] {
   const meta = ctx?.unchanged?.(artifact, fingerprint, "git-bundle");
   const bytes = meta?.bundle_bytes;
   if (typeof bytes !== "number" || !Number.isSafeInteger(bytes) || bytes <= 0) return undefined;
   const scan = meta?.history_scan;
   if (redacting && (scan === null || typeof scan !== "object")) return undefined;
-  return { bytes, scan: redacting ? scan as HistoryScan : null };
+  return { bytes, scan: redacting ? (scan as HistoryScan) : null };
 }
 
 function worktreeDoc(listing: WorktreeListing): WorktreeDoc {
@@ -92,11 +113,20 @@ function worktreeMeta(cfg: GitConfig, listing: WorktreeListing | null): Record<s
   return { captured: true, method: listing.method, ...listing.counts, skipped: listing.skipped };
 }
 
-async function captureGit(cfg: GitConfig, root: string, repo: RepoPaths, work: string, signal: AbortSignal | undefined,
-  redactor: Redactor | undefined, children: Set<ChildProcessWithoutNullStreams>, ctx?: CaptureContext,
+async function captureGit(
+  cfg: GitConfig,
+  root: string,
+  repo: RepoPaths,
+  work: string,
+  signal: AbortSignal | undefined,
+  redactor: Redactor | undefined,
+  children: Set<ChildProcessWithoutNullStreams>,
+  ctx?: CaptureContext,
 ): Promise<CaptureState> {
   const base: GitCtx = {
-    cwd: root, env: gitEnv({ GIT_DIR: repo.dotgit, GIT_WORK_TREE: root }), ...(signal ? { signal } : {}),
+    cwd: root,
+    env: gitEnv({ GIT_DIR: repo.dotgit, GIT_WORK_TREE: root }),
+    ...(signal ? { signal } : {}),
   };
   // First a plain call that fails cleanly on something that is not a usable repository.
   const fmt = (await gitIn(root, base, ["rev-parse", "--show-object-format"])).stdout.toString("utf8").trim() || "sha1";
@@ -108,28 +138,32 @@ async function captureGit(cfg: GitConfig, root: string, repo: RepoPaths, work: s
     neutralizeFilters(root, base),
   ]);
   if (partial.code === 0) {
-    throw sourceInvalid(root, `${root} is a partial clone (objects are missing by design)`,
-      "fetch every object first (git fetch --refetch, or clone without --filter), then snapshot again");
+    throw sourceInvalid(
+      root,
+      `${root} is a partial clone (objects are missing by design)`,
+      "fetch every object first (git fetch --refetch, or clone without --filter), then snapshot again",
+    );
   }
   const headRef = sym.code === 0 ? sym.stdout.toString("utf8").trim() : null;
   const headOid = hv.code === 0 ? hv.stdout.toString("utf8").trim() : null;
   const refLines = refList.stdout.toString("utf8").split("\n").filter(Boolean);
   const refOids = refLines.map((l) => l.slice(0, l.indexOf(" ")));
   const g: GitCtx = { ...base, env: gitEnv({ GIT_DIR: repo.dotgit, GIT_WORK_TREE: root }, filters) };
-  const bundleFingerprint = refOids.length > 0 || headOid
-    ? refsFingerprint("git", fmt, headRef, headOid, refLines)
-    : undefined;
+  const bundleFingerprint =
+    refOids.length > 0 || headOid ? refsFingerprint("git", fmt, headRef, headOid, refLines) : undefined;
   const tips = [...new Set([...refOids, ...(headOid ? [headOid] : [])])];
   // An incremental snapshot continues the last one's chain of bundles (./chain.ts) when it can;
   // a last one that recorded no chain has its single bundle referenced when no ref moved.
   const last = ctx?.lastMeta?.(cfg.name) ?? null;
   const chained = last !== null && "bundle_chain" in last;
-  const chain = bundleFingerprint && chained && ctx
-    ? await chainPlan(ctx, cfg.name, last, fmt, bundleFingerprint, !!redactor, root, g, children)
-    : null;
-  const reused = bundleFingerprint && !chained
-    ? reusableBundle(ctx, `${cfg.name}/${BUNDLE_ARTIFACT}`, bundleFingerprint, !!redactor)
-    : undefined;
+  const chain =
+    bundleFingerprint && chained && ctx
+      ? await chainPlan(ctx, cfg.name, last, fmt, bundleFingerprint, !!redactor, root, g, children)
+      : null;
+  const reused =
+    bundleFingerprint && !chained
+      ? reusableBundle(ctx, `${cfg.name}/${BUNDLE_ARTIFACT}`, bundleFingerprint, !!redactor)
+      : undefined;
   const link = chain?.fresh ? chain : null;
   const bundleName = link ? linkArtifact(link.links.length) : BUNDLE_ARTIFACT;
   const bundle = bundleFingerprint && !reused && (!chain || link) ? join(work, bundleName) : null;
@@ -146,31 +180,48 @@ async function captureGit(cfg: GitConfig, root: string, repo: RepoPaths, work: s
     cfg.worktree ? listWorktreeGit(root, g, headOid !== null) : null,
     bundle && link
       ? writeLink(root, g, bundle, fmt, tips, link.tips, refLines, headOid, children).then(() => null)
-      : bundle ? (async (): Promise<BundleHeader> => {
-        await gitIn(root, g, ["bundle", "create", "-q", bundle, "--all"]);
-        const h = await readBundleHeader(bundle);
-        if (typeof h === "string") throw sourceInvalid(root, `git bundle create wrote a bad bundle for ${root}: ${h}`);
-        return h;
-      })() : null,
+      : bundle
+        ? (async (): Promise<BundleHeader> => {
+            await gitIn(root, g, ["bundle", "create", "-q", bundle, "--all"]);
+            const h = await readBundleHeader(bundle);
+            if (typeof h === "string")
+              throw sourceInvalid(root, `git bundle create wrote a bad bundle for ${root}: ${h}`);
+            return h;
+          })()
+        : null,
   ]);
   const bundleSize = bundle ? (await stat(bundle)).size : 0;
   let scan: Promise<HistoryScan> | null = scan0;
   if (scan0 && redactor && header) {
     const moved = [...new Set(header.refs.map((r) => r.oid))].filter((o) => !tips.includes(o));
-    scan = !moved.length ? scan0 : (async () => {
-      const revs = [...moved, ...tips.map((o) => `^${o}`)];
-      const [a, b] = await Promise.all([scan0, scanHistoryGit(root, g, revs, redactor, artifact, children)]);
-      return addScans(a, b);
-    })();
+    scan = !moved.length
+      ? scan0
+      : (async () => {
+          const revs = [...moved, ...tips.map((o) => `^${o}`)];
+          const [a, b] = await Promise.all([scan0, scanHistoryGit(root, g, revs, redactor, artifact, children)]);
+          return addScans(a, b);
+        })();
   }
-  const refCount = header ? header.refs.filter((r) => r.name !== "HEAD").length : bundleFingerprint ? refLines.length : 0;
+  const refCount = header
+    ? header.refs.filter((r) => r.name !== "HEAD").length
+    : bundleFingerprint
+      ? refLines.length
+      : 0;
   return {
-    bundle, bundleSize, bundleName, listing, scan,
-    ...(bundleFingerprint ? { bundleFingerprint } : {}), ...(reused ? { reused } : {}),
+    bundle,
+    bundleSize,
+    bundleName,
+    listing,
+    scan,
+    ...(bundleFingerprint ? { bundleFingerprint } : {}),
+    ...(reused ? { reused } : {}),
     ...(chain ? { chain: { links: chain.links, scan: chain.scan } } : {}),
-    ...(ctx?.lastMeta && bundleFingerprint ? { tips: header ? [...new Set(header.refs.map((r) => r.oid))] : tips } : {}),
+    ...(ctx?.lastMeta && bundleFingerprint
+      ? { tips: header ? [...new Set(header.refs.map((r) => r.oid))] : tips }
+      : {}),
     meta: {
-      impl: "git", object_format: fmt,
+      impl: "git",
+      object_format: fmt,
       ...headMeta(head, headRef, headOid, refCount),
     },
   };
@@ -187,8 +238,15 @@ function addScans(a: HistoryScan, b: HistoryScan): HistoryScan {
  * of the objects since its tips. Null where the policy in ./chain.ts asks for a full bundle.
  */
 async function chainPlan(
-  ctx: CaptureContext, layer: string, last: Record<string, unknown>, fmt: string, fingerprint: string,
-  redacting: boolean, root: string, g: GitCtx, children: Set<ChildProcessWithoutNullStreams>,
+  ctx: CaptureContext,
+  layer: string,
+  last: Record<string, unknown>,
+  fmt: string,
+  fingerprint: string,
+  redacting: boolean,
+  root: string,
+  g: GitCtx,
+  children: Set<ChildProcessWithoutNullStreams>,
 ): Promise<{ links: ChainLink[]; tips: string[]; scan: HistoryScan | null; fresh: boolean } | null> {
   if (last.impl !== "git" || last.object_format !== fmt) return null;
   const links = orderChain(last.bundle_chain);
@@ -196,9 +254,10 @@ async function chainPlan(
   if (typeof links === "string" || !tips) return null;
   const scan = last.history_scan;
   if (redacting && (scan === null || typeof scan !== "object")) return null;
-  const held = (l: ChainLink): boolean => ctx.unchanged?.(`${layer}/${l.artifact}`, l.fingerprint, "git-bundle") != null;
+  const held = (l: ChainLink): boolean =>
+    ctx.unchanged?.(`${layer}/${l.artifact}`, l.fingerprint, "git-bundle") != null;
   if (!links.every(held)) return null;
-  const out = { links, tips, scan: redacting ? scan as HistoryScan : null };
+  const out = { links, tips, scan: redacting ? (scan as HistoryScan) : null };
   if (links.at(-1)!.fingerprint === fingerprint) return { ...out, fresh: false };
   if (links.length > MAX_LINKS) return null;
   if (links.slice(1).reduce((n, l) => n + l.bytes, 0) > links[0]!.bytes * LINK_FRACTION) return null;
@@ -207,7 +266,10 @@ async function chainPlan(
 }
 
 function headMeta(
-  head: HeadFacts | null, headRef: string | null, headOid: string | null, refCount: number,
+  head: HeadFacts | null,
+  headRef: string | null,
+  headOid: string | null,
+  refCount: number,
 ): Record<string, unknown> {
   return {
     empty: headOid === null && refCount === 0,
@@ -219,8 +281,15 @@ function headMeta(
   };
 }
 
-async function captureIso(cfg: GitConfig, root: string, repo: RepoPaths, work: string, signal: AbortSignal | undefined,
-  redactor: Redactor | undefined, ctx?: CaptureContext): Promise<CaptureState> {
+async function captureIso(
+  cfg: GitConfig,
+  root: string,
+  repo: RepoPaths,
+  work: string,
+  signal: AbortSignal | undefined,
+  redactor: Redactor | undefined,
+  ctx?: CaptureContext,
+): Promise<CaptureState> {
   const wrap = async <T>(what: string, p: () => Promise<T>): Promise<T> => {
     try {
       return await p();
@@ -231,18 +300,29 @@ async function captureIso(cfg: GitConfig, root: string, repo: RepoPaths, work: s
   };
   const facts = await wrap("read", () => isoRepoFacts(repo.gitdir));
   const listing = cfg.worktree
-    ? await classify(root, (await wrap("list the work tree of", () => isoStatus(root, repo.gitdir)))
-      .map((s: StatusEntry) => ({ path: s.path, tracked: s.change !== "new" })), "isomorphic-git")
+    ? await classify(
+        root,
+        (await wrap("list the work tree of", () => isoStatus(root, repo.gitdir))).map((s: StatusEntry) => ({
+          path: s.path,
+          tracked: s.change !== "new",
+        })),
+        "isomorphic-git",
+      )
     : null;
   let bundle: string | null = null;
   let bundleSize = 0;
   let scan: Promise<HistoryScan> | null = null;
   const artifact = `${cfg.name}/${BUNDLE_ARTIFACT}`;
-  const bundleFingerprint = facts.refs.length > 0 || facts.headOid
-    ? refsFingerprint(
-      "isomorphic-git", "sha1", facts.headRef, facts.headOid, facts.refs.map((r) => `${r.oid} ${r.name}`),
-    )
-    : undefined;
+  const bundleFingerprint =
+    facts.refs.length > 0 || facts.headOid
+      ? refsFingerprint(
+          "isomorphic-git",
+          "sha1",
+          facts.headRef,
+          facts.headOid,
+          facts.refs.map((r) => `${r.oid} ${r.name}`),
+        )
+      : undefined;
   const reused = bundleFingerprint ? reusableBundle(ctx, artifact, bundleFingerprint, !!redactor) : undefined;
   if (bundleFingerprint && !reused) {
     bundle = join(work, BUNDLE_ARTIFACT);
@@ -254,10 +334,16 @@ async function captureIso(cfg: GitConfig, root: string, repo: RepoPaths, work: s
     }
   }
   return {
-    bundle, bundleSize, bundleName: BUNDLE_ARTIFACT, listing, scan,
-    ...(bundleFingerprint ? { bundleFingerprint } : {}), ...(reused ? { reused } : {}),
+    bundle,
+    bundleSize,
+    bundleName: BUNDLE_ARTIFACT,
+    listing,
+    scan,
+    ...(bundleFingerprint ? { bundleFingerprint } : {}),
+    ...(reused ? { reused } : {}),
     meta: {
-      impl: "isomorphic-git", object_format: "sha1",
+      impl: "isomorphic-git",
+      object_format: "sha1",
       ...headMeta(facts.head, facts.headRef, facts.headOid, facts.refs.length),
     },
   };
@@ -273,8 +359,8 @@ async function captureIso(cfg: GitConfig, root: string, repo: RepoPaths, work: s
 function chainMeta(cap: CaptureState): ChainLink[] | null {
   if (!cap.tips || !cap.bundleFingerprint) return null;
   const fingerprint = cap.bundleFingerprint;
-  const prior = cap.chain?.links
-    ?? (cap.reused ? [{ artifact: BUNDLE_ARTIFACT, fingerprint, bytes: cap.reused.bytes }] : []);
+  const prior =
+    cap.chain?.links ?? (cap.reused ? [{ artifact: BUNDLE_ARTIFACT, fingerprint, bytes: cap.reused.bytes }] : []);
   if (!cap.bundle) return prior.length ? prior : null;
   const after = prior.at(-1)?.artifact;
   return [...prior, { artifact: cap.bundleName, fingerprint, bytes: cap.bundleSize, ...(after ? { after } : {}) }];
@@ -285,8 +371,11 @@ export async function captureLayer(cfg: GitConfig, ctx: CaptureContext): Promise
   const root = resolve(ctx.baseDir, cfg.path);
   const repo = await findRepo(root);
   if (await exists(join(repo.commondir, "shallow"))) {
-    throw sourceInvalid(root, `${root} is a shallow clone: unshallow it first (its bundle would lack history)`,
-      `run 'git fetch --unshallow' in ${root}, then snapshot again`);
+    throw sourceInvalid(
+      root,
+      `${root} is a shallow clone: unshallow it first (its bundle would lack history)`,
+      `run 'git fetch --unshallow' in ${root}, then snapshot again`,
+    );
   }
   const state = await stateFlags(repo);
   const impl = gitImpl();
@@ -296,9 +385,10 @@ export async function captureLayer(cfg: GitConfig, ctx: CaptureContext): Promise
   const redactor = ctx.redactor;
   let cap: CaptureState;
   try {
-    cap = impl === "git"
-      ? await captureGit(cfg, root, repo, work, ctx.signal, redactor, children, ctx)
-      : await captureIso(cfg, root, repo, work, ctx.signal, redactor, ctx);
+    cap =
+      impl === "git"
+        ? await captureGit(cfg, root, repo, work, ctx.signal, redactor, children, ctx)
+        : await captureIso(cfg, root, repo, work, ctx.signal, redactor, ctx);
     cap.scan?.catch(() => undefined); // awaited in finish(); don't let an early failure go unhandled
     const head = cap.meta.head as HeadFacts | null;
     if (head && redactor?.candidate(head.subject)) {
@@ -315,17 +405,24 @@ export async function captureLayer(cfg: GitConfig, ctx: CaptureContext): Promise
   const now = new Date();
   const links = chainMeta(cap);
   const referenced = (path: string, size: number, fingerprint: string): Artifact => ({
-    path, kind: "git-bundle", size, mode: 0o600, mtime: now, fingerprint,
+    path,
+    kind: "git-bundle",
+    size,
+    mode: 0o600,
+    mtime: now,
+    fingerprint,
     open: () => {
-      throw new MemsnapError("MEMSNAP_INTERNAL",
-        `${cfg.name}/${path} was to be referenced by the incremental snapshot, not read`);
+      throw new MemsnapError(
+        "MEMSNAP_INTERNAL",
+        `${cfg.name}/${path} was to be referenced by the incremental snapshot, not read`,
+      );
     },
   });
   return {
     // A chain of more than one bundle is schema 2: a reader that knows only single bundles refuses it.
     schemaVersion: links && links.length > 1 ? 2 : 1,
-    estimatedBytes: cap.bundleSize + (docBytes?.length ?? 0)
-      + (listing?.files.reduce((n, f) => n + f.stats.size, 0) ?? 0),
+    estimatedBytes:
+      cap.bundleSize + (docBytes?.length ?? 0) + (listing?.files.reduce((n, f) => n + f.stats.size, 0) ?? 0),
     notices: () => walkNotices(listing ?? {}),
     artifacts: (async function* (): AsyncGenerator<Artifact> {
       const fingerprint = cap.bundleFingerprint;
@@ -334,7 +431,11 @@ export async function captureLayer(cfg: GitConfig, ctx: CaptureContext): Promise
       if (cap.bundle) {
         const path = cap.bundle;
         yield {
-          path: cap.bundleName, kind: "git-bundle", size: cap.bundleSize, mode: 0o600, mtime: now,
+          path: cap.bundleName,
+          kind: "git-bundle",
+          size: cap.bundleSize,
+          mode: 0o600,
+          mtime: now,
           ...(fingerprint ? { fingerprint } : {}),
           open: () => createReadStream(path, { highWaterMark: 1 << 20 }),
         };
@@ -343,7 +444,11 @@ export async function captureLayer(cfg: GitConfig, ctx: CaptureContext): Promise
       }
       if (docBytes) {
         yield {
-          path: WORKTREE_DOC_ARTIFACT, kind: "json", size: docBytes.length, mode: 0o600, mtime: now,
+          path: WORKTREE_DOC_ARTIFACT,
+          kind: "json",
+          size: docBytes.length,
+          mode: 0o600,
+          mtime: now,
           open: () => Readable.from([docBytes]),
         };
       }
@@ -367,12 +472,17 @@ export async function captureLayer(cfg: GitConfig, ctx: CaptureContext): Promise
     finish: async () => {
       const fresh = cap.scan ? await cap.scan : null;
       const prior = cap.reused?.scan ?? cap.chain?.scan ?? null;
-      const scan = prior && fresh ? addScans(prior, fresh) : prior ?? fresh;
-      const bundleBytes = links ? links.reduce((n, l) => n + l.bytes, 0)
-        : cap.reused?.bytes ?? (cap.bundle ? cap.bundleSize : undefined);
+      const scan = prior && fresh ? addScans(prior, fresh) : (prior ?? fresh);
+      const bundleBytes = links
+        ? links.reduce((n, l) => n + l.bytes, 0)
+        : (cap.reused?.bytes ?? (cap.bundle ? cap.bundleSize : undefined));
       const nothingNew = !cap.bundle && (cap.reused !== undefined || cap.chain !== undefined);
       return {
-        root, ...cap.meta, state, worktree: worktreeMeta(cfg, listing), history_scan: scan,
+        root,
+        ...cap.meta,
+        state,
+        worktree: worktreeMeta(cfg, listing),
+        history_scan: scan,
         ...(bundleBytes !== undefined ? { bundle_bytes: bundleBytes } : {}),
         ...(nothingNew ? { bundle_reused: true } : {}),
         ...(links ? { bundle_chain: links } : {}),

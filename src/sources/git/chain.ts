@@ -62,19 +62,32 @@ export function chainInvalid(layer: string, why: string): MemsnapError {
  */
 export function orderChain(raw: unknown): ChainLink[] | string {
   if (!Array.isArray(raw) || raw.length === 0) return "meta.bundle_chain is not a list of bundles";
-  if (raw.length > MAX_LINKS + 1) return `meta.bundle_chain has ${raw.length} bundles, over the bound of ${MAX_LINKS + 1}`;
+  if (raw.length > MAX_LINKS + 1)
+    return `meta.bundle_chain has ${raw.length} bundles, over the bound of ${MAX_LINKS + 1}`;
   const byName = new Map<string, ChainLink>();
   for (const l of raw as unknown[]) {
     const o = l as Partial<ChainLink> | null;
-    if (typeof o !== "object" || o === null || typeof o.artifact !== "string" || !isBundleName(o.artifact)
-      || typeof o.fingerprint !== "string" || o.fingerprint.length > 256
-      || typeof o.bytes !== "number" || !Number.isSafeInteger(o.bytes) || o.bytes < 0
-      || (o.after !== undefined && typeof o.after !== "string")) {
+    if (
+      typeof o !== "object" ||
+      o === null ||
+      typeof o.artifact !== "string" ||
+      !isBundleName(o.artifact) ||
+      typeof o.fingerprint !== "string" ||
+      o.fingerprint.length > 256 ||
+      typeof o.bytes !== "number" ||
+      !Number.isSafeInteger(o.bytes) ||
+      o.bytes < 0 ||
+      (o.after !== undefined && typeof o.after !== "string")
+    ) {
       return "meta.bundle_chain holds an entry that is not a bundle";
     }
     if (byName.has(o.artifact)) return `meta.bundle_chain names ${o.artifact} twice`;
-    byName.set(o.artifact, { artifact: o.artifact, fingerprint: o.fingerprint, bytes: o.bytes,
-      ...(o.after !== undefined ? { after: o.after } : {}) });
+    byName.set(o.artifact, {
+      artifact: o.artifact,
+      fingerprint: o.fingerprint,
+      bytes: o.bytes,
+      ...(o.after !== undefined ? { after: o.after } : {}),
+    });
   }
   const roots = [...byName.values()].filter((l) => l.after === undefined);
   if (roots.length !== 1 || roots[0]!.artifact !== BUNDLE_ARTIFACT) {
@@ -99,7 +112,7 @@ export function orderChain(raw: unknown): ChainLink[] | string {
 /** `meta.bundle_tips`, checked, or null. */
 export function parseTips(raw: unknown): string[] | null {
   if (!Array.isArray(raw) || raw.length === 0 || raw.length > MAX_TIPS) return null;
-  return raw.every((t) => typeof t === "string" && OID.test(t)) ? raw as string[] : null;
+  return raw.every((t) => typeof t === "string" && OID.test(t)) ? (raw as string[]) : null;
 }
 
 /**
@@ -108,7 +121,10 @@ export function parseTips(raw: unknown): string[] | null {
  * nothing, stopped at its first line.
  */
 export function tipsReachable(
-  root: string, g: GitCtx, tips: string[], children: Set<ChildProcessWithoutNullStreams>,
+  root: string,
+  g: GitCtx,
+  tips: string[],
+  children: Set<ChildProcessWithoutNullStreams>,
 ): Promise<boolean> {
   const s = spawnGit(root, g, ["rev-list", "--objects", "--no-object-names", "--stdin", "--not", "--all"], children);
   s.child.stdin.end(`${tips.join("\n")}\n`);
@@ -117,7 +133,10 @@ export function tipsReachable(
     if (!seen) s.child.kill("SIGKILL");
     seen = true;
   });
-  return s.done.then(() => !seen, () => false);
+  return s.done.then(
+    () => !seen,
+    () => false,
+  );
 }
 
 /**
@@ -127,22 +146,39 @@ export function tipsReachable(
  * create` writes. Returns its size.
  */
 export async function writeLink(
-  root: string, g: GitCtx, out: string, objectFormat: string, tips: string[], exclude: string[],
-  refLines: string[], headOid: string | null, children: Set<ChildProcessWithoutNullStreams>,
+  root: string,
+  g: GitCtx,
+  out: string,
+  objectFormat: string,
+  tips: string[],
+  exclude: string[],
+  refLines: string[],
+  headOid: string | null,
+  children: Set<ChildProcessWithoutNullStreams>,
 ): Promise<number> {
   const revs = `${[...tips, ...exclude.map((o) => `^${o}`)].join("\n")}\n`;
   const boundary = (await gitStdin(root, g, ["rev-list", "--boundary", "--stdin"], revs, [0])).toString("latin1");
-  const prereqs = boundary.split("\n").filter((l) => l.startsWith("-")).map((l) => l.slice(1).trim());
+  const prereqs = boundary
+    .split("\n")
+    .filter((l) => l.startsWith("-"))
+    .map((l) => l.slice(1).trim());
   const head = [
     objectFormat === "sha1" ? BUNDLE_V2_SIGNATURE : `${BUNDLE_V3_SIGNATURE}@object-format=${objectFormat}\n`,
-    ...prereqs.map((o) => `-${o}\n`), ...refLines.map((l) => `${l}\n`), ...(headOid ? [`${headOid} HEAD\n`] : []), "\n",
+    ...prereqs.map((o) => `-${o}\n`),
+    ...refLines.map((l) => `${l}\n`),
+    ...(headOid ? [`${headOid} HEAD\n`] : []),
+    "\n",
   ].join("");
   const file = createWriteStream(out, { mode: 0o600 });
   const opened = once(file, "open");
   await opened;
   file.write(head);
-  const pack = spawnGit(root, g,
-    ["pack-objects", "--stdout", "--thin", "--delta-base-offset", "--revs", "-q"], children);
+  const pack = spawnGit(
+    root,
+    g,
+    ["pack-objects", "--stdout", "--thin", "--delta-base-offset", "--revs", "-q"],
+    children,
+  );
   pack.child.stdin.end(revs);
   pack.child.stdout.pipe(file);
   await Promise.all([pack.done, once(file, "close")]);

@@ -15,7 +15,6 @@ export interface RepoPaths {
   commondir: string;
 }
 
-
 export async function findRepo(root: string): Promise<RepoPaths> {
   let st: Stats;
   try {
@@ -24,8 +23,11 @@ export async function findRepo(root: string): Promise<RepoPaths> {
     throw sourceError(e, root);
   }
   if (!st.isDirectory()) {
-    throw sourceInvalid(root, `${root} is not a directory; a git source needs a repository's work tree`,
-      "point the source's path at the directory that holds .git");
+    throw sourceInvalid(
+      root,
+      `${root} is not a directory; a git source needs a repository's work tree`,
+      "point the source's path at the directory that holds .git",
+    );
   }
   const dotgit = join(root, ".git");
   let gst: Stats;
@@ -33,14 +35,19 @@ export async function findRepo(root: string): Promise<RepoPaths> {
     gst = await lstat(dotgit);
   } catch (e) {
     if ((e as NodeJS.ErrnoException).code === "ENOENT") {
-      throw sourceInvalid(root, `${root} is not a git repository (it has no .git)`,
-        "point the source's path at a repository's top directory, or use a files source");
+      throw sourceInvalid(
+        root,
+        `${root} is not a git repository (it has no .git)`,
+        "point the source's path at a repository's top directory, or use a files source",
+      );
     }
     throw sourceError(e, dotgit);
   }
   let gitdir = dotgit;
   if (gst.isFile()) {
-    const text = await readFile(dotgit, "utf8").catch((e: unknown) => { throw sourceError(e, dotgit); });
+    const text = await readFile(dotgit, "utf8").catch((e: unknown) => {
+      throw sourceError(e, dotgit);
+    });
     const m = /^gitdir: (.+)$/m.exec(text);
     if (!m) throw sourceInvalid(root, `${dotgit} is neither a directory nor a "gitdir:" file`);
     gitdir = resolve(root, m[1]!.trim());

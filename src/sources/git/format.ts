@@ -198,7 +198,11 @@ export function commitFacts(oid: string, raw: Buffer): HeadFacts {
   }
   // The subject is the first paragraph joined into one line, as `git log --format=%s` shows it.
   const para = message.split(/\n[ \t]*\n/)[0] ?? "";
-  const subject = para.split("\n").map((l) => l.trim()).filter(Boolean).join(" ");
+  const subject = para
+    .split("\n")
+    .map((l) => l.trim())
+    .filter(Boolean)
+    .join(" ");
   return { oid, subject, author, time };
 }
 

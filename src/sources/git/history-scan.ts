@@ -36,7 +36,11 @@ export function emptyScan(): HistoryScan {
  * commit or tag (their headers hold only oids, names and dates). Trees are not text.
  */
 export async function scanObject(
-  type: string, data: Buffer, redactor: Redactor, artifact: string, st: HistoryScan,
+  type: string,
+  data: Buffer,
+  redactor: Redactor,
+  artifact: string,
+  st: HistoryScan,
 ): Promise<void> {
   let text: Buffer;
   if (type === "blob") {
@@ -73,7 +77,11 @@ export async function scanObject(
  * Backpressure flows end to end, so memory holds one object (≤ 16 MiB) plus pipe buffers.
  */
 export async function scanHistoryGit(
-  root: string, g: GitCtx, revs: string[], redactor: Redactor, artifact: string,
+  root: string,
+  g: GitCtx,
+  revs: string[],
+  redactor: Redactor,
+  artifact: string,
   children: Set<ChildProcessWithoutNullStreams>,
 ): Promise<HistoryScan> {
   const st = emptyScan();
@@ -85,15 +93,16 @@ export async function scanHistoryGit(
   revList.child.stdin.end(`${[...new Set(revs)].join("\n")}\n`);
   revList.child.stdout.pipe(check.child.stdin);
   const stdin = batch.child.stdin;
-  const writable = (): Promise<void> => new Promise((res) => {
-    const done = (): void => {
-      stdin.off("drain", done);
-      stdin.off("close", done);
-      res();
-    };
-    stdin.on("drain", done);
-    stdin.on("close", done);
-  });
+  const writable = (): Promise<void> =>
+    new Promise((res) => {
+      const done = (): void => {
+        stdin.off("drain", done);
+        stdin.off("close", done);
+        res();
+      };
+      stdin.on("drain", done);
+      stdin.on("close", done);
+    });
   const feeder = async (): Promise<void> => {
     let rest = "";
     for await (const chunk of check.child.stdout as AsyncIterable<Buffer>) {

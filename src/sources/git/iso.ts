@@ -15,8 +15,13 @@ import { dirname, join } from "node:path";
 import { MemsnapError } from "../../errors.js";
 import type { Redactor } from "../../redact/types.js";
 import {
-  BUNDLE_V2_SIGNATURE, checkPackTrailer, commitFacts, readBundleHeader,
-  type BundleRef, type HeadFacts, type HeadSpec,
+  BUNDLE_V2_SIGNATURE,
+  checkPackTrailer,
+  commitFacts,
+  readBundleHeader,
+  type BundleRef,
+  type HeadFacts,
+  type HeadSpec,
 } from "./format.js";
 import { emptyScan, scanObject, SCAN_MAX_BYTES, type HistoryScan } from "./history-scan.js";
 import type { PromiseFsClient } from "isomorphic-git";
@@ -31,7 +36,8 @@ export async function loadIsoGit(): Promise<IsoGit> {
     isoGit = undefined;
     const msg = `neither a git binary nor isomorphic-git is available: ${(e as Error).message}`;
     throw new MemsnapError("MEMSNAP_INTERNAL", msg, {
-      cause: e, hint: "install git (https://git-scm.com) or reinstall memsnap with its dependencies",
+      cause: e,
+      hint: "install git (https://git-scm.com) or reinstall memsnap with its dependencies",
     });
   });
   return isoGit;
@@ -54,8 +60,17 @@ function readOnlyFs(): PromiseFsClient {
   const noop = async (): Promise<void> => undefined;
   return {
     promises: {
-      readFile: p.readFile, readdir: p.readdir, stat: p.stat, lstat: p.lstat, readlink: p.readlink,
-      writeFile: noop, unlink: noop, mkdir: noop, rmdir: noop, symlink: noop, chmod: noop,
+      readFile: p.readFile,
+      readdir: p.readdir,
+      stat: p.stat,
+      lstat: p.lstat,
+      readlink: p.readlink,
+      writeFile: noop,
+      unlink: noop,
+      mkdir: noop,
+      rmdir: noop,
+      symlink: noop,
+      chmod: noop,
     },
   };
 }
@@ -140,7 +155,11 @@ export async function isoWriteBundle(gitdir: string, facts: IsoRepoFacts, out: s
 
 /** Scan the text of every object in `objects` (isomorphic-git reads them one at a time). */
 export async function isoScanObjects(
-  gitdir: string, objects: Map<string, string>, redactor: Redactor, artifact: string, signal?: AbortSignal,
+  gitdir: string,
+  objects: Map<string, string>,
+  redactor: Redactor,
+  artifact: string,
+  signal?: AbortSignal,
 ): Promise<HistoryScan> {
   const git = await loadIsoGit();
   const fs = readOnlyFs();
@@ -179,7 +198,10 @@ export async function isoStatus(root: string, gitdir: string): Promise<StatusEnt
  * tree and index checked out from HEAD. `dir` must hold nothing but what the caller put there.
  */
 export async function isoMaterialize(
-  dir: string, bundle: string | null, head: HeadSpec, artifact: string,
+  dir: string,
+  bundle: string | null,
+  head: HeadSpec,
+  artifact: string,
 ): Promise<{ count: number; paths: string[] }> {
   const git = await loadIsoGit();
   const fs = nodeFs;
@@ -188,9 +210,11 @@ export async function isoMaterialize(
   await git.init({ fs, dir, defaultBranch: branch });
   if (bundle) {
     const h = await readBundleHeader(bundle);
-    const bad = (why: string): MemsnapError => new MemsnapError("MEMSNAP_DEEP_VERIFY_FAILED", `${artifact}: ${why}`, {
-      path: artifact, hint: "the git bundle in this snapshot is damaged; use another snapshot",
-    });
+    const bad = (why: string): MemsnapError =>
+      new MemsnapError("MEMSNAP_DEEP_VERIFY_FAILED", `${artifact}: ${why}`, {
+        path: artifact,
+        hint: "the git bundle in this snapshot is damaged; use another snapshot",
+      });
     if (typeof h === "string") throw bad(h);
     if (h.objectFormat !== "sha1") {
       throw bad("isomorphic-git reads only SHA-1 repositories; install git to restore this one");
@@ -236,7 +260,7 @@ function plainFileLinks(dir: string, links: { count: number; paths: string[] }):
   const written = new Set<string>();
   const root = dir.endsWith("/") ? dir : `${dir}/`;
   const lstat = async (path: string, opts?: unknown): Promise<nodeFs.Stats> => {
-    const st = await p.lstat(path, opts as nodeFs.StatOptions) as nodeFs.Stats;
+    const st = (await p.lstat(path, opts as nodeFs.StatOptions)) as nodeFs.Stats;
     if (!written.has(String(path)) || !st.isFile()) return st;
     const fake = Object.assign(Object.create(Object.getPrototypeOf(st) as object) as nodeFs.Stats, st);
     fake.mode = 0o120000 | 0o777;

@@ -10,7 +10,13 @@ import { gitEnv, gitImpl, runGit, said, type GitResult } from "./run.js";
 const FORMAT_KEYS = /^(core\.repositoryformatversion|core\.symlinks|extensions\..+)$/i;
 /** The extensions isomorphic-git may find in a live config (it writes none itself). */
 const ISO_EXTENSIONS = [
-  "objectformat", "compatobjectformat", "refstorage", "worktreeconfig", "partialclone", "preciousobjects", "noop",
+  "objectformat",
+  "compatobjectformat",
+  "refstorage",
+  "worktreeconfig",
+  "partialclone",
+  "preciousobjects",
+  "noop",
 ];
 
 /** `git config --file FILE args…` (never a repository's config: only the file named). */
@@ -20,13 +26,16 @@ async function configFile(file: string, args: string[], ok: number[] = [0]): Pro
     r = await runGit(["config", "--file", file, ...args], { cwd: dirname(file), env: gitEnv() });
   } catch (e) {
     throw new MemsnapError("MEMSNAP_INTERNAL", `cannot run git config on ${file}: ${(e as Error).message}`, {
-      path: file, cause: e, hint: "install git, or set MEMSNAP_GIT_IMPL=isomorphic",
+      path: file,
+      cause: e,
+      hint: "install git, or set MEMSNAP_GIT_IMPL=isomorphic",
     });
   }
   if (!ok.includes(r.code)) {
     const msg = `git config --file ${file} ${args[0]} failed: ${said(r.stderr)}`;
     throw new MemsnapError("MEMSNAP_DEST_UNWRITABLE", msg, {
-      path: file, hint: "check the live repository's .git/config (git config --list in it)",
+      path: file,
+      hint: "check the live repository's .git/config (git config --list in it)",
     });
   }
   return r.stdout;
@@ -53,17 +62,23 @@ export async function keepLiveRepoFiles(root: string, staged: string): Promise<v
     const to = join(dest, name);
     await rm(to, { recursive: true, force: true });
     await cp(from, to, {
-      recursive: true, verbatimSymlinks: true, preserveTimestamps: true, errorOnExist: true, force: false,
-    })
-      .catch((e: unknown) => { throw destinationError(e, to); });
+      recursive: true,
+      verbatimSymlinks: true,
+      preserveTimestamps: true,
+      errorOnExist: true,
+      force: false,
+    }).catch((e: unknown) => {
+      throw destinationError(e, to);
+    });
   }
   const liveConfig = join(live, "config");
   const st = await lstat(liveConfig).catch(() => null);
   if (!st?.isFile()) return;
   const fresh = join(dest, "config");
   const tmp = `${fresh}.memsnap-live`;
-  await writeFile(tmp, await readFile(liveConfig), { mode: st.mode & 0o777 })
-    .catch((e: unknown) => { throw destinationError(e, tmp); });
+  await writeFile(tmp, await readFile(liveConfig), { mode: st.mode & 0o777 }).catch((e: unknown) => {
+    throw destinationError(e, tmp);
+  });
   if (gitImpl() === "git") {
     const layout: Array<[string, string]> = [];
     const keys = await configFile(fresh, ["-z", "--get-regexp", FORMAT_KEYS.source], [0, 1]);
@@ -88,16 +103,23 @@ export async function keepLiveRepoFiles(root: string, staged: string): Promise<v
         await git.setConfig({ fs, gitdir: scratch, path: `extensions.${x}`, value: undefined });
       }
       await git.setConfig({
-        fs, gitdir: scratch, path: "core.repositoryformatversion",
+        fs,
+        gitdir: scratch,
+        path: "core.repositoryformatversion",
         value: version === undefined ? undefined : String(version),
       });
       await git.setConfig({
-        fs, gitdir: scratch, path: "core.symlinks", value: symlinks === undefined ? undefined : String(symlinks),
+        fs,
+        gitdir: scratch,
+        path: "core.symlinks",
+        value: symlinks === undefined ? undefined : String(symlinks),
       });
       await rename(join(scratch, "config"), tmp);
     } finally {
       await rm(scratch, { recursive: true, force: true });
     }
   }
-  await rename(tmp, fresh).catch((e: unknown) => { throw destinationError(e, fresh); });
+  await rename(tmp, fresh).catch((e: unknown) => {
+    throw destinationError(e, fresh);
+  });
 }

@@ -7,8 +7,15 @@ import { MemsnapError, destinationError } from "../../errors.js";
 import type { LayerEntry } from "../../format/manifest.js";
 import { chainInvalid, orderChain, type ChainLink } from "./chain.js";
 import {
-  BUNDLE_ARTIFACT, parseWorktreeDoc, readBundleHeader, WORKTREE_DIR, WORKTREE_DOC_ARTIFACT, worktreePathProblem,
-  type BundleHeader, type HeadSpec, type WorktreeDoc,
+  BUNDLE_ARTIFACT,
+  parseWorktreeDoc,
+  readBundleHeader,
+  WORKTREE_DIR,
+  WORKTREE_DOC_ARTIFACT,
+  worktreePathProblem,
+  type BundleHeader,
+  type HeadSpec,
+  type WorktreeDoc,
 } from "./format.js";
 import { isoMaterialize } from "./iso.js";
 import { gitEnv, gitImpl, neutralizeFilters, runGit, said, type GitCtx, type GitResult } from "./run.js";
@@ -16,10 +23,10 @@ import { gitEnv, gitImpl, neutralizeFilters, runGit, said, type GitCtx, type Git
 /** What HEAD should be, from the layer meta (checked: it is untrusted input). */
 function headSpec(layer: LayerEntry): HeadSpec {
   const meta = layer.meta ?? {};
-  const bad = (why: string): MemsnapError => new MemsnapError(
-    "MEMSNAP_MANIFEST_CORRUPT", `git layer ${layer.name}: ${why}`,
-    { hint: "the manifest's layer meta is damaged; use another snapshot" },
-  );
+  const bad = (why: string): MemsnapError =>
+    new MemsnapError("MEMSNAP_MANIFEST_CORRUPT", `git layer ${layer.name}: ${why}`, {
+      hint: "the manifest's layer meta is damaged; use another snapshot",
+    });
   const head = meta.head as { oid?: unknown } | null | undefined;
   let oid: string | null = null;
   if (head !== null && head !== undefined) {
@@ -57,7 +64,10 @@ const DAMAGED_HINT = "the git bundle in this snapshot is damaged; run 'memsnap v
 function symlinksInHead(g: GitCtx, artifact: string): Promise<LinksWritten> {
   return new Promise((res, rej) => {
     const child = spawn("git", ["ls-tree", "-r", "-z", "--full-tree", "HEAD"], {
-      cwd: g.cwd, env: g.env, stdio: ["ignore", "pipe", "pipe"], windowsHide: true,
+      cwd: g.cwd,
+      env: g.env,
+      stdio: ["ignore", "pipe", "pipe"],
+      windowsHide: true,
     });
     const out: LinksWritten = { count: 0, paths: [] };
     let rest = Buffer.alloc(0);
@@ -75,17 +85,27 @@ function symlinksInHead(g: GitCtx, artifact: string): Promise<LinksWritten> {
       }
       rest = Buffer.from(buf);
     });
-    child.stderr.on("data", (b: Buffer) => { if (err.length < 64 * 1024) err += b.toString("utf8"); });
-    child.on("error", (e) => rej(new MemsnapError("MEMSNAP_INTERNAL",
-      `cannot run git to restore ${artifact}: ${e.message}`, {
-        path: artifact, cause: e, hint: "install git, or set MEMSNAP_GIT_IMPL=isomorphic",
-      })));
+    child.stderr.on("data", (b: Buffer) => {
+      if (err.length < 64 * 1024) err += b.toString("utf8");
+    });
+    child.on("error", (e) =>
+      rej(
+        new MemsnapError("MEMSNAP_INTERNAL", `cannot run git to restore ${artifact}: ${e.message}`, {
+          path: artifact,
+          cause: e,
+          hint: "install git, or set MEMSNAP_GIT_IMPL=isomorphic",
+        }),
+      ),
+    );
     child.on("close", (code) => {
       if (code === 0) res(out);
       else {
-        rej(new MemsnapError("MEMSNAP_DEEP_VERIFY_FAILED", `restoring ${artifact}: git ls-tree failed: ${said(err)}`, {
-          path: artifact, hint: DAMAGED_HINT,
-        }));
+        rej(
+          new MemsnapError("MEMSNAP_DEEP_VERIFY_FAILED", `restoring ${artifact}: git ls-tree failed: ${said(err)}`, {
+            path: artifact,
+            hint: DAMAGED_HINT,
+          }),
+        );
       }
     });
   });
@@ -94,12 +114,14 @@ function symlinksInHead(g: GitCtx, artifact: string): Promise<LinksWritten> {
 /** The note a restore prints when the checked-out tree held symlinks (written as plain files). */
 export function linksNote(layer: string, links: LinksWritten): string {
   const some = links.paths.map((p) => JSON.stringify(p)).join(", ") + (links.count > links.paths.length ? ", …" : "");
-  return `git layer ${layer}: ${links.count} symlink${links.count === 1 ? "" : "s"} ` +
+  return (
+    `git layer ${layer}: ${links.count} symlink${links.count === 1 ? "" : "s"} ` +
     `in the checked-out tree (${some}) ` +
     `${links.count === 1 ? "was" : "were"} restored as plain files holding the link target, ` +
     "and the repository has core.symlinks=false " +
     "(restore creates no link a bundle asks for); " +
-    "to have links again: git config core.symlinks true, then git checkout -- PATH";
+    "to have links again: git config core.symlinks true, then git checkout -- PATH"
+  );
 }
 
 /**
@@ -109,7 +131,9 @@ export function linksNote(layer: string, links: LinksWritten): string {
  * last bundle lists every ref).
  */
 async function fetchChain(
-  g: GitCtx, layer: string, bundles: Array<[string, string]>,
+  g: GitCtx,
+  layer: string,
+  bundles: Array<[string, string]>,
   run: (args: string[], ctx: GitCtx, damaged: boolean) => Promise<void>,
 ): Promise<void> {
   let last: BundleHeader | null = null;
@@ -117,19 +141,29 @@ async function fetchChain(
     const h = await readBundleHeader(path);
     if (typeof h === "string") {
       throw new MemsnapError("MEMSNAP_DEEP_VERIFY_FAILED", `restoring ${layer}/${name}: ${h}`, {
-        path: `${layer}/${name}`, hint: DAMAGED_HINT,
+        path: `${layer}/${name}`,
+        hint: DAMAGED_HINT,
       });
     }
     if (i === 0 && h.prerequisites.length) {
-      throw chainInvalid(layer, `${name}, the first bundle, needs ${h.prerequisites.length} commit(s) it does not hold`);
+      throw chainInvalid(
+        layer,
+        `${name}, the first bundle, needs ${h.prerequisites.length} commit(s) it does not hold`,
+      );
     }
     if (h.prerequisites.length) {
       const r = await runGit(["cat-file", "--batch-check=%(objecttype)"], g, `${h.prerequisites.join("\n")}\n`);
       const types = r.stdout.toString("latin1").split("\n");
       const lacking = h.prerequisites.filter((_, k) => types[k] !== "commit");
       if (r.code !== 0 || lacking.length) {
-        throw chainInvalid(layer, `${name} needs commit ${lacking[0] ?? h.prerequisites[0]}, ` +
-          `which the bundles before it (${bundles.slice(0, i).map((b) => b[1]).join(", ")}) do not hold`);
+        throw chainInvalid(
+          layer,
+          `${name} needs commit ${lacking[0] ?? h.prerequisites[0]}, ` +
+            `which the bundles before it (${bundles
+              .slice(0, i)
+              .map((b) => b[1])
+              .join(", ")}) do not hold`,
+        );
       }
     }
     const fetch = ["fetch", "-q", "--no-write-fetch-head", "--update-head-ok", "--no-tags", path, "refs/*:refs/*"];
@@ -143,15 +177,24 @@ async function fetchChain(
   if (drop.length) {
     const r = await runGit(["update-ref", "--stdin"], g, drop.map((n) => `delete ${n}\n`).join(""));
     if (r.code !== 0) {
-      throw new MemsnapError("MEMSNAP_DEST_UNWRITABLE", `restoring ${layer}: git update-ref failed: ${said(r.stderr)}`, {
-        path: layer, hint: "check the destination",
-      });
+      throw new MemsnapError(
+        "MEMSNAP_DEST_UNWRITABLE",
+        `restoring ${layer}: git update-ref failed: ${said(r.stderr)}`,
+        {
+          path: layer,
+          hint: "check the destination",
+        },
+      );
     }
   }
 }
 
 async function materializeGit(
-  dir: string, bundles: Array<[string, string]>, head: HeadSpec, objectFormat: string, layer: string,
+  dir: string,
+  bundles: Array<[string, string]>,
+  head: HeadSpec,
+  objectFormat: string,
+  layer: string,
 ): Promise<LinksWritten> {
   const artifact = `${layer}/${bundles.at(-1)?.[1] ?? BUNDLE_ARTIFACT}`;
   const init: GitCtx = { cwd: dir, env: gitEnv() };
@@ -162,14 +205,20 @@ async function materializeGit(
       r = await runGit(args, ctx);
     } catch (e) {
       throw new MemsnapError("MEMSNAP_INTERNAL", `cannot run git to restore ${artifact}: ${(e as Error).message}`, {
-        path: artifact, cause: e, hint: "install git, or set MEMSNAP_GIT_IMPL=isomorphic",
+        path: artifact,
+        cause: e,
+        hint: "install git, or set MEMSNAP_GIT_IMPL=isomorphic",
       });
     }
     if (r.code === 0) return;
-    throw new MemsnapError(damaged ? "MEMSNAP_DEEP_VERIFY_FAILED" : "MEMSNAP_DEST_UNWRITABLE",
-      `restoring ${artifact}: git ${args[0]} failed: ${said(r.stderr)}`, {
-        path: artifact, hint: damaged ? DAMAGED_HINT : "check the destination",
-      });
+    throw new MemsnapError(
+      damaged ? "MEMSNAP_DEEP_VERIFY_FAILED" : "MEMSNAP_DEST_UNWRITABLE",
+      `restoring ${artifact}: git ${args[0]} failed: ${said(r.stderr)}`,
+      {
+        path: artifact,
+        hint: damaged ? DAMAGED_HINT : "check the destination",
+      },
+    );
   };
   // A fresh .git: no template (no hooks, no info/), the default config git writes, nothing from the bundle.
   const format = objectFormat !== "sha1" ? [`--object-format=${objectFormat}`] : [];
@@ -187,7 +236,8 @@ async function materializeGit(
   // The repository keeps core.symlinks=false so that `git status` sees those files as the links.
   if (links.count) await run(["config", "core.symlinks", "false"], g, false);
   const checkout: GitCtx = {
-    ...g, env: gitEnv({ GIT_DIR: join(dir, ".git"), GIT_WORK_TREE: dir }, [...filters, ["core.symlinks", "false"]]),
+    ...g,
+    env: gitEnv({ GIT_DIR: join(dir, ".git"), GIT_WORK_TREE: dir }, [...filters, ["core.symlinks", "false"]]),
   };
   if (head.oid) await run(["reset", "-q", "--hard", "HEAD"], checkout, true);
   return links;
@@ -197,7 +247,8 @@ async function materializeGit(
 
 function unsafe(artifact: string, why: string): MemsnapError {
   return new MemsnapError("MEMSNAP_UNSAFE_PATH", `${artifact}: ${why}`, {
-    path: artifact, hint: "this bundle was not written by memsnap or was tampered with",
+    path: artifact,
+    hint: "this bundle was not written by memsnap or was tampered with",
   });
 }
 
@@ -215,7 +266,9 @@ async function realParents(dir: string, rel: string, artifact: string, create: b
       st = await lstat(cur);
     } catch {
       if (!create) return false;
-      await mkdir(cur).catch((e: unknown) => { throw destinationError(e, cur); });
+      await mkdir(cur).catch((e: unknown) => {
+        throw destinationError(e, cur);
+      });
       continue;
     }
     if (st.isSymbolicLink()) throw unsafe(artifact, `${rel} would be written through the symlink ${cur}`);
@@ -246,7 +299,7 @@ async function listFiles(root: string, rel = ""): Promise<string[]> {
   const out: string[] = [];
   for (const e of await readdir(join(root, rel), { withFileTypes: true })) {
     const r = rel ? `${rel}/${e.name}` : e.name;
-    if (e.isDirectory()) out.push(...await listFiles(root, r));
+    if (e.isDirectory()) out.push(...(await listFiles(root, r)));
     else if (e.isFile()) out.push(r);
     else throw unsafe(`${WORKTREE_DIR}/${r}`, "not a regular file");
   }
@@ -269,7 +322,9 @@ async function applyWorktree(dir: string, layer: string, worktree: string | null
     const p = join(dir, ...rel.split("/"));
     const st = await lstat(p).catch(() => null);
     if (!st || st.isDirectory()) continue;
-    await unlink(p).catch((e: unknown) => { throw destinationError(e, p); });
+    await unlink(p).catch((e: unknown) => {
+      throw destinationError(e, p);
+    });
     await pruneEmpty(dir, rel);
   }
   if (worktree) {
@@ -284,9 +339,12 @@ async function applyWorktree(dir: string, layer: string, worktree: string | null
         if (!(await emptyTree(dest))) throw unsafe(art, `${rel} conflicts with a directory of the checked-out tree`);
         await rm(dest, { recursive: true });
       }
-      await rename(join(worktree, ...rel.split("/")), dest).catch((e: unknown) => { throw destinationError(e, dest); });
-      await chmod(dest, doc.executable.includes(rel) ? 0o700 : 0o600)
-        .catch((e: unknown) => { throw destinationError(e, dest); });
+      await rename(join(worktree, ...rel.split("/")), dest).catch((e: unknown) => {
+        throw destinationError(e, dest);
+      });
+      await chmod(dest, doc.executable.includes(rel) ? 0o700 : 0o600).catch((e: unknown) => {
+        throw destinationError(e, dest);
+      });
     }
   }
 }
@@ -316,10 +374,14 @@ export async function materializeLayer(layerDir: string, layer: LayerEntry): Pro
   if (missing) throw chainInvalid(layer.name, `the chain lists ${missing.artifact}, which the layer does not hold`);
   const bundleNames = chain ? chain.map((l) => l.artifact) : names.includes(BUNDLE_ARTIFACT) ? [BUNDLE_ARTIFACT] : [];
   if (bundleNames.length > 1 && gitImpl() !== "git") {
-    throw new MemsnapError("MEMSNAP_UNSUPPORTED_LAYER",
-      `git layer ${layer.name} is a chain of ${bundleNames.length} bundles, which only the git binary restores`, {
-        path: layer.name, hint: "install git (and unset MEMSNAP_GIT_IMPL), then restore again",
-      });
+    throw new MemsnapError(
+      "MEMSNAP_UNSUPPORTED_LAYER",
+      `git layer ${layer.name} is a chain of ${bundleNames.length} bundles, which only the git binary restores`,
+      {
+        path: layer.name,
+        hint: "install git (and unset MEMSNAP_GIT_IMPL), then restore again",
+      },
+    );
   }
   const head = headSpec(layer);
   let doc: WorktreeDoc = { format: "memsnap-git-worktree", version: 1, deleted: [], executable: [] };
@@ -329,7 +391,8 @@ export async function materializeLayer(layerDir: string, layer: LayerEntry): Pro
       // A path that leaves the work tree or names .git is an attack, not damage.
       if (/ holds an unsafe path /.test(parsed)) throw unsafe(art(WORKTREE_DOC_ARTIFACT), parsed);
       throw new MemsnapError("MEMSNAP_DEEP_VERIFY_FAILED", `${art(WORKTREE_DOC_ARTIFACT)}: ${parsed}`, {
-        path: art(WORKTREE_DOC_ARTIFACT), hint: "the snapshot's git layer is damaged; use another snapshot",
+        path: art(WORKTREE_DOC_ARTIFACT),
+        hint: "the snapshot's git layer is damaged; use another snapshot",
       });
     }
     doc = parsed;
@@ -338,16 +401,19 @@ export async function materializeLayer(layerDir: string, layer: LayerEntry): Pro
   if (head.oid && !hasBundle) {
     const msg = `git layer ${layer.name} records HEAD ${head.oid} but has no ${BUNDLE_ARTIFACT}`;
     throw new MemsnapError("MEMSNAP_INDEX_MISMATCH", msg, {
-      path: art(BUNDLE_ARTIFACT), hint: "the bundle is damaged or was altered; use another snapshot",
+      path: art(BUNDLE_ARTIFACT),
+      hint: "the bundle is damaged or was altered; use another snapshot",
     });
   }
-  const objectFormat = typeof layer.meta?.object_format === "string" && /^sha(1|256)$/.test(layer.meta.object_format)
-    ? layer.meta.object_format
-    : "sha1";
+  const objectFormat =
+    typeof layer.meta?.object_format === "string" && /^sha(1|256)$/.test(layer.meta.object_format)
+      ? layer.meta.object_format
+      : "sha1";
   // Move the artifacts aside so `dir` is empty and becomes the work tree; a work-tree file
   // named like an artifact (`repo.bundle`) lives under worktree/ and can't collide.
-  const aside = await mkdtemp(join(dirname(dir), `.${basename(dir)}.git-restore-`))
-    .catch((e: unknown) => { throw destinationError(e, dirname(dir)); });
+  const aside = await mkdtemp(join(dirname(dir), `.${basename(dir)}.git-restore-`)).catch((e: unknown) => {
+    throw destinationError(e, dirname(dir));
+  });
   try {
     const bundles: Array<[string, string]> = bundleNames.map((n) => [join(aside, n), n]);
     for (const [p, n] of bundles) await rename(join(dir, n), p);
@@ -364,7 +430,8 @@ export async function materializeLayer(layerDir: string, layer: LayerEntry): Pro
         if (e instanceof MemsnapError) throw e;
         const msg = `restoring ${art(BUNDLE_ARTIFACT)} with isomorphic-git failed: ${(e as Error).message}`;
         throw new MemsnapError("MEMSNAP_DEEP_VERIFY_FAILED", msg, {
-          path: art(BUNDLE_ARTIFACT), hint: "install git and retry, or use another snapshot",
+          path: art(BUNDLE_ARTIFACT),
+          hint: "install git and retry, or use another snapshot",
         });
       }
     }

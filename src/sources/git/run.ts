@@ -18,15 +18,18 @@ export type Impl = "git" | "isomorphic-git";
 let gitOnPath: boolean | undefined;
 
 function hasGitBinary(): boolean {
-  gitOnPath ??= (process.env.PATH ?? "").split(delimiter).filter(Boolean).some((d) => {
-    try {
-      const p = join(d, "git");
-      accessSync(p, constants.X_OK);
-      return statSync(p).isFile();
-    } catch {
-      return false;
-    }
-  });
+  gitOnPath ??= (process.env.PATH ?? "")
+    .split(delimiter)
+    .filter(Boolean)
+    .some((d) => {
+      try {
+        const p = join(d, "git");
+        accessSync(p, constants.X_OK);
+        return statSync(p).isFile();
+      } catch {
+        return false;
+      }
+    });
   return gitOnPath;
 }
 
@@ -69,18 +72,23 @@ const SAFE_CONFIG: ReadonlyArray<[string, string]> = [
 const KEEP_ENV = new Set(["GIT_EXEC_PATH", "GIT_CONFIG_GLOBAL"]);
 
 export function gitEnv(
-  vars: Record<string, string> = {}, extraConfig: ReadonlyArray<[string, string]> = [],
+  vars: Record<string, string> = {},
+  extraConfig: ReadonlyArray<[string, string]> = [],
 ): NodeJS.ProcessEnv {
   const env: NodeJS.ProcessEnv = {};
   for (const [k, v] of Object.entries(process.env)) if (!k.startsWith("GIT_") || KEEP_ENV.has(k)) env[k] = v;
-  Object.assign(env, {
-    GIT_CONFIG_NOSYSTEM: "1",
-    GIT_TERMINAL_PROMPT: "0",
-    GIT_OPTIONAL_LOCKS: "0",
-    GIT_NO_REPLACE_OBJECTS: "1",
-    GIT_NO_LAZY_FETCH: "1",
-    GIT_PROTOCOL_FROM_USER: "0",
-  }, vars);
+  Object.assign(
+    env,
+    {
+      GIT_CONFIG_NOSYSTEM: "1",
+      GIT_TERMINAL_PROMPT: "0",
+      GIT_OPTIONAL_LOCKS: "0",
+      GIT_NO_REPLACE_OBJECTS: "1",
+      GIT_NO_LAZY_FETCH: "1",
+      GIT_PROTOCOL_FROM_USER: "0",
+    },
+    vars,
+  );
   const cfg = [...SAFE_CONFIG, ...extraConfig];
   env.GIT_CONFIG_COUNT = String(cfg.length);
   cfg.forEach(([k, v], i) => {
@@ -105,17 +113,26 @@ export interface GitResult {
 /** Run git (`input` on its stdin); resolves with its exit code and output (rejects only when it cannot be started). */
 export function runGit(args: string[], g: GitCtx, input?: string): Promise<GitResult> {
   return new Promise((res, rej) => {
-    const child = execFile("git", args, {
-      cwd: g.cwd, env: g.env, encoding: "buffer", maxBuffer: 1 << 30, windowsHide: true,
-      ...(g.signal ? { signal: g.signal } : {}),
-    }, (err, stdout, stderr) => {
-      const code = (err as NodeJS.ErrnoException & { code?: unknown } | null)?.code;
-      if (err && typeof code !== "number") {
-        rej(err);
-        return;
-      }
-      res({ code: typeof code === "number" ? code : 0, stdout, stderr: stderr.toString("utf8") });
-    });
+    const child = execFile(
+      "git",
+      args,
+      {
+        cwd: g.cwd,
+        env: g.env,
+        encoding: "buffer",
+        maxBuffer: 1 << 30,
+        windowsHide: true,
+        ...(g.signal ? { signal: g.signal } : {}),
+      },
+      (err, stdout, stderr) => {
+        const code = (err as (NodeJS.ErrnoException & { code?: unknown }) | null)?.code;
+        if (err && typeof code !== "number") {
+          rej(err);
+          return;
+        }
+        res({ code: typeof code === "number" ? code : 0, stdout, stderr: stderr.toString("utf8") });
+      },
+    );
     if (input !== undefined) {
       child.stdin?.on("error", () => undefined); // a child that exits early; its exit code tells
       child.stdin?.end(input);
@@ -124,12 +141,18 @@ export function runGit(args: string[], g: GitCtx, input?: string): Promise<GitRe
 }
 
 export function said(stderr: string): string {
-  const s = stderr.trim().split("\n").filter((l) => !/^(hint|warning): /.test(l)).join("; ");
+  const s = stderr
+    .trim()
+    .split("\n")
+    .filter((l) => !/^(hint|warning): /.test(l))
+    .join("; ");
   return s.length > 800 ? `${s.slice(0, 800)}…` : s || "no message";
 }
 
 export function sourceInvalid(
-  root: string, msg: string, hint = "check the repository with 'git fsck --full' in it",
+  root: string,
+  msg: string,
+  hint = "check the repository with 'git fsck --full' in it",
 ): MemsnapError {
   return new MemsnapError("MEMSNAP_SOURCE_INVALID", msg, { path: root, hint });
 }
@@ -142,7 +165,9 @@ export async function gitIn(root: string, g: GitCtx, args: string[], ok: number[
   } catch (e) {
     g.signal?.throwIfAborted();
     throw new MemsnapError("MEMSNAP_SOURCE_UNREADABLE", `cannot run git for ${root}: ${(e as Error).message}`, {
-      path: root, cause: e, hint: "check that git is installed and runnable, or set MEMSNAP_GIT_IMPL=isomorphic",
+      path: root,
+      cause: e,
+      hint: "check that git is installed and runnable, or set MEMSNAP_GIT_IMPL=isomorphic",
     });
   }
   if (!ok.includes(r.code)) throw sourceInvalid(root, `git ${args[0]} failed in ${root}: ${said(r.stderr)}`);
@@ -160,7 +185,9 @@ export async function neutralizeFilters(root: string, g: GitCtx): Promise<Array<
   const out: Array<[string, string]> = [];
   for (const d of drivers) {
     out.push(
-      [`filter.${d}.clean`, ""], [`filter.${d}.smudge`, ""], [`filter.${d}.process`, ""],
+      [`filter.${d}.clean`, ""],
+      [`filter.${d}.smudge`, ""],
+      [`filter.${d}.process`, ""],
       [`filter.${d}.required`, "false"],
     );
   }
@@ -174,10 +201,19 @@ export function gitStdin(root: string, g: GitCtx, args: string[], input: string,
     const out: Buffer[] = [];
     let err = "";
     child.stdout.on("data", (b: Buffer) => out.push(b));
-    child.stderr.on("data", (b: Buffer) => { err += b.toString("utf8"); });
+    child.stderr.on("data", (b: Buffer) => {
+      err += b.toString("utf8");
+    });
     child.stdin.on("error", () => undefined);
-    child.on("error", (e) => rej(new MemsnapError("MEMSNAP_SOURCE_UNREADABLE",
-      `cannot run git for ${root}: ${e.message}`, { path: root, cause: e, hint: "check that git is installed" })));
+    child.on("error", (e) =>
+      rej(
+        new MemsnapError("MEMSNAP_SOURCE_UNREADABLE", `cannot run git for ${root}: ${e.message}`, {
+          path: root,
+          cause: e,
+          hint: "check that git is installed",
+        }),
+      ),
+    );
     child.on("close", (code) => {
       if (code === null || !ok.includes(code)) {
         rej(sourceInvalid(root, `git ${args[0]} failed in ${root}: ${said(err)}`));
@@ -197,7 +233,10 @@ export interface Spawned {
 }
 
 export function spawnGit(
-  root: string, g: GitCtx, args: string[], children: Set<ChildProcessWithoutNullStreams>,
+  root: string,
+  g: GitCtx,
+  args: string[],
+  children: Set<ChildProcessWithoutNullStreams>,
 ): Spawned {
   const child = spawn("git", args, { cwd: g.cwd, env: g.env, stdio: ["pipe", "pipe", "pipe"], windowsHide: true });
   children.add(child);
@@ -207,8 +246,15 @@ export function spawnGit(
   });
   child.stdin.on("error", () => undefined); // a child that exits early; its exit code tells
   const done = new Promise<void>((res, rej) => {
-    child.on("error", (e) => rej(new MemsnapError("MEMSNAP_SOURCE_UNREADABLE",
-      `cannot run git for ${root}: ${e.message}`, { path: root, cause: e, hint: "check that git is installed" })));
+    child.on("error", (e) =>
+      rej(
+        new MemsnapError("MEMSNAP_SOURCE_UNREADABLE", `cannot run git for ${root}: ${e.message}`, {
+          path: root,
+          cause: e,
+          hint: "check that git is installed",
+        }),
+      ),
+    );
     child.on("close", (code, signal) => {
       children.delete(child);
       if (code === 0) res();

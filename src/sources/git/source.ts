@@ -92,13 +92,21 @@ export const gitSource: SourceKind<GitConfig> = {
     const root = resolve(baseDir, cfg.path);
     const after = (layer.meta?.head as { oid?: string; subject?: string } | null | undefined) ?? null;
     const before = await new Promise<string | null>((res) => {
-      execFile("git", ["-C", root, "-c", "core.hooksPath=/dev/null", "rev-parse", "--verify", "-q", "HEAD"], {
-        env: {
-          PATH: process.env.PATH ?? "", HOME: process.env.HOME ?? "",
-          GIT_CONFIG_NOSYSTEM: "1", GIT_TERMINAL_PROMPT: "0", GIT_OPTIONAL_LOCKS: "0",
+      execFile(
+        "git",
+        ["-C", root, "-c", "core.hooksPath=/dev/null", "rev-parse", "--verify", "-q", "HEAD"],
+        {
+          env: {
+            PATH: process.env.PATH ?? "",
+            HOME: process.env.HOME ?? "",
+            GIT_CONFIG_NOSYSTEM: "1",
+            GIT_TERMINAL_PROMPT: "0",
+            GIT_OPTIONAL_LOCKS: "0",
+          },
+          encoding: "utf8",
         },
-        encoding: "utf8",
-      }, (err, out) => res(err ? null : out.trim() || null));
+        (err, out) => res(err ? null : out.trim() || null),
+      );
     });
     const short = (o: string | null | undefined): string => (o ? o.slice(0, 12) : "(none)");
     const branch = typeof layer.meta?.branch === "string" ? ` on ${layer.meta.branch}` : "";

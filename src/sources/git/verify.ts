@@ -46,7 +46,9 @@ export async function verifyChainFiles(files: Array<[string, string]>, repo: str
   const g: GitCtx = { cwd: dirname(repo), env: gitEnv({ GIT_DIR: repo }) };
   const step = async (args: string[], name?: string): Promise<string | null> => {
     const r = await runGit(args, g);
-    return r.code === 0 ? null : `${name ? `${name}: ` : ""}git ${args.slice(0, 2).join(" ")} failed: ${said(r.stderr)}`;
+    return r.code === 0
+      ? null
+      : `${name ? `${name}: ` : ""}git ${args.slice(0, 2).join(" ")} failed: ${said(r.stderr)}`;
   };
   const format = headers[0]!.objectFormat !== "sha1" ? [`--object-format=${headers[0]!.objectFormat}`] : [];
   const init = await step(["init", "-q", "--bare", "--template=", ...format, repo]);
@@ -59,11 +61,14 @@ export async function verifyChainFiles(files: Array<[string, string]>, repo: str
       const lacking = need.find((_, k) => types[k] !== "commit");
       if (lacking) return `${name} needs commit ${lacking}, which the bundles before it do not hold`;
     }
-    const bad = (await step(["bundle", "verify", "-q", path], files.length > 1 ? name : undefined))
+    const bad =
+      (await step(["bundle", "verify", "-q", path], files.length > 1 ? name : undefined)) ??
       // Unbundling indexes the packfile (every object inflated and hashed) and checks that each
       // ref's history is complete.
-      ?? (await step(["fetch", "-q", "--no-write-fetch-head", "--no-tags", path, "refs/*:refs/*"],
-        files.length > 1 ? name : undefined));
+      (await step(
+        ["fetch", "-q", "--no-write-fetch-head", "--no-tags", path, "refs/*:refs/*"],
+        files.length > 1 ? name : undefined,
+      ));
     if (bad) return bad;
   }
   for (const r of headers.at(-1)!.refs) {
@@ -84,17 +89,25 @@ let exitHook = false;
  * problem, if any, is reported on that bundle).
  */
 export async function deepVerifyChainBundle(
-  layer: LayerEntry, chain: ChainLink[], name: string, bytes: AsyncIterable<Buffer>,
+  layer: LayerEntry,
+  chain: ChainLink[],
+  name: string,
+  bytes: AsyncIterable<Buffer>,
 ): Promise<string | null> {
   let st = pending.get(layer);
   if (!st) {
     const dir = mkdtemp(join(tmpdir(), "memsnap-gitchain-"));
     st = { dir, got: new Set() };
     pending.set(layer, st);
-    dir.then((d) => scratchDirs.add(d), () => undefined);
+    dir.then(
+      (d) => scratchDirs.add(d),
+      () => undefined,
+    );
     if (!exitHook) {
       exitHook = true; // a verify that stops before the last bundle leaves its scratch: removed on exit
-      process.once("exit", () => { for (const d of scratchDirs) rmSync(d, { recursive: true, force: true }); });
+      process.once("exit", () => {
+        for (const d of scratchDirs) rmSync(d, { recursive: true, force: true });
+      });
     }
   }
   const dir = await st.dir;
@@ -103,7 +116,10 @@ export async function deepVerifyChainBundle(
   if (!chain.every((l) => st.got.has(l.artifact))) return null;
   pending.delete(layer);
   try {
-    return await verifyChainFiles(chain.map((l) => [join(dir, l.artifact), l.artifact]), join(dir, ".r"));
+    return await verifyChainFiles(
+      chain.map((l) => [join(dir, l.artifact), l.artifact]),
+      join(dir, ".r"),
+    );
   } finally {
     await rm(dir, { recursive: true, force: true });
     scratchDirs.delete(dir);

@@ -34,12 +34,18 @@ function zRecords(out: Buffer): Array<{ text: string; bad?: string }> {
 
 /** Turn status entries into captured files (lstat now) and deleted paths. */
 export async function classify(
-  root: string, entries: Array<{ path: string; tracked: boolean }>, method: WorktreeListing["method"],
+  root: string,
+  entries: Array<{ path: string; tracked: boolean }>,
+  method: WorktreeListing["method"],
   unsafe: string[] = [],
 ): Promise<WorktreeListing> {
   const out: WorktreeListing = {
-    files: [], deleted: [], counts: { modified: 0, untracked: 0, deleted: 0 },
-    skipped: { symlinks: 0, directories: 0, special: 0, unsafe_names: unsafe.length }, method, unsafe,
+    files: [],
+    deleted: [],
+    counts: { modified: 0, untracked: 0, deleted: 0 },
+    skipped: { symlinks: 0, directories: 0, special: 0, unsafe_names: unsafe.length },
+    method,
+    unsafe,
   };
   const seen = new Set<string>();
   const todo: Array<{ path: string; tracked: boolean; abs: string }> = [];
@@ -78,7 +84,8 @@ export async function classify(
         if (tracked) out.counts.modified++;
         else out.counts.untracked++;
       } else if (st.isSymbolicLink()) out.skipped.symlinks++;
-      else if (st.isDirectory()) out.skipped.directories++; // a nested repository
+      else if (st.isDirectory())
+        out.skipped.directories++; // a nested repository
       else out.skipped.special++;
     });
   }
@@ -91,12 +98,13 @@ export async function classify(
 /** `git status` (no optional locks, so a held index.lock does not stop it); falls back to comparing with HEAD. */
 export async function listWorktreeGit(root: string, g: GitCtx, hasHead: boolean): Promise<WorktreeListing> {
   const status = ["status", "--porcelain=v1", "-z", "--untracked-files=all", "--no-renames", "--ignore-submodules=all"];
-  const r = await runGit(status, g)
-    .catch((e: unknown) => {
-      throw new MemsnapError("MEMSNAP_SOURCE_UNREADABLE", `cannot run git for ${root}: ${(e as Error).message}`, {
-        path: root, cause: e, hint: "check that git is installed",
-      });
+  const r = await runGit(status, g).catch((e: unknown) => {
+    throw new MemsnapError("MEMSNAP_SOURCE_UNREADABLE", `cannot run git for ${root}: ${(e as Error).message}`, {
+      path: root,
+      cause: e,
+      hint: "check that git is installed",
     });
+  });
   if (r.code === 0) {
     const entries: Array<{ path: string; tracked: boolean }> = [];
     const unsafe: string[] = [];
@@ -141,8 +149,12 @@ export async function listWorktreeGit(root: string, g: GitCtx, hasHead: boolean)
   const fresh = files.filter((f) => !tracked.has(f.rel)).map((f) => f.rel);
   const checkIgnore = ["check-ignore", "--no-index", "-z", "--stdin"];
   const ignored = fresh.length
-    ? new Set((await gitStdin(root, g, checkIgnore, fresh.join("\0") + "\0", [0, 1]))
-      .toString("utf8").split("\0").filter(Boolean))
+    ? new Set(
+        (await gitStdin(root, g, checkIgnore, fresh.join("\0") + "\0", [0, 1]))
+          .toString("utf8")
+          .split("\0")
+          .filter(Boolean),
+      )
     : new Set<string>();
   for (const p of fresh) if (!ignored.has(p)) entries.push({ path: p, tracked: false });
   return classify(root, entries, "compare", unsafe ?? []);

@@ -108,11 +108,13 @@ type ReadHash = NonNullable<NonNullable<ReturnType<typeof aeadAddon>>["readHash"
  * `hooks.readHash` replaces the addon's (tests, to reorder the reads).
  */
 export async function* readBlocks(
-  files: readonly BlockFile[], signal?: AbortSignal, hooks: { readHash?: ReadHash } = {},
+  files: readonly BlockFile[],
+  signal?: AbortSignal,
+  hooks: { readHash?: ReadHash } = {},
 ): AsyncGenerator<ReadBlock> {
   const addon = aeadAddon();
-  const readHash = hooks.readHash ??
-    (addon && typeof addon.readHash === "function" ? addon.readHash.bind(addon) : null);
+  const readHash =
+    hooks.readHash ?? (addon && typeof addon.readHash === "function" ? addon.readHash.bind(addon) : null);
   const depth = readHash ? 2 : 1;
   const slots: Slot[] = [];
   let seq = 0;
@@ -125,7 +127,10 @@ export async function* readBlocks(
     let s = slots[k];
     if (!s) {
       slots[k] = s = {
-        bytes: Buffer.alloc(0), lens: new Uint32Array(0), zero: new Uint8Array(0), digests: Buffer.alloc(0),
+        bytes: Buffer.alloc(0),
+        lens: new Uint32Array(0),
+        zero: new Uint8Array(0),
+        digests: Buffer.alloc(0),
       };
     }
     if (s.bytes.length < len) s.bytes = Buffer.allocUnsafe(Math.max(len, READ_BLOCK));
@@ -174,8 +179,9 @@ export async function* readBlocks(
       });
     } else {
       while (got < b.len) {
-        const r = await fh.read(bytes, got, b.len - got, b.start + got)
-          .catch((e: unknown) => { throw sourceError(e, f.abs); });
+        const r = await fh.read(bytes, got, b.len - got, b.start + got).catch((e: unknown) => {
+          throw sourceError(e, f.abs);
+        });
         if (r.bytesRead === 0) break;
         got += r.bytesRead;
       }
@@ -183,8 +189,12 @@ export async function* readBlocks(
     if (got < b.len) throw sourceChanged(f.abs, `it ends at ${b.start + got} bytes, shorter than its ${f.stats.size}`);
     return {
       block: {
-        file: b.file, first: b.first, end: b.end, bytes,
-        zero: readHash ? s.zero : null, digests: readHash ? s.digests : null,
+        file: b.file,
+        first: b.first,
+        end: b.end,
+        bytes,
+        zero: readHash ? s.zero : null,
+        digests: readHash ? s.digests : null,
       },
       last: b.last,
     };

@@ -40,7 +40,10 @@ function unchanged(abs: string, before: FileStats): () => Promise<void> {
 }
 
 function verbatimArtifact(
-  v: VerbatimFile, layer: string, redactor: Redactor | undefined, contents: KvIndexWriter,
+  v: VerbatimFile,
+  layer: string,
+  redactor: Redactor | undefined,
+  contents: KvIndexWriter,
 ): Artifact {
   const path = `files/${v.rel}`;
   return {
@@ -49,55 +52,66 @@ function verbatimArtifact(
     size: v.stats.size,
     mode: v.stats.mode & 0o7777,
     mtime: v.stats.mtime,
-    open: () => (async function* () {
-      const scanner = redactor && v.scan ? new TextScanner(redactor, `${layer}/${path}`, true) : null;
-      const hasher = v.zst ? new FrameHasher(v.zst.expectRaw !== null ? { maxOutput: v.zst.expectRaw } : {}) : null;
-      const planned = v.planned === null ? null : createHash("sha256");
-      let ended = false;
-      try {
-        // Streamed from disk (planning read it once, not kept: a dump's manifest grows with its pages).
-        const src = createReadStream(v.abs, { start: 0, end: v.stats.size, highWaterMark: 1 << 20 });
-        for await (const c of src as AsyncIterable<Buffer>) {
-          planned?.update(c);
-          await hasher?.push(c);
-          await scanner?.push(c);
-          yield c;
-        }
-        if (planned && planned.digest("hex") !== v.planned) throw sourceChanged(v.abs, "modified during capture");
-        await scanner?.end();
-        if (hasher && v.zst) {
-          let d;
-          try {
-            d = await hasher.end();
-          } catch (e) {
-            if (isMemsnapError(e) && /exceeds the declared size/.test(e.message)) {
-              throw kvInvalid(`kv: blob sha256:${v.zst.hex} (${v.zst.what}) decompresses to more than ` +
-                `the ${v.zst.expectRaw} bytes of a page`, v.abs);
+    open: () =>
+      (async function* () {
+        const scanner = redactor && v.scan ? new TextScanner(redactor, `${layer}/${path}`, true) : null;
+        const hasher = v.zst ? new FrameHasher(v.zst.expectRaw !== null ? { maxOutput: v.zst.expectRaw } : {}) : null;
+        const planned = v.planned === null ? null : createHash("sha256");
+        let ended = false;
+        try {
+          // Streamed from disk (planning read it once, not kept: a dump's manifest grows with its pages).
+          const src = createReadStream(v.abs, { start: 0, end: v.stats.size, highWaterMark: 1 << 20 });
+          for await (const c of src as AsyncIterable<Buffer>) {
+            planned?.update(c);
+            await hasher?.push(c);
+            await scanner?.push(c);
+            yield c;
+          }
+          if (planned && planned.digest("hex") !== v.planned) throw sourceChanged(v.abs, "modified during capture");
+          await scanner?.end();
+          if (hasher && v.zst) {
+            let d;
+            try {
+              d = await hasher.end();
+            } catch (e) {
+              if (isMemsnapError(e) && /exceeds the declared size/.test(e.message)) {
+                throw kvInvalid(
+                  `kv: blob sha256:${v.zst.hex} (${v.zst.what}) decompresses to more than ` +
+                    `the ${v.zst.expectRaw} bytes of a page`,
+                  v.abs,
+                );
+              }
+              throw digestMismatch(
+                `kv: blob sha256:${v.zst.hex} (${v.zst.what}) is not a valid zstd frame: ${(e as Error).message}`,
+                v.abs,
+              );
             }
-            throw digestMismatch(
-              `kv: blob sha256:${v.zst.hex} (${v.zst.what}) is not a valid zstd frame: ${(e as Error).message}`, v.abs);
+            ended = true;
+            if (d.hex !== v.zst.hex) {
+              throw digestMismatch(
+                `kv: blob sha256:${v.zst.hex} (${v.zst.what}) ` + `decompresses to content with digest sha256:${d.hex}`,
+                v.abs,
+              );
+            }
+            if (v.zst.expectRaw !== null && d.size !== v.zst.expectRaw) {
+              throw kvInvalid(
+                `kv: blob sha256:${v.zst.hex} (${v.zst.what}) holds ${sizeWord(d.size)}, ` +
+                  `a page is ${v.zst.expectRaw}`,
+                v.abs,
+              );
+            }
+            if (contents.frame(d.hex) === undefined) {
+              contents.addFrame({ sha256: d.hex, bytes: d.size, zero: d.zero, artifact: path, encoding: "zstd" });
+            }
           }
-          ended = true;
-          if (d.hex !== v.zst.hex) {
-            throw digestMismatch(`kv: blob sha256:${v.zst.hex} (${v.zst.what}) ` +
-              `decompresses to content with digest sha256:${d.hex}`, v.abs);
-          }
-          if (v.zst.expectRaw !== null && d.size !== v.zst.expectRaw) {
-            throw kvInvalid(`kv: blob sha256:${v.zst.hex} (${v.zst.what}) holds ${sizeWord(d.size)}, ` +
-              `a page is ${v.zst.expectRaw}`, v.abs);
-          }
-          if (contents.frame(d.hex) === undefined) {
-            contents.addFrame({ sha256: d.hex, bytes: d.size, zero: d.zero, artifact: path, encoding: "zstd" });
-          }
+        } catch (e) {
+          if (isMemsnapError(e)) throw e;
+          if ((e as NodeJS.ErrnoException).code === "ENOENT") throw sourceChanged(v.abs, "it was removed");
+          throw sourceError(e, v.abs);
+        } finally {
+          if (!ended) hasher?.abort();
         }
-      } catch (e) {
-        if (isMemsnapError(e)) throw e;
-        if ((e as NodeJS.ErrnoException).code === "ENOENT") throw sourceChanged(v.abs, "it was removed");
-        throw sourceError(e, v.abs);
-      } finally {
-        if (!ended) hasher?.abort();
-      }
-    })(),
+      })(),
     check: unchanged(v.abs, v.stats),
   };
 }
@@ -111,8 +125,15 @@ interface Counters {
  * with the native addon hashed off the main thread): an artifact per new distinct non-zero page.
  */
 async function* dataArtifacts(
-  f: DataFile, fileNo: number, plan: KvPlan, shuffle: ShuffleDecision, contents: KvIndexWriter, tiles: number[],
-  counters: Counters, blocks: AsyncIterator<ReadBlock>, at: number,
+  f: DataFile,
+  fileNo: number,
+  plan: KvPlan,
+  shuffle: ShuffleDecision,
+  contents: KvIndexWriter,
+  tiles: number[],
+  counters: Counters,
+  blocks: AsyncIterator<ReadBlock>,
+  at: number,
 ): AsyncGenerator<Artifact> {
   let i = 0;
   while (i < f.tiles.length) {
@@ -124,7 +145,10 @@ async function* dataArtifacts(
     let off = 0;
     for (let k = 0; i < b.end; i++, k++) {
       const t = {
-        offset: f.tiles.offset(i), len: f.tiles.len(i), label: f.tiles.label(i), sha: f.tiles.sha(i),
+        offset: f.tiles.offset(i),
+        len: f.tiles.len(i),
+        label: f.tiles.label(i),
+        sha: f.tiles.sha(i),
         zero: f.tiles.zero(i),
       };
       const page = b.bytes.subarray(off, off + t.len);
@@ -137,17 +161,23 @@ async function* dataArtifacts(
         hex = zeroPageSha(t.len);
         key = KvIndexWriter.key(hex);
       } else {
-        key = b.digests ? b.digests.toString("latin1", 32 * k, 32 * k + 32)
+        key = b.digests
+          ? b.digests.toString("latin1", 32 * k, 32 * k + 32)
           : createHash("sha256").update(page).digest("binary");
       }
       const hexOf = (): string => (hex ??= Buffer.from(key, "latin1").toString("hex"));
       if (t.sha !== null && t.sha !== hexOf()) {
-        throw digestMismatch(`kv: page ${t.label} (${f.rel} at offset ${t.offset}) hashes to sha256:${hexOf()}, ` +
-          `but the dump's manifest says sha256:${t.sha}`, f.abs);
+        throw digestMismatch(
+          `kv: page ${t.label} (${f.rel} at offset ${t.offset}) hashes to sha256:${hexOf()}, ` +
+            `but the dump's manifest says sha256:${t.sha}`,
+          f.abs,
+        );
       }
       if (t.zero && !zero) {
         throw digestMismatch(
-          `kv: page ${t.label} (${f.rel} at offset ${t.offset}) is marked zero but holds non-zero bytes`, f.abs);
+          `kv: page ${t.label} (${f.rel} at offset ${t.offset}) is marked zero but holds non-zero bytes`,
+          f.abs,
+        );
       }
       let idx = contents.raw(key);
       if (idx === undefined) {
@@ -163,7 +193,11 @@ async function* dataArtifacts(
           idx = contents.addRaw(key, { sha256: sha, bytes: t.len, zero: false, artifact: path });
           counters.bytesStored += body.length;
           yield {
-            path, kind: "kv-page", size: body.length, mode: 0o644, mtime: f.stats.mtime,
+            path,
+            kind: "kv-page",
+            size: body.length,
+            mode: 0o644,
+            mtime: f.stats.mtime,
             // A plain array, not a Readable: one stream object per page was most of the
             // capture's garbage (53k pages of 8 KiB: peak RSS 286 → 246 MiB).
             open: () => [body],
@@ -196,10 +230,14 @@ export async function captureKv(cfg: KvConfig, ctx: CaptureContext): Promise<Lay
   if (format === "lmcache" && !cfg.shape) {
     throw kvInvalid(`kv: LMCache chunks at ${pathAbs} need the shape in the config`, pathAbs);
   }
-  const plan = format === "memsnap" ? await planMemsnap(target, cfg)
-    : format === "pfimg-paged" ? await planPfimgPaged(target, cfg)
-      : format === "paged" ? await planPaged(target, cfg)
-        : await planLmcache(target, cfg);
+  const plan =
+    format === "memsnap"
+      ? await planMemsnap(target, cfg)
+      : format === "pfimg-paged"
+        ? await planPfimgPaged(target, cfg)
+        : format === "paged"
+          ? await planPaged(target, cfg)
+          : await planLmcache(target, cfg);
   const shuffle = await decideShuffle(plan, cfg.shuffle ?? "auto");
   const contents = new KvIndexWriter(ctx.tmpDir, randomBytes(6).toString("hex"));
   const files: KvIndexFile[] = [];
@@ -207,11 +245,14 @@ export async function captureKv(cfg: KvConfig, ctx: CaptureContext): Promise<Lay
   let indexHex = "";
   const layer = cfg.name;
   const fileEntry = (rel: string, st: FileStats): Omit<KvIndexFile, "artifact" | "tiles"> => ({
-    path: rel, bytes: st.size, mode: st.mode & 0o7777, mtime: st.mtime.toISOString(),
+    path: rel,
+    bytes: st.size,
+    mode: st.mode & 0o7777,
+    mtime: st.mtime.toISOString(),
   });
   return {
-    estimatedBytes: plan.data.reduce((n, f) => n + f.stats.size, 0) +
-      plan.verbatim.reduce((n, v) => n + v.stats.size, 0),
+    estimatedBytes:
+      plan.data.reduce((n, f) => n + f.stats.size, 0) + plan.verbatim.reduce((n, v) => n + v.stats.size, 0),
     artifacts: (async function* (): AsyncGenerator<Artifact> {
       for (const v of plan.verbatim) {
         files.push({ ...fileEntry(v.rel, v.stats), artifact: `files/${v.rel}` });
@@ -235,10 +276,15 @@ export async function captureKv(cfg: KvConfig, ctx: CaptureContext): Promise<Lay
       delete plan.meta.extra_labels;
       const doc = contents.finish(
         {
-          source_format: plan.format, dtype: plan.dtype, page_bytes: plan.pageBytes,
+          source_format: plan.format,
+          dtype: plan.dtype,
+          page_bytes: plan.pageBytes,
           shuffle: { applied: shuffle.applied, elem_bytes: plan.elem },
         },
-        files, (hex) => { indexHex = hex; },
+        files,
+        (hex) => {
+          indexHex = hex;
+        },
       );
       yield { path: KV_INDEX, kind: "json", size: doc.size, mode: 0o644, mtime: new Date(), open: doc.open };
     })(),

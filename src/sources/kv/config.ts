@@ -1,6 +1,11 @@
 /** The kv source's config: the dump's path, its input format, its shape and the shuffle. */
 import {
-  configInvalid, isPlainObject, optInt, optString, rejectUnknownKeys, reqString,
+  configInvalid,
+  isPlainObject,
+  optInt,
+  optString,
+  rejectUnknownKeys,
+  reqString,
 } from "../../util/config-check.js";
 import { dtypeBytes } from "../pfimg/format.js";
 import { KV_MAX_PAGE_BYTES, KV_MIN_PAGE_BYTES } from "./format.js";
@@ -33,8 +38,10 @@ const SHAPE_KEYS = ["n_layers", "n_kv_heads", "head_dim", "dtype", "block_size",
 function parseShape(raw: unknown, where: string): KvShape {
   const w = `${where}: shape`;
   if (!isPlainObject(raw)) {
-    throw configInvalid(where,
-      '"shape" must be an object {n_layers, n_kv_heads, head_dim, dtype, block_size, tokens_per_chunk}');
+    throw configInvalid(
+      where,
+      '"shape" must be an object {n_layers, n_kv_heads, head_dim, dtype, block_size, tokens_per_chunk}',
+    );
   }
   rejectUnknownKeys(raw, SHAPE_KEYS, w);
   const int = (k: string, def?: number): number => {
@@ -49,8 +56,12 @@ function parseShape(raw: unknown, where: string): KvShape {
     throw configInvalid(w, `"dtype" must be bf16, f16, f32 or fp8e4m3, got ${JSON.stringify(dtype)}`);
   }
   return {
-    n_layers: int("n_layers"), n_kv_heads: int("n_kv_heads"), head_dim: int("head_dim"), dtype,
-    block_size: int("block_size", 16), tokens_per_chunk: int("tokens_per_chunk", 256),
+    n_layers: int("n_layers"),
+    n_kv_heads: int("n_kv_heads"),
+    head_dim: int("head_dim"),
+    dtype,
+    block_size: int("block_size", 16),
+    tokens_per_chunk: int("tokens_per_chunk", 256),
   };
 }
 
@@ -58,8 +69,10 @@ export function parseKvConfig(raw: Record<string, unknown>, where: string): KvCo
   rejectUnknownKeys(raw, ["kind", "name", "path", "format", "page_bytes", "shape", "shuffle"], where);
   const format = optString(raw, "format", where);
   if (format !== undefined && !FORMATS.includes(format)) {
-    throw configInvalid(where,
-      `"format" must be "memsnap", "pfimg-paged", "lmcache" or "paged", got ${JSON.stringify(format)}`);
+    throw configInvalid(
+      where,
+      `"format" must be "memsnap", "pfimg-paged", "lmcache" or "paged", got ${JSON.stringify(format)}`,
+    );
   }
   const pageBytes = optInt(raw, "page_bytes", where, KV_MIN_PAGE_BYTES, KV_MAX_PAGE_BYTES);
   if (pageBytes !== undefined && format !== undefined && format !== "paged") {
@@ -71,8 +84,11 @@ export function parseKvConfig(raw: Record<string, unknown>, where: string): KvCo
   }
   const shape = raw.shape === undefined ? undefined : parseShape(raw.shape, where);
   if (format === "lmcache" && !shape) {
-    throw configInvalid(where, '"format": "lmcache" needs "shape" ' +
-      "{n_layers, n_kv_heads, head_dim, dtype, block_size, tokens_per_chunk} (chunk files are headerless)");
+    throw configInvalid(
+      where,
+      '"format": "lmcache" needs "shape" ' +
+        "{n_layers, n_kv_heads, head_dim, dtype, block_size, tokens_per_chunk} (chunk files are headerless)",
+    );
   }
   return {
     kind: "kv",

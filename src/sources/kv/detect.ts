@@ -58,7 +58,14 @@ export async function detect(pathAbs: string, cfg: KvConfig): Promise<{ format: 
     const want = cfg.format;
     if (want === "lmcache") return { format: "lmcache", target: pathAbs };
     if (want === "paged" || (!want && cfg.page_bytes !== undefined)) return { format: "paged", target: pathAbs };
-    if (want === "memsnap" || (!want && (await stat(join(pathAbs, KV_MANIFEST)).then(() => true, () => false)))) {
+    if (
+      want === "memsnap" ||
+      (!want &&
+        (await stat(join(pathAbs, KV_MANIFEST)).then(
+          () => true,
+          () => false,
+        )))
+    ) {
       return { format: "memsnap", target: pathAbs };
     }
     for (const n of ["cache-manifest.json", "manifest.json"]) {
@@ -68,14 +75,20 @@ export async function detect(pathAbs: string, cfg: KvConfig): Promise<{ format: 
       }
     }
     if (want === "pfimg-paged") {
-      throw kvInvalid(`kv: ${pathAbs} holds no paged-batchinvariant-v1 page manifest ` +
-        "(cache-manifest.json or manifest.json); point path at the manifest file", pathAbs);
+      throw kvInvalid(
+        `kv: ${pathAbs} holds no paged-batchinvariant-v1 page manifest ` +
+          "(cache-manifest.json or manifest.json); point path at the manifest file",
+        pathAbs,
+      );
     }
     if (!want && (await pagedDumpAt(pathAbs)) !== null) return { format: "paged", target: pathAbs };
     if (cfg.shape) return { format: "lmcache", target: pathAbs };
-    throw kvInvalid(`kv: cannot tell what ${pathAbs} holds: no ${KV_MANIFEST}, no page manifest, ` +
-      `no ${PAGED_MANIFEST} with page_bytes and pages beside it, and no shape for LMCache chunks ` +
-      '(a dump of pages of one size: "format": "paged" with "page_bytes")', pathAbs);
+    throw kvInvalid(
+      `kv: cannot tell what ${pathAbs} holds: no ${KV_MANIFEST}, no page manifest, ` +
+        `no ${PAGED_MANIFEST} with page_bytes and pages beside it, and no shape for LMCache chunks ` +
+        '(a dump of pages of one size: "format": "paged" with "page_bytes")',
+      pathAbs,
+    );
   }
   if (cfg.format === "memsnap" || (!cfg.format && basename(pathAbs) === KV_MANIFEST)) {
     return { format: "memsnap", target: dirname(pathAbs) };
@@ -87,6 +100,9 @@ export async function detect(pathAbs: string, cfg: KvConfig): Promise<{ format: 
   }
   if (await looksPaged(pathAbs)) return { format: "pfimg-paged", target: pathAbs };
   if (cfg.shape) return { format: "lmcache", target: pathAbs };
-  throw kvInvalid(`kv: cannot tell what ${pathAbs} holds: not ${KV_MANIFEST}, not a page manifest, ` +
-    "and no shape for LMCache chunks", pathAbs);
+  throw kvInvalid(
+    `kv: cannot tell what ${pathAbs} holds: not ${KV_MANIFEST}, not a page manifest, ` +
+      "and no shape for LMCache chunks",
+    pathAbs,
+  );
 }

@@ -22,7 +22,7 @@ export const KV_MANIFEST_MAX_BYTES = 512 * 1024 * 1024;
 function invalid(msg: string, path?: string): MemsnapError {
   return new MemsnapError("MEMSNAP_SOURCE_INVALID", msg, {
     ...(path ? { path } : {}),
-    hint: "fix the KV dump (see docs/FORMAT.md \"KV dump format\") or the kv source's format/shape in memsnap.json",
+    hint: 'fix the KV dump (see docs/FORMAT.md "KV dump format") or the kv source\'s format/shape in memsnap.json',
   });
 }
 export { invalid as kvInvalid };

@@ -60,7 +60,10 @@ export interface KvIndexHead {
  * document are plain Errors (a damaged index).
  */
 export class KvIndexUnsafe extends Error {
-  constructor(message: string, readonly code: "MEMSNAP_UNSAFE_PATH" | "MEMSNAP_UNSAFE_BUNDLE") {
+  constructor(
+    message: string,
+    readonly code: "MEMSNAP_UNSAFE_PATH" | "MEMSNAP_UNSAFE_BUNDLE",
+  ) {
     super(message);
   }
 }
@@ -68,8 +71,11 @@ export class KvIndexUnsafe extends Error {
 /** Check one `contents` entry of a kv-index (throws a plain Error, or KvIndexUnsafe for its size). */
 function checkContent(c: unknown): KvContent {
   if (
-    !isObject(c) || typeof c.sha256 !== "string" || !/^[0-9a-f]{64}$/.test(c.sha256) ||
-    !Number.isSafeInteger(c.bytes) || typeof c.zero !== "boolean"
+    !isObject(c) ||
+    typeof c.sha256 !== "string" ||
+    !/^[0-9a-f]{64}$/.test(c.sha256) ||
+    !Number.isSafeInteger(c.bytes) ||
+    typeof c.zero !== "boolean"
   ) {
     throw new Error("kv-index has a malformed content entry");
   }
@@ -77,8 +83,10 @@ function checkContent(c: unknown): KvContent {
   // A page is at most KV_MAX_PAGE_BYTES (capture refuses bigger ones); a ProcessFork blob kept
   // as its zstd frame (encoding zstd) is never written from its content entry.
   if (bytes < 0 || (c.encoding !== "zstd" && bytes > KV_MAX_PAGE_BYTES)) {
-    throw new KvIndexUnsafe(`kv-index content ${c.sha256} has ${bytes} bytes (a page has 0 to ${KV_MAX_PAGE_BYTES})`,
-      "MEMSNAP_UNSAFE_BUNDLE");
+    throw new KvIndexUnsafe(
+      `kv-index content ${c.sha256} has ${bytes} bytes (a page has 0 to ${KV_MAX_PAGE_BYTES})`,
+      "MEMSNAP_UNSAFE_BUNDLE",
+    );
   }
   if (c.artifact !== null && !(typeof c.artifact === "string" && safeRel(c.artifact))) {
     throw new Error(`kv-index content artifact ${JSON.stringify(c.artifact)} is not a safe path`);
@@ -93,11 +101,16 @@ function checkContent(c: unknown): KvContent {
  */
 function checkFile(f: unknown): KvIndexFile {
   if (isObject(f) && typeof f.path === "string" && !safeRel(f.path)) {
-    throw new KvIndexUnsafe(`kv-index file path ${JSON.stringify(f.path)} is not a safe relative path`,
-      "MEMSNAP_UNSAFE_PATH");
+    throw new KvIndexUnsafe(
+      `kv-index file path ${JSON.stringify(f.path)} is not a safe relative path`,
+      "MEMSNAP_UNSAFE_PATH",
+    );
   }
   if (
-    !isObject(f) || !safeRel(f.path) || !Number.isSafeInteger(f.bytes) || !Number.isSafeInteger(f.mode) ||
+    !isObject(f) ||
+    !safeRel(f.path) ||
+    !Number.isSafeInteger(f.bytes) ||
+    !Number.isSafeInteger(f.mode) ||
     typeof f.mtime !== "string"
   ) {
     throw new Error("kv-index has a malformed file entry");
@@ -135,9 +148,16 @@ function checkZeroDigests(lens: Float64Array, shas: Buffer, n: number): void {
       h.update(k === zeros.length ? zeros : zeros.subarray(0, k));
       fed += k;
     }
-    if (h.copy().digest().compare(shas, 32 * i, 32 * i + 32) !== 0) {
-      throw new Error(`kv-index content ${shas.toString("hex", 32 * i, 32 * i + 32)} is marked zero, ` +
-        `but ${len} zero bytes hash to sha256:${h.copy().digest("hex")}`);
+    if (
+      h
+        .copy()
+        .digest()
+        .compare(shas, 32 * i, 32 * i + 32) !== 0
+    ) {
+      throw new Error(
+        `kv-index content ${shas.toString("hex", 32 * i, 32 * i + 32)} is marked zero, ` +
+          `but ${len} zero bytes hash to sha256:${h.copy().digest("hex")}`,
+      );
     }
   }
 }
@@ -181,8 +201,10 @@ export async function readKvIndex(
       n += cBytes.a[t]!;
     }
     if (n !== f.bytes) {
-      throw new KvIndexUnsafe(`kv-index file ${f.path} has ${f.bytes} bytes, its tiles hold ${n}`,
-        "MEMSNAP_UNSAFE_BUNDLE");
+      throw new KvIndexUnsafe(
+        `kv-index file ${f.path} has ${f.bytes} bytes, its tiles hold ${n}`,
+        "MEMSNAP_UNSAFE_BUNDLE",
+      );
     }
   };
   let doc: Record<string, unknown>;
@@ -218,8 +240,10 @@ export async function readKvIndex(
             }
             dataBytes += f.bytes;
             if (f.bytes > KV_MAX_RESTORE_BYTES || dataBytes > KV_MAX_RESTORE_BYTES) {
-              throw new KvIndexUnsafe(`kv-index data files hold more than ${KV_MAX_RESTORE_BYTES} bytes (at ${f.path})`,
-                "MEMSNAP_UNSAFE_BUNDLE");
+              throw new KvIndexUnsafe(
+                `kv-index data files hold more than ${KV_MAX_RESTORE_BYTES} bytes (at ${f.path})`,
+                "MEMSNAP_UNSAFE_BUNDLE",
+              );
             }
             if (maxTile < cBytes.length) sumTiles(f);
             else later.push(f);
@@ -255,10 +279,24 @@ export async function readKvIndex(
 export async function parseKvIndex(bytes: Buffer): Promise<KvIndex> {
   const contents: KvContent[] = [];
   const files: KvIndexFile[] = [];
-  const head = await readKvIndex([bytes], { content: (c) => { contents.push(c); }, file: (f) => { files.push(f); } });
+  const head = await readKvIndex([bytes], {
+    content: (c) => {
+      contents.push(c);
+    },
+    file: (f) => {
+      files.push(f);
+    },
+  });
   const pages = (JSON.parse(bytes.toString("utf8")) as { pages: [string, number][] }).pages;
   return {
-    format: KV_INDEX_FORMAT, version: 1, source_format: head.source_format, dtype: head.dtype,
-    page_bytes: head.page_bytes, shuffle: head.shuffle, contents, pages, files,
+    format: KV_INDEX_FORMAT,
+    version: 1,
+    source_format: head.source_format,
+    dtype: head.dtype,
+    page_bytes: head.page_bytes,
+    shuffle: head.shuffle,
+    contents,
+    pages,
+    files,
   };
 }

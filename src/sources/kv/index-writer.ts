@@ -164,7 +164,9 @@ export class KvIndexWriter {
    * (and, once streamed to the end, reports its SHA-256 to `onHash`).
    */
   finish(
-    header: KvIndexHeader, files: KvIndexFile[], onHash: (hex: string) => void,
+    header: KvIndexHeader,
+    files: KvIndexFile[],
+    onHash: (hex: string) => void,
   ): { size: number; open: () => AsyncIterable<Buffer> } {
     this.#contents.close();
     this.#pages.close();
@@ -177,25 +179,26 @@ export class KvIndexWriter {
     const pages = this.#pages;
     return {
       size,
-      open: () => (async function* () {
-        const h = createHash("sha256");
-        const part = async function* (spill: Spill): AsyncGenerator<Buffer> {
-          if (spill.bytes === 0) return;
-          for await (const c of createReadStream(spill.path, { highWaterMark: 1 << 20 })) {
-            h.update(c as Buffer);
-            yield c as Buffer;
-          }
-        };
-        h.update(head);
-        yield head;
-        yield* part(contents);
-        h.update(mid);
-        yield mid;
-        yield* part(pages);
-        h.update(tail);
-        yield tail;
-        onHash(h.digest("hex"));
-      })(),
+      open: () =>
+        (async function* () {
+          const h = createHash("sha256");
+          const part = async function* (spill: Spill): AsyncGenerator<Buffer> {
+            if (spill.bytes === 0) return;
+            for await (const c of createReadStream(spill.path, { highWaterMark: 1 << 20 })) {
+              h.update(c as Buffer);
+              yield c as Buffer;
+            }
+          };
+          h.update(head);
+          yield head;
+          yield* part(contents);
+          h.update(mid);
+          yield mid;
+          yield* part(pages);
+          h.update(tail);
+          yield tail;
+          onHash(h.digest("hex"));
+        })(),
     };
   }
 

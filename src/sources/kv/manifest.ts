@@ -72,7 +72,8 @@ export interface KvDumpManifest {
  * Throws MEMSNAP_SOURCE_INVALID.
  */
 export async function readKvManifest(
-  chunks: AsyncIterable<Uint8Array> | Iterable<Uint8Array>, path: string,
+  chunks: AsyncIterable<Uint8Array> | Iterable<Uint8Array>,
+  path: string,
 ): Promise<KvDumpManifest> {
   const where = `kv: ${path}`;
   const pages = new KvDumpPages();
@@ -83,7 +84,9 @@ export async function readKvManifest(
   let early: { i: number; msg: string } | null = null;
   const onPage = (p: unknown, i: number): void => {
     if (early) return;
-    const bad = (msg: string): void => { early = { i, msg }; };
+    const bad = (msg: string): void => {
+      early = { i, msg };
+    };
     if (!isObject(p)) return bad(`${where}: pages[${i}] is not an object`);
     const layer = p.layer;
     const block = p.block;
@@ -146,12 +149,18 @@ export async function readKvManifest(
   const shape = page.shape;
   const wantShape = [2, blockSize, nKvHeads, headDim];
   if (!Array.isArray(shape) || shape.length !== 4 || shape.some((v, i) => v !== wantShape[i])) {
-    throw invalid(`${where}: page.shape ${JSON.stringify(shape)} does not match ` +
-      `[2, block_size, n_kv_heads, head_dim] = ${JSON.stringify(wantShape)}`, path);
+    throw invalid(
+      `${where}: page.shape ${JSON.stringify(shape)} does not match ` +
+        `[2, block_size, n_kv_heads, head_dim] = ${JSON.stringify(wantShape)}`,
+      path,
+    );
   }
   if (page.bytes !== pageBytes) {
-    throw invalid(`${where}: page.bytes ${JSON.stringify(page.bytes)} is not ` +
-      `2 × ${blockSize} × ${nKvHeads} × ${headDim} × ${eb} = ${pageBytes}`, path);
+    throw invalid(
+      `${where}: page.bytes ${JSON.stringify(page.bytes)} is not ` +
+        `2 × ${blockSize} × ${nKvHeads} × ${headDim} × ${eb} = ${pageBytes}`,
+      path,
+    );
   }
   if (pageBytes > KV_MAX_PAGE_BYTES) {
     throw invalid(`${where}: pages of ${pageBytes} bytes are over the ${KV_MAX_PAGE_BYTES}-byte cap`, path);
@@ -193,8 +202,7 @@ export async function readKvManifest(
       if (d !== undefined) fileMap[fi] = d;
       else if (doc.data_files !== undefined) {
         throw invalid(`${where}: pages[${i}].file ${name} is not in data_files`, path);
-      }
-      else {
+      } else {
         fileMap[fi] = dataFiles.length;
         declared.set(name, dataFiles.length);
         dataFiles.push({ path: name, bytes: null });
@@ -217,8 +225,11 @@ export async function readKvManifest(
   }
   if (early !== null) {
     const e = early as { i: number; msg: string };
-    const msg = e.msg.endsWith("is not in 0..") ? `${e.msg}${nLayers - 1}`
-      : e.msg.endsWith("multiple of the page size") ? `${e.msg} ${pageBytes}` : e.msg;
+    const msg = e.msg.endsWith("is not in 0..")
+      ? `${e.msg}${nLayers - 1}`
+      : e.msg.endsWith("multiple of the page size")
+        ? `${e.msg} ${pageBytes}`
+        : e.msg;
     throw invalid(msg, path);
   }
   const blocks = Float64Array.from(pages.block.a.subarray(0, n)).sort();
@@ -250,6 +261,15 @@ export async function readKvManifest(
     }
   }
   return {
-    engine: doc.engine ?? null, nLayers, nKvHeads, headDim, dtype, blockSize, pageBytes, dataFiles, pages, sequences,
+    engine: doc.engine ?? null,
+    nLayers,
+    nKvHeads,
+    headDim,
+    dtype,
+    blockSize,
+    pageBytes,
+    dataFiles,
+    pages,
+    sequences,
   };
 }

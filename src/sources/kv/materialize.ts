@@ -28,7 +28,6 @@ function writeFully(fd: number, buf: Buffer, len: number, pos: number): void {
   while (off < len) off += writeSync(fd, buf, off, len - off, pos + off);
 }
 
-
 /** What one rebuild works with, shared by the files it rebuilds. */
 interface Rebuild {
   dir: string;
@@ -81,15 +80,25 @@ export async function materializeKv(dir: string, layer: LayerEntry, verified?: V
   collectNow("minor");
   const { placed, placedCount } = placedPages(spool);
   const rb: Rebuild = {
-    dir, src, layer: layer.name, contents, pages: new PageReader(layer.name, contents, src, verified), spool,
-    placed, placedCount, umask: currentUmask(), batch: Buffer.allocUnsafe(WRITE_BATCH),
+    dir,
+    src,
+    layer: layer.name,
+    contents,
+    pages: new PageReader(layer.name, contents, src, verified),
+    spool,
+    placed,
+    placedCount,
+    umask: currentUmask(),
+    batch: Buffer.allocUnsafe(WRITE_BATCH),
   };
   try {
     for (const [fileNo, f] of files.entries()) await rebuildFile(rb, fileNo, f);
     for (const fileNo of placed.keys()) {
       if (!files[fileNo]?.tiles) {
         throw restoreBad(
-          `${layer.name}: pages are placed in file ${fileNo}, which the index does not have`, layer.name);
+          `${layer.name}: pages are placed in file ${fileNo}, which the index does not have`,
+          layer.name,
+        );
       }
     }
   } finally {
@@ -110,14 +119,19 @@ async function checkIndex(dir: string, layer: LayerEntry): Promise<number> {
   const want = layer.meta?.index_sha256;
   if (have === null) throw restoreBad(`${layer.name}: the layer has no ${KV_INDEX}`, `${layer.name}/${KV_INDEX}`);
   if (have !== want) {
-    throw restoreBad(`${layer.name}/${KV_INDEX} hashes to sha256:${have}, ` +
-      `the layer's index_sha256 is ${JSON.stringify(want ?? null)}`, `${layer.name}/${KV_INDEX}`);
+    throw restoreBad(
+      `${layer.name}/${KV_INDEX} hashes to sha256:${have}, ` +
+        `the layer's index_sha256 is ${JSON.stringify(want ?? null)}`,
+      `${layer.name}/${KV_INDEX}`,
+    );
   }
   const declared = layer.meta?.bytes_total;
   if (!Number.isSafeInteger(declared) || (declared as number) < 0) {
-    throw new MemsnapError("MEMSNAP_UNSAFE_BUNDLE",
+    throw new MemsnapError(
+      "MEMSNAP_UNSAFE_BUNDLE",
       `${layer.name}: the layer meta's bytes_total ${JSON.stringify(declared ?? null)} is not a byte count`,
-      { path: layer.name, hint: UNSAFE_HINT });
+      { path: layer.name, hint: UNSAFE_HINT },
+    );
   }
   return declared as number;
 }
@@ -134,13 +148,16 @@ async function readIndex(src: string, layer: string, contents: KvContents, decla
     const chunks = createReadStream(join(src, KV_INDEX), { highWaterMark: 1 << 20 }) as AsyncIterable<Buffer>;
     ({ dataBytes } = await readKvIndex(chunks, {
       content: (c, i) => contents.add(c, i),
-      file: (f) => { files.push(f); },
+      file: (f) => {
+        files.push(f);
+      },
     }));
   } catch (e) {
     spool?.close();
     if (e instanceof KvIndexUnsafe) {
       throw new MemsnapError(e.code, `${layer}/${KV_INDEX}: ${e.message}`, {
-        path: `${layer}/${KV_INDEX}`, hint: UNSAFE_HINT,
+        path: `${layer}/${KV_INDEX}`,
+        hint: UNSAFE_HINT,
       });
     }
     throw restoreBad(`${layer}/${KV_INDEX}: ${(e as Error).message}`, `${layer}/${KV_INDEX}`);
@@ -149,17 +166,18 @@ async function readIndex(src: string, layer: string, contents: KvContents, decla
   // page, each data file's tiles are some of them): nothing is written past what it says.
   if (dataBytes > declared) {
     spool?.close();
-    const why = `${layer}/${KV_INDEX}: its data files hold ${dataBytes} bytes, ` +
-      `the layer declares ${declared} (bytes_total)`;
+    const why =
+      `${layer}/${KV_INDEX}: its data files hold ${dataBytes} bytes, ` + `the layer declares ${declared} (bytes_total)`;
     throw new MemsnapError("MEMSNAP_UNSAFE_BUNDLE", why, { path: `${layer}/${KV_INDEX}`, hint: UNSAFE_HINT });
   }
   return files;
 }
 
 /** The spool's placed pages by part file (see {@link Rebuild.placed}); the spool's names are dropped. */
-function placedPages(
-  spool: SpoolReader | null,
-): { placed: Map<number, Map<number, number>>; placedCount: Map<number, number> } {
+function placedPages(spool: SpoolReader | null): {
+  placed: Map<number, Map<number, number>>;
+  placedCount: Map<number, number>;
+} {
   const placed = new Map<number, Map<number, number>>();
   const placedCount = new Map<number, number>();
   if (spool) {
@@ -199,7 +217,11 @@ async function rebuildFile(rb: Rebuild, fileNo: number, f: KvIndexFile): Promise
 
 /** Rebuild a data file at `target`: the spool part holding its placed pages (`here`), or a new file. */
 async function rebuildDataFile(
-  rb: Rebuild, fileNo: number, f: KvIndexFile, target: string, here: Map<number, number> | undefined,
+  rb: Rebuild,
+  fileNo: number,
+  f: KvIndexFile,
+  target: string,
+  here: Map<number, number> | undefined,
 ): Promise<void> {
   const cannot = (e: unknown): MemsnapError =>
     new MemsnapError("MEMSNAP_UNSAFE_PATH", `${rb.layer}: cannot create ${f.path} (${(e as Error).message})`, {
@@ -208,10 +230,18 @@ async function rebuildDataFile(
   let fd: number;
   if (here) {
     // The spool part that holds this file's placed pages becomes the file.
-    if (await lstat(target).then(() => true, () => false)) throw cannot(new Error("it already exists"));
+    if (
+      await lstat(target).then(
+        () => true,
+        () => false,
+      )
+    )
+      throw cannot(new Error("it already exists"));
     const part = rb.spool!.partPath.get(fileNo);
     if (part === undefined) throw restoreBad(`${rb.layer}: the page spool has no part ${fileNo}`, rb.layer);
-    await rename(part, target).catch((e: unknown) => { throw cannot(e); });
+    await rename(part, target).catch((e: unknown) => {
+      throw cannot(e);
+    });
     rb.spool!.partPath.set(fileNo, target);
     // Its own descriptor: the spool's may be closed by a read from other parts.
     fd = openSync(target, "r+");
@@ -241,7 +271,10 @@ async function rebuildDataFile(
  * Returns the bytes laid out and how many placed pages sat on their tile.
  */
 async function writeTiles(
-  rb: Rebuild, fd: number, f: KvIndexFile, here: Map<number, number> | undefined,
+  rb: Rebuild,
+  fd: number,
+  f: KvIndexFile,
+  here: Map<number, number> | undefined,
 ): Promise<{ n: number; matched: number }> {
   const { contents: c, pages, spool, batch } = rb;
   let n = 0;

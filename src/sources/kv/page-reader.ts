@@ -71,7 +71,10 @@ export class PageReader {
 
   /** `layer`: the layer's name; `src`: the work directory holding the staged artifacts. */
   constructor(
-    readonly layer: string, readonly contents: KvContents, readonly src: string, readonly verified?: VerifiedLookup,
+    readonly layer: string,
+    readonly contents: KvContents,
+    readonly src: string,
+    readonly verified?: VerifiedLookup,
   ) {
     this.checked = new Uint8Array(contents.bytes.length);
   }
@@ -93,8 +96,14 @@ export class PageReader {
   check(ci: number, bytes: Buffer, where: string): void {
     const c = this.contents;
     if (this.checked[ci] === 1) return;
-    if (bytes.length !== c.bytes.a[ci] || (!this.isVerified(ci, where) &&
-      createHash("sha256").update(bytes).digest().compare(c.sha, 32 * ci, 32 * ci + 32) !== 0)) {
+    if (
+      bytes.length !== c.bytes.a[ci] ||
+      (!this.isVerified(ci, where) &&
+        createHash("sha256")
+          .update(bytes)
+          .digest()
+          .compare(c.sha, 32 * ci, 32 * ci + 32) !== 0)
+    ) {
       throw restoreBad(`${where}: page does not hash to its name`, where);
     }
     this.checked[ci] = 1;

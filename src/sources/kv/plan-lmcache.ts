@@ -15,7 +15,9 @@ export async function planLmcache(pathAbs: string, cfg: KvConfig): Promise<KvPla
   if (pageBytes > KV_MAX_PAGE_BYTES) {
     throw kvInvalid(`kv: pages of ${pageBytes} bytes are over the ${KV_MAX_PAGE_BYTES}-byte cap`);
   }
-  const st = await stat(pathAbs).catch((e: unknown) => { throw sourceError(e, pathAbs); });
+  const st = await stat(pathAbs).catch((e: unknown) => {
+    throw sourceError(e, pathAbs);
+  });
   const root = st.isDirectory() ? pathAbs : dirname(pathAbs);
   const { files, skipped } = await walkFiles(pathAbs);
   const data: DataFile[] = [];
@@ -23,9 +25,11 @@ export async function planLmcache(pathAbs: string, cfg: KvConfig): Promise<KvPla
     const size = f.stats.size;
     const tokens = size / row;
     if (size === 0 || !Number.isInteger(tokens) || tokens > s.tokens_per_chunk) {
-      throw kvInvalid(`kv: chunk file ${f.rel} is ${sizeWord(size)}, not 1..${s.tokens_per_chunk} tokens of ` +
-        `[${s.n_layers} layers, 2, tokens, ${s.n_kv_heads} heads, ${s.head_dim}] ${s.dtype} (${row} bytes per token)`,
-      f.abs);
+      throw kvInvalid(
+        `kv: chunk file ${f.rel} is ${sizeWord(size)}, not 1..${s.tokens_per_chunk} tokens of ` +
+          `[${s.n_layers} layers, 2, tokens, ${s.n_kv_heads} heads, ${s.head_dim}] ${s.dtype} (${row} bytes per token)`,
+        f.abs,
+      );
     }
     const tiles: Tile[] = [];
     for (let off = 0, i = 0; off < size; off += pageBytes, i++) {
@@ -34,7 +38,14 @@ export async function planLmcache(pathAbs: string, cfg: KvConfig): Promise<KvPla
     data.push({ rel: f.rel, abs: f.abs, stats: f.stats, tiles: listTiles(tiles) });
   }
   return {
-    format: "lmcache", root, dtype: s.dtype, elem: eb, pageBytes, data, verbatim: [], framePages: [],
+    format: "lmcache",
+    root,
+    dtype: s.dtype,
+    elem: eb,
+    pageBytes,
+    data,
+    verbatim: [],
+    framePages: [],
     meta: {
       model: { n_layers: s.n_layers, n_kv_heads: s.n_kv_heads, head_dim: s.head_dim },
       block_size: s.block_size,

@@ -19,21 +19,32 @@ export async function planMemsnap(root: string, cfg: KvConfig): Promise<KvPlan> 
   // the bytes packed later must be these.
   const mHash = createHash("sha256");
   let mRead = 0;
-  const m = await readKvManifest((async function* () {
-    try {
-      for await (const c of createReadStream(mAbs, { start: 0, end: mSt.size, highWaterMark: 1 << 20 })) {
-        mHash.update(c as Buffer);
-        mRead += (c as Buffer).length;
-        yield c as Buffer;
+  const m = await readKvManifest(
+    (async function* () {
+      try {
+        for await (const c of createReadStream(mAbs, { start: 0, end: mSt.size, highWaterMark: 1 << 20 })) {
+          mHash.update(c as Buffer);
+          mRead += (c as Buffer).length;
+          yield c as Buffer;
+        }
+      } catch (e) {
+        throw sourceError(e, mAbs);
       }
-    } catch (e) {
-      throw sourceError(e, mAbs);
-    }
-  })(), mAbs);
+    })(),
+    mAbs,
+  );
   if (mRead !== mSt.size) throw sourceChanged(mAbs, `size ${mSt.size} → ${mRead} while it was read`);
-  checkShape(cfg, {
-    nLayers: m.nLayers, nKvHeads: m.nKvHeads, headDim: m.headDim, dtype: m.dtype, blockSize: m.blockSize,
-  }, mAbs);
+  checkShape(
+    cfg,
+    {
+      nLayers: m.nLayers,
+      nKvHeads: m.nKvHeads,
+      headDim: m.headDim,
+      dtype: m.dtype,
+      blockSize: m.blockSize,
+    },
+    mAbs,
+  );
   for (const f of m.dataFiles) {
     if (f.path === KV_MANIFEST) throw kvInvalid(`kv: ${mAbs} lists itself as a data file`, mAbs);
   }
@@ -53,21 +64,29 @@ export async function planMemsnap(root: string, cfg: KvConfig): Promise<KvPlan> 
     for (let i = 0; i < idx.length; i++) {
       const off = pg.offset.a[idx[i]!]!;
       if (off !== i * m.pageBytes) {
-        throw kvInvalid(`kv: data file ${f.path}: pages must tile it from offset 0 without gaps or overlaps; ` +
-          `page ${pg.label(idx[i]!)} is at offset ${off}, expected ${i * m.pageBytes}`, abs);
+        throw kvInvalid(
+          `kv: data file ${f.path}: pages must tile it from offset 0 without gaps or overlaps; ` +
+            `page ${pg.label(idx[i]!)} is at offset ${off}, expected ${i * m.pageBytes}`,
+          abs,
+        );
       }
     }
     const want = idx.length * m.pageBytes;
     if (st.size !== want) {
-      throw kvInvalid(`kv: data file ${f.path} is ${sizeWord(st.size)}, but its ${idx.length} page(s) of ` +
-        `[2, ${m.blockSize}, ${m.nKvHeads}, ${m.headDim}] ${m.dtype} (${m.pageBytes} bytes each) need ${want}`, abs);
+      throw kvInvalid(
+        `kv: data file ${f.path} is ${sizeWord(st.size)}, but its ${idx.length} page(s) of ` +
+          `[2, ${m.blockSize}, ${m.nKvHeads}, ${m.headDim}] ${m.dtype} (${m.pageBytes} bytes each) need ${want}`,
+        abs,
+      );
     }
     if (f.bytes !== null && f.bytes !== st.size) {
       throw kvInvalid(`kv: data file ${f.path} is ${sizeWord(st.size)}, ${KV_MANIFEST} says ${f.bytes}`, abs);
     }
     const pageLen = m.pageBytes;
     data.push({
-      rel: f.path, abs, stats: st,
+      rel: f.path,
+      abs,
+      stats: st,
       tiles: {
         length: idx.length,
         offset: (i) => i * pageLen,
@@ -91,7 +110,13 @@ export async function planMemsnap(root: string, cfg: KvConfig): Promise<KvPlan> 
     }
   }
   return {
-    format: "memsnap", root, dtype: m.dtype, elem: dtypeBytes(m.dtype)!, pageBytes: m.pageBytes, data, verbatim,
+    format: "memsnap",
+    root,
+    dtype: m.dtype,
+    elem: dtypeBytes(m.dtype)!,
+    pageBytes: m.pageBytes,
+    data,
+    verbatim,
     framePages: [],
     meta: {
       engine: m.engine,

@@ -50,8 +50,11 @@ export async function readPagedManifest(abs: string, st: FileStats): Promise<Pag
   }
   const pb = doc.page_bytes;
   if (pb !== undefined && !isPageSize(pb)) {
-    throw kvInvalid(`kv: ${abs} gives page_bytes ${JSON.stringify(pb)}; ` +
-      `a page size is an integer from ${KV_MIN_PAGE_BYTES} to ${KV_MAX_PAGE_BYTES}`, abs);
+    throw kvInvalid(
+      `kv: ${abs} gives page_bytes ${JSON.stringify(pb)}; ` +
+        `a page size is an integer from ${KV_MIN_PAGE_BYTES} to ${KV_MAX_PAGE_BYTES}`,
+      abs,
+    );
   }
   const dtype = canonicalDtype(doc.dtype);
   return { pageBytes: (pb as number | undefined) ?? null, dtype: dtype && dtypeBytes(dtype) ? dtype : null };
@@ -81,8 +84,11 @@ export async function planPaged(root: string, cfg: KvConfig): Promise<KvPlan> {
   }
   const pageBytes = cfg.page_bytes ?? hints?.pageBytes ?? null;
   if (pageBytes === null) {
-    throw kvInvalid(`kv: the paged dump at ${root} does not say its page size: give "page_bytes" in the kv ` +
-      `source's config, or a ${PAGED_MANIFEST} with a top-level page_bytes`, root);
+    throw kvInvalid(
+      `kv: the paged dump at ${root} does not say its page size: give "page_bytes" in the kv ` +
+        `source's config, or a ${PAGED_MANIFEST} with a top-level page_bytes`,
+      root,
+    );
   }
   const dtype = cfg.shape?.dtype ?? hints?.dtype ?? "bytes";
   const { files, skipped } = await walkFiles(root);
@@ -93,7 +99,12 @@ export async function planPaged(root: string, cfg: KvConfig): Promise<KvPlan> {
     const text = PAGED_TEXT_RE.test(f.rel);
     if (text || f.stats.size === 0) {
       verbatim.push({
-        rel: f.rel, abs: f.abs, stats: f.stats, planned: null, zst: null, scan: text && f.stats.size <= SCAN_MAX,
+        rel: f.rel,
+        abs: f.abs,
+        stats: f.stats,
+        planned: null,
+        zst: null,
+        scan: text && f.stats.size <= SCAN_MAX,
       });
       continue;
     }
@@ -101,7 +112,14 @@ export async function planPaged(root: string, cfg: KvConfig): Promise<KvPlan> {
     data.push({ rel: f.rel, abs: f.abs, stats: f.stats, tiles: pagedTiles(f.rel, f.stats.size, pageBytes) });
   }
   return {
-    format: "paged", root, dtype, elem: dtypeBytes(dtype) ?? 1, pageBytes, data, verbatim, framePages: [],
+    format: "paged",
+    root,
+    dtype,
+    elem: dtypeBytes(dtype) ?? 1,
+    pageBytes,
+    data,
+    verbatim,
+    framePages: [],
     meta: {
       manifest: hints ? PAGED_MANIFEST : null,
       page_bytes_from: cfg.page_bytes !== undefined ? "config" : "manifest",

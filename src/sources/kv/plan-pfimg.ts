@@ -8,14 +8,27 @@ import { dtypeBytes, parsePageManifest } from "../pfimg/format.js";
 import type { KvConfig } from "./config.js";
 import { KV_MAX_PAGE_BYTES, kvInvalid } from "./format.js";
 import {
-  checkShape, listTiles, readPageManifest, sizeWord, statFile, type DataFile, type KvPlan, type VerbatimFile,
+  checkShape,
+  listTiles,
+  readPageManifest,
+  sizeWord,
+  statFile,
+  type DataFile,
+  type KvPlan,
+  type VerbatimFile,
 } from "./plan.js";
 
 /** The nearest directory at or above `from` holding `blobs/sha256`. */
 async function findBlobRoot(from: string): Promise<string | null> {
   let d = from;
   for (;;) {
-    if (await stat(join(d, "blobs", "sha256")).then((s) => s.isDirectory(), () => false)) return d;
+    if (
+      await stat(join(d, "blobs", "sha256")).then(
+        (s) => s.isDirectory(),
+        () => false,
+      )
+    )
+      return d;
     const up = dirname(d);
     if (up === d) return null;
     d = up;
@@ -26,15 +39,28 @@ export async function planPfimgPaged(manifestAbs: string, cfg: KvConfig): Promis
   const mSt = await statFile(manifestAbs, "page manifest");
   const bytes = await readPageManifest(manifestAbs, mSt);
   const pm = parsePageManifest(bytes, `kv: page manifest ${manifestAbs}`, manifestAbs);
-  checkShape(cfg, {
-    nLayers: pm.nLayers, nKvHeads: pm.nHeads, headDim: pm.headDim, dtype: pm.dtype, blockSize: pm.pageSizeTokens,
-  }, manifestAbs);
+  checkShape(
+    cfg,
+    {
+      nLayers: pm.nLayers,
+      nKvHeads: pm.nHeads,
+      headDim: pm.headDim,
+      dtype: pm.dtype,
+      blockSize: pm.pageSizeTokens,
+    },
+    manifestAbs,
+  );
   const root = await findBlobRoot(dirname(manifestAbs));
   if (!root) {
-    throw kvInvalid(`kv: no blobs/sha256/ directory at or above ${dirname(manifestAbs)} ` +
-      `to hold the pages of ${manifestAbs}`, manifestAbs);
+    throw kvInvalid(
+      `kv: no blobs/sha256/ directory at or above ${dirname(manifestAbs)} ` + `to hold the pages of ${manifestAbs}`,
+      manifestAbs,
+    );
   }
-  const mRel = manifestAbs.slice(root.length + 1).split("\\").join("/");
+  const mRel = manifestAbs
+    .slice(root.length + 1)
+    .split("\\")
+    .join("/");
   const dtype = pm.dtype ?? cfg.shape?.dtype ?? "bf16";
   const verbatim: VerbatimFile[] = [{ rel: mRel, abs: manifestAbs, stats: mSt, planned: null, zst: null, scan: false }];
   const data: DataFile[] = [];
@@ -62,7 +88,12 @@ export async function planPfimgPaged(manifestAbs: string, cfg: KvConfig): Promis
       const zSt = await lstat(zAbs).catch(() => null);
       if (zSt?.isFile()) {
         verbatim.push({
-          rel: zRel, abs: zAbs, stats: zSt, planned: null, zst: { hex, what, expectRaw: pm.pageBytes }, scan: false,
+          rel: zRel,
+          abs: zAbs,
+          stats: zSt,
+          planned: null,
+          zst: { hex, what, expectRaw: pm.pageBytes },
+          scan: false,
         });
         framePages.push([label, hex]);
         seen.set(hex, "zst");
@@ -73,9 +104,12 @@ export async function planPfimgPaged(manifestAbs: string, cfg: KvConfig): Promis
         throw kvInvalid(`kv: blob sha256:${hex} (${what}) is missing: neither ${zRel} nor ${rRel} under ${root}`, zAbs);
       }
       if (pm.pageBytes !== null && rSt.size !== pm.pageBytes) {
-        throw kvInvalid(`kv: blob sha256:${hex} (${what}) is ${sizeWord(rSt.size)}; ` +
-          `a page of ${pm.nLayers} layers × ${pm.pageSizeTokens} tokens × ${pm.nHeads} heads × ${pm.headDim} × ` +
-          `${dtype} is ${pm.pageBytes}`, rAbs);
+        throw kvInvalid(
+          `kv: blob sha256:${hex} (${what}) is ${sizeWord(rSt.size)}; ` +
+            `a page of ${pm.nLayers} layers × ${pm.pageSizeTokens} tokens × ${pm.nHeads} heads × ${pm.headDim} × ` +
+            `${dtype} is ${pm.pageBytes}`,
+          rAbs,
+        );
       }
       if (rSt.size > KV_MAX_PAGE_BYTES) {
         throw kvInvalid(`kv: blob sha256:${hex} (${what}) is over the ${KV_MAX_PAGE_BYTES}-byte page cap`, rAbs);
@@ -86,7 +120,13 @@ export async function planPfimgPaged(manifestAbs: string, cfg: KvConfig): Promis
     }
   }
   return {
-    format: "pfimg-paged", root, dtype, elem: dtypeBytes(dtype) ?? 1, pageBytes: pm.pageBytes ?? 0, data, verbatim,
+    format: "pfimg-paged",
+    root,
+    dtype,
+    elem: dtypeBytes(dtype) ?? 1,
+    pageBytes: pm.pageBytes ?? 0,
+    data,
+    verbatim,
     framePages,
     meta: {
       manifest: mRel,

@@ -82,7 +82,8 @@ export interface KvPlan {
 export function digestMismatch(msg: string, path: string): MemsnapError {
   return new MemsnapError("MEMSNAP_SOURCE_DIGEST_MISMATCH", msg, {
     path,
-    hint: "the dump's pages do not match its manifest: re-export the KV dump " +
+    hint:
+      "the dump's pages do not match its manifest: re-export the KV dump " +
       "(a page changed after it was hashed, or the file is damaged)",
   });
 }
@@ -116,7 +117,10 @@ export const sizeWord = (n: number): string => `${n} byte${n === 1 ? "" : "s"}`;
 export function checkShape(
   cfg: KvConfig,
   got: {
-    nLayers: number | null; nKvHeads: number | null; headDim: number | null; dtype: string | null;
+    nLayers: number | null;
+    nKvHeads: number | null;
+    headDim: number | null;
+    dtype: string | null;
     blockSize: number | null;
   },
   where: string,
@@ -124,7 +128,8 @@ export function checkShape(
   const s = cfg.shape;
   if (!s) return;
   const pairs: [string, unknown, unknown][] = [
-    ["n_layers", s.n_layers, got.nLayers], ["n_kv_heads", s.n_kv_heads, got.nKvHeads],
+    ["n_layers", s.n_layers, got.nLayers],
+    ["n_kv_heads", s.n_kv_heads, got.nKvHeads],
     ["head_dim", s.head_dim, got.headDim],
     ["block_size", s.block_size, got.blockSize],
   ];

@@ -91,9 +91,15 @@ export async function decideShuffle(plan: KvPlan, mode: "auto" | "on" | "off"): 
   const s = zstdCompressSync(Buffer.concat(shuf), SAMPLE_LEVEL).length;
   const saving = 1 - s / a;
   return {
-    mode, applied: saving >= SHUFFLE_MIN_SAVING, elem_bytes: elem,
+    mode,
+    applied: saving >= SHUFFLE_MIN_SAVING,
+    elem_bytes: elem,
     sample: {
-      pages: plain.length, bytes, zstd3_plain: a, zstd3_shuffled: s, saving_pct: Math.round(saving * 10000) / 100,
+      pages: plain.length,
+      bytes,
+      zstd3_plain: a,
+      zstd3_shuffled: s,
+      saving_pct: Math.round(saving * 10000) / 100,
     },
   };
 }

@@ -38,7 +38,8 @@ export const kvSource: SourceKind<KvConfig> = {
     // The dump directory is rebuilt whole in staging (materialize) and swapped in whole. A
     // ProcessFork page manifest sits in a store other images share: not replaced in place.
     if (layer.meta?.format === "pfimg-paged") {
-      const why = `layer ${layer.name}: a kv layer of a ProcessFork page manifest cannot be restored in place ` +
+      const why =
+        `layer ${layer.name}: a kv layer of a ProcessFork page manifest cannot be restored in place ` +
         "(its store holds other images)";
       throw new MemsnapError("MEMSNAP_USAGE", why, {
         hint: "restore it with --to DIR, or leave it out with --only",
@@ -51,5 +52,5 @@ export const kvSource: SourceKind<KvConfig> = {
   materialize: materializeKv,
   // Pages go to the spool on restore, read back by materializeKv: no file per page. A page
   // with a place goes straight to it, in the spool part of its data file.
-  restoreSpool: (rel: string) => (rel.startsWith("pages/") ? pagePlace(rel) ?? true : false),
+  restoreSpool: (rel: string) => (rel.startsWith("pages/") ? (pagePlace(rel) ?? true) : false),
 };

@@ -10,7 +10,8 @@ import { Grow } from "./format.js";
 /** A damaged kv layer (exit as an artifact whose hash does not match). */
 export function restoreBad(msg: string, path: string): MemsnapError {
   return new MemsnapError("MEMSNAP_ARTIFACT_HASH_MISMATCH", msg, {
-    path, hint: "the bundle's KV layer is damaged; use another copy",
+    path,
+    hint: "the bundle's KV layer is damaged; use another copy",
   });
 }
 

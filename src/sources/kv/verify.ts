@@ -1,6 +1,11 @@
 /** Deep verify of a kv layer's artifacts: pages hash to their names, the index and the dump manifest parse. */
 import {
-  KV_INDEX, KV_MANIFEST, KV_MANIFEST_MAX_BYTES, KV_MAX_PAGE_BYTES, PAGE_ARTIFACT_RE, unshuffle,
+  KV_INDEX,
+  KV_MANIFEST,
+  KV_MANIFEST_MAX_BYTES,
+  KV_MAX_PAGE_BYTES,
+  PAGE_ARTIFACT_RE,
+  unshuffle,
 } from "./format.js";
 import { sha256Hex } from "../pfimg/format.js";
 import { hashFrameChunks } from "../pfimg/frames.js";
@@ -8,7 +13,6 @@ import type { DeepVerifyContext } from "../types.js";
 import { readKvIndex } from "./index-format.js";
 import { readKvManifest } from "./manifest.js";
 import { collect } from "../../util/streams.js";
-
 
 /** Check one artifact of a kv layer; a message when it is bad, null when it is good. */
 export async function deepVerifyKv({ entry, bytes }: DeepVerifyContext): Promise<string | null> {
@@ -22,7 +26,8 @@ export async function deepVerifyKv({ entry, bytes }: DeepVerifyContext): Promise
       return `${entry.path}: ${buf.length} bytes is not a whole number of ${elem}-byte elements`;
     }
     const h = sha256Hex(elem > 1 ? unshuffle(buf, elem) : buf);
-    return h === pm[1] ? null
+    return h === pm[1]
+      ? null
       : `${entry.path}: page hashes to sha256:${h}${elem > 1 ? " after un-shuffling" : ""}, not the digest in its name`;
   }
   if (rel === KV_INDEX) {
@@ -33,7 +38,9 @@ export async function deepVerifyKv({ entry, bytes }: DeepVerifyContext): Promise
       await readKvIndex(feed, {});
       return null;
     } catch (e) {
-      while (!(await it.next()).done) { /* drain */ }
+      while (!(await it.next()).done) {
+        /* drain */
+      }
       return `${entry.path}: ${(e as Error).message}`;
     }
   }
@@ -64,7 +71,9 @@ export async function deepVerifyKv({ entry, bytes }: DeepVerifyContext): Promise
       await readKvManifest(feed, entry.path);
       return null;
     } catch (e) {
-      while (!(await it.next()).done) { /* drain */ }
+      while (!(await it.next()).done) {
+        /* drain */
+      }
       return `${entry.path}: ${(e as Error).message}`;
     }
   }

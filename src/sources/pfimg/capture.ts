@@ -11,7 +11,13 @@ import type { Artifact, CaptureContext, LayerCapture } from "../types.js";
 import { fingerprintOf, sourceChanged, sourceError } from "../walk.js";
 import type { PfimgConfig } from "./config.js";
 import {
-  digestMismatch, pfStoreRoot, planStore, srcInvalid, type PlannedBlob, type PlannedImage, type StorePlan,
+  digestMismatch,
+  pfStoreRoot,
+  planStore,
+  srcInvalid,
+  type PlannedBlob,
+  type PlannedImage,
+  type StorePlan,
 } from "./plan.js";
 
 function unchanged(abs: string, before: Stats): () => Promise<void> {
@@ -70,57 +76,65 @@ function blobArtifact(b: PlannedBlob, layer: string, ctx: { redactor?: Redactor 
     size: b.stats.size,
     mode: b.stats.mode & 0o7777,
     mtime: b.stats.mtime,
-    open: () => (async function* () {
-      const scanner = ctx.redactor && b.scan
-        ? new TextScanner(ctx.redactor, `${layer}/${b.rel}`, b.scan === "sniff") : null;
-      const hasher = new FrameHasher({
-        ...(b.expectRaw !== null ? { maxOutput: b.expectRaw } : {}),
-        ...(scanner ? { onData: (c: Buffer) => scanner.push(c) } : {}),
-      });
-      const fail = (e: unknown): MemsnapError => {
-        if (isMemsnapError(e) && e.code !== "MEMSNAP_PAYLOAD_CORRUPT") return e;
-        if (isMemsnapError(e) && /exceeds the declared size/.test(e.message)) {
-          return srcInvalid(
-            `pfimg: blob sha256:${b.hex} (${b.what}) decompresses to more than the ${b.expectRaw} bytes it must have`,
-            b.abs,
-          );
-        }
-        if (isMemsnapError(e)) {
-          return digestMismatch(
-            `pfimg: blob sha256:${b.hex} (${b.what}) is not a valid zstd frame: ${e.message}`, b.abs, e);
-        }
-        if ((e as NodeJS.ErrnoException).code === "ENOENT") return sourceChanged(b.abs, "it was removed");
-        return sourceError(e, b.abs);
-      };
-      let ended = false;
-      try {
-        if (b.kept) {
-          await hasher.push(b.kept);
-          yield b.kept;
-        } else {
-          for await (const c of createReadStream(b.abs, { start: 0, end: b.stats.size, highWaterMark: 1 << 20 })) {
-            await hasher.push(c as Buffer);
-            yield c as Buffer;
+    open: () =>
+      (async function* () {
+        const scanner =
+          ctx.redactor && b.scan ? new TextScanner(ctx.redactor, `${layer}/${b.rel}`, b.scan === "sniff") : null;
+        const hasher = new FrameHasher({
+          ...(b.expectRaw !== null ? { maxOutput: b.expectRaw } : {}),
+          ...(scanner ? { onData: (c: Buffer) => scanner.push(c) } : {}),
+        });
+        const fail = (e: unknown): MemsnapError => {
+          if (isMemsnapError(e) && e.code !== "MEMSNAP_PAYLOAD_CORRUPT") return e;
+          if (isMemsnapError(e) && /exceeds the declared size/.test(e.message)) {
+            return srcInvalid(
+              `pfimg: blob sha256:${b.hex} (${b.what}) decompresses to more than the ${b.expectRaw} bytes it must have`,
+              b.abs,
+            );
           }
+          if (isMemsnapError(e)) {
+            return digestMismatch(
+              `pfimg: blob sha256:${b.hex} (${b.what}) is not a valid zstd frame: ${e.message}`,
+              b.abs,
+              e,
+            );
+          }
+          if ((e as NodeJS.ErrnoException).code === "ENOENT") return sourceChanged(b.abs, "it was removed");
+          return sourceError(e, b.abs);
+        };
+        let ended = false;
+        try {
+          if (b.kept) {
+            await hasher.push(b.kept);
+            yield b.kept;
+          } else {
+            for await (const c of createReadStream(b.abs, { start: 0, end: b.stats.size, highWaterMark: 1 << 20 })) {
+              await hasher.push(c as Buffer);
+              yield c as Buffer;
+            }
+          }
+          const d = await hasher.end();
+          ended = true;
+          if (d.hex !== b.hex) {
+            throw digestMismatch(
+              `pfimg: blob sha256:${b.hex} (${b.what}) decompresses to content with digest sha256:${d.hex}`,
+              b.abs,
+            );
+          }
+          if (b.expectRaw !== null && d.size !== b.expectRaw) {
+            throw srcInvalid(
+              `pfimg: blob sha256:${b.hex} (${b.what}) holds ${d.size} bytes, expected ${b.expectRaw}`,
+              b.abs,
+            );
+          }
+          b.rawSize = d.size;
+          await scanner?.end();
+        } catch (e) {
+          throw fail(e);
+        } finally {
+          if (!ended) hasher.abort();
         }
-        const d = await hasher.end();
-        ended = true;
-        if (d.hex !== b.hex) {
-          throw digestMismatch(
-            `pfimg: blob sha256:${b.hex} (${b.what}) decompresses to content with digest sha256:${d.hex}`, b.abs);
-        }
-        if (b.expectRaw !== null && d.size !== b.expectRaw) {
-          throw srcInvalid(
-            `pfimg: blob sha256:${b.hex} (${b.what}) holds ${d.size} bytes, expected ${b.expectRaw}`, b.abs);
-        }
-        b.rawSize = d.size;
-        await scanner?.end();
-      } catch (e) {
-        throw fail(e);
-      } finally {
-        if (!ended) hasher.abort();
-      }
-    })(),
+      })(),
     check: unchanged(b.abs, b.stats),
   };
 }
@@ -175,8 +189,8 @@ export async function capturePfimg(cfg: PfimgConfig, ctx: CaptureContext): Promi
   const plan = await planStore(root, sel, cfg.with_parents ?? false, ctx.signal);
   const layer = cfg.name;
   return {
-    estimatedBytes: plan.images.reduce((n, i) => n + i.bytes.length, 0) +
-      plan.blobs.reduce((n, b) => n + b.stats.size, 0),
+    estimatedBytes:
+      plan.images.reduce((n, i) => n + i.bytes.length, 0) + plan.blobs.reduce((n, b) => n + b.stats.size, 0),
     artifacts: (async function* (): AsyncGenerator<Artifact> {
       for (const img of plan.images) {
         if (ctx.redactor) {

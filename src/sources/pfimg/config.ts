@@ -1,6 +1,11 @@
 /** The pfimg source's config. */
 import {
-  configInvalid, optBool, optString, optStringArray, rejectUnknownKeys, reqString,
+  configInvalid,
+  optBool,
+  optString,
+  optStringArray,
+  rejectUnknownKeys,
+  reqString,
 } from "../../util/config-check.js";
 import { digestHex } from "./format.js";
 

@@ -32,20 +32,44 @@ export const IMAGE_MEDIA_TYPE = "application/vnd.processfork.image.v1+json";
 
 /** Bytes per element of the KV dtypes ProcessFork and memsnap know (with common aliases). */
 export const DTYPE_BYTES: Readonly<Record<string, number>> = {
-  bf16: 2, bfloat16: 2, f16: 2, fp16: 2, float16: 2, half: 2,
-  f32: 4, fp32: 4, float32: 4, float: 4,
-  fp8e4m3: 1, fp8_e4m3: 1, float8_e4m3fn: 1, fp8: 1, e4m3: 1,
+  bf16: 2,
+  bfloat16: 2,
+  f16: 2,
+  fp16: 2,
+  float16: 2,
+  half: 2,
+  f32: 4,
+  fp32: 4,
+  float32: 4,
+  float: 4,
+  fp8e4m3: 1,
+  fp8_e4m3: 1,
+  float8_e4m3fn: 1,
+  fp8: 1,
+  e4m3: 1,
 };
 
 const CANONICAL_DTYPE: Readonly<Record<string, string>> = {
-  bf16: "bf16", bfloat16: "bf16", f16: "f16", fp16: "f16", float16: "f16", half: "f16",
-  f32: "f32", fp32: "f32", float32: "f32", float: "f32",
-  fp8e4m3: "fp8e4m3", fp8_e4m3: "fp8e4m3", float8_e4m3fn: "fp8e4m3", fp8: "fp8e4m3", e4m3: "fp8e4m3",
+  bf16: "bf16",
+  bfloat16: "bf16",
+  f16: "f16",
+  fp16: "f16",
+  float16: "f16",
+  half: "f16",
+  f32: "f32",
+  fp32: "f32",
+  float32: "f32",
+  float: "f32",
+  fp8e4m3: "fp8e4m3",
+  fp8_e4m3: "fp8e4m3",
+  float8_e4m3fn: "fp8e4m3",
+  fp8: "fp8e4m3",
+  e4m3: "fp8e4m3",
 };
 
 /** The canonical name of a dtype (`bf16`, `f16`, `f32`, `fp8e4m3`), or null when unknown. */
 export function canonicalDtype(dtype: unknown): string | null {
-  return typeof dtype === "string" ? CANONICAL_DTYPE[dtype.toLowerCase()] ?? null : null;
+  return typeof dtype === "string" ? (CANONICAL_DTYPE[dtype.toLowerCase()] ?? null) : null;
 }
 
 /** The byte width of a dtype name, or null when unknown. */
@@ -128,7 +152,12 @@ export function parseImageManifest(bytes: Buffer, hex: string, path: string): Im
   }
   const refs: BlobRef[] = [];
   const ref = (
-    obj: unknown, key: string, what: string, category: BlobCategory, role: BlobRef["role"], optionalName = false,
+    obj: unknown,
+    key: string,
+    what: string,
+    category: BlobCategory,
+    role: BlobRef["role"],
+    optionalName = false,
   ): string | null => {
     const v = field(obj, key);
     if (v === undefined || v === null || v === "") return null;
@@ -208,8 +237,8 @@ export function parsePageManifest(bytes: Buffer, where: string, path?: string): 
     throw invalid(`${where} has an unknown dtype ${JSON.stringify(dtype)} (bf16, f16, f32, fp8e4m3)`, path);
   }
   const eb = dtypeBytes(dtype);
-  const pageBytes = pageSizeTokens && nLayers && nHeads && headDim && eb
-    ? nLayers * pageSizeTokens * nHeads * headDim * eb : null;
+  const pageBytes =
+    pageSizeTokens && nLayers && nHeads && headDim && eb ? nLayers * pageSizeTokens * nHeads * headDim * eb : null;
   const rawPages = field(doc, "pages");
   if (!Array.isArray(rawPages)) throw invalid(`${where} has no pages array`, path);
   const pages = rawPages.map((p: unknown, i: number) => {
@@ -221,13 +250,22 @@ export function parsePageManifest(bytes: Buffer, where: string, path?: string): 
     return { ix, k, v };
   });
   return {
-    pageSizeTokens, nLayers, nHeads, headDim, dtype, pageBytes, pages, logicalSeqs: field(doc, "logical_seqs") ?? null,
+    pageSizeTokens,
+    nLayers,
+    nHeads,
+    headDim,
+    dtype,
+    pageBytes,
+    pages,
+    logicalSeqs: field(doc, "logical_seqs") ?? null,
   };
 }
 
 /** Parse an `fs.tree.v1` blob: the file entries that reference blobs. */
 export function parseFsTree(
-  bytes: Buffer, where: string, path?: string,
+  bytes: Buffer,
+  where: string,
+  path?: string,
 ): { path: string; hex: string; size: number | null }[] {
   let doc: unknown;
   try {
@@ -250,7 +288,8 @@ export function parseFsTree(
     }
     const size = field(e, "size");
     out.push({
-      path: typeof p === "string" ? p : "?", hex,
+      path: typeof p === "string" ? p : "?",
+      hex,
       size: Number.isSafeInteger(size) && (size as number) >= 0 ? (size as number) : null,
     });
   }

@@ -240,7 +240,8 @@ export class FrameHasher {
 
 /** Decompress and hash a whole zstd stream given as chunks. */
 export async function hashFrameChunks(
-  chunks: AsyncIterable<Buffer>, opts: { maxOutput?: number; onData?: (b: Buffer) => void | Promise<void> } = {},
+  chunks: AsyncIterable<Buffer>,
+  opts: { maxOutput?: number; onData?: (b: Buffer) => void | Promise<void> } = {},
 ): Promise<FrameDigest> {
   const h = new FrameHasher(opts);
   try {
@@ -257,8 +258,16 @@ export async function decompressToBuffer(frame: Buffer, maxOutput: number): Prom
   const small = tryDecompressSmall(frame, maxOutput);
   if (small) return { bytes: small, hex: sha256Hex(small) };
   const parts: Buffer[] = [];
-  const d = await hashFrameChunks((async function* () { yield frame; })(), {
-    maxOutput, onData: (b) => { parts.push(b); },
-  });
+  const d = await hashFrameChunks(
+    (async function* () {
+      yield frame;
+    })(),
+    {
+      maxOutput,
+      onData: (b) => {
+        parts.push(b);
+      },
+    },
+  );
   return { bytes: Buffer.concat(parts), hex: d.hex };
 }

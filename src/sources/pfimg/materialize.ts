@@ -12,7 +12,8 @@ const materialized = new WeakMap<LayerEntry, Set<string>>();
 
 function restoreBad(msg: string, path: string): MemsnapError {
   return new MemsnapError("MEMSNAP_ARTIFACT_HASH_MISMATCH", msg, {
-    path, hint: "the bundle's ProcessFork layer is damaged; use another copy",
+    path,
+    hint: "the bundle's ProcessFork layer is damaged; use another copy",
   });
 }
 
@@ -25,13 +26,16 @@ function restoreBad(msg: string, path: string): MemsnapError {
 export function declaredRawBytes(layer: LayerEntry): number | string {
   const v = (layer.meta as Record<string, unknown> | undefined)?.raw_bytes;
   if (typeof v === "number" && Number.isSafeInteger(v) && v >= 0) return v;
-  return `layer ${layer.name}: the manifest does not declare the layer's raw size (meta.raw_bytes, ` +
-    "a non-negative integer), so its blobs cannot be decompressed within a bound";
+  return (
+    `layer ${layer.name}: the manifest does not declare the layer's raw size (meta.raw_bytes, ` +
+    "a non-negative integer), so its blobs cannot be decompressed within a bound"
+  );
 }
 
 function overBudget(msg: string, path: string): MemsnapError {
   return new MemsnapError("MEMSNAP_UNSAFE_BUNDLE", msg, {
-    path, hint: "the bundle was not written by memsnap or was altered (a decompression bomb); do not use it",
+    path,
+    hint: "the bundle was not written by memsnap or was altered (a decompression bomb); do not use it",
   });
 }
 
@@ -44,7 +48,10 @@ export class RawBudget {
    * decompressed.
    */
   reported = false;
-  constructor(readonly declared: number, public left = declared) {}
+  constructor(
+    readonly declared: number,
+    public left = declared,
+  ) {}
   /** Decompress and hash `bytes` within what is left; null when it ran past it. */
   async hash(bytes: AsyncIterable<Buffer>): Promise<{ hex: string; size: number } | null> {
     try {
@@ -87,20 +94,28 @@ export async function materializeStore(dir: string, layer: LayerEntry): Promise<
       // is stopped there, not decompressed to its end before its name is compared.
       let d;
       try {
-        d = await budget.hash(f.stats.size <= SMALL_READ
-          ? (async function* () { yield readFileSync(f.abs); })()
-          : createReadStream(f.abs, { highWaterMark: 1 << 20 }));
+        d = await budget.hash(
+          f.stats.size <= SMALL_READ
+            ? (async function* () {
+                yield readFileSync(f.abs);
+              })()
+            : createReadStream(f.abs, { highWaterMark: 1 << 20 }),
+        );
       } catch (e) {
         throw restoreBad(`${where}: not a valid zstd frame (${(e as Error).message})`, where);
       }
       if (d === null) {
-        throw overBudget(`${where}: the layer's blobs decompress to more than the ${declared} bytes ` +
-          "its manifest declares (meta.raw_bytes)", where);
+        throw overBudget(
+          `${where}: the layer's blobs decompress to more than the ${declared} bytes ` +
+            "its manifest declares (meta.raw_bytes)",
+          where,
+        );
       }
       if (d.hex !== bm[2]) throw restoreBad(`${where}: decompresses to sha256:${d.hex}, not its name`, where);
     } else {
       throw new MemsnapError("MEMSNAP_BUNDLE_MALFORMED", `${where} is not a ProcessFork store path`, {
-        path: where, hint: "the bundle was not written by memsnap or was altered",
+        path: where,
+        hint: "the bundle was not written by memsnap or was altered",
       });
     }
   }

@@ -6,7 +6,14 @@ import { homedir } from "node:os";
 import { join, resolve } from "node:path";
 import { MemsnapError, isMemsnapError } from "../../errors.js";
 import {
-  blobRel, digestHex, imageRel, parseFsTree, parseImageManifest, parsePageManifest, sha256Hex, type BlobCategory,
+  blobRel,
+  digestHex,
+  imageRel,
+  parseFsTree,
+  parseImageManifest,
+  parsePageManifest,
+  sha256Hex,
+  type BlobCategory,
   type ImageManifest,
 } from "./format.js";
 import { decompressToBuffer } from "./frames.js";
@@ -22,7 +29,7 @@ export const IMAGE_MAX_BYTES = 64 * 1024 * 1024;
  */
 export const SMALL_READ = 1024 * 1024;
 export const readSmall = (abs: string, size: number): Promise<Buffer> | Buffer =>
-  (size <= SMALL_READ ? readFileSync(abs) : readFile(abs));
+  size <= SMALL_READ ? readFileSync(abs) : readFile(abs);
 /** Structural blobs (page manifest, fs tree) are parsed in memory: caps on their sizes. */
 const STRUCT_MAX_COMPRESSED = 256 * 1024 * 1024;
 const STRUCT_MAX_RAW = 1024 * 1024 * 1024;
@@ -67,7 +74,12 @@ export interface StorePlan {
 }
 
 const SCAN: Partial<Record<Role, "text" | "sniff">> = {
-  "model-diff": "text", env: "text", ledger: "text", trace: "text", manifest: "text", procs: "sniff",
+  "model-diff": "text",
+  env: "text",
+  ledger: "text",
+  trace: "text",
+  manifest: "text",
+  procs: "sniff",
   "fs-file": "sniff",
 };
 
@@ -80,8 +92,10 @@ export function srcInvalid(msg: string, path?: string): MemsnapError {
 
 export function digestMismatch(msg: string, path: string, cause?: unknown): MemsnapError {
   return new MemsnapError("MEMSNAP_SOURCE_DIGEST_MISMATCH", msg, {
-    path, ...(cause === undefined ? {} : { cause }),
-    hint: "the store holds a corrupt or altered blob; restore it from a good copy (ProcessFork can re-fetch it) " +
+    path,
+    ...(cause === undefined ? {} : { cause }),
+    hint:
+      "the store holds a corrupt or altered blob; restore it from a good copy (ProcessFork can re-fetch it) " +
       "and retry",
   });
 }
@@ -95,7 +109,6 @@ export function pfStoreRoot(store: string | undefined, baseDir: string): string 
   return join(homedir(), ".processfork");
 }
 
-
 /**
  * Walk a store from the selected images to every blob they reach. Reads and verifies image
  * manifests and the structural blobs it has to parse (cache page manifest, fs tree); stats
@@ -103,7 +116,10 @@ export function pfStoreRoot(store: string | undefined, baseDir: string): string 
  * MEMSNAP_SOURCE_INVALID (a blob missing, bad JSON), MEMSNAP_SOURCE_DIGEST_MISMATCH.
  */
 export async function planStore(
-  root: string, selection: string[] | "all", withParents: boolean, signal?: AbortSignal,
+  root: string,
+  selection: string[] | "all",
+  withParents: boolean,
+  signal?: AbortSignal,
 ): Promise<StorePlan> {
   let rs: Stats;
   try {
@@ -145,7 +161,12 @@ export async function planStore(
   let curLayout: string | null = null;
 
   const addBlob = async (
-    hex: string, what: string, category: BlobCategory, role: Role, expectRaw: number | null, optional = false,
+    hex: string,
+    what: string,
+    category: BlobCategory,
+    role: Role,
+    expectRaw: number | null,
+    optional = false,
   ): Promise<void> => {
     if (blobs.has(hex)) return;
     signal?.throwIfAborted();
@@ -163,14 +184,27 @@ export async function planStore(
     }
     if (!st.isFile()) throw srcInvalid(`pfimg: blob sha256:${hex} (${what}) is not a regular file`, abs);
     const b: PlannedBlob = {
-      hex, rel, abs, stats: st, what, category, role, expectRaw, scan: SCAN[role] ?? null, kept: null, rawSize: null,
+      hex,
+      rel,
+      abs,
+      stats: st,
+      what,
+      category,
+      role,
+      expectRaw,
+      scan: SCAN[role] ?? null,
+      kept: null,
+      rawSize: null,
     };
     blobs.set(hex, b);
     if (role !== "cache-manifest" && role !== "fs-tree") return;
     // Structural: read, verify, parse, and follow.
     if (st.size > STRUCT_MAX_COMPRESSED) {
-      throw srcInvalid(`pfimg: blob sha256:${hex} (${what}) is ${st.size} bytes, ` +
-        `over the ${STRUCT_MAX_COMPRESSED}-byte cap for a ${role}`, abs);
+      throw srcInvalid(
+        `pfimg: blob sha256:${hex} (${what}) is ${st.size} bytes, ` +
+          `over the ${STRUCT_MAX_COMPRESSED}-byte cap for a ${role}`,
+        abs,
+      );
     }
     let frame: Buffer;
     try {
@@ -183,11 +217,16 @@ export async function planStore(
       raw = await decompressToBuffer(frame, STRUCT_MAX_RAW);
     } catch (e) {
       throw digestMismatch(
-        `pfimg: blob sha256:${hex} (${what}) is not a valid zstd frame: ${(e as Error).message}`, abs, e);
+        `pfimg: blob sha256:${hex} (${what}) is not a valid zstd frame: ${(e as Error).message}`,
+        abs,
+        e,
+      );
     }
     if (raw.hex !== hex) {
       throw digestMismatch(
-        `pfimg: blob sha256:${hex} (${what}) decompresses to content with digest sha256:${raw.hex}`, abs);
+        `pfimg: blob sha256:${hex} (${what}) decompresses to content with digest sha256:${raw.hex}`,
+        abs,
+      );
     }
     b.rawSize = raw.bytes.length;
     if (frame.length <= KEEP_MAX && frame.length === st.size) b.kept = frame;
@@ -227,10 +266,13 @@ export async function planStore(
       if ((e as NodeJS.ErrnoException).code === "ENOENT") {
         if (from) {
           throw srcInvalid(
-            `pfimg: parent image sha256:${hex} of image sha256:${from} is not in the store ${root}`, abs);
+            `pfimg: parent image sha256:${hex} of image sha256:${from} is not in the store ${root}`,
+            abs,
+          );
         }
         throw new MemsnapError("MEMSNAP_SOURCE_MISSING", `pfimg: image sha256:${hex} is not in the store ${root}`, {
-          path: abs, hint: "fix the pfimg source's images list (or its store) in memsnap.json",
+          path: abs,
+          hint: "fix the pfimg source's images list (or its store) in memsnap.json",
         });
       }
       throw sourceError(e, abs);
@@ -239,7 +281,9 @@ export async function planStore(
     const got = sha256Hex(bytes);
     if (got !== hex) {
       throw digestMismatch(
-        `pfimg: image manifest ${imageRel(hex)} hashes to sha256:${got}, not its id sha256:${hex}`, abs);
+        `pfimg: image manifest ${imageRel(hex)} hashes to sha256:${got}, not its id sha256:${hex}`,
+        abs,
+      );
     }
     const manifest = parseImageManifest(bytes, hex, abs);
     images.push({ hex, abs, bytes, stats: st, manifest });
@@ -249,8 +293,11 @@ export async function planStore(
     for (const r of manifest.refs) {
       if (r.role === "cache-manifest") {
         if (manifest.cacheLayout !== null && manifest.cacheLayout !== "paged-batchinvariant-v1") {
-          throw srcInvalid(`pfimg: image sha256:${hex} has cache layout ${JSON.stringify(manifest.cacheLayout)}; ` +
-            "this memsnap reads paged-batchinvariant-v1", abs);
+          throw srcInvalid(
+            `pfimg: image sha256:${hex} has cache layout ${JSON.stringify(manifest.cacheLayout)}; ` +
+              "this memsnap reads paged-batchinvariant-v1",
+            abs,
+          );
         }
         curLayout = manifest.cacheLayout ?? "paged-batchinvariant-v1";
       }

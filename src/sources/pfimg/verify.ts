@@ -7,7 +7,6 @@ import { IMAGE_MAX_BYTES } from "./plan.js";
 import { RawBudget, declaredRawBytes } from "./materialize.js";
 import { collect } from "../../util/streams.js";
 
-
 /** Deep verify's budgets, one per layer entry of the manifest being verified. */
 const deepBudgets = new WeakMap<LayerEntry, RawBudget>();
 
@@ -38,8 +37,10 @@ export async function deepVerifyPfimg({ entry, bytes, layer }: DeepVerifyContext
       const d = budget ? await budget.hash(bytes) : await hashFrameChunks(bytes);
       if (d === null) {
         budget!.reported = true;
-        return `${entry.path}: the layer's blobs decompress to more than the ${budget!.declared} bytes ` +
-          "its manifest declares (meta.raw_bytes)";
+        return (
+          `${entry.path}: the layer's blobs decompress to more than the ${budget!.declared} bytes ` +
+          "its manifest declares (meta.raw_bytes)"
+        );
       }
       return d.hex === bm[2] ? null : `${entry.path}: blob decompresses to sha256:${d.hex}, not the digest in its name`;
     } catch (e) {

@@ -7,7 +7,11 @@ import { open, rm, stat, type FileHandle } from "node:fs/promises";
 import { join, resolve } from "node:path";
 import { MemsnapError } from "../../errors.js";
 import {
-  SqliteWorker, type CheckResult, type CopyResult, type LiveBeginResult, type LiveVerifyResult,
+  SqliteWorker,
+  type CheckResult,
+  type CopyResult,
+  type LiveBeginResult,
+  type LiveVerifyResult,
 } from "./worker-host.js";
 import type { Artifact, CaptureContext, LayerCapture } from "../types.js";
 import { fileArtifact, fingerprintOf, sourceError, walkFiles, walkNotices, type FoundFile } from "../walk.js";
@@ -80,7 +84,11 @@ export async function captureLayer(cfg: SqliteConfig, ctx: CaptureContext): Prom
   }
 
   /** A look-ahead: the next database's redaction scan, in its own short read transaction, in the other worker. */
-  interface Ahead { f: FoundFile; live: LiveRead; done: Promise<unknown> }
+  interface Ahead {
+    f: FoundFile;
+    live: LiveRead;
+    done: Promise<unknown>;
+  }
   let ahead: Ahead | null = null;
   const startAhead = async (f: FoundFile | undefined, cur: FoundFile | null, w: SqliteWorker): Promise<void> => {
     if (!f || !liveOn || !redact || ctx.signal?.aborted || reused.has(f)) return;
@@ -94,10 +102,17 @@ export async function captureLayer(cfg: SqliteConfig, ctx: CaptureContext): Prom
     }
     const live = new LiveRead(++handles, fh, f, w);
     lives.add(live);
-    const done = w.call<LiveBeginResult>({
-      op: "live_begin", handle: live.handle, src: f.abs, fd: fh.fd, busyTimeoutMs: cfg.busy_timeout_ms, redact,
-      hold: false,
-    }).catch(() => undefined); // a failure is met again (and reported) when its turn comes
+    const done = w
+      .call<LiveBeginResult>({
+        op: "live_begin",
+        handle: live.handle,
+        src: f.abs,
+        fd: fh.fd,
+        busyTimeoutMs: cfg.busy_timeout_ms,
+        redact,
+        hold: false,
+      })
+      .catch(() => undefined); // a failure is met again (and reported) when its turn comes
     ahead = { f, live, done };
   };
 
@@ -118,19 +133,26 @@ export async function captureLayer(cfg: SqliteConfig, ctx: CaptureContext): Prom
         if (prev) {
           databases[f.rel] = { ...prev, reused: true };
           yield {
-            path: f.rel, kind: "sqlite", size: f.stats.size, mode: f.stats.mode & 0o7777, mtime: f.stats.mtime,
+            path: f.rel,
+            kind: "sqlite",
+            size: f.stats.size,
+            mode: f.stats.mode & 0o7777,
+            mtime: f.stats.mtime,
             fingerprint: fingerprintOf(f.stats),
             open: () => {
-              throw new MemsnapError("MEMSNAP_INTERNAL",
-                `${f.abs} was to be referenced by the incremental snapshot, not read`);
+              throw new MemsnapError(
+                "MEMSNAP_INTERNAL",
+                `${f.abs} was to be referenced by the incremental snapshot, not read`,
+              );
             },
           };
           continue;
         }
         const w = workerFor(i);
-        const job = <T>(p: Promise<T>): Promise<T> => p.catch((e: unknown) => {
-          throw ctx.signal?.aborted ? e : sqliteSourceError(e, f.abs, ctx.tmpDir);
-        });
+        const job = <T>(p: Promise<T>): Promise<T> =>
+          p.catch((e: unknown) => {
+            throw ctx.signal?.aborted ? e : sqliteSourceError(e, f.abs, ctx.tmpDir);
+          });
         const sourceBytes = f.stats.size + (await sizeOr0(`${f.abs}-wal`));
 
         // ---- the live read: the file itself under a read transaction, when that is sound
@@ -155,10 +177,20 @@ export async function captureLayer(cfg: SqliteConfig, ctx: CaptureContext): Prom
           await startAhead(dbs[i + 1], f, workerFor(i + 1)); // runs while this one is scanned and streams
           let r: LiveBeginResult;
           try {
-            r = await job(l.worker.call<LiveBeginResult>({
-              op: "live_begin", handle: l.handle, src: f.abs, fd: l.fh.fd, busyTimeoutMs: cfg.busy_timeout_ms, redact,
-              hold: true,
-            }, ctx.signal));
+            r = await job(
+              l.worker.call<LiveBeginResult>(
+                {
+                  op: "live_begin",
+                  handle: l.handle,
+                  src: f.abs,
+                  fd: l.fh.fd,
+                  busyTimeoutMs: cfg.busy_timeout_ms,
+                  redact,
+                  hold: true,
+                },
+                ctx.signal,
+              ),
+            );
           } catch (e) {
             lives.delete(l);
             await l.release();
@@ -167,7 +199,8 @@ export async function captureLayer(cfg: SqliteConfig, ctx: CaptureContext): Prom
           if (r.eligible) {
             // quick_check and the row counts run in the worker, in the same transaction, while the bytes stream.
             const verified = l.worker.call<LiveVerifyResult>(
-              { op: "live_verify", handle: l.handle, limit: 10 }, ctx.signal,
+              { op: "live_verify", handle: l.handle, limit: 10 },
+              ctx.signal,
             );
             verified.catch(() => undefined); // awaited in check()
             const meta: SqliteDbMeta = {
@@ -179,14 +212,22 @@ export async function captureLayer(cfg: SqliteConfig, ctx: CaptureContext): Prom
               prepare_ms: r.ms,
               quick_check: "ok",
               tables: {},
-              ...(r.scan ? {
-                redaction: {
-                  scrub: "none", tables: r.scan.tables, cells_scanned: r.scan.cells_scanned, candidates: 0,
-                  cells_redacted: 0,
-                  fts_rebuilt: [], fts_optimized: [], stat4_cleared: false, skipped: liveReadSkips(r.virtualTables),
-                  live_scan: { ...r.scan, ...(r.reused ? { reused: true } : {}) },
-                } satisfies SqliteRedactionStats,
-              } : {}),
+              ...(r.scan
+                ? {
+                    redaction: {
+                      scrub: "none",
+                      tables: r.scan.tables,
+                      cells_scanned: r.scan.cells_scanned,
+                      candidates: 0,
+                      cells_redacted: 0,
+                      fts_rebuilt: [],
+                      fts_optimized: [],
+                      stat4_cleared: false,
+                      skipped: liveReadSkips(r.virtualTables),
+                      live_scan: { ...r.scan, ...(r.reused ? { reused: true } : {}) },
+                    } satisfies SqliteRedactionStats,
+                  }
+                : {}),
             };
             const mapError = (e: unknown): unknown => (ctx.signal?.aborted ? e : sqliteSourceError(e, f.abs));
             yield liveArtifact(f, l, r, meta, verified, databases, mapError);
@@ -206,23 +247,27 @@ export async function captureLayer(cfg: SqliteConfig, ctx: CaptureContext): Prom
           const kind = await sniff(f.abs);
           if (kind === "other" || kind === "random") throw notSqlite(f.abs, kind);
         }
-        const cr = await job(w.call<CopyResult>(
-          { op: "copy", src: f.abs, dest: copy, busyTimeoutMs: cfg.busy_timeout_ms }, ctx.signal,
-        ));
+        const cr = await job(
+          w.call<CopyResult>({ op: "copy", src: f.abs, dest: copy, busyTimeoutMs: cfg.busy_timeout_ms }, ctx.signal),
+        );
         let redaction: SqliteRedactionStats | undefined;
         if (ctx.redactor) {
           const r = await redactSqliteCopy(copy, ctx.redactor, `${cfg.name}/${f.rel}`, ctx.signal);
           redaction = r.stats;
           if (r.changed) await job(w.call({ op: "vacuum", path: copy }, ctx.signal));
         }
-        const chk = await job(w.call<CheckResult>(
-          { op: "check", path: copy, pragma: "quick_check", limit: 10, counts: true }, ctx.signal,
-        ));
+        const chk = await job(
+          w.call<CheckResult>({ op: "check", path: copy, pragma: "quick_check", limit: 10, counts: true }, ctx.signal),
+        );
         if (chk.problems.length !== 1 || chk.problems[0] !== "ok") {
-          throw new MemsnapError("MEMSNAP_SOURCE_INVALID",
-            `the copy of ${f.abs} fails quick_check: ${chk.problems.slice(0, 3).join("; ")}`, {
-              path: f.abs, hint: DAMAGED_HINT,
-            });
+          throw new MemsnapError(
+            "MEMSNAP_SOURCE_INVALID",
+            `the copy of ${f.abs} fails quick_check: ${chk.problems.slice(0, 3).join("; ")}`,
+            {
+              path: f.abs,
+              hint: DAMAGED_HINT,
+            },
+          );
         }
         let st;
         try {
@@ -245,7 +290,12 @@ export async function captureLayer(cfg: SqliteConfig, ctx: CaptureContext): Prom
         const pageSize = cr.pragmas.page_size;
         // An incremental snapshot stores only the pages of the copy that changed (a VACUUM INTO
         // copy moves pages after a change less often than not: matched by content, not place).
-        yield { ...a, mode: f.stats.mode & 0o7777, mtime: f.stats.mtime, ...(pageSize > 0 ? { chunking: { mode: "pages" as const, pageSize } } : {}) };
+        yield {
+          ...a,
+          mode: f.stats.mode & 0o7777,
+          mtime: f.stats.mtime,
+          ...(pageSize > 0 ? { chunking: { mode: "pages" as const, pageSize } } : {}),
+        };
         // The pipeline has packed and checked the artifact: drop the copy now to bound disk use.
         await removeCopy(copy);
       }
@@ -256,7 +306,9 @@ export async function captureLayer(cfg: SqliteConfig, ctx: CaptureContext): Prom
       for (const w of workers.splice(0)) await w?.close();
       for (const l of [...lives]) await l.release();
       return {
-        root, root_is_file: files.length === 1 && files[0]!.abs === root, databases,
+        root,
+        root_is_file: files.length === 1 && files[0]!.abs === root,
+        databases,
         skipped: { ...skipped, side_files: sideFiles },
       };
     },

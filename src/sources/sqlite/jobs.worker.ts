@@ -54,13 +54,19 @@ async function run(job: SqliteJob): Promise<unknown> {
   if (job.op === "check") {
     const db = new D(job.path, { readonly: true, fileMustExist: true });
     try {
-      const problems = db.prepare<[], unknown>("PRAGMA " + job.pragma + "(" + Number(job.limit) + ")")
-        .pluck().all().map(String);
+      const problems = db
+        .prepare<[], unknown>("PRAGMA " + job.pragma + "(" + Number(job.limit) + ")")
+        .pluck()
+        .all()
+        .map(String);
       const out: CheckResult = { problems };
       if (job.counts && problems.length === 1 && problems[0] === "ok") {
         const tables: Record<string, number> = {};
         for (const t of ordinaryTables(db)) {
-          tables[t] = db.prepare<[], number>("SELECT count(*) FROM " + qi(t)).pluck().get()!;
+          tables[t] = db
+            .prepare<[], number>("SELECT count(*) FROM " + qi(t))
+            .pluck()
+            .get()!;
         }
         out.tables = tables;
       }

@@ -15,8 +15,13 @@ import { ftsContentOption } from "./redact-copy.js";
 
 /** The artifact of a live read: the database file's bytes, read while the worker holds the read transaction. */
 export function liveArtifact(
-  f: FoundFile, live: LiveRead, r: LiveBeginResult, meta: SqliteDbMeta, verified: Promise<LiveVerifyResult>,
-  databases: Record<string, SqliteDbMeta>, mapError: (e: unknown) => unknown,
+  f: FoundFile,
+  live: LiveRead,
+  r: LiveBeginResult,
+  meta: SqliteDbMeta,
+  verified: Promise<LiveVerifyResult>,
+  databases: Record<string, SqliteDbMeta>,
+  mapError: (e: unknown) => unknown,
 ): Artifact {
   const size = r.size;
   return {
@@ -61,7 +66,8 @@ export function liveArtifact(
         if (v.problems.length !== 1 || v.problems[0] !== "ok") {
           const msg = `${f.abs} fails quick_check: ${v.problems.slice(0, 3).join("; ")}`;
           throw new MemsnapError("MEMSNAP_SOURCE_INVALID", msg, {
-            path: f.abs, hint: DAMAGED_HINT,
+            path: f.abs,
+            hint: DAMAGED_HINT,
           });
         }
         // The read transaction kept SQLite writers out; a size or mtime change means something else wrote the file.
@@ -119,7 +125,12 @@ export function liveReadSkips(
  */
 export class LiveRead {
   #released: Promise<void> | null = null;
-  constructor(readonly handle: number, readonly fh: FileHandle, readonly f: FoundFile, readonly worker: SqliteWorker) {}
+  constructor(
+    readonly handle: number,
+    readonly fh: FileHandle,
+    readonly f: FoundFile,
+    readonly worker: SqliteWorker,
+  ) {}
 
   /** End the read transaction, close the connection, then the file handle. Idempotent; never rejects. */
   release(): Promise<void> {

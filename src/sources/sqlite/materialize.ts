@@ -25,21 +25,27 @@ export async function materializeLayer(dir: string, layer: LayerEntry): Promise<
       try {
         await w.call({ op: "materialize", path: f.abs, journalMode: jm });
       } catch (e) {
-        const code = e instanceof SqliteJobError ? e.sqliteCode ?? "" : "";
+        const code = e instanceof SqliteJobError ? (e.sqliteCode ?? "") : "";
         if (code === "SQLITE_NOTADB" || code.startsWith("SQLITE_CORRUPT")) {
           const msg = `${name} does not open as an SQLite database: ${(e as Error).message}`;
           throw new MemsnapError("MEMSNAP_DEEP_VERIFY_FAILED", msg, {
-            path: name, cause: e, hint: "run `memsnap verify --deep` on the bundle",
+            path: name,
+            cause: e,
+            hint: "run `memsnap verify --deep` on the bundle",
           });
         }
         if (code === "SQLITE_FULL") {
           throw new MemsnapError("MEMSNAP_DEST_FULL", `no space left restoring ${name}`, {
-            path: name, cause: e, hint: "free space on the destination",
+            path: name,
+            cause: e,
+            hint: "free space on the destination",
           });
         }
         const msg = `cannot open the restored database ${name}: ${(e as Error).message}`;
         throw new MemsnapError("MEMSNAP_DEST_UNWRITABLE", msg, {
-          path: name, cause: e, hint: "check that the destination is writable",
+          path: name,
+          cause: e,
+          hint: "check that the destination is writable",
         });
       }
     }

@@ -30,7 +30,8 @@ interface BsDatabase {
   close(): void;
 }
 type BsCtor = new (
-  path: string, opts?: { readonly?: boolean; fileMustExist?: boolean; timeout?: number },
+  path: string,
+  opts?: { readonly?: boolean; fileMustExist?: boolean; timeout?: number },
 ) => BsDatabase;
 
 let bsCache: BsCtor | undefined;
@@ -52,8 +53,21 @@ const BATCH_CELLS = 1000;
 /** Candidate text bytes per batch. */
 const BATCH_BYTES = 8 * 1024 * 1024;
 
-interface TableListRow { schema: string; name: string; type: string; ncol: number; wr: number; strict: number }
-interface XInfoRow { cid: number; name: string; type: string; pk: number; hidden: number }
+interface TableListRow {
+  schema: string;
+  name: string;
+  type: string;
+  ncol: number;
+  wr: number;
+  strict: number;
+}
+interface XInfoRow {
+  cid: number;
+  name: string;
+  type: string;
+  pk: number;
+  hidden: number;
+}
 
 /** The `content=` option of an FTS3/4/5 declaration: undefined (own content), "" (contentless) or a table name. */
 export function ftsContentOption(sql: string): string | undefined {
@@ -90,27 +104,40 @@ export function ftsContentOption(sql: string): string | undefined {
     const q = v[0];
     if ((q === "'" || q === '"' || q === "`") && v.endsWith(q) && v.length >= 2) {
       v = v.slice(1, -1).replaceAll(q + q, q);
-    }
-    else if (q === "[" && v.endsWith("]")) v = v.slice(1, -1);
+    } else if (q === "[" && v.endsWith("]")) v = v.slice(1, -1);
     return v;
   }
   return undefined;
 }
 
-interface Target { name: string; fts: boolean; withoutRowid: boolean }
+interface Target {
+  name: string;
+  fts: boolean;
+  withoutRowid: boolean;
+}
 
 /**
  * Redact the TEXT cells of the database copy at `path` in place (see the module comment).
  * `changed` is true when any byte of the file's content changed (the caller then VACUUMs).
  */
 export async function redactSqliteCopy(
-  path: string, redactor: Redactor, artifact: string, signal?: AbortSignal,
+  path: string,
+  redactor: Redactor,
+  artifact: string,
+  signal?: AbortSignal,
 ): Promise<{ stats: SqliteRedactionStats; changed: boolean }> {
   const Database = betterSqlite();
   const db = new Database(path, { fileMustExist: true });
   const stats: SqliteRedactionStats = {
-    scrub: "secure_delete+vacuum", tables: 0, cells_scanned: 0, candidates: 0, cells_redacted: 0,
-    blob_cells: { scanned: 0, redacted: 0, unredacted: 0 }, fts_rebuilt: [], fts_optimized: [], stat4_cleared: false,
+    scrub: "secure_delete+vacuum",
+    tables: 0,
+    cells_scanned: 0,
+    candidates: 0,
+    cells_redacted: 0,
+    blob_cells: { scanned: 0, redacted: 0, unredacted: 0 },
+    fts_rebuilt: [],
+    fts_optimized: [],
+    stat4_cleared: false,
     skipped: [],
   };
   const changedTables = new Set<string>();
@@ -125,8 +152,7 @@ export async function redactSqliteCopy(
       .filter((t) => t.schema === "main")
       .sort((a, b) => (a.name < b.name ? -1 : a.name > b.name ? 1 : 0));
     const tables = db.prepare("SELECT name, sql FROM sqlite_schema WHERE type = 'table'").all();
-    const sqlOf = new Map((tables as Array<{ name: string; sql: string | null }>)
-      .map((r) => [r.name, r.sql ?? ""]));
+    const sqlOf = new Map((tables as Array<{ name: string; sql: string | null }>).map((r) => [r.name, r.sql ?? ""]));
     const lowerNames = new Set(list.map((t) => t.name.toLowerCase()));
     const targets: Target[] = [];
     const ftsExternal: Array<{ name: string; content: string }> = [];
@@ -147,13 +173,13 @@ export async function redactSqliteCopy(
       if (content === undefined) targets.push({ name: t.name, fts: true, withoutRowid: false });
       else if (content === "") {
         stats.skipped.push({ table: t.name, reason: `contentless ${mod} table: its text cannot be read back` });
-      }
-      else ftsExternal.push({ name: t.name, content });
+      } else ftsExternal.push({ name: t.name, content });
     }
 
     const dropTriggers = (): void => {
       if (dropped.triggers) return;
-      const list = db.prepare("SELECT name, sql FROM sqlite_schema WHERE type = 'trigger' AND sql IS NOT NULL")
+      const list = db
+        .prepare("SELECT name, sql FROM sqlite_schema WHERE type = 'trigger' AND sql IS NOT NULL")
         .all() as Array<{ name: string; sql: string }>;
       for (const tr of list) db.exec(`DROP TRIGGER ${qi(tr.name)}`);
       dropped.triggers = list;
@@ -187,12 +213,16 @@ export async function redactSqliteCopy(
     } else {
       for (const f of ftsExternal) {
         stats.skipped.push({
-          table: f.name, reason: `external-content FTS table: indexes ${f.content}, which had nothing to redact`,
+          table: f.name,
+          reason: `external-content FTS table: indexes ${f.content}, which had nothing to redact`,
         });
       }
     }
     const toRecreate = dropped.triggers;
-    if (toRecreate) db.transaction(() => { for (const tr of toRecreate) db.exec(tr.sql); })();
+    if (toRecreate)
+      db.transaction(() => {
+        for (const tr of toRecreate) db.exec(tr.sql);
+      })();
     return { stats, changed };
   } catch (e) {
     if (e instanceof MemsnapError) throw e;
@@ -200,8 +230,10 @@ export async function redactSqliteCopy(
     const code = String((e as { code?: unknown }).code ?? "");
     if (code === "SQLITE_FULL" || code.startsWith("SQLITE_IOERR")) throw sqliteSourceError(e, artifact, path);
     throw new MemsnapError("MEMSNAP_SOURCE_INVALID", `cannot redact the copy of ${artifact}: ${(e as Error).message}`, {
-      path: artifact, cause: e,
-      hint: "disable redaction for this snapshot (--no-redact) and encrypt the bundle instead, " +
+      path: artifact,
+      cause: e,
+      hint:
+        "disable redaction for this snapshot (--no-redact) and encrypt the bundle instead, " +
         "or report the schema that failed",
     });
   } finally {
@@ -213,14 +245,22 @@ const yieldToLoop = (): Promise<void> => new Promise((r) => setImmediate(r));
 
 /** Redact one table (or FTS table); returns the number of cells changed. */
 async function redactTable(
-  db: BsDatabase, target: Target, redactor: Redactor, artifact: string, stats: SqliteRedactionStats,
-  beforeWrite: () => void, signal?: AbortSignal,
+  db: BsDatabase,
+  target: Target,
+  redactor: Redactor,
+  artifact: string,
+  stats: SqliteRedactionStats,
+  beforeWrite: () => void,
+  signal?: AbortSignal,
 ): Promise<number> {
   const cols = (db.pragma(`table_xinfo(${qi(target.name)})`) as XInfoRow[]).filter((c) => c.hidden === 0);
   if (cols.length === 0) return 0;
   let keys: string[];
   if (target.withoutRowid) {
-    keys = cols.filter((c) => c.pk > 0).sort((a, b) => a.pk - b.pk).map((c) => qi(c.name));
+    keys = cols
+      .filter((c) => c.pk > 0)
+      .sort((a, b) => a.pk - b.pk)
+      .map((c) => qi(c.name));
   } else {
     const names = new Set(cols.map((c) => c.name.toLowerCase()));
     const alias = ["rowid", "_rowid_", "oid"].find((a) => !names.has(a));
@@ -339,9 +379,8 @@ export function isTextBlob(b: Buffer): boolean {
 function writeCell(stmt: BsStatement, value: string | Buffer, key: unknown[]): boolean {
   for (let n = 1; ; n++) {
     try {
-      const v = n === 1
-        ? value
-        : typeof value === "string" ? `${value}#${n}` : Buffer.concat([value, Buffer.from(`#${n}`)]);
+      const v =
+        n === 1 ? value : typeof value === "string" ? `${value}#${n}` : Buffer.concat([value, Buffer.from(`#${n}`)]);
       return stmt.run(v, ...key).changes > 0;
     } catch (e) {
       const code = String((e as { code?: unknown }).code ?? "");

@@ -59,18 +59,19 @@ export const sqliteSource: SourceKind<SqliteConfig> = {
 
   async liveTarget(cfg, baseDir, layer) {
     const abs = resolve(baseDir, cfg.path);
-    const dbs = isPlainObject(layer.meta) && isPlainObject(layer.meta.databases)
-      ? Object.keys(layer.meta.databases)
-      : [];
+    const dbs =
+      isPlainObject(layer.meta) && isPlainObject(layer.meta.databases) ? Object.keys(layer.meta.databases) : [];
     // Whether the layer was one database file (not a directory of them): what matters when the
     // live path is missing (a new machine), else the live path says. Bundles before root_is_file
     // tell by the captured root, a file whose name is the one database's.
     const root = layer.meta?.root;
-    const capturedFile = typeof layer.meta?.root_is_file === "boolean"
-      ? layer.meta.root_is_file
-      : dbs.length === 1 && dbs[0] === basename(abs) && typeof root === "string" && basename(root) === dbs[0];
+    const capturedFile =
+      typeof layer.meta?.root_is_file === "boolean"
+        ? layer.meta.root_is_file
+        : dbs.length === 1 && dbs[0] === basename(abs) && typeof root === "string" && basename(root) === dbs[0];
     const t = await pathTarget(abs, capturedFile, {
-      include: cfg.include ?? SQLITE_DEFAULT_INCLUDE, exclude: cfg.exclude,
+      include: cfg.include ?? SQLITE_DEFAULT_INCLUDE,
+      exclude: cfg.exclude,
     });
     const owns = t.owns!;
     return {
@@ -95,8 +96,10 @@ export const sqliteSource: SourceKind<SqliteConfig> = {
           for (const name of Object.keys(want)) {
             try {
               const count = db.prepare(`SELECT count(*) AS n FROM "${name.replace(/"/g, '""')}"`);
-            live[name] = (count.get() as { n: number }).n;
-            } catch { /* table absent live */ }
+              live[name] = (count.get() as { n: number }).n;
+            } catch {
+              /* table absent live */
+            }
           }
         } finally {
           db.close();
@@ -108,7 +111,7 @@ export const sqliteSource: SourceKind<SqliteConfig> = {
       const deltas = Object.entries(want).map(([name, n]) => {
         const before = live[name];
         if (before === undefined) return `${name} +${n} (new table)`;
-      return `${name} ${before} → ${n} (${n - before >= 0 ? "+" : ""}${n - before})`;
+        return `${name} ${before} → ${n} (${n - before >= 0 ? "+" : ""}${n - before})`;
       });
       lines.push(`${rel}: rows ${deltas.join(", ") || "(no tables)"}`);
     }

@@ -36,8 +36,9 @@ export type NativeWithWalk = NativePrefilter & { sqliteWalk?: unknown; sqliteWal
 // escape that can hide a secret either, candidate() is false, so the common "no" is answered
 // without decoding; any other answer goes to candidate().
 const prefilterPath = (workerData as SqliteWorkerData).prefilterPath;
-export const NATIVE: NativeWithWalk | null =
-  prefilterPath ? createRequire(import.meta.url)(prefilterPath) as NativeWithWalk : null;
+export const NATIVE: NativeWithWalk | null = prefilterPath
+  ? (createRequire(import.meta.url)(prefilterPath) as NativeWithWalk)
+  : null;
 
 /** A Buffer with Node's own decoders (what `toString` calls, without its argument checks). */
 export type Sliceable = Buffer & { utf8Slice(a: number, e: number): string; latin1Slice(a: number, e: number): string };

@@ -12,12 +12,18 @@ import type { LiveScanStats } from "./worker-types.js";
 // one: <name>_content).
 export function scanTargets(db: Db): Array<{ name: string; wr: boolean; cols: string[] }> {
   return (db.pragma("table_list") as TableListRow[])
-    .filter((t) => t.schema === "main" && (t.type === "table" || t.type === "shadow")
-      && !/^sqlite_(temp_)?(schema|master)$/i.test(t.name))
+    .filter(
+      (t) =>
+        t.schema === "main" &&
+        (t.type === "table" || t.type === "shadow") &&
+        !/^sqlite_(temp_)?(schema|master)$/i.test(t.name),
+    )
     .map((t) => ({
-      name: t.name, wr: t.wr === 1,
+      name: t.name,
+      wr: t.wr === 1,
       cols: (db.pragma("table_xinfo(" + qi(t.name) + ")") as Array<{ name: string; hidden: number }>)
-        .filter((c) => c.hidden !== 1).map((c) => c.name),
+        .filter((c) => c.hidden !== 1)
+        .map((c) => c.name),
     }))
     .filter((t) => t.cols.length > 0);
 }
@@ -30,9 +36,12 @@ const ROW_MAX = 256 << 20;
 // (which walks only that table's pages), or null when dbstat is not available.
 function payloadBound(db: Db, name: string): { total: number; row: number } | null {
   try {
-    const r = db.prepare<[string], [number | null, number | null]>(
-      "SELECT sum(payload), max(mx_payload) FROM dbstat WHERE name = ? AND aggregate = 1",
-    ).raw(true).get(name);
+    const r = db
+      .prepare<[string], [number | null, number | null]>(
+        "SELECT sum(payload), max(mx_payload) FROM dbstat WHERE name = ? AND aggregate = 1",
+      )
+      .raw(true)
+      .get(name);
     return r && r[0] !== null ? { total: r[0], row: Math.max(1, r[1] || 1) } : { total: 0, row: 1 };
   } catch (e) {
     if (e && (e as { code?: unknown }).code === "SQLITE_ERROR") return null; // no dbstat in this build
@@ -65,8 +74,10 @@ export async function scanCells(h: Handle, st: LiveScanStats): Promise<void> {
     st.tables++;
     // TEXT as it is, a BLOB as the text its bytes read as (NULs kept, invalid UTF-8 as U+FFFD:
     // every ASCII byte shows as itself, which is all an anchor needs).
-    const text = t.cols.map((c) =>
-      "CASE typeof(" + qi(c) + ") WHEN 'text' THEN " + qi(c) + " WHEN 'blob' THEN CAST(" + qi(c) + " AS TEXT) END");
+    const text = t.cols.map(
+      (c) =>
+        "CASE typeof(" + qi(c) + ") WHEN 'text' THEN " + qi(c) + " WHEN 'blob' THEN CAST(" + qi(c) + " AS TEXT) END",
+    );
     const rowText = text.length === 1 ? text[0] : "concat_ws(char(10), " + text.join(", ") + ")";
     const nText = t.cols.map((c) => "(typeof(" + qi(c) + ") IN ('text', 'blob'))").join(" + ");
     const lower = new Set(t.cols.map((c) => c.toLowerCase()));
@@ -83,15 +94,24 @@ export async function scanCells(h: Handle, st: LiveScanStats): Promise<void> {
       continue;
     }
     if (rid && bound) {
-      const rowCount = db.prepare<[], number>("SELECT count(*) FROM " + T).pluck().get()!;
-      const rows = Math.max(1, Math.min(Math.floor(CHUNK_MAX / bound.row),
-        Math.ceil(rowCount * CHUNK_BYTES / Math.max(1, bound.total))));
-      const next = db.prepare<[bigint, number], bigint>(
-        "SELECT " + rid + " FROM " + T + " WHERE " + rid + " > ? ORDER BY " + rid + " LIMIT 1 OFFSET ?",
-      ).pluck().safeIntegers(true);
-      const first = db.prepare<[number], bigint>(
-        "SELECT " + rid + " FROM " + T + " ORDER BY " + rid + " LIMIT 1 OFFSET ?",
-      ).pluck().safeIntegers(true);
+      const rowCount = db
+        .prepare<[], number>("SELECT count(*) FROM " + T)
+        .pluck()
+        .get()!;
+      const rows = Math.max(
+        1,
+        Math.min(Math.floor(CHUNK_MAX / bound.row), Math.ceil((rowCount * CHUNK_BYTES) / Math.max(1, bound.total))),
+      );
+      const next = db
+        .prepare<[bigint, number], bigint>(
+          "SELECT " + rid + " FROM " + T + " WHERE " + rid + " > ? ORDER BY " + rid + " LIMIT 1 OFFSET ?",
+        )
+        .pluck()
+        .safeIntegers(true);
+      const first = db
+        .prepare<[number], bigint>("SELECT " + rid + " FROM " + T + " ORDER BY " + rid + " LIMIT 1 OFFSET ?")
+        .pluck()
+        .safeIntegers(true);
       const sel = "SELECT total(" + nText + "), group_concat(" + rowText + ", char(10)) FROM " + T + " WHERE ";
       const mid = db.prepare<[bigint, bigint], Joined>(sel + rid + " > ? AND " + rid + " <= ?").raw(true);
       const head = db.prepare<[bigint], Joined>(sel + rid + " <= ?").raw(true);
@@ -100,9 +120,18 @@ export async function scanCells(h: Handle, st: LiveScanStats): Promise<void> {
       for (;;) {
         let hi: RowId | undefined = lo === null ? first.get(rows - 1) : next.get(lo, rows - 1);
         if (hi === undefined) hi = null;
-        const [n, joined] = (hi === null
-          ? (lo === null ? db.prepare<[], Joined>(sel + "1").raw(true).get() : tail.get(lo))
-          : lo === null ? head.get(hi) : mid.get(lo, hi))!;
+        const [n, joined] = (
+          hi === null
+            ? lo === null
+              ? db
+                  .prepare<[], Joined>(sel + "1")
+                  .raw(true)
+                  .get()
+              : tail.get(lo)
+            : lo === null
+              ? head.get(hi)
+              : mid.get(lo, hi)
+        )!;
         st.cells_scanned += n;
         if (joined && hit(joined, t.name)) return;
         if (hi === null) break;
@@ -112,7 +141,10 @@ export async function scanCells(h: Handle, st: LiveScanStats): Promise<void> {
       continue;
     }
     // WITHOUT ROWID too big to join whole (or no dbstat): one string per row.
-    const it = db.prepare<[], Joined>("SELECT " + nText + ", " + rowText + " FROM " + T).raw(true).iterate();
+    const it = db
+      .prepare<[], Joined>("SELECT " + nText + ", " + rowText + " FROM " + T)
+      .raw(true)
+      .iterate();
     try {
       let k = 0;
       for (const [n, s] of it) {

@@ -41,8 +41,16 @@ export function closeHandle(h: Handle): void {
   h.released = true;
   if (h.busy) return; // live_begin is running on it (suspended in a scan): it closes the handle when it resumes
   if (h.db) {
-    try { if (h.db.inTransaction) h.db.exec("ROLLBACK"); } catch { /* closing anyway */ }
-    try { h.db.close(); } catch { /* already closed */ }
+    try {
+      if (h.db.inTransaction) h.db.exec("ROLLBACK");
+    } catch {
+      /* closing anyway */
+    }
+    try {
+      h.db.close();
+    } catch {
+      /* already closed */
+    }
     h.db = null;
   }
 }

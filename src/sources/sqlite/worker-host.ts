@@ -40,7 +40,14 @@ import { workerUrl } from "../../util/worker-path.js";
 import type { SqliteJob, SqliteReply, SqliteRequest, SqliteWorkerData } from "./worker-types.js";
 
 export type {
-  CheckResult, CopyResult, LiveBeginJob, LiveBeginResult, LiveScanStats, LiveVerifyResult, SourcePragmas, SqliteJob,
+  CheckResult,
+  CopyResult,
+  LiveBeginJob,
+  LiveBeginResult,
+  LiveScanStats,
+  LiveVerifyResult,
+  SourcePragmas,
+  SqliteJob,
 } from "./worker-types.js";
 
 /** A failure inside the worker: the SQLite (or Node) error code and message. */
@@ -61,9 +68,14 @@ export function betterSqlitePath(): string {
     try {
       bsqlPathCache = createRequire(import.meta.url).resolve("better-sqlite3");
     } catch (e) {
-      throw new MemsnapError("MEMSNAP_INTERNAL", "the sqlite source needs the better-sqlite3 package, which is not installed", {
-        cause: e, hint: "reinstall memsnap (npm install) so its native dependency is built",
-      });
+      throw new MemsnapError(
+        "MEMSNAP_INTERNAL",
+        "the sqlite source needs the better-sqlite3 package, which is not installed",
+        {
+          cause: e,
+          hint: "reinstall memsnap (npm install) so its native dependency is built",
+        },
+      );
     }
   }
   return bsqlPathCache;
@@ -84,7 +96,9 @@ export class SqliteWorker {
   /** `walk: "js"` keeps the live read's page walk in JS even where the native one is built (tests compare them). */
   constructor(opts: { walk?: "native" | "js" } = {}) {
     this.#worker = new Worker(workerUrl("sources/sqlite/jobs.worker.js"), {
-      execArgv: [], resourceLimits: { maxYoungGenerationSizeMb: 16 }, workerData: {
+      execArgv: [],
+      resourceLimits: { maxYoungGenerationSizeMb: 16 },
+      workerData: {
         bsqlPath: betterSqlitePath(),
         prefilterPath: nativePrefilter() === null ? null : NATIVE_PREFILTER_PATH,
         walk: opts.walk ?? "native",
@@ -105,10 +119,12 @@ export class SqliteWorker {
       this.#pending.clear();
     };
     this.#worker.on("error", (e) => fail(new SqliteJobError(undefined, `sqlite worker failed: ${e.message}`)));
-    this.#exited = new Promise((res) => this.#worker.once("exit", (code) => {
-      fail(new SqliteJobError(undefined, `sqlite worker exited (code ${code})`));
-      res();
-    }));
+    this.#exited = new Promise((res) =>
+      this.#worker.once("exit", (code) => {
+        fail(new SqliteJobError(undefined, `sqlite worker exited (code ${code})`));
+        res();
+      }),
+    );
   }
 
   /** Run one job; rejects with a {@link SqliteJobError}. An aborted signal terminates the worker. */
@@ -123,8 +139,14 @@ export class SqliteWorker {
       };
       signal?.addEventListener("abort", onAbort, { once: true });
       this.#pending.set(id, {
-        resolve: (v) => { signal?.removeEventListener("abort", onAbort); resolve(v as T); },
-        reject: (e) => { signal?.removeEventListener("abort", onAbort); reject(e); },
+        resolve: (v) => {
+          signal?.removeEventListener("abort", onAbort);
+          resolve(v as T);
+        },
+        reject: (e) => {
+          signal?.removeEventListener("abort", onAbort);
+          reject(e);
+        },
       });
       this.#worker.ref();
       this.#worker.postMessage({ id, job } satisfies SqliteRequest);

@@ -10,7 +10,12 @@ import type { CellState } from "./worker-pages.js";
 import { load, ordinaryTables, qi } from "./worker-sql.js";
 import { scanStale } from "./worker-stale.js";
 import type {
-  LiveBeginJob, LiveBeginResult, LiveScanStats, LiveVerifyResult, SourcePragmas, SqliteJob,
+  LiveBeginJob,
+  LiveBeginResult,
+  LiveScanStats,
+  LiveVerifyResult,
+  SourcePragmas,
+  SqliteJob,
 } from "./worker-types.js";
 
 function walBytes(src: string): number {
@@ -55,11 +60,20 @@ export async function liveBegin(job: LiveBeginJob): Promise<LiveBeginResult> {
     const pageCount = db.pragma("page_count", { simple: true }) as number;
     const wal = pragmas.journal_mode === "wal" ? walBytes(job.src) : 0;
     const stat = fstatSync(h.fd);
-    const virtualTables = db.prepare<[], { name: string; sql: string | null }>(
-      "SELECT name, sql FROM sqlite_schema WHERE type = 'table' AND sql LIKE 'CREATE VIRTUAL%'",
-    ).all().map((r) => ({ name: r.name, sql: r.sql || "" }));
+    const virtualTables = db
+      .prepare<[], { name: string; sql: string | null }>(
+        "SELECT name, sql FROM sqlite_schema WHERE type = 'table' AND sql LIKE 'CREATE VIRTUAL%'",
+      )
+      .all()
+      .map((r) => ({ name: r.name, sql: r.sql || "" }));
     const out: LiveBeginResult = {
-      eligible: false, pragmas, size: stat.size, mtimeMs: stat.mtimeMs, walBytes: wal, virtualTables, ms: 0,
+      eligible: false,
+      pragmas,
+      size: stat.size,
+      mtimeMs: stat.mtimeMs,
+      walBytes: wal,
+      virtualTables,
+      ms: 0,
     };
     let reason: string | null = null;
     if (pragmas.journal_mode === "wal") {
@@ -78,7 +92,13 @@ export async function liveBegin(job: LiveBeginJob): Promise<LiveBeginResult> {
         reason = c.reason;
       } else {
         const st: LiveScanStats = {
-          tables: 0, cells_scanned: 0, text_bytes: 0, candidates: 0, stale_bytes: 0, free_pages: 0, ms: 0,
+          tables: 0,
+          cells_scanned: 0,
+          text_bytes: 0,
+          candidates: 0,
+          stale_bytes: 0,
+          free_pages: 0,
+          ms: 0,
         };
         const s0 = performance.now();
         try {
@@ -138,12 +158,19 @@ export function liveVerify(job: Extract<SqliteJob, { op: "live_verify" }>): Live
   if (!h || !h.holding) throw new Error("no live read transaction " + job.handle);
   const db = h.db!;
   const t0 = performance.now();
-  const problems = db.prepare<[], unknown>("PRAGMA quick_check(" + Number(job.limit) + ")").pluck().all().map(String);
+  const problems = db
+    .prepare<[], unknown>("PRAGMA quick_check(" + Number(job.limit) + ")")
+    .pluck()
+    .all()
+    .map(String);
   const t1 = performance.now();
   const tables: Record<string, number> = {};
   if (problems.length === 1 && problems[0] === "ok") {
     for (const t of ordinaryTables(db)) {
-      tables[t] = db.prepare<[], number>("SELECT count(*) FROM " + qi(t)).pluck().get()!;
+      tables[t] = db
+        .prepare<[], number>("SELECT count(*) FROM " + qi(t))
+        .pluck()
+        .get()!;
     }
   }
   return { problems, tables, quickCheckMs: Math.round(t1 - t0), countMs: Math.round(performance.now() - t1) };

@@ -40,7 +40,12 @@ export interface CellScan {
 }
 
 /** A record's overflow chain, read forward only. */
-interface Overflow { next: number; start: number; page: number; count: number }
+interface Overflow {
+  next: number;
+  start: number;
+  page: number;
+  count: number;
+}
 
 const SERIAL_FIXED = [0, 1, 2, 3, 4, 6, 8, 8, 0, 0];
 export const TEXT_BATCH = 1 << 16;
@@ -53,7 +58,10 @@ export function varint(b: Buffer, p: number, end: number): number {
     if (p >= end) return -1;
     const x = b[p++]!;
     v = v * 128 + (x & 0x7f);
-    if (x < 0x80) { vpos = p; return v; }
+    if (x < 0x80) {
+      vpos = p;
+      return v;
+    }
   }
   if (p >= end) return -1;
   v = v * 256 + b[p++]!;
@@ -62,12 +70,23 @@ export function varint(b: Buffer, p: number, end: number): number {
 }
 
 export function newCellScan(
-  h: Handle, st: LiveScanStats, ps: number, usable: number, pageCount: number, free: Uint8Array,
+  h: Handle,
+  st: LiveScanStats,
+  ps: number,
+  usable: number,
+  pageCount: number,
+  free: Uint8Array,
 ): CellScan {
   return {
     state: "scan",
-    h, st, ps, usable, pageCount, free,
-    batch: Buffer.allocUnsafe(TEXT_BATCH), n: 0,
+    h,
+    st,
+    ps,
+    usable,
+    pageCount,
+    free,
+    batch: Buffer.allocUnsafe(TEXT_BATCH),
+    n: 0,
     ob: Buffer.allocUnsafe(ps), // the overflow page in hand
   };
 }
@@ -103,13 +122,22 @@ export function pageCells(cs: CellScan, b: Buffer, ho: number, type: number, nCe
   const minLocal = Math.floor(((usable - 12) * 32) / 255) - 23;
   for (let i = 0; i < nCell && cs.state === "scan"; i++) {
     let c = b.readUInt16BE(ptrs + 2 * i);
-    if (c < cStart || c >= usable) { cs.state = "unparsed"; return; }
+    if (c < cStart || c >= usable) {
+      cs.state = "unparsed";
+      return;
+    }
     if (type === 2) c += 4; // the left child's page number
     const P = varint(b, c, usable);
-    if (P < 0) { cs.state = "unparsed"; return; }
+    if (P < 0) {
+      cs.state = "unparsed";
+      return;
+    }
     c = vpos;
     if (type === 13) {
-      if (varint(b, c, usable) < 0) { cs.state = "unparsed"; return; }
+      if (varint(b, c, usable) < 0) {
+        cs.state = "unparsed";
+        return;
+      }
       c = vpos; // past the rowid
     }
     let local = P;
@@ -117,7 +145,10 @@ export function pageCells(cs: CellScan, b: Buffer, ho: number, type: number, nCe
       const k = minLocal + ((P - minLocal) % (usable - 4));
       local = k <= maxLocal ? k : minLocal;
     }
-    if (c + local + (local < P ? 4 : 0) > usable) { cs.state = "unparsed"; return; }
+    if (c + local + (local < P ? 4 : 0) > usable) {
+      cs.state = "unparsed";
+      return;
+    }
     record(cs, b, c, local, P, local < P ? b.readUInt32BE(c + local) : 0);
   }
 }
@@ -125,7 +156,10 @@ export function pageCells(cs: CellScan, b: Buffer, ho: number, type: number, nCe
 // The TEXT values of one record: payload bytes [0, local) at b[c...], the rest on overflow pages from ovfl.
 function record(cs: CellScan, b: Buffer, c: number, local: number, P: number, ovfl: number): void {
   const hs = varint(b, c, c + local);
-  if (hs < 1 || hs > local || hs > P) { cs.state = "unparsed"; return; }
+  if (hs < 1 || hs > local || hs > P) {
+    cs.state = "unparsed";
+    return;
+  }
   let p = vpos;
   let off = hs;
   const ov = { next: ovfl, start: local, page: 0, count: 0 }; // the chain, read forward only
@@ -137,9 +171,15 @@ function record(cs: CellScan, b: Buffer, c: number, local: number, P: number, ov
       t = varint(b, p, he);
       p = vpos;
     }
-    if (t < 0 || t === 10 || t === 11) { cs.state = "unparsed"; return; }
+    if (t < 0 || t === 10 || t === 11) {
+      cs.state = "unparsed";
+      return;
+    }
     const len = t < 12 ? SERIAL_FIXED[t]! : Math.floor((t - 12) / 2);
-    if (off + len > P) { cs.state = "unparsed"; return; }
+    if (off + len > P) {
+      cs.state = "unparsed";
+      return;
+    }
     if (t >= 12) {
       // TEXT (odd) and BLOB (even): a BLOB's bytes are tested as the text they read as
       cs.st.cells_scanned++;
@@ -164,7 +204,10 @@ function record(cs: CellScan, b: Buffer, c: number, local: number, P: number, ov
 // Copy payload bytes [off, off + len) into the batch (or a buffer of their own) and, in the
 // latter case, test them at once. False when the scan stops (unparsed).
 function text(cs: CellScan, b: Buffer, c: number, local: number, ov: Overflow, off: number, len: number): boolean {
-  if (len > TEXT_VALUE_MAX) { cs.state = "unparsed"; return false; }
+  if (len > TEXT_VALUE_MAX) {
+    cs.state = "unparsed";
+    return false;
+  }
   let dst = room(cs, len);
   let at = 0;
   if (dst === null) dst = Buffer.allocUnsafe(len);
@@ -187,7 +230,10 @@ function text(cs: CellScan, b: Buffer, c: number, local: number, ov: Overflow, o
         cs.state = "unparsed";
         return false;
       }
-      if (readSync(cs.h.fd, cs.ob, 0, cs.ps, (pn - 1) * cs.ps) !== cs.ps) { cs.state = "unparsed"; return false; }
+      if (readSync(cs.h.fd, cs.ob, 0, cs.ps, (pn - 1) * cs.ps) !== cs.ps) {
+        cs.state = "unparsed";
+        return false;
+      }
       ov.page = pn;
       ov.next = cs.ob.readUInt32BE(0);
     }

@@ -6,7 +6,14 @@ import type { SqliteWorkerData } from "./worker-types.js";
 export type DatabaseCtor = typeof import("better-sqlite3");
 export type Db = import("better-sqlite3").Database;
 /** A row of `PRAGMA table_list`. */
-export interface TableListRow { schema: string; name: string; type: string; ncol: number; wr: number; strict: number }
+export interface TableListRow {
+  schema: string;
+  name: string;
+  type: string;
+  ncol: number;
+  wr: number;
+  strict: number;
+}
 
 let Database: DatabaseCtor | null = null;
 /** better-sqlite3, loaded on first use from the path the host resolved. */

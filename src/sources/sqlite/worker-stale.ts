@@ -17,7 +17,11 @@ const ZERO = Buffer.alloc(65536);
 // blocks; the unused tail of overflow pages. Each region is tested on its own (latin1 view of
 // its bytes, as src/redact/stream.ts does) with the pre-filter and for a long token run.
 export async function scanStale(
-  h: Handle, st: LiveScanStats, size: number, pageCount: number, cellsIn: { state: CellState } | null = null,
+  h: Handle,
+  st: LiveScanStats,
+  size: number,
+  pageCount: number,
+  cellsIn: { state: CellState } | null = null,
 ): Promise<string | null> {
   if (size === 0) return null; // an empty file is an empty database
   const fd = h.fd;
@@ -84,9 +88,15 @@ export async function scanStale(
         let ok = ptrEnd <= cStart && cStart <= usable;
         const blocks: number[] = [];
         for (let fb = b.readUInt16BE(ho + 1), prev = 0, guard = 0; ok && fb; guard++) {
-          if (fb <= prev || fb < cStart || fb + 4 > usable || guard > ps) { ok = false; break; }
+          if (fb <= prev || fb < cStart || fb + 4 > usable || guard > ps) {
+            ok = false;
+            break;
+          }
           const sz = b.readUInt16BE(fb + 2);
-          if (sz < 4 || fb + sz > usable) { ok = false; break; }
+          if (sz < 4 || fb + sz > usable) {
+            ok = false;
+            break;
+          }
           blocks.push(fb + 4, fb + sz);
           prev = fb;
           fb = b.readUInt16BE(fb);
@@ -105,7 +115,8 @@ export async function scanStale(
     await maybeYield(h);
   }
   if (cells !== null && cells.state === "scan") {
-    if (verdict) cells.state = "unparsed"; // the walk stopped early: the cells were not all seen
+    if (verdict)
+      cells.state = "unparsed"; // the walk stopped early: the cells were not all seen
     else flushCells(cells);
   }
   if (verdict || others.length === 0) return verdict;

@@ -21,8 +21,7 @@ export interface SqliteRequest {
 
 /** The answer to job `id`: its result, or the SQLite (or Node) error code and message. */
 export type SqliteReply =
-  | { id: number; ok: true; result: unknown }
-  | { id: number; ok: false; code?: string; message: string };
+  { id: number; ok: true; result: unknown } | { id: number; ok: false; code?: string; message: string };
 
 /** Source pragmas read in one read transaction before the copy. */
 export interface SourcePragmas {

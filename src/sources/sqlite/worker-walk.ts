@@ -16,8 +16,18 @@ import type { LiveScanStats, SqliteWorkerData } from "./worker-types.js";
  * cell text to test (in `pend`), 3 for a failed read (errno in `S`). See sqlite_walk.c.
  */
 type SqliteWalk = (
-  buf: Buffer, got: number, firstPage: number, po: number, ri: number, S: Float64Array, free: Uint8Array,
-  batch: Buffer, ob: Buffer, fd: number, pend: Buffer[], others: number[],
+  buf: Buffer,
+  got: number,
+  firstPage: number,
+  po: number,
+  ri: number,
+  S: Float64Array,
+  free: Uint8Array,
+  batch: Buffer,
+  ob: Buffer,
+  fd: number,
+  pend: Buffer[],
+  others: number[],
 ) => number;
 
 // The page walk in native code (native/prefilter/sqlite_walk.c), when the addon is built: the
@@ -28,20 +38,47 @@ type SqliteWalk = (
 // the walk resumes at the next region), and so does cell text, at the end of its page.
 // workerData.walk === "js" keeps the JS walk (tests compare the two). An addon built before
 // its version 2 (BLOB values, JSON escapes) would clear what this walk does not: not used.
-export const WALK: SqliteWalk | null = NATIVE !== null && typeof NATIVE.sqliteWalk === "function"
-  && (NATIVE.sqliteWalkVersion ?? 0) >= 2 && (workerData as SqliteWorkerData).walk !== "js"
-  ? NATIVE.sqliteWalk as SqliteWalk : null;
+export const WALK: SqliteWalk | null =
+  NATIVE !== null &&
+  typeof NATIVE.sqliteWalk === "function" &&
+  (NATIVE.sqliteWalkVersion ?? 0) >= 2 &&
+  (workerData as SqliteWorkerData).walk !== "js"
+    ? (NATIVE.sqliteWalk as SqliteWalk)
+    : null;
 // Indices into the state array the walk shares with JS (S_* in sqlite_walk.c).
-const W_PS = 0, W_USABLE = 1, W_PAGE_COUNT = 2, W_CELLS = 3, W_BATCH_N = 4, W_STALE_BYTES = 5, W_FREE_PAGES = 6,
-  W_TEXT_BYTES = 7, W_CELLS_SCANNED = 8, W_PEND_BYTES = 9, W_AT_PO = 10, W_AT_REGION = 11, W_REGION_A = 12,
-  W_REGION_E = 13, W_REGION_TOKEN = 14, W_REGION_MAYBE = 15, W_AT_PAGE = 16, W_ERRNO = 17, W_LEN = 18;
+const W_PS = 0,
+  W_USABLE = 1,
+  W_PAGE_COUNT = 2,
+  W_CELLS = 3,
+  W_BATCH_N = 4,
+  W_STALE_BYTES = 5,
+  W_FREE_PAGES = 6,
+  W_TEXT_BYTES = 7,
+  W_CELLS_SCANNED = 8,
+  W_PEND_BYTES = 9,
+  W_AT_PO = 10,
+  W_AT_REGION = 11,
+  W_REGION_A = 12,
+  W_REGION_E = 13,
+  W_REGION_TOKEN = 14,
+  W_REGION_MAYBE = 15,
+  W_AT_PAGE = 16,
+  W_ERRNO = 17,
+  W_LEN = 18;
 const CELL_STATES: readonly CellState[] = ["scan", "hit", "unparsed"];
 
 // Walk every page with WALK; the verdict on the stale bytes, or null. Fills others (pages it
 // cannot read as b-tree pages) and cells (its state and batch) as the JS walk does.
 export async function walkPages(
-  h: Handle, st: LiveScanStats, size: number, ps: number, usable: number, pageCount: number, free: Uint8Array,
-  cells: CellScan | null, others: number[],
+  h: Handle,
+  st: LiveScanStats,
+  size: number,
+  ps: number,
+  usable: number,
+  pageCount: number,
+  free: Uint8Array,
+  cells: CellScan | null,
+  others: number[],
 ): Promise<string | null> {
   const S = new Float64Array(W_LEN);
   S[W_PS] = ps;
@@ -68,7 +105,8 @@ export async function walkPages(
         if (k === 0) break;
         if (k === 1) {
           // a stale region the walk did not clear: the finders on its latin1 view, then the token run it found
-          const a = S[W_REGION_A]!, e = S[W_REGION_E]!;
+          const a = S[W_REGION_A]!,
+            e = S[W_REGION_E]!;
           if (S[W_REGION_MAYBE] === 1) {
             const s = (buf as Sliceable).latin1Slice(a, e);
             collectScanned(s.length);

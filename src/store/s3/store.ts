@@ -35,7 +35,11 @@
  * - Incomplete multipart uploads (a writer that crashed) older than the grace are aborted.
  */
 import {
-  AbortMultipartUploadCommand, DeleteObjectCommand, ListMultipartUploadsCommand, ListObjectsV2Command, PutObjectCommand,
+  AbortMultipartUploadCommand,
+  DeleteObjectCommand,
+  ListMultipartUploadsCommand,
+  ListObjectsV2Command,
+  PutObjectCommand,
   type S3Client,
 } from "@aws-sdk/client-s3";
 import { hostname } from "node:os";
@@ -113,7 +117,9 @@ const LIST_CONCURRENCY = 8;
 
 /** listSnapshots over an s3 store: each manifest through ranged reads. */
 export async function s3ListSnapshots(
-  store: string, filter: Filter = {}, onBad?: (path: string, e: unknown) => void,
+  store: string,
+  filter: Filter = {},
+  onBad?: (path: string, e: unknown) => void,
 ): Promise<StoredSnapshot[]> {
   const objects = await s3BundleObjects(store, filter);
   const out: (StoredSnapshot | null)[] = new Array(objects.length).fill(null);
@@ -128,9 +134,17 @@ export async function s3ListSnapshots(
           const layout = await layoutOf(f);
           const m = parseManifest(layout.manifestBytes);
           out[i] = {
-            id: m.snapshot_id, path: url, tenant: m.tenant, agent: m.agent,
-            created_at: m.created_at, created_by: m.created_by, label: m.label, size: layout.fileSize,
-            encrypted: m.payload.encryption !== null, signed: m.signature !== undefined, manifest: m,
+            id: m.snapshot_id,
+            path: url,
+            tenant: m.tenant,
+            agent: m.agent,
+            created_at: m.created_at,
+            created_by: m.created_by,
+            label: m.label,
+            size: layout.fileSize,
+            encrypted: m.payload.encryption !== null,
+            signed: m.signature !== undefined,
+            manifest: m,
           };
         } finally {
           await f.close();
@@ -169,7 +183,8 @@ export async function probeDelete(store: string, what: string): Promise<void> {
     if (e instanceof MemsnapError && e.code === "MEMSNAP_STORE_DENIED") {
       const msg = `${what}: these credentials may not delete in ${loc.url}; nothing was deleted`;
       throw new MemsnapError("MEMSNAP_STORE_DENIED", msg, {
-        hint: "snapshot, verify and restore need no delete permission, prune and delete do: " +
+        hint:
+          "snapshot, verify and restore need no delete permission, prune and delete do: " +
           "run them with credentials " +
           "that have s3:DeleteObject (and s3:AbortMultipartUpload, s3:ListBucketMultipartUploads)",
         cause: e,
@@ -254,7 +269,8 @@ async function takeLease(store: string, tenant: string, agent: string, waitMs: n
     if (Date.now() >= deadline) {
       const msg = `another prune of ${tenant}/${agent} is running (lease s3://${bucket}/${held[0]!.key})`;
       throw new MemsnapError("MEMSNAP_LOCKED", msg, {
-        hint: `wait for it to finish; the lease of a prune that died expires ${LEASE_MS / 60_000} minutes ` +
+        hint:
+          `wait for it to finish; the lease of a prune that died expires ${LEASE_MS / 60_000} minutes ` +
           "after it was written",
       });
     }
@@ -283,10 +299,14 @@ async function abortStaleUploads(store: string, tenant: string, agent: string, g
   for (;;) {
     let r;
     try {
-      r = await client.send(new ListMultipartUploadsCommand({
-        Bucket: loc.bucket, Prefix: prefix,
-        ...(keyMarker ? { KeyMarker: keyMarker } : {}), ...(idMarker ? { UploadIdMarker: idMarker } : {}),
-      }));
+      r = await client.send(
+        new ListMultipartUploadsCommand({
+          Bucket: loc.bucket,
+          Prefix: prefix,
+          ...(keyMarker ? { KeyMarker: keyMarker } : {}),
+          ...(idMarker ? { UploadIdMarker: idMarker } : {}),
+        }),
+      );
     } catch (e) {
       throw s3Error(e, `listing the incomplete uploads of ${urlOf(loc.bucket, prefix)}`);
     }
@@ -312,7 +332,11 @@ async function abortStaleUploads(store: string, tenant: string, agent: string, g
  * kept again, abort incomplete uploads older than `graceMs`.
  */
 export async function s3PruneAgent(
-  store: string, tenant: string, agent: string, policy: RetentionPolicy, opts: { graceMs: number; waitMs?: number },
+  store: string,
+  tenant: string,
+  agent: string,
+  policy: RetentionPolicy,
+  opts: { graceMs: number; waitMs?: number },
 ): Promise<S3PruneResult> {
   await probeDelete(store, "prune");
   const lease = await takeLease(store, tenant, agent, opts.waitMs ?? 10_000);
