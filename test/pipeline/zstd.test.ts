@@ -284,6 +284,10 @@ describe("backpressure", () => {
     expect(z.length).toBeLessThan(64 * 1024);
     const d = createZstdDecompressor();
     d.end(z);
+    // The worker may take a while to start on a loaded machine: wait for its first output, then for it to stop.
+    for (const t0 = Date.now(); d.readableLength === 0 && Date.now() - t0 < 30_000; ) {
+      await new Promise((r) => setTimeout(r, 20));
+    }
     const buffered = await settle(() => d.readableLength);
     expect(buffered).toBeGreaterThan(0);
     expect(buffered).toBeLessThan(6 * MiB); // the output credit, not 256 MiB
