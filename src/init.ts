@@ -196,7 +196,9 @@ const FILE_GROUPS = [
     append: ["**/*.jsonl", "**/*.ndjson"],
     kind: "files" as const,
     home: "logs",
-    note: "JSONL logs, redacted value by value; append-only: captured up to the last complete line, so a writer may go on appending",
+    note:
+      "JSONL logs, redacted value by value; " +
+      "append-only: captured up to the last complete line, so a writer may go on appending",
   },
   {
     ext: /\.agentlog$/i,
@@ -223,7 +225,9 @@ async function specialDir(
   if (names.has("inventory.img")) {
     return {
       kind: "criu",
-      note: "CRIU process dump: process memory, which cannot be redacted (snapshots of it must be encrypted: name recipients)",
+      note:
+        "CRIU process dump: process memory, which cannot be redacted " +
+        "(snapshots of it must be encrypted: name recipients)",
     };
   }
   if (
@@ -242,7 +246,9 @@ async function specialDir(
       return {
         kind: "kv",
         extra: { format: "paged" },
-        note: `paged KV dump (manifest.json: ${fmtMiB(pageBytes)} pages): each distinct page stored once, zero pages as flags`,
+        note:
+          `paged KV dump (manifest.json: ${fmtMiB(pageBytes)} pages): ` +
+          "each distinct page stored once, zero pages as flags",
       };
     }
   }
@@ -292,7 +298,9 @@ export async function detectAgent(home: string): Promise<Detection> {
             kind: "sqlite",
             name: e.name,
             path: rel(p),
-            note: "SQLite database: one committed state under live writers (the file under a read transaction, or a copy with the WAL folded in)",
+            note:
+              "SQLite database: one committed state under live writers " +
+              "(the file under a read transaction, or a copy with the WAL folded in)",
           });
         } else if (
           /\.json$/i.test(e.name) &&
@@ -416,7 +424,9 @@ async function account(home: string, found: DetectedSource[]): Promise<Pick<Dete
       name: basename(d),
       path: d,
       ...(exclude.length ? { exclude } : {}),
-      note: `not recognised, ${fmtMiB(perDir.get(d)!)} of other files: captured byte for byte, so nothing large is left out (exclude what you do not want)`,
+      note:
+        `not recognised, ${fmtMiB(perDir.get(d)!)} of other files: captured byte for byte, ` +
+        "so nothing large is left out (exclude what you do not want)",
     });
   }
   const rootLarge = uncovered.filter((f) => !f.rel.includes("/") && f.bytes >= LARGE_BYTES).map((f) => `/${f.rel}`);
@@ -426,7 +436,9 @@ async function account(home: string, found: DetectedSource[]): Promise<Pick<Dete
       name: "home-files",
       path: ".",
       include: rootLarge,
-      note: `large files at the top of the home (${LARGE_BYTES >> 20} MiB or more each), not recognised: captured byte for byte`,
+      note:
+        `large files at the top of the home (${LARGE_BYTES >> 20} MiB or more each), ` +
+        "not recognised: captured byte for byte",
     });
   }
   const covered = coverage(home, found.map(asCoverage));

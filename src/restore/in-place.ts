@@ -178,10 +178,13 @@ async function buildSwaps(
     if (!target.owns?.(rel)) {
       throw new MemsnapError(
         "MEMSNAP_UNSAFE_PATH",
-        `layer ${layer.name}: the bundle holds ${rel}, which the ${layer.kind} source ${layer.name} does not own (outside its include/exclude globs or its kind's files)`,
+        `layer ${layer.name}: the bundle holds ${rel}, which the ${layer.kind} source ${layer.name} does not own ` +
+          "(outside its include/exclude globs or its kind's files)",
         {
           path: `${layer.name}/${rel}`,
-          hint: "nothing was changed: an in-place restore writes only what the configured source owns; look at the bundle with `restore --to DIR`",
+          hint:
+            "nothing was changed: an in-place restore writes only what the configured source owns; " +
+            "look at the bundle with `restore --to DIR`",
         },
       );
     }
@@ -217,7 +220,8 @@ function refusedPath(why: string, path?: string): MemsnapError {
   return new MemsnapError("MEMSNAP_UNSAFE_PATH", `in-place restore refused: ${why}`, {
     ...(path ? { path } : {}),
     hint:
-      "nothing was changed: an in-place restore never renames or creates through a symlink, nor puts a file where a directory is; " +
+      "nothing was changed: an in-place restore never renames or creates through a symlink, " +
+      "nor puts a file where a directory is; " +
       "move that path out of the way and restore again, or restore with --to DIR",
   });
 }
@@ -226,7 +230,9 @@ function refusedPath(why: string, path?: string): MemsnapError {
 function swapFailure(p: PathProblem): MemsnapError {
   return new MemsnapError("MEMSNAP_UNSAFE_PATH", `in-place restore stopped: ${p.path} ${p.why}`, {
     path: p.path,
-    hint: "the live tree changed during the restore: move that path out of the way, then run `memsnap recover` to finish the restore",
+    hint:
+      "the live tree changed during the restore: move that path out of the way, " +
+      "then run `memsnap recover` to finish the restore",
   });
 }
 
@@ -240,7 +246,8 @@ function checkTargets(selected: SelectedLayer[], protect: Protected): void {
     if (protect.covers(root, realish(root)) || (s.target.mode === "dir" && protect.inside(root))) {
       throw new MemsnapError(
         "MEMSNAP_USAGE",
-        `layer ${s.layer.name}: its live root ${root} ${s.target.mode === "dir" ? "holds or is" : "is"} the config or memsnap's .memsnap directory, which a restore never replaces`,
+        `layer ${s.layer.name}: its live root ${root} ${s.target.mode === "dir" ? "holds or is" : "is"} ` +
+          "the config or memsnap's .memsnap directory, which a restore never replaces",
         {
           hint: "point the source at a directory that holds neither, or restore the layer with --to DIR",
         },
@@ -398,8 +405,11 @@ export async function restoreInPlace(
           cause: e,
           hint:
             e.code === "MEMSNAP_SOURCE_MISSING"
-              ? "nothing there to keep (a new machine?): pass --no-safety-snapshot to restore without one, or restore into a new directory with --to"
-              : "the live state cannot be kept as it is: pass --no-safety-snapshot to restore over it without a copy, or restore into a new directory with --to",
+              ? "nothing there to keep (a new machine?): pass --no-safety-snapshot to restore without one, " +
+                "or restore into a new directory with --to"
+              : "the live state cannot be kept as it is: " +
+                "pass --no-safety-snapshot to restore over it without a copy, " +
+                "or restore into a new directory with --to",
         });
       }
       crashPoint("restore:safety-snapshot-done");

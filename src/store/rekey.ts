@@ -193,7 +193,8 @@ function plan(item: Item, stanzas: AgeStanza[], opened: number, opts: RekeyOptio
     if (!mapped) {
       throw new MemsnapError(
         "MEMSNAP_USAGE",
-        `cannot tell which recipient stanza of ${where} is whose: its header and its manifest's recipient list do not line up`,
+        `cannot tell which recipient stanza of ${where} is whose: ` +
+          "its header and its manifest's recipient list do not line up",
         {
           hint: "replace the whole recipient set instead: --replace -r age1… (every recipient the bundle should keep)",
         },
@@ -394,7 +395,8 @@ async function load(
       }
       throw new MemsnapError(
         "MEMSNAP_USAGE",
-        `${given} (${manifest.snapshot_id}) is not encrypted: rekey changes the keys of encrypted bundles, it does not encrypt`,
+        `${given} (${manifest.snapshot_id}) is not encrypted: ` +
+          "rekey changes the keys of encrypted bundles, it does not encrypt",
         {
           path: given,
           hint: "take a new, encrypted snapshot (-r age1… or --passphrase-file) instead",
@@ -511,11 +513,14 @@ export async function rekeyBundles(paths: readonly string[], opts: RekeyOptions)
       const deps = await dependentsIn(dir, ids, inSet);
       if (deps.length) {
         const names = deps.map((d) => `${d.id} (references ${d.base})`);
+        const more = names.length > 5 ? `, and ${names.length - 5} more` : "";
+        const depIds = deps.map((d) => d.id).join(" ");
         throw new MemsnapError(
           "MEMSNAP_USAGE",
-          `refusing to rekey a base alone: ${names.slice(0, 5).join(", ")}${names.length > 5 ? `, and ${names.length - 5} more` : ""} reference it; their record of its seal would no longer match`,
+          `refusing to rekey a base alone: ${names.slice(0, 5).join(", ")}${more} reference it; ` +
+            "their record of its seal would no longer match",
           {
-            hint: `rekey them together (memsnap rekey ${[...ids][0]} ${deps.map((d) => d.id).join(" ")} …, or --all); nothing was changed`,
+            hint: `rekey them together (memsnap rekey ${[...ids][0]} ${depIds} …, or --all); nothing was changed`,
           },
         );
       }
@@ -534,9 +539,11 @@ export async function rekeyBundles(paths: readonly string[], opts: RekeyOptions)
       } catch (e) {
         for (const p of pending) await unlinkQuiet(p.tmp).catch(() => undefined);
         if (results.length && e instanceof MemsnapError) {
+          const done = results.map((r) => r.snapshot_id).join(", ");
           throw new MemsnapError(
             e.code,
-            `${e.message} (nothing of ${g[0]!.manifest.snapshot_id}'s group was changed; ${results.length} bundle(s) rekeyed before it stay rekeyed: ${results.map((r) => r.snapshot_id).join(", ")})`,
+            `${e.message} (nothing of ${g[0]!.manifest.snapshot_id}'s group was changed; ` +
+              `${results.length} bundle(s) rekeyed before it stay rekeyed: ${done})`,
             {
               ...(e.hint ? { hint: e.hint } : {}),
               cause: e,

@@ -51,7 +51,8 @@ interface RestoreOpts {
 function redactedNote(r: RedactedSummary, safety: { id: string } | null): string {
   const what = `${r.total} value${r.total === 1 ? "" : "s"} in ${listSome(r.artifacts)}`;
   return (
-    `${what} ${r.total === 1 ? "was" : "were"} redacted when this snapshot was taken: the restored files hold [REDACTED:<rule>] placeholders, not the secrets` +
+    `${what} ${r.total === 1 ? "was" : "were"} redacted when this snapshot was taken: ` +
+    "the restored files hold [REDACTED:<rule>] placeholders, not the secrets" +
     (safety ? ` (the safety snapshot ${safety.id} keeps the live values)` : "")
   );
 }
@@ -73,7 +74,8 @@ function printPlan(plan: RestorePlan, redacted: RedactedSummary, procs: readonly
     out.push(`  ${l.layer} (${l.kind}) → ${l.target}  ${fmtBytes(l.bytes)}`);
     if (plan.file_level && l.mode === "files") {
       out.push(
-        `    ${l.added.length} added, ${l.changed.length} changed, ${l.removed.length} removed, ${l.unchanged} unchanged`,
+        `    ${l.added.length} added, ${l.changed.length} changed, ` +
+          `${l.removed.length} removed, ${l.unchanged} unchanged`,
       );
       for (const f of l.added.slice(0, 20)) out.push(`    + ${f}`);
       for (const f of l.changed.slice(0, 20)) out.push(`    ~ ${f}`);
@@ -84,8 +86,10 @@ function printPlan(plan: RestorePlan, redacted: RedactedSummary, procs: readonly
   if (!plan.file_level) out.push("  (file-level changes need the key: pass --identity)");
   if (redacted.total) out.push(`  note: ${redactedNote(redacted, null)}`);
   if (procs.length) {
+    const one = procs.length === 1;
     out.push(
-      `  ${procs.length} process${procs.length === 1 ? " uses" : "es use"} live files this restore would replace (it would refuse; stop ${procs.length === 1 ? "it" : "them"}, or pass --ignore-open-files):`,
+      `  ${procs.length} process${one ? " uses" : "es use"} live files this restore would replace ` +
+        `(it would refuse; stop ${one ? "it" : "them"}, or pass --ignore-open-files):`,
     );
     for (const p of procs) out.push(`    ${describeProcess(p)}`);
   }
@@ -96,7 +100,8 @@ export function registerRestore(program: Command, global: () => GlobalOpts): voi
   program
     .command("restore <bundle>")
     .description(
-      "restore a bundle in place over the live agent (journaled, locked, safety snapshot first), or into a new directory with --to",
+      "restore a bundle in place over the live agent (journaled, locked, safety snapshot first), " +
+        "or into a new directory with --to",
     )
     .option("--to <dir>", "restore into this new or empty directory instead of the live agent")
     .option("-c, --config <file>", "the agent's memsnap.json (in-place restore)", "memsnap.json")
@@ -111,7 +116,8 @@ export function registerRestore(program: Command, global: () => GlobalOpts): voi
     )
     .option(
       "--layout <config|layers>",
-      "with --to: put each layer where the config's source path puts it (config; the default when -c is given or ./memsnap.json exists), or under its layer name (layers)",
+      "with --to: put each layer where the config's source path puts it " +
+        "(config; the default when -c is given or ./memsnap.json exists), or under its layer name (layers)",
     )
     .option("--as-agent", "restore a bundle of another tenant/agent into this config's agent")
     .option("--no-safety-snapshot", "skip the automatic snapshot of the live state taken before restoring")
@@ -124,17 +130,20 @@ export function registerRestore(program: Command, global: () => GlobalOpts): voi
     .option("--require-signature", "refuse unsigned bundles and bundles not signed by a --trust key")
     .option(
       "--trust <pubkey|file>",
-      "require a valid signature by this public key, as verify --trust does (memsnap-ed25519:… or a file of them; repeatable)",
+      "require a valid signature by this public key, as verify --trust does " +
+        "(memsnap-ed25519:… or a file of them; repeatable)",
       collect,
       [],
     )
     .option(
       "--scrypt-max-log-n <n>",
-      "open a passphrase bundle whose scrypt work factor is up to 2^n (default 18, or $MEMSNAP_SCRYPT_MAX_LOG_N; at most 20)",
+      "open a passphrase bundle whose scrypt work factor is up to 2^n " +
+        "(default 18, or $MEMSNAP_SCRYPT_MAX_LOG_N; at most 20)",
     )
     .option(
       "--ignore-open-files",
-      "restore in place even while other processes hold live files open or work inside a live directory (their later writes are lost)",
+      "restore in place even while other processes hold live files open or work inside a live directory " +
+        "(their later writes are lost)",
     )
     .addHelpText(
       "after",
@@ -186,7 +195,9 @@ layer names (with a note) when the layout was not asked for. Without a config, o
             "MEMSNAP_USAGE",
             "--dry-run plans an in-place restore; with --to nothing live changes",
             {
-              hint: "drop --dry-run (the directory appears only once every hash is checked), or run 'memsnap verify' to check the bundle without writing",
+              hint:
+                "drop --dry-run (the directory appears only once every hash is checked), " +
+                "or run 'memsnap verify' to check the bundle without writing",
             },
           );
         }
@@ -235,8 +246,10 @@ layer names (with a note) when the layout was not asked for. Without a config, o
         } else {
           process.stdout.write(`restored ${r.manifest.snapshot_id} into ${r.path}\n`);
           for (const p of r.placed) process.stdout.write(`  ${p.layer} → ${p.path === "." ? "./" : `${p.path}/`}\n`);
+          const secs = (r.durationMs / 1000).toFixed(2);
           process.stdout.write(
-            `  ${r.artifacts} artifacts, ${fmtBytes(r.bytes)}, every hash checked, in ${(r.durationMs / 1000).toFixed(2)} s (${fmtRate(r.bytes, r.durationMs)})\n`,
+            `  ${r.artifacts} artifacts, ${fmtBytes(r.bytes)}, every hash checked, ` +
+              `in ${secs} s (${fmtRate(r.bytes, r.durationMs)})\n`,
           );
           for (const n of r.notes) process.stderr.write(`memsnap: note: ${n}\n`);
           if (redacted.total) process.stderr.write(`memsnap: note: ${redactedNote(redacted, null)}\n`);
@@ -284,7 +297,9 @@ layer names (with a note) when the layout was not asked for. Without a config, o
                   "MEMSNAP_HOOK_REFUSED",
                   `the before_restore hook (${h.command.join(" ")}) failed: ${h.error}; nothing was restored`,
                   {
-                    hint: "the agent may not have been stopped: fix the hook, or take it out of memsnap.json's hooks to restore without it",
+                    hint:
+                      "the agent may not have been stopped: fix the hook, " +
+                      "or take it out of memsnap.json's hooks to restore without it",
                   },
                 );
               }
@@ -360,19 +375,24 @@ layer names (with a note) when the layout was not asked for. Without a config, o
               : `encrypted to ${enc.recipients.length} recipient(s)`;
         process.stdout.write(`safety snapshot ${r.safetySnapshot.id} → ${r.safetySnapshot.path} (${how})\n`);
       }
+      const secs = (r.durationMs / 1000).toFixed(2);
       process.stdout.write(
-        `restored ${r.manifest.snapshot_id} in place: ${r.layers.join(", ")} (${r.swaps} swaps, ${fmtBytes(r.bytes)}, every hash checked) in ${(r.durationMs / 1000).toFixed(2)} s\n`,
+        `restored ${r.manifest.snapshot_id} in place: ${r.layers.join(", ")} ` +
+          `(${r.swaps} swaps, ${fmtBytes(r.bytes)}, every hash checked) in ${secs} s\n`,
       );
       if (redacted.total)
         process.stderr.write(`memsnap: warning: ${redactedNote(redacted, r.safetySnapshot ?? null)}\n`);
       for (const n of r.notes) process.stderr.write(`memsnap: note: ${n}\n`);
-      for (const k of r.kept)
+      for (const k of r.kept) {
         process.stderr.write(
-          `memsnap: note: kept the live ${k}: a restore never writes the config it runs with (the bundle's copy was left out)\n`,
+          `memsnap: note: kept the live ${k}: a restore never writes the config it runs with ` +
+            "(the bundle's copy was left out)\n",
         );
+      }
       if (r.safetySnapshot && r.safetySnapshot.manifest.payload.encryption === null) {
         process.stderr.write(
-          `memsnap: warning: the safety snapshot ${r.safetySnapshot.id} is not encrypted and not redacted: it keeps the live files as they were, ` +
+          `memsnap: warning: the safety snapshot ${r.safetySnapshot.id} is not encrypted and not redacted: ` +
+            "it keeps the live files as they were, " +
             `secrets included (name recipients in ${config.file ?? "the config"} to encrypt it)\n`,
         );
       }

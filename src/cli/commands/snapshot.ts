@@ -54,7 +54,8 @@ export function registerSnapshot(program: Command, global: () => GlobalOpts): vo
     )
     .option(
       "--scheduled",
-      "record the snapshot as made by a schedule (created_by schedule), for cron lines: `prune --scheduled-only` decides over it",
+      "record the snapshot as made by a schedule (created_by schedule), " +
+        "for cron lines: `prune --scheduled-only` decides over it",
     )
     .option("--wait <duration>", "wait this long for the agent's lock (e.g. 30s) instead of failing at once")
     .option(
@@ -67,7 +68,8 @@ export function registerSnapshot(program: Command, global: () => GlobalOpts): vo
     )
     .option(
       "--incremental",
-      "reference the artifacts unchanged since the last --incremental snapshot (in the store) instead of storing them again",
+      "reference the artifacts unchanged since the last --incremental snapshot (in the store) " +
+        "instead of storing them again",
     )
     .addHelpText(
       "after",
@@ -163,14 +165,15 @@ Examples:
           ).catch(() => [])
         : [];
       if (uncovered.length) {
+        const total = fmtMiB(uncovered.reduce((a, u) => a + u.bytes, 0));
+        const some = uncovered
+          .slice(0, 5)
+          .map((u) => `${u.path} (${fmtMiB(u.bytes)})`)
+          .join(", ");
         process.stderr.write(
-          `memsnap: warning: ${uncovered.length} large file(s) in ${config.baseDir} (${fmtMiB(uncovered.reduce((a, u) => a + u.bytes, 0))}) are in no source, so not in this snapshot: ` +
-            `${uncovered
-              .slice(0, 5)
-              .map((u) => `${u.path} (${fmtMiB(u.bytes)})`)
-              .join(
-                ", ",
-              )}${uncovered.length > 5 ? ", …" : ""}; add a files source for them (memsnap init --print proposes one)\n`,
+          `memsnap: warning: ${uncovered.length} large file(s) in ${config.baseDir} (${total}) ` +
+            `are in no source, so not in this snapshot: ${some}${uncovered.length > 5 ? ", …" : ""}; ` +
+            "add a files source for them (memsnap init --print proposes one)\n",
         );
       }
       const m = r.manifest;
@@ -209,23 +212,32 @@ Examples:
         });
         return;
       }
-      const enc = m.payload.encryption
-        ? `age, ${m.payload.encryption.recipients.length === 1 && m.payload.encryption.recipients[0]!.type === "scrypt" ? "passphrase" : `${m.payload.encryption.recipients.length} recipient(s)`}`
-        : "not encrypted";
+      const rcpts = m.payload.encryption?.recipients;
+      const enc = !rcpts
+        ? "not encrypted"
+        : `age, ${rcpts.length === 1 && rcpts[0]!.type === "scrypt" ? "passphrase" : `${rcpts.length} recipient(s)`}`;
+      const artifacts = m.payload.artifacts;
+      const layerCount = `${m.layers.length} layer(s)`;
+      const inc = r.incremental;
+      const partialBytes = fmtBytes([...partial.values()].reduce((a, b) => a + b, 0));
+      const partialSome = [...partial.keys()].slice(0, 3).join(", ");
       process.stdout.write(
         `snapshot ${r.id}\n` +
           `  path     ${r.path}\n` +
           // With references, the bytes read are those of the artifacts packed, not of all of them.
           (r.incremental?.referenced
-            ? `  input    ${fmtBytes(r.inputBytes)} read, in ${m.payload.artifacts - r.incremental.referenced} of ${m.payload.artifacts} artifacts (the rest referenced), ${m.layers.length} layer(s)\n`
-            : `  input    ${fmtBytes(r.inputBytes)} in ${m.payload.artifacts} artifacts, ${m.layers.length} layer(s)\n`) +
+            ? `  input    ${fmtBytes(r.inputBytes)} read, in ${artifacts - r.incremental.referenced} of ${artifacts} ` +
+              `artifacts (the rest referenced), ${layerCount}\n`
+            : `  input    ${fmtBytes(r.inputBytes)} in ${artifacts} artifacts, ${layerCount}\n`) +
           `  bundle   ${fmtBytes(r.bundleBytes)} (zstd ${m.payload.compression.level}, ${enc})\n` +
           `  time     ${(r.durationMs / 1000).toFixed(2)} s (${fmtRate(r.inputBytes, r.durationMs)})\n` +
-          (r.incremental
+          (inc
             ? `  refs     ${
-                r.incremental.referenced
-                  ? `${r.incremental.referenced} unchanged artifact(s), ${fmtBytes(r.incremental.referencedBytes)}, referenced in ${r.incremental.bases.join(", ")}`
-                  : `none: ${r.incremental.reason ?? "nothing was unchanged"} (a full snapshot${isS3Url(r.path) ? "" : "; the next --incremental one builds on it"})`
+                inc.referenced
+                  ? `${inc.referenced} unchanged artifact(s), ${fmtBytes(inc.referencedBytes)}, ` +
+                    `referenced in ${inc.bases.join(", ")}`
+                  : `none: ${inc.reason ?? "nothing was unchanged"} ` +
+                    `(a full snapshot${isS3Url(r.path) ? "" : "; the next --incremental one builds on it"})`
               }\n`
             : "") +
           // What redaction found, when it found anything (inspect shows it for any bundle).
@@ -234,18 +246,22 @@ Examples:
             ? `  secrets  ${redactionLine(m.redaction)}\n`
             : "") +
           (partial.size
-            ? `  partial  ${partial.size} last line(s) still being written left out (${fmtBytes([...partial.values()].reduce((a, b) => a + b, 0))}): ${[...partial.keys()].slice(0, 3).join(", ")}${partial.size > 3 ? ", …" : ""}\n`
+            ? `  partial  ${partial.size} last line(s) still being written left out (${partialBytes}): ` +
+              `${partialSome}${partial.size > 3 ? ", …" : ""}\n`
             : ""),
       );
-      if (r.incremental?.cacheError)
+      if (r.incremental?.cacheError) {
         process.stderr.write(
-          `memsnap: warning: the incremental cache was not written (${r.incremental.cacheError}); the next --incremental snapshot builds on an earlier one\n`,
+          `memsnap: warning: the incremental cache was not written (${r.incremental.cacheError}); ` +
+            "the next --incremental snapshot builds on an earlier one\n",
         );
+      }
     });
 }
 
 /**
- * The unterminated last lines an append-only capture left out (trace layers, `files` with `append`), by payload path.
+ * The unterminated last lines an append-only capture left out (trace layers, `files` with `append`),
+ * by payload path.
  */
 function partialTails(layers: readonly { name: string; meta?: Record<string, unknown> }[]): Map<string, number> {
   const out = new Map<string, number>();

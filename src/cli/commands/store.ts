@@ -90,13 +90,15 @@ export function addRetentionOptions(c: Command): Command {
     .option("--keep-label <glob>", "keep snapshots whose label matches (repeatable)", collect, [])
     .option(
       "--prune-label <glob>",
-      "let the keep rules decide over snapshots with a matching label (repeatable; without it a labelled snapshot is always kept)",
+      "let the keep rules decide over snapshots with a matching label " +
+        "(repeatable; without it a labelled snapshot is always kept)",
       collect,
       [],
     )
     .option(
       "--keep-safety <duration>",
-      "keep safety snapshots (auto:pre-restore-…, the undo of a restore) this long (default 7d; 0 to let the rules decide)",
+      "keep safety snapshots (auto:pre-restore-…, the undo of a restore) this long " +
+        "(default 7d; 0 to let the rules decide)",
     );
 }
 
@@ -325,11 +327,13 @@ Examples:
     .option("--dry-run", "list what would be kept and removed, with the rule or protection that decided each")
     .option(
       "--scheduled-only",
-      "decide only over snapshots a schedule made (and safety snapshots past --keep-safety), as `schedule` does; keep the others",
+      "decide only over snapshots a schedule made (and safety snapshots past --keep-safety), " +
+        "as `schedule` does; keep the others",
     )
     .option(
       "--grace <duration>",
-      "s3 stores: delete what a prune condemned only this long after, and abort incomplete uploads older than this (default 24h; 0: at once)",
+      "s3 stores: delete what a prune condemned only this long after, " +
+        "and abort incomplete uploads older than this (default 24h; 0: at once)",
     )
     .addHelpText(
       "after",
@@ -417,7 +421,8 @@ export function diffText(a: string, b: string, diff: LayerDiff[]): string {
   for (const l of diff) {
     out.push(
       "",
-      `${l.layer} (${l.kind}): ${l.added.length} added, ${l.changed.length} changed, ${l.removed.length} removed, ${l.unchanged} unchanged artifact(s)`,
+      `${l.layer} (${l.kind}): ${l.added.length} added, ${l.changed.length} changed, ` +
+        `${l.removed.length} removed, ${l.unchanged} unchanged artifact(s)`,
     );
     for (const n of l.notes) out.push(`  ${oneLine(n)}`);
     const g = l.git;
@@ -428,10 +433,12 @@ export function diffText(a: string, b: string, diff: LayerDiff[]): string {
         out.push(`  commits ${short(g.head.from)}..${short(g.head.to)}: ${g.commits_total}`);
         for (const c of g.commits) out.push(`    ${c.oid.slice(0, 12)} ${oneLine(c.subject)}`);
         if (g.commits_total > g.commits.length) out.push(`    … and ${g.commits_total - g.commits.length} more`);
-        if (g.descendant === false)
+        if (g.descendant === false) {
           out.push(
-            `  ${short(g.head.to)} does not descend from ${short(g.head.from)}: ${g.commits_dropped} commit(s) of A's history are not in B's`,
+            `  ${short(g.head.to)} does not descend from ${short(g.head.from)}: ` +
+              `${g.commits_dropped} commit(s) of A's history are not in B's`,
           );
+        }
       }
       const t = g.files_total;
       if (t.added + t.changed + t.deleted) {
@@ -443,7 +450,8 @@ export function diffText(a: string, b: string, diff: LayerDiff[]): string {
       const w = g.worktree;
       if (w.added.length + w.changed.length + w.removed.length + w.deleted.length) {
         out.push(
-          `  uncommitted (work tree): ${w.added.length} added, ${w.changed.length} changed, ${w.removed.length} no longer uncommitted, ${w.deleted.length} deleted`,
+          `  uncommitted (work tree): ${w.added.length} added, ${w.changed.length} changed, ` +
+            `${w.removed.length} no longer uncommitted, ${w.deleted.length} deleted`,
         );
         list("+", w.added.slice(0, 50), w.added.length);
         list("~", w.changed.slice(0, 50), w.changed.length);
