@@ -12,26 +12,13 @@ import { S3Client } from "@aws-sdk/client-s3";
 import { readFileSync } from "node:fs";
 import { rootCertificates } from "node:tls";
 import { MemsnapError } from "../errors.js";
-import { s3Endpoint } from "./location.js";
+import { intEnv, s3Endpoint } from "./location.js";
 
 export { s3Endpoint, useConfiguredEndpoint } from "./location.js";
 
 export interface S3ClientOptions {
   /** The config's s3_endpoint (MEMSNAP_S3_ENDPOINT wins over it). */
   endpoint?: string;
-}
-
-function intEnv(env: NodeJS.ProcessEnv, name: string, dflt: number, min: number, max: number): number {
-  const v = env[name];
-  if (v === undefined || v === "") return dflt;
-  const n = Number(v);
-  if (!Number.isInteger(n) || n < min || n > max) {
-    throw new MemsnapError(
-      "MEMSNAP_USAGE",
-      `${name} must be an integer from ${min} to ${max}, got ${JSON.stringify(v)}`,
-    );
-  }
-  return n;
 }
 
 /**

@@ -95,3 +95,17 @@ export function s3Endpoint(env: NodeJS.ProcessEnv = process.env, opts: { endpoin
   }
   return e;
 }
+
+/** An integer setting from the environment (`dflt` when unset), within [min, max]; MEMSNAP_USAGE otherwise. */
+export function intEnv(env: NodeJS.ProcessEnv, name: string, dflt: number, min: number, max: number): number {
+  const v = env[name];
+  if (v === undefined || v === "") return dflt;
+  const n = Number(v);
+  if (!Number.isInteger(n) || n < min || n > max) {
+    throw new MemsnapError(
+      "MEMSNAP_USAGE",
+      `${name} must be an integer from ${min} to ${max}, got ${JSON.stringify(v)}`,
+    );
+  }
+  return n;
+}

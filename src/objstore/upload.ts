@@ -17,6 +17,7 @@ import {
 } from "@aws-sdk/client-s3";
 import { MemsnapError } from "../errors.js";
 import { s3Error } from "./client.js";
+import { intEnv } from "./location.js";
 
 /** S3's smallest part (all but the last) and most parts per upload. */
 export const MIN_PART = 5 << 20;
@@ -33,19 +34,6 @@ export interface UploadOptions {
   /** Metadata and content type for the object. */
   contentType?: string;
   env?: NodeJS.ProcessEnv;
-}
-
-function envInt(env: NodeJS.ProcessEnv, name: string, dflt: number, min: number, max: number): number {
-  const v = env[name];
-  if (v === undefined || v === "") return dflt;
-  const n = Number(v);
-  if (!Number.isInteger(n) || n < min || n > max) {
-    throw new MemsnapError(
-      "MEMSNAP_USAGE",
-      `${name} must be an integer from ${min} to ${max}, got ${JSON.stringify(v)}`,
-    );
-  }
-  return n;
 }
 
 /** One object written by sequential {@link write}s, then {@link complete} or {@link abort}. */
@@ -80,9 +68,9 @@ export class BundleUpload {
     this.#bucket = bucket;
     this.#key = key;
     this.url = `s3://${bucket}/${key}`;
-    this.#basePart = opts.partSize ?? envInt(env, "MEMSNAP_S3_PART_MIB", 8, 5, 5120) * MiB;
+    this.#basePart = opts.partSize ?? intEnv(env, "MEMSNAP_S3_PART_MIB", 8, 5, 5120) * MiB;
     if (this.#basePart < MIN_PART) throw new Error(`part size ${this.#basePart} is under S3's 5 MiB minimum`);
-    this.#maxInFlight = opts.inFlight ?? envInt(env, "MEMSNAP_S3_CONCURRENCY", 4, 1, 64);
+    this.#maxInFlight = opts.inFlight ?? intEnv(env, "MEMSNAP_S3_CONCURRENCY", 4, 1, 64);
     this.#signal = opts.signal;
     this.#contentType = opts.contentType ?? "application/x-tar";
     this.#cur = Buffer.allocUnsafe(this.#basePart);

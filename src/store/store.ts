@@ -17,7 +17,7 @@ import { basesOf, checkSeal, ID_PATTERN, parseManifest } from "../format/manifes
 import { acquireLock } from "../agent/lock.js";
 import { commitRename, unlinkQuiet } from "../util/fs-atomic.js";
 import { isUlid } from "../util/ulid.js";
-import type { StoredSnapshot } from "./types.js";
+import { storedSnapshot, type StoredSnapshot } from "./types.js";
 
 export type { StoredSnapshot } from "./types.js";
 
@@ -56,19 +56,7 @@ export async function listSnapshots(
     try {
       const layout = await readLayout(path);
       const m = parseManifest(layout.manifestBytes);
-      out.push({
-        id: m.snapshot_id,
-        path,
-        tenant: m.tenant,
-        agent: m.agent,
-        created_at: m.created_at,
-        created_by: m.created_by,
-        label: m.label,
-        size: layout.fileSize,
-        encrypted: m.payload.encryption !== null,
-        signed: m.signature !== undefined,
-        manifest: m,
-      });
+      out.push(storedSnapshot(path, layout, m));
     } catch (e) {
       onBad?.(path, e);
     }
@@ -104,19 +92,7 @@ export async function findSnapshot(
   if (ref.endsWith(".memsnap") || ref.includes("/")) {
     const layout = await readLayout(ref);
     const m = parseManifest(layout.manifestBytes);
-    return {
-      id: m.snapshot_id,
-      path: ref,
-      tenant: m.tenant,
-      agent: m.agent,
-      created_at: m.created_at,
-      created_by: m.created_by,
-      label: m.label,
-      size: layout.fileSize,
-      encrypted: m.payload.encryption !== null,
-      signed: m.signature !== undefined,
-      manifest: m,
-    };
+    return storedSnapshot(ref, layout, m);
   }
   const all = await listSnapshots(store, filter);
   const hits = all.filter((s) => s.id === ref.toUpperCase() || s.id.startsWith(ref.toUpperCase()));

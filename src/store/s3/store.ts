@@ -49,7 +49,7 @@ import { openBundle } from "../../format/bundle-file.js";
 import { basesOf, ID_PATTERN, parseManifest } from "../../format/manifest.js";
 import { isUlid, ulid } from "../../util/ulid.js";
 import { decide, type PruneDecision, type RetentionPolicy } from "../prune.js";
-import type { StoredSnapshot } from "../types.js";
+import { storedSnapshot, type StoredSnapshot } from "../types.js";
 import { s3Error } from "../../objstore/client.js";
 import { parseStoreLocation, s3Key } from "../../objstore/location.js";
 import { clientFor } from "../../objstore/object-reader.js";
@@ -133,19 +133,7 @@ export async function s3ListSnapshots(
         try {
           const layout = await layoutOf(f);
           const m = parseManifest(layout.manifestBytes);
-          out[i] = {
-            id: m.snapshot_id,
-            path: url,
-            tenant: m.tenant,
-            agent: m.agent,
-            created_at: m.created_at,
-            created_by: m.created_by,
-            label: m.label,
-            size: layout.fileSize,
-            encrypted: m.payload.encryption !== null,
-            signed: m.signature !== undefined,
-            manifest: m,
-          };
+          out[i] = storedSnapshot(url, layout, m);
         } finally {
           await f.close();
         }
