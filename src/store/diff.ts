@@ -224,19 +224,23 @@ export async function diffSnapshots(a: StoredSnapshot, b: StoredSnapshot, keys: 
     // temp files named by side and a counter (never by a payload path); `only` narrows it.
     const side = (
       tag: string,
-    ): { want: (only: ReadonlySet<string> | null) => Want; files: Map<string, string>; written: Set<string> } => {
+    ): {
+      want: (only: ReadonlySet<string> | ((name: string) => boolean) | null) => Want;
+      files: Map<string, string>;
+      written: Set<string>;
+    } => {
       const files = new Map<string, string>();
       let n = 0;
       return {
         files,
         written: new Set(),
         want: (only) => (name) => {
-          if (only && !only.has(name)) return undefined;
+          if (only && !(typeof only === "function" ? only(name) : only.has(name))) return undefined;
           const slash = name.indexOf("/");
           const l = name.slice(0, slash);
           if (!(
             sqliteLayers.has(l) ||
-            (gitLayers.includes(l) && (name === `${l}/repo.bundle` || name === `${l}/${WORKTREE_DOC}`))
+            (gitLayers.includes(l) && (isBundleName(l, name) || name === `${l}/${WORKTREE_DOC}`))
           ))
             return undefined;
           let f = files.get(name);
@@ -249,10 +253,11 @@ export async function diffSnapshots(a: StoredSnapshot, b: StoredSnapshot, keys: 
     // A snapshot whose index is only in its payload is read for it, its git bundles written as
     // they pass (they are wanted unless the history is the same); its databases, which may be
     // large and unchanged, wait for a second pass once the index says which changed.
-    const bundles = new Set(gitLayers.flatMap((l) => [`${l}/repo.bundle`, `${l}/${WORKTREE_DOC}`]));
+    const bundles = (name: string): boolean =>
+      gitLayers.some((l) => isBundleName(l, name) || name === `${l}/${WORKTREE_DOC}`);
     const first = async (s: StoredSnapshot, x: typeof sa): Promise<IndexEntry[]> => {
       if (s.manifest.index) return s.manifest.index;
-      const r = await readSnapshot(s, keys, bundles.size ? x.want(bundles) : null);
+      const r = await readSnapshot(s, keys, gitLayers.length ? x.want(bundles) : null);
       for (const f of r.written) x.written.add(f);
       return r.index;
     };
@@ -260,8 +265,18 @@ export async function diffSnapshots(a: StoredSnapshot, b: StoredSnapshot, keys: 
     const bySha = (ix: IndexEntry[]): Map<string, string> => new Map(ix.map((e) => [e.path, e.sha256]));
     const [ha, hb] = [bySha(ia), bySha(ib)];
     // The git layers whose bundles differ (the same bytes: the same history), and the databases in both that differ.
-    const differs = gitLayers.filter((l) => ha.get(`${l}/repo.bundle`) !== hb.get(`${l}/repo.bundle`));
-    const needed = new Set<string>(differs.map((l) => `${l}/repo.bundle`));
+    // A git layer of an incremental snapshot may be a chain: repo.bundle, then repo.1.bundle, … (sources/git/chain.ts).
+    const chainIn = (ix: IndexEntry[], l: string): string[] =>
+      ix
+        .map((e) => e.path)
+        .filter((p) => isBundleName(l, p))
+        .sort((x, y) => bundleNo(x) - bundleNo(y));
+    const chainSha = (ix: IndexEntry[], h: Map<string, string>, l: string): string =>
+      chainIn(ix, l)
+        .map((p) => h.get(p))
+        .join(",");
+    const differs = gitLayers.filter((l) => chainSha(ia, ha, l) !== chainSha(ib, hb, l));
+    const needed = new Set<string>(differs.flatMap((l) => [...chainIn(ia, l), ...chainIn(ib, l)]));
     for (const l of gitLayers)
       if (ha.get(`${l}/${WORKTREE_DOC}`) !== hb.get(`${l}/${WORKTREE_DOC}`)) needed.add(`${l}/${WORKTREE_DOC}`);
     for (const e of ib)
@@ -287,12 +302,15 @@ export async function diffSnapshots(a: StoredSnapshot, b: StoredSnapshot, keys: 
       const [xa, xb] = [meta(a.manifest, layer), meta(b.manifest, layer)];
       if (kind === "git") {
         const i = gitLayers.indexOf(layer);
-        const bundle = `${layer}/repo.bundle`;
+        const chain = (x: typeof sa, ix: IndexEntry[]): string[] | null => {
+          const fs = chainIn(ix, layer).map((p) => got(x, p));
+          return fs.length && fs.every((f) => f !== null) ? (fs as string[]) : null;
+        };
         d.git = await gitDiff(
           d,
           xa,
           xb,
-          differs.includes(layer) ? { a: got(sa, bundle), b: got(sb, bundle), repo: join(dir!, `repo${i}.git`) } : null,
+          differs.includes(layer) ? { a: chain(sa, ia), b: chain(sb, ib), repo: join(dir!, `repo${i}.git`) } : null,
         );
         const doc = `${layer}/${WORKTREE_DOC}`;
         if (ha.get(doc) !== hb.get(doc)) {
@@ -451,6 +469,24 @@ function gitRecords(
   });
 }
 
+/** A git layer's bundle: `repo.bundle`, or a link of its chain, `repo.<n>.bundle`. */
+function isBundleName(layer: string, name: string): boolean {
+  return name.startsWith(`${layer}/`) && /^repo(\.[1-9][0-9]{0,5})?\.bundle$/.test(name.slice(layer.length + 1));
+}
+
+/** The place of a bundle in its chain: 0 for repo.bundle, n for repo.<n>.bundle. */
+function bundleNo(name: string): number {
+  const m = /\.([0-9]+)\.bundle$/.exec(name);
+  return m ? Number(m[1]) : 0;
+}
+
+/** Unbundle a chain in order (each link's prerequisites come from the bundles before it); the last one's HEAD. */
+async function unbundleChain(repo: string, chain: string[]): Promise<string | null> {
+  let head: string | null = null;
+  for (const b of chain) head = (await unbundle(repo, b)) ?? head;
+  return head;
+}
+
 /** Unbundle into the bare repository; returns the bundle's HEAD, if it lists one. */
 async function unbundle(repo: string, bundle: string): Promise<string | null> {
   let head: string | null = null;
@@ -503,7 +539,7 @@ async function gitDiff(
   d: LayerDiff,
   xa: Record<string, unknown>,
   xb: Record<string, unknown>,
-  bundles: { a: string | null; b: string | null; repo: string } | null,
+  bundles: { a: string[] | null; b: string[] | null; repo: string } | null,
 ): Promise<GitDiff> {
   const wt = (p: string): string | null => {
     const rel = p.slice(d.layer.length + 1);
@@ -539,8 +575,8 @@ async function gitDiff(
       0x0a,
       () => undefined,
     );
-    const ha = bundles.a ? ((await unbundle(bundles.repo, bundles.a)) ?? g.head.from) : null;
-    const hb = bundles.b ? ((await unbundle(bundles.repo, bundles.b)) ?? g.head.to) : null;
+    const ha = bundles.a ? ((await unbundleChain(bundles.repo, bundles.a)) ?? g.head.from) : null;
+    const hb = bundles.b ? ((await unbundleChain(bundles.repo, bundles.b)) ?? g.head.to) : null;
     g.head = { from: ha, to: hb };
     const isCommit = async (oid: string | null): Promise<string | null> =>
       oid !== null &&

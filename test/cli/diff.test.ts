@@ -203,7 +203,9 @@ describe("memsnap diff inside layers", () => {
     expect(i3.incremental.bases).toContain(i2);
     const inspect = jsonOut(cli(["inspect", join(store, "default", "scribe-inc", `${i3.id}.memsnap`), "--json"])) as { manifest: { index?: { path: string; ref?: string }[] } };
     const idx = inspect.manifest.index;
-    expect(idx?.find((e) => e.path === "memory/repo.bundle")?.ref).toBe(i2); // its bytes are in i2's payload
+    // The git layer is a chain: the full bundle's bytes are in i1's payload, the commit's link in i2's.
+    expect(idx?.find((e) => e.path === "memory/repo.bundle")?.ref).toBe(i1);
+    expect(idx?.find((e) => e.path === "memory/repo.1.bundle")?.ref).toBe(i2);
     const g = layer(diff(i1, i3.id, [], icfg), "memory").git!;
     expect(g.files.added).toEqual(["i.md"]);
     expect(g.commits.map((c) => c.subject)).toEqual(["incremental change"]);
