@@ -1,7 +1,8 @@
 /**
- * Store locations: a local directory or `s3://bucket/prefix`. A string with any other
- * `scheme://`, or a malformed s3 URL, is a usage error, never a local directory (a typo must
- * not turn into a fake off-site copy under ./s3:/...).
+ * Store locations: a local directory or `s3://bucket/prefix`. A string that starts like a URL
+ * (`scheme:`, e.g. `s3:/b`, `s3:b`, `gs://b`) and is not a well-formed s3 URL is a usage error, never a
+ * local directory: a typo must not turn into a fake off-site copy under ./s3:/... A local directory
+ * whose name has such a colon is written with a path in front (`./name:x`).
  */
 import { resolve } from "node:path";
 import { MemsnapError } from "../errors.js";
@@ -12,6 +13,8 @@ export type StoreLocation =
   | { kind: "s3"; bucket: string; prefix: string; url: string };
 
 const SCHEME = /^([A-Za-z][A-Za-z0-9+.-]*):\/\//;
+/** Starts like a URL: a scheme and its colon (`s3:`, `gs:/`, `http:`). */
+const URL_LIKE = /^([A-Za-z][A-Za-z0-9+.-]*):/;
 /** S3's bucket naming rules: 3-63 of [a-z0-9.-], a letter or digit at each end, no "..", not an IPv4 address. */
 const BUCKET = /^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$/;
 /** A prefix segment: characters S3 keys take without escaping (no spaces, %, ?, #, \, control characters). */
@@ -31,7 +34,15 @@ function usage(s: string, why: string): MemsnapError {
 /** Parse a store location; a local path is resolved against the working directory (or `base`). */
 export function parseStoreLocation(s: string, base?: string): StoreLocation {
   const m = SCHEME.exec(s);
-  if (!m) return { kind: "local", dir: base === undefined ? resolve(s) : resolve(base, s) };
+  if (!m) {
+    const u = URL_LIKE.exec(s);
+    if (u) {
+      const why =
+        u[1]!.toLowerCase() === "s3" ? "an s3 URL is s3://BUCKET[/PREFIX]" : `the scheme ${u[1]}: is not supported`;
+      throw usage(s, `${why} (for a local directory with a colon in its name, write ./${s})`);
+    }
+    return { kind: "local", dir: base === undefined ? resolve(s) : resolve(base, s) };
+  }
   if (m[1]!.toLowerCase() !== "s3") throw usage(s, `the scheme ${m[1]}:// is not supported (only s3://)`);
   const rest = s.slice(m[0].length);
   const slash = rest.indexOf("/");

@@ -37,7 +37,17 @@ describe("parseStoreLocation", () => {
     expect(parseStoreLocation("store")).toEqual({ kind: "local", dir: join(process.cwd(), "store") });
     expect(parseStoreLocation("/abs/store")).toEqual({ kind: "local", dir: "/abs/store" });
     expect(parseStoreLocation("rel", "/base")).toEqual({ kind: "local", dir: "/base/rel" });
-    expect(parseStoreLocation("s3:bucket")).toEqual({ kind: "local", dir: join(process.cwd(), "s3:bucket") });
+    expect(parseStoreLocation("./s3:bucket")).toEqual({ kind: "local", dir: join(process.cwd(), "s3:bucket") });
+    expect(parseStoreLocation("dir/s3:bucket")).toEqual({ kind: "local", dir: join(process.cwd(), "dir", "s3:bucket") });
+  });
+
+  it("a string that starts like a URL but is not s3://… is a usage error, not a directory named s3:", () => {
+    for (const bad of ["s3:bucket", "s3:/bucket/memsnap", "S3:bucket", "s3:"]) {
+      expect(usageError(() => parseStoreLocation(bad)), bad).toMatch(/an s3 URL is s3:\/\/BUCKET\[\/PREFIX\].*write \.\//);
+    }
+    for (const bad of ["gs:/bucket", "file:store", "c:store"]) {
+      expect(usageError(() => parseStoreLocation(bad)), bad).toMatch(/is not supported/);
+    }
   });
 
   it("another scheme and malformed s3 URLs are usage errors", () => {
@@ -110,7 +120,9 @@ describe("the CLI and store URLs", () => {
     ["--store", ["--store", "ftp://x"], {}],
     ["--store", ["--store", "s3://"], {}],
     ["--store", ["--store", "s3://Bad_Bucket"], {}],
+    ["--store", ["--store", "s3:/bkt/p"], {}],
     ["MEMSNAP_STORE", [], { MEMSNAP_STORE: "ftp://x" }],
+    ["MEMSNAP_STORE", [], { MEMSNAP_STORE: "s3:bkt" }],
   ] as const) {
     it(`snapshot with ${how} ${args[1] ?? extra.MEMSNAP_STORE} exits 2 and writes nothing`, async () => {
       const a = makeAgent();
@@ -118,6 +130,7 @@ describe("the CLI and store URLs", () => {
       expectCliError(r, 2, "MEMSNAP_USAGE");
       expect(existsSync(join(a.dir, "ftp:"))).toBe(false);
       expect(existsSync(join(a.dir, "s3:"))).toBe(false);
+      expect(existsSync(join(a.dir, "s3:bkt"))).toBe(false);
     });
   }
 
