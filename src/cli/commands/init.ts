@@ -2,8 +2,8 @@ import type { Command } from "commander";
 import { open } from "node:fs/promises";
 import { basename, join, resolve } from "node:path";
 import { MemsnapError } from "../../errors.js";
-import { detectAgent, renderConfig } from "../../init.js";
-import { fmtMiB } from "../../init.js";
+import { detectAgent } from "../../init/detect.js";
+import { fmtMiB, renderConfig } from "../../init/render.js";
 import { printJson } from "../output.js";
 import { collect, type GlobalOpts } from "../common.js";
 
