@@ -79,7 +79,9 @@ export function checkOptions(opts: SnapshotOptions): { recipients: string[]; enc
   if (opts.label != null && !LABEL_OK.test(opts.label)) {
     throw new MemsnapError(
       "MEMSNAP_USAGE",
-      `a label is 1 to ${LABEL_MAX} characters on one line, without control characters: got ${JSON.stringify(opts.label.length > 40 ? `${opts.label.slice(0, 40)}…` : opts.label)} (${opts.label.length} characters)`,
+      `a label is 1 to ${LABEL_MAX} characters on one line, without control characters: ` +
+        `got ${JSON.stringify(opts.label.length > 40 ? `${opts.label.slice(0, 40)}…` : opts.label)} ` +
+        `(${opts.label.length} characters)`,
       {
         hint: "e.g. --label before-upgrade; `memsnap list` shows it and `prune --keep-label` matches it",
       },

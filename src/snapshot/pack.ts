@@ -226,7 +226,9 @@ export async function packLayer(
           : await packWhole(a, hint, pack, why ?? undefined);
       if (process.env.MEMSNAP_DEBUG_ENCODER)
         process.stderr.write(
-          `chunking ${name}: ${r.entry.ranges ? `${r.entry.stored_size} of ${r.entry.size} bytes stored` : `whole (${r.whole ?? "?"})`}\n`,
+          `chunking ${name}: ${
+            r.entry.ranges ? `${r.entry.stored_size} of ${r.entry.size} bytes stored` : `whole (${r.whole ?? "?"})`
+          }\n`,
         );
       onPacked(r.entry, a.fingerprint, { rec: r.rec, table: r.table });
       collectArtifacts();

@@ -67,7 +67,8 @@ export function refuseUnredacted(redaction: RedactionReport | null, encrypted: b
     const where = Object.keys(redaction.unredacted);
     throw new MemsnapError(
       "MEMSNAP_UNREDACTED_SECRETS",
-      `${redaction.total_unredacted} secret(s) found in content that cannot be redacted (${where.slice(0, 3).join(", ")}${where.length > 3 ? ", …" : ""}); refusing a plaintext bundle`,
+      `${redaction.total_unredacted} secret(s) found in content that cannot be redacted ` +
+        `(${where.slice(0, 3).join(", ")}${where.length > 3 ? ", …" : ""}); refusing a plaintext bundle`,
       { hint: "encrypt the bundle (-r age1… or --passphrase-file), or pass --allow-unredacted" },
     );
   }

@@ -200,7 +200,8 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
     if (process.env.MEMSNAP_DEBUG_ENCODER && refs) {
       const mu = process.memoryUsage();
       process.stderr.write(
-        `incremental: ${refs.size} artifact(s) may be referenced (rss ${Math.round(mu.rss / 1048576)} heap used ${Math.round(mu.heapUsed / 1048576)} of ${Math.round(mu.heapTotal / 1048576)} MiB)\n`,
+        `incremental: ${refs.size} artifact(s) may be referenced (rss ${Math.round(mu.rss / 1048576)} heap ` +
+          `used ${Math.round(mu.heapUsed / 1048576)} of ${Math.round(mu.heapTotal / 1048576)} MiB)\n`,
       );
     }
 
@@ -292,7 +293,9 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
         const mu = process.memoryUsage();
         const mib = (n: number): number => Math.round(n / 1048576);
         process.stderr.write(
-          `layer ${scfg.name} packed at ${Math.round(performance.now() - t0)} ms (main thread busy ${Math.round(elu.active)} of ${Math.round(elu.active + elu.idle)} ms; rss ${mib(mu.rss)} heap ${mib(mu.heapTotal)} external ${mib(mu.external)} MiB)\n`,
+          `layer ${scfg.name} packed at ${Math.round(performance.now() - t0)} ms (main thread ` +
+            `busy ${Math.round(elu.active)} of ${Math.round(elu.active + elu.idle)} ms; rss ${mib(mu.rss)} ` +
+            `heap ${mib(mu.heapTotal)} external ${mib(mu.external)} MiB)\n`,
         );
       }
       // finish() runs now (a SQLite source stops its workers), but the next layer packs while
@@ -316,7 +319,8 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
     const tarSize = enc.bytesIn;
     if (process.env.MEMSNAP_DEBUG_ENCODER)
       process.stderr.write(
-        `levels: ${levels.samples} samples, ${levels.denseSamples} dense; frames compressed on the main thread: ${enc.stolenFrames}\n`,
+        `levels: ${levels.samples} samples, ${levels.denseSamples} dense; frames compressed on the main ` +
+          `thread: ${enc.stolenFrames}\n`,
       );
     const payload = await enc.finish();
     // Only a bundle that references a base needs (and is written as) manifest_version 2, so

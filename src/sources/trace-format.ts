@@ -101,7 +101,8 @@ export class TraceValidator {
       if (e instanceof JsonBudgetError) {
         fail(
           e.what === "budget"
-            ? `record is over the ${RECORD_BUDGET / 1024 / 1024} MiB memory budget for checking one record (its bytes plus ${VALUE_COST} per value: too many values)`
+            ? `record is over the ${RECORD_BUDGET / 1024 / 1024} MiB memory budget for checking one record (its ` +
+                `bytes plus ${VALUE_COST} per value: too many values)`
             : `record's numbers would expand past ${e.limit} digits in canonical form (exponents like 1e4000)`,
         );
       }

@@ -315,6 +315,7 @@ export async function gitLayerDiff(
   d.notes.push(
     oa === ob
       ? `HEAD unchanged at ${String(oa ?? "-").slice(0, 12)}`
-      : `HEAD ${String(oa ?? "-").slice(0, 12)} → ${String(ob ?? "-").slice(0, 12)}${typeof subj === "string" && subj ? ` (${subj})` : ""}`,
+      : `HEAD ${String(oa ?? "-").slice(0, 12)} ` +
+          `→ ${String(ob ?? "-").slice(0, 12)}${typeof subj === "string" && subj ? ` (${subj})` : ""}`,
   );
 }

@@ -88,7 +88,8 @@ export async function diffSnapshots(a: StoredSnapshot, b: StoredSnapshot, keys: 
     const bySha = (ix: IndexEntry[]): Map<string, string> => new Map(ix.map((e) => [e.path, e.sha256]));
     const [ha, hb] = [bySha(ia), bySha(ib)];
     // The git layers whose bundles differ (the same bytes: the same history), and the databases in both that differ.
-    // A git layer of an incremental snapshot may be a chain: repo.bundle, then repo.1.bundle, … (sources/git/chain.ts).
+    // A git layer of an incremental snapshot may be a chain: repo.bundle, then repo.1.bundle, …
+    // (sources/git/chain.ts).
     const chainIn = (ix: IndexEntry[], l: string): string[] =>
       ix
         .map((e) => e.path)

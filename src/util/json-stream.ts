@@ -164,7 +164,8 @@ class StreamParser extends TokenScanner {
           this.retained += this.pos - this.tokStart;
           if (this.retained > this.maxRetainedBytes) {
             throw new JsonStreamError(
-              `members other than the streamed arrays take more than maxRetainedBytes (${this.maxRetainedBytes}) in all; the one`,
+              `members other than the streamed arrays take more than maxRetainedBytes (${this.maxRetainedBytes}) in ` +
+                `all; the one`,
               this.base + this.tokStart,
             );
           }
