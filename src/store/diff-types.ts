@@ -7,6 +7,7 @@
 /** The most entries of one list (files added, commits, …) a diff reports; the rest are counted. */
 export const LIST_MAX = 1000;
 
+/** The view inside a git layer: HEADs, the commits between them, the files of their trees and work trees. */
 export interface GitDiff {
   /** HEAD's object id in A and in B (null: no commit yet, or not recorded). */
   head: { from: string | null; to: string | null };
@@ -30,6 +31,7 @@ export interface GitDiff {
   note?: string;
 }
 
+/** The view inside a SQLite layer: per database and table, row counts and rows changed by rowid. */
 export interface SqliteDiff {
   /**
    * Per database (its path in the layer), per table: the row counts in A and B (from the layer
@@ -45,6 +47,7 @@ export interface SqliteDiff {
   >;
 }
 
+/** One layer's differences (A → B): its files by path, notes, and the git or SQLite view. */
 export interface LayerDiff {
   layer: string;
   kind: string;
