@@ -113,7 +113,10 @@ function jsonErrorWhere(message: string, text: string): string {
   const before = text.slice(0, pos);
   const line = before.split("\n").length;
   const col = pos - before.lastIndexOf("\n");
-  return `${message.replace(/ in JSON at position \d+.*$/, "").replace(/ at position \d+.*$/, "")} at line ${line}, column ${col}`;
+  return (
+    `${message.replace(/ in JSON at position \d+.*$/, "").replace(/ at position \d+.*$/, "")} at line ${line}, ` +
+    `column ${col}`
+  );
 }
 
 /** The config's store: a directory relative to the config, or an s3 URL (another scheme is an error). */

@@ -30,7 +30,8 @@ export const ERROR_CODES = {
   MEMSNAP_MANIFEST_CORRUPT: {
     class: "integrity",
     meaning:
-      "the manifest is not valid JSON, misses required fields, or has a field outside its grammar (ids, kinds, times, nesting)",
+      "the manifest is not valid JSON, misses required fields, or has a field outside its grammar (ids, kinds, " +
+      "times, nesting)",
   },
   MEMSNAP_PAYLOAD_HASH_MISMATCH: {
     class: "integrity",
@@ -53,7 +54,8 @@ export const ERROR_CODES = {
   MEMSNAP_GIT_CHAIN_INVALID: {
     class: "integrity",
     meaning:
-      "a git layer's chain of bundles is not one: a bundle whose prerequisites the bundles before it do not hold, a cycle, a bundle missing or named twice, or more bundles than the bound",
+      "a git layer's chain of bundles is not one: a bundle whose prerequisites the bundles before it do not hold, a " +
+      "cycle, a bundle missing or named twice, or more bundles than the bound",
   },
   MEMSNAP_SIGNATURE_INVALID: {
     class: "integrity",
@@ -117,12 +119,14 @@ export const ERROR_CODES = {
   MEMSNAP_CRIU_INVALID: {
     class: "source",
     meaning:
-      "a CRIU images directory or procs.criu.v1 blob fails validation (magic, framing, pages size, a missing per-process image, a parent link outside the capture)",
+      "a CRIU images directory or procs.criu.v1 blob fails validation (magic, framing, pages size, a missing " +
+      "per-process image, a parent link outside the capture)",
   },
   MEMSNAP_TRACE_INVALID: {
     class: "source",
     meaning:
-      "an agentlog trace fails validation (a record id that does not match its payload, a parent that is not an earlier record, a first record that is not metadata, bad JSON)",
+      "an agentlog trace fails validation (a record id that does not match its payload, a parent that is not an " +
+      "earlier record, a first record that is not metadata, bad JSON)",
   },
   MEMSNAP_PLUGIN_FAILED: {
     class: "source",
@@ -132,12 +136,14 @@ export const ERROR_CODES = {
   MEMSNAP_PLUGIN_PROTOCOL: {
     class: "source",
     meaning:
-      "a source plugin broke the plugin protocol (malformed tar stream, an entry outside its layer or not a regular file, a bad response)",
+      "a source plugin broke the plugin protocol (malformed tar stream, an entry outside its layer or not a regular " +
+      "file, a bad response)",
   },
   MEMSNAP_PLUGIN_UNTRUSTED: {
     class: "unsafe",
     meaning:
-      "restoring the layer would run the plugin command recorded in the bundle, and MEMSNAP_ALLOW_PLUGINS does not allow it",
+      "restoring the layer would run the plugin command recorded in the bundle, and MEMSNAP_ALLOW_PLUGINS does not " +
+      "allow it",
   },
   MEMSNAP_AGENT_MISMATCH: {
     class: "usage",
@@ -146,7 +152,8 @@ export const ERROR_CODES = {
   MEMSNAP_LOCKED: {
     class: "locked",
     meaning:
-      "another memsnap process holds the agent's lock, or (in-place restore) another process holds a live file open or works inside a live directory",
+      "another memsnap process holds the agent's lock, or (in-place restore) another process holds a live file open " +
+      "or works inside a live directory",
   },
   MEMSNAP_HOOK_REFUSED: {
     class: "locked",
@@ -163,7 +170,8 @@ export const ERROR_CODES = {
   MEMSNAP_STORE_UNREACHABLE: {
     class: "destination",
     meaning:
-      "the object store could not be reached, or kept failing (connection refused or reset, time-outs, 5xx and SlowDown), after retries",
+      "the object store could not be reached, or kept failing (connection refused or reset, time-outs, 5xx and " +
+      "SlowDown), after retries",
   },
   MEMSNAP_STORE_DENIED: {
     class: "destination",
@@ -182,17 +190,20 @@ export const ERROR_CODES = {
   MEMSNAP_JOURNAL_UNTRUSTED: {
     class: "unsafe",
     meaning:
-      "the restore journal (.memsnap/journal.json) names a path or a step that an in-place restore under this config does not produce: recover changed nothing",
+      "the restore journal (.memsnap/journal.json) names a path or a step that an in-place restore under this " +
+      "config does not produce: recover changed nothing",
   },
   MEMSNAP_UNSAFE_BUNDLE: {
     class: "unsafe",
     meaning:
-      "a bundle exceeds its own declared sizes (zstd/tar bomb, entry longer than declared, oversized manifest) or asks for an scrypt work factor over the cap",
+      "a bundle exceeds its own declared sizes (zstd/tar bomb, entry longer than declared, oversized manifest) or " +
+      "asks for an scrypt work factor over the cap",
   },
   MEMSNAP_INTERRUPTED: {
     class: "interrupted",
     meaning:
-      "the command was stopped by SIGINT or SIGTERM before it finished; nothing half-done was left (no partial bundle, the live state untouched)",
+      "the command was stopped by SIGINT or SIGTERM before it finished; nothing half-done was left (no partial " +
+      "bundle, the live state untouched)",
   },
 } as const satisfies Record<string, { class: ErrorClass; meaning: string }>;
 
@@ -279,7 +290,9 @@ export function destinationError(e: unknown, path: string): MemsnapError {
       {
         path,
         cause: e,
-        hint: "free space on that file system (or raise the quota), or write elsewhere: snapshot --out/--store, restore --to",
+        hint:
+          "free space on that file system (or raise the quota), or write elsewhere: snapshot --out/--store, " +
+          "restore --to",
       },
     );
   }
@@ -287,7 +300,9 @@ export function destinationError(e: unknown, path: string): MemsnapError {
     return new MemsnapError("MEMSNAP_DEST_UNWRITABLE", `cannot write ${path}: ${(e as Error)?.message ?? String(e)}`, {
       path,
       cause: e,
-      hint: "the file would be larger than this process may write (`ulimit -f`) or the file system allows: raise the limit or write elsewhere",
+      hint:
+        "the file would be larger than this process may write (`ulimit -f`) or the file system allows: raise " +
+        "the limit or write elsewhere",
     });
   }
   return new MemsnapError("MEMSNAP_DEST_UNWRITABLE", `cannot write ${path}: ${(e as Error)?.message ?? String(e)}`, {

@@ -107,7 +107,9 @@ export function runHook(
         done({
           ok: false,
           exit_code: code,
-          error: `${signal ? `killed by ${signal}` : `exit ${code}`}${stderr.trim() ? `: ${stderr.trim().split("\n").slice(-3).join(" | ")}` : ""}`,
+          error: `${signal ? `killed by ${signal}` : `exit ${code}`}${
+            stderr.trim() ? `: ${stderr.trim().split("\n").slice(-3).join(" | ")}` : ""
+          }`,
         });
     });
     child.stdin.on("error", () => undefined); // a hook that ignores stdin must not crash us

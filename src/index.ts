@@ -7,7 +7,9 @@ export { TOOL_NAME, TOOL_VERSION } from "./version.js";
 
 // Configuration: memsnap.json, and what `memsnap init` detects in an agent's home.
 export { loadConfig, parseConfig, type MemsnapConfig, type ConfiguredSource } from "./config.js";
-export { detectAgent, renderConfig, type Detection, type DetectedSource } from "./init.js";
+export { detectAgent } from "./init/detect.js";
+export { renderConfig } from "./init/render.js";
+export type { Detection, DetectedSource } from "./init/types.js";
 
 // Keys: age identities, recipients and passphrases; manifest signing keys.
 export { generateIdentity, identityFileText } from "./codecs/age/keys.js";

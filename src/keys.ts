@@ -42,7 +42,9 @@ export async function readKeyFile(path: string, what: string, secret = false): P
             st.mode & 0o070 && st.mode & 0o007 ? "group and others" : st.mode & 0o070 ? "its group" : "others";
           const w = {
             path,
-            message: `${what} ${path} is open to ${who} (mode ${mode}): whoever can read it holds the key; chmod 600 ${path}`,
+            message:
+              `${what} ${path} is open to ${who} (mode ${mode}): whoever can read it holds the key; chmod ` +
+              `600 ${path}`,
           };
           for (const l of keyFileListeners) l(w);
         }

@@ -221,7 +221,9 @@ export async function runSchedule(o: ScheduleOptions): Promise<{ runs: number }>
         const err = isMemsnapError(e) ? e.toJSON() : { code: "MEMSNAP_INTERNAL", message: String(e) };
         // A scheduled snapshot is encrypted to the config's recipients only: say so, not -r.
         if (isMemsnapError(e, "MEMSNAP_UNREDACTED_SECRETS") || isMemsnapError(e, "MEMSNAP_PLAINTEXT_PROCESS_MEMORY")) {
-          err.hint = `name recipients in ${config.file ?? "the config"} ("recipients": ["age1…"]): scheduled snapshots are encrypted to those`;
+          err.hint =
+            `name recipients in ${config.file ?? "the config"} ("recipients": ["age1…"]): ` +
+            "scheduled snapshots are encrypted to those";
         }
         o.log({ event: isMemsnapError(e, "MEMSNAP_LOCKED") ? "skipped" : "failed", run: runs, error: err });
         const h = await runHook(
@@ -311,13 +313,35 @@ export function printUnits(kind: "systemd" | "cron", o: UnitOptions): string {
     const jitterS = o.jitter ? Math.floor(parseDuration(o.jitter) / 1000) : 0;
     // cron turns an unescaped % into a newline: \% is a literal % for sh.
     const sleep = jitterS > 0 ? `sleep $(( $(od -An -N2 -tu2 /dev/urandom) \\% ${jitterS + 1} )) && ` : "";
-    const snap = `${bin} ${q(["snapshot", "-c", o.configPath, ...store, "--scheduled", "--label", "scheduled", "--wait", "5m", ...(o.incremental ? ["--incremental"] : []), ...sign])}`;
+    const snap = `${bin} ${q([
+      "snapshot",
+      "-c",
+      o.configPath,
+      ...store,
+      "--scheduled",
+      "--label",
+      "scheduled",
+      "--wait",
+      "5m",
+      ...(o.incremental ? ["--incremental"] : []),
+      ...sign,
+    ])}`;
     const prune = o.pruneArgs.length
-      ? ` && ${bin} ${q(["prune", "-c", o.configPath, ...store, ...(o.pruneAll ? [] : ["--scheduled-only"]), ...o.pruneArgs])}`
+      ? ` && ${bin} ${q([
+          "prune",
+          "-c",
+          o.configPath,
+          ...store,
+          ...(o.pruneAll ? [] : ["--scheduled-only"]),
+          ...o.pruneArgs,
+        ])}`
       : "";
     // The log's directory may not exist yet; the redirection covers every command of the run.
     const log = `~/.local/state/memsnap-${quoteArg(o.agent, "cron")}.log`;
-    return `# memsnap auto-snapshots for ${o.agent} (crontab -e; times are the host's cron time zone)\n${when} mkdir -p ~/.local/state && { ${sleep}${snap}${prune}; } >> ${log} 2>&1\n`;
+    return (
+      `# memsnap auto-snapshots for ${o.agent} (crontab -e; times are the host's cron time zone)\n` +
+      `${when} mkdir -p ~/.local/state && { ${sleep}${snap}${prune}; } >> ${log} 2>&1\n`
+    );
   }
   const args = q([
     "schedule",
@@ -333,7 +357,9 @@ export function printUnits(kind: "systemd" | "cron", o: UnitOptions): string {
     ...(o.pruneAll ? ["--prune-all"] : []),
     ...o.pruneArgs,
   ]);
-  return `# ~/.config/systemd/user/memsnap-${o.agent}.service — then: systemctl --user daemon-reload && systemctl --user enable --now memsnap-${o.agent}
+  return (
+    `# ~/.config/systemd/user/memsnap-${o.agent}.service — then: ` +
+    `systemctl --user daemon-reload && systemctl --user enable --now memsnap-${o.agent}
 [Unit]
 Description=memsnap scheduled snapshots of ${o.agent}
 After=local-fs.target
@@ -348,5 +374,6 @@ TimeoutStopSec=120
 
 [Install]
 WantedBy=default.target
-`;
+`
+  );
 }

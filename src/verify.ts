@@ -75,13 +75,17 @@ function checkMagic(m: Manifest, head: Buffer): Finding | null {
   if (m.payload.encryption && !isAge) {
     return {
       code: "MEMSNAP_PAYLOAD_MISLABELED",
-      message: `the manifest says the payload is age-encrypted but it ${isZstd ? "is plaintext zstd" : "is not an age file"}`,
+      message:
+        `the manifest says the payload is age-encrypted but ` +
+        `it ${isZstd ? "is plaintext zstd" : "is not an age file"}`,
     };
   }
   if (!m.payload.encryption && !isZstd) {
     return {
       code: "MEMSNAP_PAYLOAD_MISLABELED",
-      message: `the manifest says the payload is plaintext zstd but it ${isAge ? "is age-encrypted" : "is not a zstd stream"}`,
+      message:
+        `the manifest says the payload is plaintext zstd but ` +
+        `it ${isAge ? "is age-encrypted" : "is not a zstd stream"}`,
     };
   }
   return null;
@@ -289,7 +293,9 @@ export async function verifyBundle(path: string, opts: VerifyOptions = {}): Prom
       add(
         "deep",
         deepProblems,
-        `${deepChecked} artifact(s) checked${deepChecked > deepOwn ? `, ${deepChecked - deepOwn} of them referenced, in bases` : ""}`,
+        `${deepChecked} artifact(s) checked${
+          deepChecked > deepOwn ? `, ${deepChecked - deepOwn} of them referenced, in bases` : ""
+        }`,
       );
   } catch (e) {
     if (!isMemsnapError(e)) throw e;
@@ -329,7 +335,9 @@ export async function verifyBundle(path: string, opts: VerifyOptions = {}): Prom
         "signature",
         sigFindings,
         sig.state === "valid"
-          ? `signed by ${sig.key_id}${sig.trusted ? " (trusted)" : " (not checked against a trusted key: pass --trust)"}`
+          ? `signed by ${sig.key_id}${
+              sig.trusted ? " (trusted)" : " (not checked against a trusted key: pass --trust)"
+            }`
           : undefined,
       );
   }
@@ -396,7 +404,8 @@ export function reportError(r: VerifyReport): MemsnapError {
       ? "no file is at that path: check it (nothing is wrong with any bundle)"
       : code === "MEMSNAP_BASE_MISSING"
         ? // nothing is wrong with the bundle itself: a base it needs was not copied along
-          "copy the base bundle next to it (memsnap export copies a snapshot with its bases); the bundle itself may be intact"
+          "copy the base bundle next to it (memsnap export copies a snapshot with its bases); the bundle itself may " +
+          "be intact"
         : code === "MEMSNAP_SIGNATURE_REQUIRED" || code === "MEMSNAP_SIGNATURE_UNTRUSTED"
           ? "only a bundle signed by a --trust key proves who made it; check the key, or drop --trust"
           : code === "MEMSNAP_SIGNATURE_INVALID"

@@ -99,8 +99,10 @@ export async function writeJournal(agentBase: string, j: Journal): Promise<void>
 }
 
 const INSPECT_HINT =
-  "nothing was changed. Inspect .memsnap/journal.json (was it written by hand, or was the config changed since the restore was interrupted?): " +
-  "the *.memsnap-old-* directories beside your data hold the pre-restore state; put back by hand what you need, then remove the journal";
+  "nothing was changed. Inspect .memsnap/journal.json (was it written by hand, or was the config changed since the " +
+  "restore was interrupted?): " +
+  "the *.memsnap-old-* directories beside your data hold the pre-restore state; put back by hand what you need, " +
+  "then remove the journal";
 
 function untrusted(agentBase: string, why: string, path?: string): MemsnapError {
   return new MemsnapError("MEMSNAP_JOURNAL_UNTRUSTED", `restore journal ${journalPath(agentBase)} refused: ${why}`, {
@@ -250,7 +252,8 @@ export function checkJournal(j: Journal, scope: JournalScope, fail: JournalFail)
       if (problem) throw fail(`${problem.path} ${problem.why}`, problem.path, true);
       if (lstatOrNull(match.target)?.isDirectory()) {
         throw fail(
-          `${match.target} is a directory where ${match.staged === null ? "a file is to be removed" : "the bundle has a file"}`,
+          `${match.target} is a directory ` +
+            `where ${match.staged === null ? "a file is to be removed" : "the bundle has a file"}`,
           match.target,
           true,
         );

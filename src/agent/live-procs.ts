@@ -163,7 +163,9 @@ export async function processesUsing(
 
 /** One line per process: `pid 123 node (node agent.js): open /a/db.sqlite, cwd /a/memdir`. */
 export function describeProcess(p: LiveProcess): string {
-  return `pid ${p.pid} ${p.command}: ${p.uses.map((u) => `${u.how === "cwd" ? "working directory" : u.how} ${u.path}`).join(", ")}`;
+  return `pid ${p.pid} ${p.command}: ${p.uses
+    .map((u) => `${u.how === "cwd" ? "working directory" : u.how} ${u.path}`)
+    .join(", ")}`;
 }
 
 /** MEMSNAP_LOCKED naming each process that uses a live file, or nothing when none does. */
@@ -173,7 +175,9 @@ export function refuseLiveProcesses(procs: readonly LiveProcess[]): void {
   const more = procs.length > shown.length ? `; and ${procs.length - shown.length} more` : "";
   throw new MemsnapError(
     "MEMSNAP_LOCKED",
-    `${procs.length} process${procs.length === 1 ? " uses" : "es use"} the live files this restore would replace, and would lose what ${procs.length === 1 ? "it writes" : "they write"} next: ${shown.join("; ")}${more}; nothing was changed`,
+    `${procs.length} process${procs.length === 1 ? " uses" : "es use"} the live files this restore would replace, ` +
+      `and would lose what ${procs.length === 1 ? "it writes" : "they write"} ` +
+      `next: ${shown.join("; ")}${more}; nothing was changed`,
     {
       hint: "stop the agent first (a before_restore hook can do it), or pass --ignore-open-files to restore anyway",
     },

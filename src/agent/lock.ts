@@ -98,10 +98,14 @@ export async function acquireLock(
     if (Date.now() >= deadline) {
       throw new MemsnapError(
         "MEMSNAP_LOCKED",
-        `agent is locked by ${held ? `pid ${held.pid} on ${held.host} (${held.command}, since ${held.started_at})` : "another process"}`,
+        `agent is locked by ${
+          held ? `pid ${held.pid} on ${held.host} (${held.command}, since ${held.started_at})` : "another process"
+        }`,
         {
           path,
-          hint: "wait for it to finish, pass --wait DURATION, or remove the lock file if that process is gone from another host",
+          hint:
+            "wait for it to finish, pass --wait DURATION, " +
+            "or remove the lock file if that process is gone from another host",
         },
       );
     }

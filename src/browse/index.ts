@@ -158,9 +158,12 @@ export function selectPaths(
     if (!perFileKind(kind)) {
       throw new MemsnapError(
         "MEMSNAP_USAGE",
-        `--path selects ${n} of the ${total.get(layer)} artifacts of layer ${layer}, and a ${kind} layer is rebuilt from all of them`,
+        `--path selects ${n} of the ${total.get(layer)} artifacts of layer ${layer}, and a ${kind} layer is rebuilt ` +
+          `from all of them`,
         {
-          hint: `select the whole layer (--path ${layer}/ or --only ${layer}); files, state and trace layers restore file by file`,
+          hint:
+            `select the whole layer (--path ${layer}/ or --only ${layer}); files, state and trace layers ` +
+            `restore file by file`,
         },
       );
     }
@@ -199,7 +202,7 @@ export function entryOf(manifest: Manifest, index: readonly IndexEntry[], path: 
  * compared with the index, and only then is the file copied to `out`: a damaged artifact
  * writes nothing. With the index in the (sealed) manifest the read stops once the artifact is
  * read; otherwise the whole payload is read and checked against its own index. Throws MEMSNAP_SOURCE_MISSING (no such
-  * file),
+ * file),
  * MEMSNAP_ARTIFACT_HASH_MISMATCH, the bundle's key and integrity errors.
  */
 export async function catArtifact(
@@ -302,7 +305,8 @@ export async function catArtifact(
       throw new MemsnapError(
         "MEMSNAP_ARTIFACT_HASH_MISMATCH",
         got
-          ? `${want}: its bytes (${got.size}, SHA-256 ${got.sha256.slice(0, 12)}…) differ from the index (${entry.size}, ${entry.sha256.slice(0, 12)}…)`
+          ? `${want}: its bytes (${got.size}, SHA-256 ${got.sha256.slice(0, 12)}…) differ from the index ` +
+              `(${entry.size}, ${entry.sha256.slice(0, 12)}…)`
           : `${want} is missing from the payload`,
         {
           path: want,

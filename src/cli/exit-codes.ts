@@ -26,6 +26,8 @@ export const EXIT_CODE_MEANINGS: Record<number, string> = {
   6: "source unreadable, missing, invalid, or changed during capture",
   7: "locked by another memsnap process or by a process using live files, or the before_restore hook refused",
   8: "destination not writable, full, exists, or not empty",
-  9: "unsafe bundle: an entry would escape its target, a layer asks for more than it declares, an untrusted plugin or journal",
+  9:
+    "unsafe bundle: an entry would escape its target, a layer asks for more than it declares, an untrusted plugin " +
+    "or journal",
   130: "interrupted by SIGINT or SIGTERM; nothing half-done is left",
 };

@@ -34,7 +34,10 @@ export function redactionLine(report: Record<string, unknown>): string {
     ? `; ${s.unredacted} found and kept as is (not rewritable: git history, content-addressed data)`
     : "";
   if (!s.total) return `${policy}: nothing redacted${kept}`;
-  return `${policy}: ${s.total} value${s.total === 1 ? "" : "s"} replaced by [REDACTED:<rule>] in ${listSome(s.artifacts)} (${s.rules.join(", ")})${kept}`;
+  return (
+    `${policy}: ${s.total} value${s.total === 1 ? "" : "s"} replaced by [REDACTED:<rule>] ` +
+    `in ${listSome(s.artifacts)} (${s.rules.join(", ")})${kept}`
+  );
 }
 
 /** Warnings of the command so far that are not a layer's (a key file open to others): `{path, message}`. */

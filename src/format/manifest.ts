@@ -189,9 +189,12 @@ export function encodeManifest(m: Manifest): Buffer {
     const l = m.layers.find((x) => valueDepthOver(x.meta, MANIFEST_MAX_DEPTH - 3));
     throw new MemsnapError(
       "MEMSNAP_SOURCE_INVALID",
-      `${l ? `layer ${l.name}: its meta` : "the manifest"} nests more than ${MANIFEST_MAX_DEPTH} levels deep in the manifest`,
+      `${l ? `layer ${l.name}: its meta` : "the manifest"} nests more than ${MANIFEST_MAX_DEPTH} levels deep in the ` +
+        `manifest`,
       {
-        hint: "a manifest nests at most 64 levels; the source's data (e.g. a KV dump's engine object) is nested too deeply to record",
+        hint:
+          "a manifest nests at most 64 levels; the source's data (e.g. a KV dump's engine object) is nested too " +
+          "deeply to record",
       },
     );
   }
@@ -345,7 +348,8 @@ export function parseManifest(bytes: Buffer, readsUpTo = MANIFEST_VERSION): Mani
       checkEntryName(e.path, layerNames);
       if (!layerNames.has(e.layer))
         throw unsafeName(
-          `index entry ${JSON.stringify(e.path)} names layer ${JSON.stringify(e.layer.slice(0, 80))}, which is not in the manifest`,
+          `index entry ${JSON.stringify(e.path)} names layer ${JSON.stringify(e.layer.slice(0, 80))}, which is not ` +
+            `in the manifest`,
           e.path,
         );
       if (!e.path.startsWith(`${e.layer}/`))

@@ -228,7 +228,9 @@ export function s3Error(e: unknown, what: string, env: NodeJS.ProcessEnv = proce
   }
   if (name === "NoSuchBucket") {
     return new MemsnapError("MEMSNAP_STORE_NOT_FOUND", `${what}: no such bucket (${detail})`, {
-      hint: "create the bucket first (e.g. `aws s3 mb s3://BUCKET`), or fix the store URL (--store, MEMSNAP_STORE, config store)",
+      hint:
+        "create the bucket first (e.g. `aws s3 mb s3://BUCKET`), or fix the store URL (--store, MEMSNAP_STORE, " +
+        "config store)",
       cause: e,
     });
   }

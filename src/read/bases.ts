@@ -62,7 +62,9 @@ export async function openBases(bundle: string, manifest: Manifest, ids?: Readon
           `snapshot ${manifest.snapshot_id} is incremental and its base ${b.snapshot_id} is not beside it (${path})`,
           {
             path,
-            hint: "copy the base bundle next to it (memsnap export copies a snapshot with its bases), or restore another snapshot",
+            hint:
+              "copy the base bundle next to it (memsnap export copies a snapshot with its bases), or restore " +
+              "another snapshot",
           },
         );
       }

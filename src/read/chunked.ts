@@ -122,7 +122,8 @@ export class PiecePlacer {
       if (last.off + last.len > info.size) {
         throw new MemsnapError(
           "MEMSNAP_UNSAFE_BUNDLE",
-          `${info.name}: a range reads bytes ${last.off}-${last.off + last.len} of base ${base}'s entry, which has ${info.size}`,
+          `${info.name}: a range reads bytes ${last.off}-${last.off + last.len} of base ${base}'s entry, which ` +
+            `has ${info.size}`,
           {
             path: info.name,
             hint: HINT,

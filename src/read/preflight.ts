@@ -42,7 +42,8 @@ export function enforceSignature(m: Manifest, policy: SignaturePolicy): void {
       f.code === "MEMSNAP_SIGNATURE_INVALID"
         ? "the manifest was altered after signing; do not restore it"
         : trusting
-          ? "only a bundle signed by a --trust key is restored once --trust is given; check the key, or drop --trust (and --require-signature)"
+          ? "only a bundle signed by a --trust key is restored once --trust is given; check the key, or drop " +
+            "--trust (and --require-signature)"
           : "pass --trust with the signer's public key (memsnap-ed25519:…), or drop --require-signature",
   });
 }
@@ -58,7 +59,9 @@ export function checkManifest(m: Manifest, layout: BundleLayout): Finding[] {
     else if (l.schema_version > k.schemaVersion) {
       f.push({
         code: "MEMSNAP_UNSUPPORTED_LAYER",
-        message: `layer ${l.name}: ${l.kind} schema ${l.schema_version} is newer than this memsnap reads (${k.schemaVersion})`,
+        message:
+          `layer ${l.name}: ${l.kind} schema ${l.schema_version} is newer than this memsnap reads ` +
+          `(${k.schemaVersion})`,
         path: l.name,
       });
     }
@@ -67,7 +70,9 @@ export function checkManifest(m: Manifest, layout: BundleLayout): Finding[] {
   if (m.payload.member !== wantMember || layout.payloadMember !== wantMember) {
     f.push({
       code: "MEMSNAP_PAYLOAD_MISLABELED",
-      message: `payload member ${layout.payloadMember} does not match the manifest's encryption (${m.payload.encryption ? "age" : "none"})`,
+      message:
+        `payload member ${layout.payloadMember} does not match the manifest's encryption ` +
+        `(${m.payload.encryption ? "age" : "none"})`,
     });
   }
   if (layout.payloadSize !== m.payload.stored_size) {

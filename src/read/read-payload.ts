@@ -8,6 +8,9 @@
  * as they pass to the caller's handler, and the index (the last member) is parsed. The
  * caller compares the result with the manifest through {@link compareWithIndex}, which
  * collects every finding instead of stopping at the first.
+ *
+ * The shapes are in ./payload-types.ts, the decoder's ops are read by ./op-reader.ts, and the
+ * comparison with the index is ./index-compare.ts.
  */
 import { createHash } from "node:crypto";
 import { Writable } from "node:stream";
@@ -15,23 +18,17 @@ import { heapPacer } from "../util/gc.js";
 import { MemsnapError, type Finding } from "../errors.js";
 import type { BundleLayout } from "../format/container.js";
 import { withBundle } from "../format/bundle-file.js";
-import {
-  encodeIndex,
-  indexHash,
-  INDEX_PATH,
-  isChunkedIn,
-  refOf,
-  storedOf,
-  type IndexDocument,
-  type IndexEntry,
-  type Manifest,
-} from "../format/manifest.js";
+import { INDEX_PATH, isChunkedIn, type IndexDocument, type IndexEntry, type Manifest } from "../format/manifest.js";
 import { AGE_PREFIX_MAX, openAgePrefix } from "../codecs/age/stream-open.js";
-import { PayloadDecoder, type ScannedBatch } from "./decoder.js";
+import { PayloadDecoder } from "./decoder.js";
 import { EntryTable } from "./entry-table.js";
 import { artifactProblem, IndexComparer } from "./index-stream.js";
 import { chunkedProblem } from "../format/chunked.js";
-import { OP_DATA, OP_END, OP_START } from "./tar-scan.js";
+import { OpReader } from "./op-reader.js";
+import type { EntryHandler, EntryInfo, Keys, PayloadEntry, PayloadReadResult } from "./payload-types.js";
+
+export type { EntryHandler, EntryInfo, Keys, PayloadEntry, PayloadReadResult } from "./payload-types.js";
+export { compareWithIndex } from "./index-compare.js";
 
 /** The event loop gets a turn at least this often while entries stream (ms). */
 const TURN_MS = 50;
@@ -41,55 +38,7 @@ const TURN_MS = 50;
  */
 const collectEntries = heapPacer(16 * 1024 * 1024);
 
-/** Identities and passphrases that may open an encrypted bundle. */
-export interface Keys {
-  identities?: string[];
-  passphrases?: string[];
-  /** The highest scrypt work factor (log2 N) a passphrase is tried on; default $MEMSNAP_SCRYPT_MAX_LOG_N, else 18. */
-  scryptMaxLogN?: number;
-}
-
-/** What an entry handler is told about the entry. */
-export interface EntryInfo {
-  name: string;
-  size: number;
-  layer: string;
-  /** Path inside the layer. */
-  rel: string;
-}
-
-/**
- * Called for each artifact entry with its bytes. A chunk is a view of the decoder's shared
- * memory, valid until the handler asks for the next chunk or returns: a handler that keeps one
- * longer (a write that completes later, chunks gathered for one write) pins it with
- * `pin` (util/slots.ts) or copies it.
- */
-export type EntryHandler = (info: EntryInfo, chunks: AsyncIterable<Buffer>) => Promise<void>;
-
-/** An entry as read: its name, the bytes it held and what they hashed to. */
-export interface PayloadEntry {
-  name: string;
-  size: number;
-  sha256: string;
-}
-
-export interface PayloadReadResult {
-  storedSha256: string;
-  storedSize: number;
-  /** Entries in payload order (the index excluded), with what their bytes hashed to. */
-  entries: EntryTable;
-  /** The parsed index, or null when it was missing, unparseable (a finding says which) or streamed. */
-  index: IndexDocument | null;
-  /** With `streamIndex`: the index's snapshot id and its comparison with the entries. */
-  indexCheck: { snapshotId: unknown; findings: Finding[] } | null;
-  indexSha256: string | null;
-  findings: Finding[];
-  /** How many entries the decoder worker hashed (the main thread hashed the others; a diagnostic). */
-  hashedInWorker: number;
-}
-
 const INDEX_MAX_BYTES = 256 * 1024 * 1024;
-const EMPTY = Buffer.alloc(0);
 const BOMB_MARGIN = 4 * 1024 * 1024;
 
 async function readRange(path: string, pos: number, len: number, size: number): Promise<Buffer> {
@@ -128,6 +77,7 @@ export async function hashStoredPayload(
   return { sha256: h.digest("hex"), size, head };
 }
 
+/** How {@link readPayload} reads: an abort signal, progress and entry callbacks, a streamed index check. */
 export interface ReadPayloadOptions {
   signal?: AbortSignal;
   onStored?: (storedBytes: number, storedTotal: number) => void;
@@ -156,98 +106,6 @@ export interface ReadPayloadOptions {
  * reported here as findings (verify). Throws the first fatal stream error (decrypt, corrupt
  * zstd/tar, or the handler's own error) as a MemsnapError.
  */
-/**
- * The decoder's batches, op by op (see TarScanner): an entry's head, its byte ranges as
- * buffers, its digest. Sync where the current batch has the next op; the worker's framing
- * guarantees the order (start, data*, end), which is checked here too.
- */
-class OpReader {
-  readonly #it: AsyncIterator<ScannedBatch>;
-  #buf: Buffer = Buffer.alloc(0);
-  #release: (() => void) | null = null;
-  #ops: (number | string)[] = [];
-  #i = 0;
-  #digest: string | null = null;
-
-  constructor(decoder: PayloadDecoder) {
-    this.#it = (decoder as AsyncIterable<ScannedBatch>)[Symbol.asyncIterator]();
-  }
-
-  /** Refill from the next batch: false at the end of the payload. */
-  async #fill(): Promise<boolean> {
-    while (this.#i >= this.#ops.length) {
-      // The batch's last chunk was handed out and its handler asks for more: the slot goes back.
-      this.close();
-      const r = await this.#it.next();
-      if (r.done) return false;
-      if ("err" in r.value) throw r.value.err;
-      this.#buf = r.value.buf;
-      this.#release = r.value.release;
-      this.#ops = r.value.ops;
-      this.#i = 0;
-    }
-    return true;
-  }
-
-  /** Give the current batch's slot back (at the end, or when reading stops). */
-  close(): void {
-    this.#release?.();
-    this.#release = null;
-    this.#buf = EMPTY;
-  }
-
-  #broken(what: string): never {
-    throw new MemsnapError("MEMSNAP_INTERNAL", `payload framing out of order: ${what}`);
-  }
-
-  /** The next entry's head, or null at the end of the payload. */
-  async start(): Promise<{ name: string; size: number; type: string; hashed: boolean } | null> {
-    if (!(await this.#fill())) return null;
-    const o = this.#ops;
-    if (o[this.#i] !== OP_START) this.#broken(`op ${String(o[this.#i])} where an entry starts`);
-    const head = {
-      name: o[this.#i + 1] as string,
-      size: o[this.#i + 2] as number,
-      type: o[this.#i + 3] as string,
-      hashed: o[this.#i + 4] === 1,
-    };
-    this.#i += 5;
-    this.#digest = null;
-    return head;
-  }
-
-  /** The entry's next bytes if the current batch has them; null at its end (see digest); undefined: call dataAsync. */
-  data(): Buffer | null | undefined {
-    const o = this.#ops;
-    const i = this.#i;
-    if (i >= o.length) return undefined;
-    if (o[i] === OP_DATA) {
-      this.#i = i + 3;
-      const off = o[i + 1] as number;
-      return this.#buf.subarray(off, off + (o[i + 2] as number));
-    }
-    if (o[i] === OP_END) {
-      this.#digest = o[i + 1] as string;
-      this.#i = i + 2;
-      return null;
-    }
-    return this.#broken(`op ${String(o[i])} inside an entry`);
-  }
-
-  async dataAsync(): Promise<Buffer | null> {
-    if (!(await this.#fill()))
-      throw new MemsnapError("MEMSNAP_PAYLOAD_CORRUPT", "the payload ends inside an entry", {
-        hint: "the bundle is damaged; use another copy",
-      });
-    return this.data()!;
-  }
-
-  /** The SHA-256 (hex) of the entry that just ended. */
-  digest(): string {
-    return this.#digest ?? this.#broken("no digest");
-  }
-}
-
 export async function readPayload(
   layout: BundleLayout,
   manifest: Manifest,
@@ -457,110 +315,6 @@ export async function readPayload(
     findings,
     hashedInWorker,
   };
-}
-
-/**
- * Compare what the payload held with the index and the manifest: the index hash bound to
- * the manifest, the index bound to this snapshot, every artifact present once with its
- * size and SHA-256, nothing extra. Returns every finding.
- */
-export function compareWithIndex(manifest: Manifest, r: PayloadReadResult): Finding[] {
-  const findings: Finding[] = [...r.findings];
-  if (r.storedSha256 !== manifest.payload.sha256 || r.storedSize !== manifest.payload.stored_size) {
-    findings.push({
-      code: "MEMSNAP_PAYLOAD_HASH_MISMATCH",
-      message: "the payload bytes do not match the manifest's SHA-256/size",
-    });
-  }
-  const index = r.index;
-  if (!index && !r.indexCheck) return findings;
-  if (r.indexSha256 !== manifest.payload.index_sha256) {
-    findings.push({
-      code: "MEMSNAP_INDEX_MISMATCH",
-      message: "the payload index is not the one the manifest is bound to",
-      path: INDEX_PATH,
-    });
-  }
-  const snapshotId = index ? index.snapshot_id : r.indexCheck!.snapshotId;
-  if (snapshotId !== manifest.snapshot_id) {
-    // (not String(): the id is the bundle's, and an array nested 200,000 deep overflows its join)
-    const named =
-      typeof snapshotId === "string"
-        ? snapshotId.slice(0, 64)
-        : `of type ${Array.isArray(snapshotId) ? "array" : typeof snapshotId}`;
-    findings.push({
-      code: "MEMSNAP_INDEX_MISMATCH",
-      message: `the payload index belongs to snapshot ${named}`,
-      path: INDEX_PATH,
-    });
-  }
-  // The manifest's own copy (plaintext bundles) must be the same document: same canonical bytes.
-  if (
-    manifest.index &&
-    (index
-      ? encodeIndex({ format: "memsnap-index", snapshot_id: manifest.snapshot_id, artifacts: manifest.index }).compare(
-          encodeIndex(index),
-        ) !== 0
-      : indexHash({ format: "memsnap-index", snapshot_id: manifest.snapshot_id, artifacts: manifest.index }) !==
-        r.indexSha256)
-  ) {
-    findings.push({
-      code: "MEMSNAP_INDEX_MISMATCH",
-      message: "the manifest's index differs from the payload's index",
-      path: INDEX_PATH,
-    });
-  }
-  if (!index) return [...findings, ...r.indexCheck!.findings];
-  const want = new Map<string, { size: number; sha256: string }>();
-  const refs = new Set<string>();
-  for (const a of index.artifacts) {
-    if (want.has(a.path) || refs.has(a.path))
-      findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: `the index lists ${a.path} twice`, path: a.path });
-    if (refOf(manifest, a) !== undefined && !isChunkedIn(manifest, a))
-      refs.add(a.path); // its bytes are in a base's payload
-    else want.set(a.path, storedOf(manifest, a)); // (a chunked entry's payload entry holds its stored ranges)
-  }
-  const seen = new Set<string>();
-  for (let i = 0; i < r.entries.length; i++) {
-    const e = { name: r.entries.name(i), size: r.entries.size(i), sha256: r.entries.sha256(i) };
-    if (seen.has(e.name)) {
-      findings.push({ code: "MEMSNAP_INDEX_MISMATCH", message: `duplicate payload entry ${e.name}`, path: e.name });
-      continue;
-    }
-    seen.add(e.name);
-    const w = want.get(e.name);
-    if (!w && refs.has(e.name)) {
-      findings.push({
-        code: "MEMSNAP_INDEX_MISMATCH",
-        message: `${e.name} is both in the payload and a reference to a base`,
-        path: e.name,
-      });
-    } else if (!w) {
-      findings.push({
-        code: "MEMSNAP_INDEX_MISMATCH",
-        message: `payload entry ${e.name} is not in the index`,
-        path: e.name,
-      });
-    } else if (w.size !== e.size || w.sha256 !== e.sha256) {
-      findings.push({
-        code: "MEMSNAP_ARTIFACT_HASH_MISMATCH",
-        message:
-          w.size !== e.size
-            ? `${e.name}: ${e.size} bytes, index says ${w.size}`
-            : `${e.name}: SHA-256 differs from the index`,
-        path: e.name,
-      });
-    }
-  }
-  for (const p of want.keys()) {
-    if (!seen.has(p))
-      findings.push({
-        code: "MEMSNAP_INDEX_MISMATCH",
-        message: `indexed artifact ${p} is missing from the payload`,
-        path: p,
-      });
-  }
-  return findings;
 }
 
 /** A Writable that discards everything (for draining). */

@@ -171,8 +171,10 @@ export function escapeView(text: string): string {
  * decoded only if it is one as it is (the rules, once a text is a candidate, still see every
  * escape decoded: {@link decodeJsonEscapes}).
  */
-export const HIDING_ESCAPE =
-  /\\(?:\/|u(?:00(?:2[027dDeEfF]|3[0-9aAdD]|4[0-9A-Fa-f]|5[0-9aAcCfF]|6[1-9A-Fa-f]|7[0-9aA])|000[9A-Da-d]|00[Aa]0|1680|200[0-9Aa]|202[89Ff]|205[Ff]|3000|[Ff][Ee][Ff][Ff]))/;
+export const HIDING_ESCAPE = new RegExp(
+  String.raw`\\(?:\/|u(?:00(?:2[027dDeEfF]|3[0-9aAdD]|4[0-9A-Fa-f]|5[0-9aAcCfF]|6[1-9A-Fa-f]|7[0-9aA])|` +
+    String.raw`000[9A-Da-d]|00[Aa]0|1680|200[0-9Aa]|202[89Ff]|205[Ff]|3000|[Ff][Ee][Ff][Ff]))`,
+);
 const HIDING_ESCAPE_G = new RegExp(HIDING_ESCAPE.source, "g");
 
 /** Does `text` hold a {@link HIDING_ESCAPE}? */

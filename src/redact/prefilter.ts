@@ -39,9 +39,13 @@ const KEYS = ["passw(?:or)?d", "passphrase", "pwd", "secret", "token", "key", "c
 const ALT: FinderAlternatives = {
   // token prefixes ending in `_` (GitHub, Hugging Face, npm, Stripe, Shopify, Grafana, 1Password, Groq, Linear, Notion,
   // Vercel, Docker, Figma)
-  underscore: String.raw`_(?<=(?:gh[pousr]|github_pat|hf|npm|[sr]k_(?:live|test)|shp(?:pa|ca|at|ss)|glc|glsa|ops|gsk|lin_api|ntn|vc[pirak]|dckr_pat|figd)_)`,
+  underscore:
+    String.raw`_(?<=(?:gh[pousr]|github_pat|hf|npm|[sr]k_(?:live|test)|shp(?:pa|ca|at|ss)|` +
+    String.raw`glc|glsa|ops|gsk|lin_api|ntn|vc[pirak]|dckr_pat|figd)_)`,
   // PEM blocks, GitHub x-oauth-basic URLs, OpenAI / Anthropic keys, Slack and GitLab tokens
-  dash: String.raw`-(?:----BEGIN|oauth-basic(?<=x-oauth-basic)|(?<=sk-)(?:(?:proj|svcacct|admin|ant)-|[a-zA-Z0-9]{20}T3BlbkFJ)|(?<=(?:xox[bpaor]|xapp|glpat)-))`,
+  dash:
+    String.raw`-(?:----BEGIN|oauth-basic(?<=x-oauth-basic)|` +
+    String.raw`(?<=sk-)(?:(?:proj|svcacct|admin|ant)-|[a-zA-Z0-9]{20}T3BlbkFJ)|(?<=(?:xox[bpaor]|xapp|glpat)-))`,
   // SendGrid, HashiCorp Vault, Slack webhooks
   dot: String.raw`\.(?<=(?:SG|hv[sbr]|${ci("hooks")})\.)`,
   // URL credentials (scheme://user:pass@)
@@ -64,8 +68,10 @@ const LIT_SRCS = ["dapi", "[Bb]earer|BEARER"];
 
 /** Anchors of secretlint's rules only (decides whether a unit goes to secretlint at all). */
 const SECRETLINT_SRC = [
-  String.raw`_(?<=(?:gh[pousr]|github_pat|hf|npm|shp(?:pa|ca|at|ss)|glc|glsa|ops|gsk|lin_api|ntn|vc[pirak]|dckr_pat|figd)_)`,
-  String.raw`-(?:(?<=sk-)(?=(?:proj|svcacct|admin|ant)-|[a-zA-Z0-9]{20}T3BlbkFJ)|(?<=(?:xox[bpaor]|xapp|glpat)-)|(?=----BEGIN)|(?<=x-)(?=oauth-basic))`,
+  String.raw`_(?<=(?:gh[pousr]|github_pat|hf|npm|shp(?:pa|ca|at|ss)|` +
+    String.raw`glc|glsa|ops|gsk|lin_api|ntn|vc[pirak]|dckr_pat|figd)_)`,
+  String.raw`-(?:(?<=sk-)(?=(?:proj|svcacct|admin|ant)-|[a-zA-Z0-9]{20}T3BlbkFJ)|` +
+    String.raw`(?<=(?:xox[bpaor]|xapp|glpat)-)|(?=----BEGIN)|(?<=x-)(?=oauth-basic))`,
   String.raw`\.(?<=(?:SG|hv[sbr]|${ci("hooks")})\.)`,
   String.raw`:(?=\/\/[^\s\/@]{0,600}@)`,
   String.raw`[:=](?<=(?:${ci("key")}|${ci("account")}(?:_?${ci("id")})?)["']?\s*[:=])`,

@@ -121,8 +121,13 @@ function tokenRule(
  * Values that are not secrets: templates (`${X}`, `$X`, `{{x}}`, `<x>`, `%X%`), masks
  * (`***`, `xxxx`, `...`), already-redacted values and type/placeholder words.
  */
-const PLACEHOLDER =
-  /^(?:\$\{.*\}|\$\(.*\)|\$[A-Za-z_][A-Za-z0-9_]*|\{\{.*\}\}|\{[A-Za-z_][A-Za-z0-9_.]*\}|<[^>]*>|%[A-Za-z_][A-Za-z0-9_]*%|\*+|[xX]+|\.+|•+|-+|_+|#+|\?+|null|none|nil|true|false|undefined|empty|redacted|hidden|masked|placeholder|string|str|required|optional|password|secret|token|your[_-]?\w*|changeme|change[_-]me|todo|tbd|example|xxx+\w*)$/i;
+const PLACEHOLDER = new RegExp(
+  String.raw`^(?:\$\{.*\}|\$\(.*\)|\$[A-Za-z_][A-Za-z0-9_]*|\{\{.*\}\}|\{[A-Za-z_][A-Za-z0-9_.]*\}|` +
+    String.raw`<[^>]*>|%[A-Za-z_][A-Za-z0-9_]*%|\*+|[xX]+|\.+|•+|-+|_+|#+|\?+|null|none|nil|true|false|` +
+    String.raw`undefined|empty|redacted|hidden|masked|placeholder|string|str|required|optional|password|` +
+    String.raw`secret|token|your[_-]?\w*|changeme|change[_-]me|todo|tbd|example|xxx+\w*)$`,
+  "i",
+);
 
 export function isPlaceholder(v: string): boolean {
   return v.startsWith(REDACTED_PREFIX) || v.startsWith("${") || v.startsWith("{{") || PLACEHOLDER.test(v);
@@ -239,7 +244,8 @@ const pemRule: MemsnapRule = {
   id: "memsnap/pem-private-key",
   priority: 1,
   description:
-    "PEM private-key blocks (-----BEGIN … PRIVATE KEY----- … -----END … PRIVATE KEY-----), multi-line or with \\n escapes",
+    "PEM private-key blocks (-----BEGIN … PRIVATE KEY----- … -----END … PRIVATE KEY-----), " +
+    "multi-line or with \\n escapes",
   find(text, out) {
     for (let p = text.indexOf("-----BEGIN"); p >= 0; p = text.indexOf("-----BEGIN", p + 10)) {
       const end = pemExtent(text, p, true);
@@ -295,7 +301,11 @@ export const MEMSNAP_RULES: readonly MemsnapRule[] = [
     "memsnap/gcp-service-account-key",
     3,
     "the private_key of a GCP service-account JSON (escaped newlines)",
-    /"private_key"[^\S\r\n]*:[^\S\r\n]*"(-----BEGIN [A-Z ]*PRIVATE KEY-----(?:\\[nr/]|[A-Za-z0-9+/=\s])*?-----END [A-Z ]*PRIVATE KEY-----(?:\\[nr]|\s)*)"/dg,
+    new RegExp(
+      String.raw`"private_key"[^\S\r\n]*:[^\S\r\n]*"(-----BEGIN [A-Z ]*PRIVATE KEY-----(?:\\[nr/]|` +
+        String.raw`[A-Za-z0-9+/=\s])*?-----END [A-Z ]*PRIVATE KEY-----(?:\\[nr]|\s)*)"`,
+      "dg",
+    ),
     1,
   ),
   pemRule,
@@ -311,7 +321,11 @@ export const MEMSNAP_RULES: readonly MemsnapRule[] = [
     "memsnap/bearer-token",
     1,
     "HTTP bearer tokens (Authorization: Bearer …)",
-    /(?<![A-Za-z0-9])[Bb](?:earer|EARER)[^\S\r\n]+((?=[A-Za-z0-9\-._~+/]*\d)[A-Za-z0-9\-._~+/]{16,}=*)(?![A-Za-z0-9\-._~+/=])/dg,
+    new RegExp(
+      String.raw`(?<![A-Za-z0-9])[Bb](?:earer|` +
+        String.raw`EARER)[^\S\r\n]+((?=[A-Za-z0-9\-._~+/]*\d)[A-Za-z0-9\-._~+/]{16,}=*)(?![A-Za-z0-9\-._~+/=])`,
+      "dg",
+    ),
     1,
   ),
   assignmentRule(
@@ -326,7 +340,8 @@ export const MEMSNAP_RULES: readonly MemsnapRule[] = [
     "memsnap/secret-assignment",
     0,
     'secret/token/API-key assignments (secret: …, api_key=…, "access_token": "…", _authToken=…): the value only',
-    String.raw`[A-Za-z0-9_.\-]{0,64}?(?:secret|token|secret[_\-]?key|api[_\-]?key|access[_\-]?key|private[_\-]?key|auth[_\-]?key|credentials?)`,
+    String.raw`[A-Za-z0-9_.\-]{0,64}?(?:secret|token|secret[_\-]?key|api[_\-]?key|access[_\-]?key|` +
+      String.raw`private[_\-]?key|auth[_\-]?key|credentials?)`,
     8,
     (v) => !/^\d+$/.test(v),
   ),

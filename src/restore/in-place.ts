@@ -11,15 +11,15 @@
  *
  * A crash before step 5 leaves the live state untouched (recover removes staging); from step
  * 5 on, recover finishes the swaps. Either way the live state is the old one or the bundle's.
+ *
+ * Where each layer goes and its swaps are in ./swaps.ts; the safety snapshot's key in ./safety.ts.
  */
 import { randomBytes } from "node:crypto";
 import { mkdir } from "node:fs/promises";
-import { join } from "node:path";
 import type { MemsnapConfig } from "../config.js";
 import { MemsnapError, interruptedOr, isMemsnapError } from "../errors.js";
 import { readLayout } from "../format/container.js";
 import { parseManifest, referencedIn, type Manifest } from "../format/manifest.js";
-import { recipientFingerprint, recipientsOfIdentities } from "../codecs/age/keys.js";
 import type { Keys } from "../read/read-payload.js";
 import { snapshot, type SnapshotResult } from "../snapshot/snapshot.js";
 import { crashPoint } from "../util/crash-point.js";
@@ -27,7 +27,6 @@ import { EarlySync, syncFilesystem } from "../util/fs-atomic.js";
 import { extractPayload, RestoredAttributes } from "../read/extract.js";
 import { basesNeeded, checkReferencedLayers, extractReferenced, openBases, References } from "../read/bases.js";
 import { LayerMaterializer } from "./materialize.js";
-import { listFiles } from "../agent/live-files.js";
 import {
   backupName,
   checkJournal,
@@ -38,15 +37,16 @@ import {
   stagingName,
   writeJournal,
   cleanup,
-  type Swap,
 } from "../agent/journal.js";
-import { Protected, realish, type LiveRoot, type PathProblem } from "../agent/live-guard.js";
+import { Protected, realish, type LiveRoot } from "../agent/live-guard.js";
 import { checkBundleKey } from "./key-check.js";
 import { processesUsing, refuseLiveProcesses, type LiveProcess } from "../agent/live-procs.js";
 import { acquireLock, type AgentLock } from "../agent/lock.js";
 import { checkManifest, checkManifestFindings, enforceSignature, type SignaturePolicy } from "../read/preflight.js";
 import { loadIndex, selectPaths } from "../browse/index.js";
-import { planRestore, type RestorePlan, type SelectedLayer } from "./plan.js";
+import { planRestore, type RestorePlan } from "./plan.js";
+import { buildSwaps, checkTargets, refusedPath, selectLayers, swapFailure } from "./swaps.js";
+import { SAFETY_SOURCE_CODES, safetyEncryption } from "./safety.js";
 
 export interface RestoreInPlaceOptions extends SignaturePolicy {
   keys?: Keys;
@@ -97,198 +97,6 @@ export interface RestoreInPlaceResult {
   /** What the user should know of how a layer was restored (git: symlinks written as plain files). */
   notes: string[];
   durationMs: number;
-}
-
-/** Match the bundle's layers to the config's sources. Throws MEMSNAP_USAGE for a layer with no place to go. */
-export async function selectLayers(
-  manifest: Manifest,
-  config: MemsnapConfig,
-  only?: string[],
-): Promise<SelectedLayer[]> {
-  const wanted = only?.length ? new Set(only) : null;
-  if (wanted) {
-    for (const name of wanted) {
-      if (!manifest.layers.some((l) => l.name === name)) {
-        throw new MemsnapError("MEMSNAP_USAGE", `--only ${name}: the bundle has no such layer`, {
-          hint: `its layers: ${manifest.layers.map((l) => l.name).join(", ")}`,
-        });
-      }
-    }
-  }
-  const out: SelectedLayer[] = [];
-  for (const layer of manifest.layers) {
-    if (wanted && !wanted.has(layer.name)) continue;
-    const source = config.sources.find((s) => s.cfg.name === layer.name);
-    if (!source || source.impl.kind !== layer.kind) {
-      throw new MemsnapError(
-        "MEMSNAP_USAGE",
-        `layer ${layer.name} (${layer.kind}) has no ${layer.kind} source named ${layer.name} in the config`,
-        {
-          hint: "restore it with --to DIR, or leave it out with --only",
-        },
-      );
-    }
-    if (!source.impl.liveTarget) {
-      // The way out spelled: the --only flags for every other layer that can go in place.
-      const others = manifest.layers.filter(
-        (l) =>
-          l.name !== layer.name &&
-          (!wanted || wanted.has(l.name)) &&
-          config.sources.find((s) => s.cfg.name === l.name && s.impl.kind === l.kind)?.impl.liveTarget,
-      );
-      throw new MemsnapError(
-        "MEMSNAP_USAGE",
-        `layer ${layer.name}: ${layer.kind} layers cannot be restored in place yet`,
-        {
-          hint: others.length
-            ? `restore it with --to DIR; the others in place with ${others.map((l) => `--only ${l.name}`).join(" ")}`
-            : "restore it with --to DIR",
-        },
-      );
-    }
-    out.push({ layer, source, target: await source.impl.liveTarget(source.cfg, config.baseDir, layer) });
-  }
-  return out;
-}
-
-/**
- * The swaps that make a layer's live files the staged ones. Only what the source owns is
- * swapped in: a staged file outside its globs and kind (a `files` source with include
- * `**\/*.md` and a bundle holding `run.sh`) is MEMSNAP_UNSAFE_PATH, before anything live is
- * touched. The config file this restore runs with is owned by no layer: never replaced, never
- * removed (its path goes to `kept` when the bundle has a copy).
- */
-async function buildSwaps(
-  sel: SelectedLayer,
-  staged: string,
-  backup: string,
-  protect: Protected,
-  kept: string[],
-  partial = false,
-): Promise<Swap[]> {
-  const { target, layer } = sel;
-  if (target.mode === "dir") return [{ layer: layer.name, target: target.root, staged, backup }];
-  const realRoot = realish(target.root);
-  const isProtected = (rel: string): boolean => protect.covers(join(target.root, rel), join(realRoot, rel));
-  const swaps: Swap[] = [];
-  const newFiles = await listFiles(staged, { withPrivate: true });
-  const have = new Set(newFiles);
-  const removals = new Set<string>();
-  for (const rel of newFiles) {
-    if (!target.owns?.(rel)) {
-      throw new MemsnapError(
-        "MEMSNAP_UNSAFE_PATH",
-        `layer ${layer.name}: the bundle holds ${rel}, which the ${layer.kind} source ${layer.name} does not own ` +
-          "(outside its include/exclude globs or its kind's files)",
-        {
-          path: `${layer.name}/${rel}`,
-          hint:
-            "nothing was changed: an in-place restore writes only what the configured source owns; " +
-            "look at the bundle with `restore --to DIR`",
-        },
-      );
-    }
-    if (isProtected(rel)) {
-      kept.push(join(target.root, rel));
-      continue;
-    }
-    swaps.push({
-      layer: layer.name,
-      target: join(target.root, rel),
-      staged: join(staged, rel),
-      backup: join(backup, rel),
-    });
-    for (const c of target.companions?.(rel) ?? []) removals.add(c);
-  }
-  // restore --path of part of a layer: the selected files are written, nothing else is touched.
-  if (partial) return swaps;
-  for (const rel of await listFiles(target.root)) {
-    if (!have.has(rel) && target.owns?.(rel)) {
-      removals.add(rel);
-      for (const c of target.companions?.(rel) ?? []) removals.add(c);
-    }
-  }
-  for (const rel of removals) {
-    if (!have.has(rel) && !isProtected(rel))
-      swaps.push({ layer: layer.name, target: join(target.root, rel), staged: null, backup: join(backup, rel) });
-  }
-  return swaps;
-}
-
-/** How the restore itself reports a live path it will not use (before the swap phase, nothing changed). */
-function refusedPath(why: string, path?: string): MemsnapError {
-  return new MemsnapError("MEMSNAP_UNSAFE_PATH", `in-place restore refused: ${why}`, {
-    ...(path ? { path } : {}),
-    hint:
-      "nothing was changed: an in-place restore never renames or creates through a symlink, " +
-      "nor puts a file where a directory is; " +
-      "move that path out of the way and restore again, or restore with --to DIR",
-  });
-}
-
-/** A live path found unusable during the swap phase (the live tree changed under the restore). */
-function swapFailure(p: PathProblem): MemsnapError {
-  return new MemsnapError("MEMSNAP_UNSAFE_PATH", `in-place restore stopped: ${p.path} ${p.why}`, {
-    path: p.path,
-    hint:
-      "the live tree changed during the restore: move that path out of the way, " +
-      "then run `memsnap recover` to finish the restore",
-  });
-}
-
-/**
- * Live roots this restore must not take: one inside the control dir, or a whole directory
- * swapped in that holds the config or the control dir. MEMSNAP_USAGE, before the lock.
- */
-function checkTargets(selected: SelectedLayer[], protect: Protected): void {
-  for (const s of selected) {
-    const root = s.target.root;
-    if (protect.covers(root, realish(root)) || (s.target.mode === "dir" && protect.inside(root))) {
-      throw new MemsnapError(
-        "MEMSNAP_USAGE",
-        `layer ${s.layer.name}: its live root ${root} ${s.target.mode === "dir" ? "holds or is" : "is"} ` +
-          "the config or memsnap's .memsnap directory, which a restore never replaces",
-        {
-          hint: "point the source at a directory that holds neither, or restore the layer with --to DIR",
-        },
-      );
-    }
-  }
-}
-
-/** Errors of the safety snapshot that come from the live state itself (see restoreInPlace). */
-const SAFETY_SOURCE_CODES = new Set<string>([
-  "MEMSNAP_SOURCE_MISSING",
-  "MEMSNAP_SOURCE_UNREADABLE",
-  "MEMSNAP_SOURCE_INVALID",
-  "MEMSNAP_SOURCE_DIGEST_MISMATCH",
-  "MEMSNAP_TRACE_INVALID",
-]);
-
-/**
- * Whom the safety snapshot is encrypted to. It keeps the live files exactly (no redaction), so
- * it must not be weaker than what it sits beside: the config's recipients when it names any;
- * else the key that opens the bundle being restored: the recipients of the given identities
- * that the bundle was encrypted to (all given ones if none of their fingerprints is in its
- * manifest), or its passphrase; a plaintext bundle and no recipients in the config give a
- * plaintext safety snapshot (the CLI warns).
- */
-export function safetyEncryption(
-  config: MemsnapConfig,
-  manifest: Manifest,
-  keys: Keys,
-): { recipients: string[] } | { passphrase: string } | Record<string, never> {
-  if (config.recipients.length) return { recipients: config.recipients };
-  const enc = manifest.payload.encryption;
-  if (!enc) return {};
-  if (enc.recipients.some((r) => r.type === "scrypt")) {
-    const p = keys.passphrases?.[0];
-    return p ? { passphrase: p } : {};
-  }
-  const mine = recipientsOfIdentities(keys.identities ?? []);
-  const theirs = new Set(enc.recipients.map((r) => r.fingerprint));
-  const opening = mine.filter((r) => theirs.has(recipientFingerprint(r)));
-  return mine.length ? { recipients: opening.length ? opening : mine } : {};
 }
 
 /**

@@ -89,7 +89,8 @@ export async function planRestore(
       const notOwned = [...want.keys()].filter((rel) => !s.target.owns?.(rel));
       if (notOwned.length) {
         p.notes.push(
-          `refuses: the bundle holds ${notOwned.length} file(s) the source does not own (${notOwned.slice(0, 3).join(", ")}${notOwned.length > 3 ? ", …" : ""})`,
+          `refuses: the bundle holds ${notOwned.length} file(s) the source does not own ` +
+            `(${notOwned.slice(0, 3).join(", ")}${notOwned.length > 3 ? ", …" : ""})`,
         );
       }
       const seen = new Set<string>();

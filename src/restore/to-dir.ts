@@ -132,7 +132,8 @@ export async function restoreToDir(
     } catch (e) {
       if (!opts.layout.fallback || !(e instanceof MemsnapError) || e.code !== "MEMSNAP_USAGE") throw e;
       notes.push(
-        `${e.message.replace(/^restore --to in the config's layout: /, "")}: each layer was restored under its layer name instead (--layout layers)`,
+        `${e.message.replace(/^restore --to in the config's layout: /, "")}: ` +
+          "each layer was restored under its layer name instead (--layout layers)",
       );
     }
   }

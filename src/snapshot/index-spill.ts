@@ -37,7 +37,8 @@ export function entryJson(e: IndexEntry): string {
     return canonicalJson(e);
   }
   return (
-    `{"kind":${JSON.stringify(e.kind)},"layer":${JSON.stringify(e.layer)},"mode":${e.mode},"mtime":${JSON.stringify(e.mtime)},` +
+    `{"kind":${JSON.stringify(e.kind)},"layer":${JSON.stringify(e.layer)},"mode":${e.mode},` +
+    `"mtime":${JSON.stringify(e.mtime)},` +
     `"path":${JSON.stringify(e.path)},"sha256":${JSON.stringify(e.sha256)},"size":${e.size}}`
   );
 }

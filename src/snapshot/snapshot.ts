@@ -13,109 +13,42 @@
  * The tar is framed here (ustar, PAX for long names) rather than by a tar library, so that a
  * level change (./levels.ts) lands exactly between two members' bytes. Any failure stops the
  * worker and removes the temp file: no bundle, no leftovers.
+ *
+ * This file runs that pass; its parts live beside it: the options and their checks
+ * (./options.ts), where the bundle goes (./destination.ts), packing a layer's artifacts
+ * (./pack.ts), and the index member, manifest and incremental cache at the end (./seal.ts).
  */
-import { createHash, randomBytes, type KeyObject } from "node:crypto";
+import { randomBytes } from "node:crypto";
 import { fdatasync } from "node:fs";
-import { mkdir, readdir, rm, stat } from "node:fs/promises";
-import { hostname } from "node:os";
+import { mkdir, rm, stat } from "node:fs/promises";
 import { performance } from "node:perf_hooks";
 import { dirname, join } from "node:path";
-import type { MemsnapConfig } from "../config.js";
-import { MemsnapError, destinationError, interruptedOr, sourceChanged } from "../errors.js";
+import { destinationError, interruptedOr } from "../errors.js";
 import { BundleWriter } from "../format/container.js";
-import { BLOCK, encodeEntryHeader, padding } from "../format/tar-header.js";
-import {
-  computeSeal,
-  encodeManifest,
-  INDEX_PATH,
-  MANIFEST_VERSION,
-  MANIFEST_VERSION_NO_INDEX,
-  SNAPSHOT_ID_PATTERN,
-  MANIFEST_VERSION_FULL,
-  MANIFEST_VERSION_INCREMENTAL,
-  PAYLOAD_MEMBER_ENCRYPTED,
-  PAYLOAD_MEMBER_PLAIN,
-  type CreatedBy,
-  type IndexEntry,
-  type LayerEntry,
-  type Manifest,
-  type RecipientInfo,
-} from "../format/manifest.js";
+import { BLOCK } from "../format/tar-header.js";
+import { encodeManifest, type IndexEntry, type LayerEntry, type Manifest } from "../format/manifest.js";
 import { createRedactor } from "../redact/index.js";
 import { secretlintVersions } from "../redact/secretlint.js";
 import { recoverJournal } from "../agent/journal.js";
 import { acquireLock, controlDir, type AgentLock } from "../agent/lock.js";
-import { signManifest } from "../sign.js";
 import { removeOrphans } from "../agent/orphans.js";
-import { crashPoint } from "../util/crash-point.js";
-import { gcPacer, heapPacer } from "../util/gc.js";
 import type { Redactor } from "../redact/types.js";
-import type { Artifact, LayerCapture } from "../sources/types.js";
+import type { LayerCapture } from "../sources/types.js";
 import { ulid } from "../util/ulid.js";
-import { TOOL_NAME, TOOL_VERSION } from "../version.js";
 import { recipientFingerprint } from "../codecs/age/keys.js";
 import { prepareAgeEncryption } from "../codecs/age/stream-seal.js";
 import { PayloadEncoder } from "./encoder.js";
-import { cachePath, CacheWriter, incrementalKey, ReferenceSet, type Reference } from "./incremental.js";
-import { packChunked, packWhole, wholeReason, type ChunkRecord } from "./chunking.js";
+import { cachePath, incrementalKey, ReferenceSet } from "./incremental.js";
+import { CacheWriter } from "./cache-writer.js";
 import { IndexSpill } from "./index-spill.js";
 import { LevelPolicy } from "./levels.js";
-import type { S3Client } from "@aws-sdk/client-s3";
-import type { S3BundleWriter } from "../format/s3-bundle-writer.js";
-import { isS3Url, parseStoreLocation, s3Key } from "../objstore/location.js";
+import { checkOptions, type SnapshotOptions } from "./options.js";
+import { resolveDestination } from "./destination.js";
+import { packLayer } from "./pack.js";
+import { buildManifest, commitCache, refuseUnredacted, writeIndexMember } from "./seal.js";
 
-/** Progress reported while a snapshot runs. */
-export interface SnapshotProgress {
-  bytes: number;
-  totalBytes: number | null;
-  artifacts: number;
-  layer: string;
-}
-
-/** The longest label a snapshot may carry. */
-export const LABEL_MAX = 200;
-// One line of printable text: no C0/C1 control characters (a newline would break `list`).
-const LABEL_OK = new RegExp(`^[^\\u0000-\\u001f\\u007f-\\u009f]{1,${LABEL_MAX}}$`, "u");
-
-export interface SnapshotOptions {
-  config: MemsnapConfig;
-  /** Bundle path; default `<store>/<tenant>/<agent>/<id>.memsnap` (then `store` is required). */
-  out?: string;
-  store?: string;
-  recipients?: string[];
-  passphrase?: string;
-  scryptLogN?: number;
-  level?: number;
-  label?: string | null;
-  createdBy?: CreatedBy;
-  parent?: string | null;
-  signal?: AbortSignal;
-  onProgress?: (p: SnapshotProgress) => void;
-  /** Override the config's redaction switch (`--no-redact`). */
-  redact?: boolean;
-  /** Write a plaintext bundle even when unredactable secrets were found. */
-  allowUnredacted?: boolean;
-  /** Write a plaintext bundle even with a layer of process memory (criu), which cannot be redacted. */
-  allowPlaintextMemory?: boolean;
-  /**
-   * The agent lock: wait up to `waitMs` for it (default: fail at once if held), `"held"` when
-   * the caller already holds it (the safety snapshot inside a restore), or false for none.
-   */
-  lock?: { waitMs: number } | "held" | false;
-  /** Sign the manifest with this Ed25519 private key. */
-  signKey?: KeyObject;
-  /**
-   * Reference the artifacts unchanged since the last incremental snapshot of this agent
-   * instead of storing them again (./incremental.ts); needs `store` (bases live beside the
-   * bundle). Without a usable earlier one the snapshot is full, and becomes the base.
-   */
-  incremental?: boolean;
-  /**
-   * The most artifacts a plaintext bundle's manifest lists (default MANIFEST_INDEX_MAX); past it
-   * the manifest leaves the index out (manifest_version 3). For tests and fixtures.
-   */
-  manifestIndexMax?: number;
-}
+export { LABEL_MAX, type SnapshotOptions, type SnapshotProgress } from "./options.js";
+export { storePath } from "./destination.js";
 
 /** What an incremental snapshot referenced. */
 export interface IncrementalResult {
@@ -158,250 +91,8 @@ export function defaultZstdThreads(): number {
   return 0;
 }
 
-const REDACT_LOOKAHEAD = 2;
-
 /** The most artifacts a plaintext bundle's manifest lists (docs/FORMAT.md §3.2). */
 export const MANIFEST_INDEX_MAX = 10_000;
-
-/** Yield `prepare(x)` for each item in order, with up to `depth` preparations started ahead. */
-async function* lookahead<T, U>(
-  items: AsyncIterable<T>,
-  prepare: (x: T) => Promise<U>,
-  depth: number,
-): AsyncGenerator<U> {
-  const queue: Promise<U>[] = [];
-  const it = items[Symbol.asyncIterator]();
-  let done = false;
-  try {
-    for (;;) {
-      while (!done && queue.length <= depth) {
-        const n = await it.next();
-        if (n.done) done = true;
-        else queue.push(prepare(n.value));
-      }
-      const next = queue.shift();
-      if (!next) return;
-      yield await next;
-    }
-  } finally {
-    if (!done) await it.return?.();
-  }
-}
-
-/** The newest snapshot id in an agent's store directory older than `before`, or null. */
-async function newestIn(dir: string, before: string): Promise<string | null> {
-  let newest: string | null = null;
-  for (const n of await readdir(dir).catch(() => [] as string[])) {
-    const m = /^([0-9A-HJKMNP-TV-Z]{26})\.memsnap$/.exec(n);
-    if (m && m[1]! < before && (newest === null || m[1]! > newest)) newest = m[1]!;
-  }
-  return newest;
-}
-
-/** Where a snapshot with this id goes in a store. */
-export function storePath(store: string, tenant: string, agent: string, id: string): string {
-  return join(store, tenant, agent, `${id}.memsnap`);
-}
-
-const ZEROS = Buffer.alloc(2 * BLOCK);
-
-/**
- * Source chunks are fresh Buffers (file reads of up to 1 MiB, KV read blocks of 4 MiB) that are
- * garbage once copied into the payload worker's buffers, but V8 frees their external memory
- * only when a scavenge happens to run. A minor GC every 16 MiB packed keeps them
- * from piling up (measured: the KV layer of the bench mix peaked at 235 MiB RSS without it).
- */
-const collectPacked = gcPacer(16 * 1024 * 1024, "minor");
-/** Old-generation garbage of many small artifacts (KV pages) is collected every 16 MiB of it (see heapPacer). */
-const collectArtifacts = heapPacer(16 * 1024 * 1024);
-
-async function packArtifact(
-  enc: PayloadEncoder,
-  levels: LevelPolicy,
-  layer: string,
-  a: Artifact,
-  onBytes: (n: number) => void,
-): Promise<IndexEntry> {
-  const name = `${layer}/${a.path}`;
-  const known = a.text ? undefined : a.sha256;
-  const hash = known === undefined ? createHash("sha256") : null;
-  let seen = 0;
-  let started = false;
-  const begin = async (first: Uint8Array | undefined): Promise<void> => {
-    started = true;
-    enc.setLevel(levels.start(layer, a.size, first));
-    await enc.write(encodeEntryHeader(name, a.size, a.mtime, a.mode));
-  };
-  for await (const c of a.open({ reuse: true })) {
-    const chunk = c as Buffer;
-    seen += chunk.length;
-    if (seen > a.size) throw sourceChanged(name, `grew past its declared ${a.size} bytes`);
-    if (!started) await begin(chunk);
-    enc.setLevel(levels.next(chunk));
-    hash?.update(chunk);
-    onBytes(chunk.length);
-    collectPacked(chunk.length);
-    const w = enc.write(chunk);
-    if (w) await w;
-  }
-  if (!started) await begin(undefined);
-  if (seen !== a.size) throw sourceChanged(name, `shrank from ${a.size} to ${seen} bytes`);
-  const pad = padding(a.size);
-  if (pad) await enc.write(ZEROS.subarray(0, pad));
-  await a.check?.();
-  const sha256 = hash ? hash.digest("hex") : known!;
-  if (a.expectSha256 !== undefined && a.expectSha256 !== sha256) {
-    throw sourceChanged(name, "its bytes changed between the redaction scan and packing (same size and mtime)");
-  }
-  return {
-    path: name,
-    layer,
-    kind: a.kind,
-    size: a.size,
-    sha256,
-    mode: a.mode,
-    mtime: a.mtime.toISOString(),
-  };
-}
-
-/**
- * Pack one layer's artifacts in order; with a redactor, text artifacts are redacted up to
- * {@link REDACT_LOOKAHEAD} ahead of the one packing (main-thread work that fills the time the
- * main thread would otherwise wait on the compressor). Returns the wall time spent redacting.
- *
- * A function of its own, not a loop inside {@link snapshot}: V8 optimizes a function whose loop
- * runs hot while it is on the stack (on-stack replacement), and compiling all of snapshot() that
- * way took ~170 ms of a core per run (--trace-opt) for code that mostly awaits.
- */
-/** What packLayer needs to chunk an artifact (an incremental snapshot): this snapshot's id and a scratch directory. */
-interface Chunking {
-  self: string;
-  workDir: string;
-}
-
-/** What an artifact packed as leaves for the incremental cache: a chunkable one's record and table. */
-type PackedChunk = { rec: ChunkRecord; table: Buffer | null };
-
-async function packLayer(
-  enc: PayloadEncoder,
-  levels: LevelPolicy,
-  layer: LayerEntry,
-  cap: LayerCapture,
-  independent: boolean,
-  distinctPaths: boolean,
-  redactor: Redactor | undefined,
-  signal: AbortSignal | undefined,
-  onBytes: (n: number) => void,
-  onPacked: (e: IndexEntry, fingerprint: string | undefined, chunk?: PackedChunk) => void,
-  refs: ReferenceSet | null,
-  chunking: Chunking | null,
-): Promise<number> {
-  let redactMs = 0;
-  const seen = distinctPaths ? null : new Set<string>();
-  /** Artifacts an incremental snapshot references: not read, not redacted again. */
-  const referenced = new WeakMap<Artifact, Reference>();
-  const prepare = (raw: Artifact): Promise<Artifact> => {
-    const ref = refs?.match(`${layer.name}/${raw.path}`, raw);
-    if (ref) {
-      referenced.set(raw, ref);
-      return Promise.resolve(raw);
-    }
-    if (!redactor || !raw.text) return Promise.resolve(raw);
-    const r0 = performance.now();
-    const p = redactor
-      .redactArtifact(raw, `${layer.name}/${raw.path}`)
-      .then((out) => {
-        // The redacted bytes are a function of the source's: the next incremental snapshot may reference them.
-        if (raw.fingerprint !== undefined) out.fingerprint = raw.fingerprint;
-        if (raw.chunking !== undefined) out.chunking = raw.chunking;
-        return out;
-      })
-      .finally(() => {
-        redactMs += performance.now() - r0;
-      });
-    p.catch(() => undefined); // awaited in order below
-    return p;
-  };
-  for await (const a of lookahead(cap.artifacts, prepare, independent ? REDACT_LOOKAHEAD : 0)) {
-    signal?.throwIfAborted();
-    if (seen?.has(a.path)) throw new MemsnapError("MEMSNAP_INTERNAL", `source ${layer.name} yielded ${a.path} twice`);
-    seen?.add(a.path);
-    const ref = referenced.get(a);
-    if (ref) {
-      const name = `${layer.name}/${a.path}`;
-      if (ref.redacted) redactor?.recordReused?.(name, ref.redacted);
-      // Secrets found in the referenced bytes and left there (a git bundle's history) count as
-      // this snapshot's too: a plaintext bundle is still refused for them.
-      if (ref.unredacted) redactor?.recordReused?.(name, ref.unredacted, false);
-      const base = {
-        path: name,
-        layer: layer.name,
-        kind: a.kind,
-        size: ref.size,
-        sha256: ref.sha256,
-        mode: a.mode,
-        mtime: a.mtime.toISOString(),
-      };
-      const chunk = ref.chunk ? { rec: ref.chunk.rec, table: await ref.chunk.table() } : undefined;
-      if (ref.ranges) {
-        // Chunked last time and unchanged: the same ranges, with an empty payload entry (no bytes stored).
-        const empty = await packArtifact(
-          enc,
-          levels,
-          layer.name,
-          { path: a.path, kind: a.kind, size: 0, mode: a.mode, mtime: a.mtime, open: () => [] },
-          onBytes,
-        );
-        onPacked({ ...base, ranges: ref.ranges, stored_size: 0, stored_sha256: empty.sha256 }, a.fingerprint, chunk);
-      } else {
-        onPacked({ ...base, ref: ref.base }, a.fingerprint, chunk);
-      }
-      layer.artifacts++;
-      layer.bytes += ref.size;
-      layer.referenced = (layer.referenced ?? 0) + 1;
-      collectArtifacts(); // a referenced KV page leaves as much garbage as a packed one, and comes faster
-      continue;
-    }
-    const hint = chunking && refs ? a.chunking : undefined;
-    if (hint) {
-      // An incremental snapshot of a chunkable artifact: chunked against the last one's when
-      // that is worth it, else packed whole, its table taken for the next (./chunking.ts).
-      const name = `${layer.name}/${a.path}`;
-      const pack = (x: Artifact): Promise<IndexEntry> => packArtifact(enc, levels, layer.name, x, onBytes);
-      const b = await refs!.chunkBase(name, a, hint);
-      const why = b ? wholeReason(b, hint, a) : "no base";
-      const r =
-        b && why === null
-          ? await packChunked(a, hint, b, {
-              name,
-              layer: layer.name,
-              self: chunking!.self,
-              workDir: chunking!.workDir,
-              pack,
-              use: (ids) => refs!.use(ids),
-            })
-          : await packWhole(a, hint, pack, why ?? undefined);
-      if (process.env.MEMSNAP_DEBUG_ENCODER)
-        process.stderr.write(
-          `chunking ${name}: ${r.entry.ranges ? `${r.entry.stored_size} of ${r.entry.size} bytes stored` : `whole (${r.whole ?? "?"})`}\n`,
-        );
-      onPacked(r.entry, a.fingerprint, { rec: r.rec, table: r.table });
-      collectArtifacts();
-      crashPoint("snapshot:artifact");
-      layer.artifacts++;
-      layer.bytes += r.entry.size;
-      if (r.entry.ranges) layer.referenced = (layer.referenced ?? 0) + 1;
-      continue;
-    }
-    const e = await packArtifact(enc, levels, layer.name, a, onBytes);
-    onPacked(e, a.fingerprint);
-    collectArtifacts();
-    crashPoint("snapshot:artifact");
-    layer.artifacts++;
-    layer.bytes += e.size;
-  }
-  return redactMs;
-}
 
 /**
  * Take a snapshot. Throws MEMSNAP_SOURCE_* when a source is missing, unreadable or changes,
@@ -414,93 +105,8 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
   const cfg = opts.config;
   const id = ulid();
   const createdAt = new Date();
-  const recipients = opts.recipients ?? [];
-  if (recipients.length && opts.passphrase) {
-    throw new MemsnapError("MEMSNAP_USAGE", "use recipients or a passphrase, not both", {
-      hint: "drop --recipient or --passphrase-file",
-    });
-  }
-  if (opts.label != null && !LABEL_OK.test(opts.label)) {
-    throw new MemsnapError(
-      "MEMSNAP_USAGE",
-      `a label is 1 to ${LABEL_MAX} characters on one line, without control characters: got ${JSON.stringify(opts.label.length > 40 ? `${opts.label.slice(0, 40)}…` : opts.label)} (${opts.label.length} characters)`,
-      {
-        hint: "e.g. --label before-upgrade; `memsnap list` shows it and `prune --keep-label` matches it",
-      },
-    );
-  }
-  if (opts.parent != null && !SNAPSHOT_ID_PATTERN.test(opts.parent)) {
-    throw new MemsnapError(
-      "MEMSNAP_USAGE",
-      `parent ${JSON.stringify(opts.parent.slice(0, 40))} is not a snapshot id (a ULID)`,
-      { hint: "pass the parent's snapshot id, or null" },
-    );
-  }
-  const encrypted = recipients.length > 0 || !!opts.passphrase;
-  const memory = cfg.sources.filter((s) => s.impl.processMemory).map((s) => s.cfg.name);
-  if (memory.length && !encrypted && !opts.allowPlaintextMemory) {
-    throw new MemsnapError(
-      "MEMSNAP_PLAINTEXT_PROCESS_MEMORY",
-      `layer(s) ${memory.join(", ")} hold process memory, which cannot be redacted; refusing a plaintext bundle`,
-      { hint: "encrypt the bundle (-r age1… or --passphrase-file), or pass --allow-plaintext-memory" },
-    );
-  }
-  if (opts.incremental && (opts.out || !opts.store)) {
-    throw new MemsnapError(
-      "MEMSNAP_USAGE",
-      "an incremental snapshot goes into the store (its bases are the bundles beside it)",
-      {
-        hint: "drop --out (use --store DIR), or drop --incremental",
-      },
-    );
-  }
-  let dest = opts.out;
-  let parent = opts.parent ?? null;
-  let S3Writer: typeof S3BundleWriter | undefined;
-  let newestSnapshotIn: typeof import("../format/s3-bundle-writer.js").newestSnapshotIn;
-  let s3: { client: S3Client; bucket: string; key: string } | null = null;
-  if (!dest) {
-    if (!opts.store)
-      throw new MemsnapError("MEMSNAP_USAGE", "no store and no --out given", {
-        hint: "pass --out FILE or --store DIR",
-      });
-    if (isS3Url(opts.store)) {
-      // An object store: the bundle streams into an upload of <prefix>/<tenant>/<agent>/<id>.memsnap.
-      const loc = parseStoreLocation(opts.store);
-      if (loc.kind !== "s3") throw new Error("unreachable");
-      const rel = `${cfg.tenant}/${cfg.agent}/`;
-      // The SDK is loaded only for an s3 store (it costs every other command ~0.2 s of start-up).
-      ({ S3BundleWriter: S3Writer, newestSnapshotIn } = await import("../format/s3-bundle-writer.js"));
-      const { s3ClientFor } = await import("../objstore/client.js");
-      const client = s3ClientFor(loc, process.env, cfg.s3Endpoint ? { endpoint: cfg.s3Endpoint } : {});
-      s3 = { client, bucket: loc.bucket, key: s3Key(loc, `${rel}${id}.memsnap`) };
-      dest = `s3://${loc.bucket}/${s3.key}`;
-      // Listing the agent's snapshots finds the parent, and checks the bucket and credentials before any work.
-      const newest = await newestSnapshotIn(client, loc.bucket, s3Key(loc, rel), id, loc.url);
-      if (opts.parent === undefined) parent = newest;
-    } else {
-      dest = storePath(opts.store, cfg.tenant, cfg.agent, id);
-      try {
-        await mkdir(dirname(dest), { recursive: true, mode: 0o700 });
-      } catch (e) {
-        throw destinationError(e, dirname(dest));
-      }
-      // In a store, the snapshot this one follows is the agent's newest there (ids sort by time).
-      if (opts.parent === undefined) parent = await newestIn(dirname(dest), id);
-    }
-  }
-  if (
-    !s3 &&
-    (await stat(dest).then(
-      () => true,
-      () => false,
-    ))
-  ) {
-    throw new MemsnapError("MEMSNAP_DEST_EXISTS", `${dest} already exists`, {
-      path: dest,
-      hint: "choose another --out path or remove the file",
-    });
-  }
+  const { recipients, encrypted } = checkOptions(opts);
+  const { dest, parent, s3, S3Writer } = await resolveDestination(opts, id);
   const level = opts.level ?? cfg.compression.level;
   let lock: AgentLock | null = null;
   if (opts.lock !== "held" && opts.lock !== false) {
@@ -594,7 +200,8 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
     if (process.env.MEMSNAP_DEBUG_ENCODER && refs) {
       const mu = process.memoryUsage();
       process.stderr.write(
-        `incremental: ${refs.size} artifact(s) may be referenced (rss ${Math.round(mu.rss / 1048576)} heap used ${Math.round(mu.heapUsed / 1048576)} of ${Math.round(mu.heapTotal / 1048576)} MiB)\n`,
+        `incremental: ${refs.size} artifact(s) may be referenced (rss ${Math.round(mu.rss / 1048576)} heap ` +
+          `used ${Math.round(mu.heapUsed / 1048576)} of ${Math.round(mu.heapTotal / 1048576)} MiB)\n`,
       );
     }
 
@@ -686,7 +293,9 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
         const mu = process.memoryUsage();
         const mib = (n: number): number => Math.round(n / 1048576);
         process.stderr.write(
-          `layer ${scfg.name} packed at ${Math.round(performance.now() - t0)} ms (main thread busy ${Math.round(elu.active)} of ${Math.round(elu.active + elu.idle)} ms; rss ${mib(mu.rss)} heap ${mib(mu.heapTotal)} external ${mib(mu.external)} MiB)\n`,
+          `layer ${scfg.name} packed at ${Math.round(performance.now() - t0)} ms (main thread ` +
+            `busy ${Math.round(elu.active)} of ${Math.round(elu.active + elu.idle)} ms; rss ${mib(mu.rss)} ` +
+            `heap ${mib(mu.heapTotal)} external ${mib(mu.external)} MiB)\n`,
         );
       }
       // finish() runs now (a SQLite source stops its workers), but the next layer packs while
@@ -703,78 +312,38 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
       }
       if (raw) earlySync(raw.fd);
     }
-    const indexSize = spill.documentBytes(id);
-    const indexHash = createHash("sha256");
-    levels.start("", indexSize, undefined);
-    enc.setLevel(level);
-    await enc.write(encodeEntryHeader(INDEX_PATH, indexSize, createdAt, 0o644));
-    for (const c of spill.document(id)) {
-      indexHash.update(c);
-      await enc.write(c);
-    }
-    // padding, then the end-of-archive blocks
-    await enc.write(Buffer.concat([ZEROS.subarray(0, padding(indexSize)), ZEROS]));
+    const indexSha256 = await writeIndexMember(enc, levels, spill, id, createdAt, level);
     for (const f of finishing) await f; // the layers' meta, and the history scans' findings in the report
     const redaction = redactor ? redactor.report() : null;
-    if (redaction && redaction.total_unredacted > 0 && !encrypted && !opts.allowUnredacted) {
-      const where = Object.keys(redaction.unredacted);
-      throw new MemsnapError(
-        "MEMSNAP_UNREDACTED_SECRETS",
-        `${redaction.total_unredacted} secret(s) found in content that cannot be redacted (${where.slice(0, 3).join(", ")}${where.length > 3 ? ", …" : ""}); refusing a plaintext bundle`,
-        { hint: "encrypt the bundle (-r age1… or --passphrase-file), or pass --allow-unredacted" },
-      );
-    }
+    refuseUnredacted(redaction, encrypted, !!opts.allowUnredacted);
     const tarSize = enc.bytesIn;
     if (process.env.MEMSNAP_DEBUG_ENCODER)
       process.stderr.write(
-        `levels: ${levels.samples} samples, ${levels.denseSamples} dense; frames compressed on the main thread: ${enc.stolenFrames}\n`,
+        `levels: ${levels.samples} samples, ${levels.denseSamples} dense; frames compressed on the main ` +
+          `thread: ${enc.stolenFrames}\n`,
       );
     const payload = await enc.finish();
-    const recipientInfo: RecipientInfo[] = opts.passphrase
-      ? [{ type: "scrypt" }]
-      : recipients.map((r) => ({ type: "x25519", fingerprint: recipientFingerprint(r) }));
     // Only a bundle that references a base needs (and is written as) manifest_version 2, so
     // every other bundle stays readable by memsnap 0.1.
     const bases = refs?.bases() ?? [];
-    const body: Omit<Manifest, "seal"> = {
-      format: "memsnap",
-      // The oldest version that says what this bundle is (so older readers read what they can).
-      manifest_version: chunked
-        ? MANIFEST_VERSION
-        : !encrypted && !index
-          ? MANIFEST_VERSION_NO_INDEX
-          : bases.length
-            ? MANIFEST_VERSION_INCREMENTAL
-            : MANIFEST_VERSION_FULL,
-      snapshot_id: id,
-      created_at: createdAt.toISOString(),
-      created_by: opts.createdBy ?? "api",
-      label: opts.label ?? null,
-      tenant: cfg.tenant,
-      agent: cfg.agent,
-      host: hostname(),
-      tool: { name: TOOL_NAME, version: TOOL_VERSION },
+    const manifest = buildManifest(opts, {
+      id,
+      createdAt,
       parent,
-      ...(bases.length ? { bases } : {}),
+      recipients,
+      encrypted,
+      chunked,
+      index,
+      bases,
       layers,
-      payload: {
-        member: encrypted ? PAYLOAD_MEMBER_ENCRYPTED : PAYLOAD_MEMBER_PLAIN,
-        compression: { codec: "zstd", level },
-        encryption: encrypted ? { scheme: "age", recipients: recipientInfo } : null,
-        stored_size: payload.storedSize,
-        sha256: payload.sha256,
-        tar_size: tarSize,
-        index_sha256: indexHash.digest("hex"),
-        artifacts: spill.count,
-        bytes: bytes + referencedBytes,
-      },
-      ...(index ? { index } : {}),
-      redaction: redaction ? { ...redaction } : { policy: "off" },
-    };
-    const sealed: Manifest = { ...body, seal: computeSeal(body) };
-    const manifest: Manifest = opts.signKey
-      ? { ...sealed, signature: { ...signManifest(sealed, opts.signKey) } }
-      : sealed;
+      level,
+      payload,
+      tarSize,
+      indexSha256,
+      artifacts: spill.count,
+      bytes: bytes + referencedBytes,
+      redaction,
+    });
     await syncing;
     let bundleBytes: number;
     if (!(writer instanceof BundleWriter))
@@ -794,19 +363,8 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
       };
       if (cache && incKey) {
         // The next incremental snapshot's references: this bundle, and the bases it referenced.
-        const holders = Object.fromEntries([[id, manifest.seal], ...bases.map((b) => [b.snapshot_id, b.seal])]);
-        try {
-          await cache.commit(
-            id,
-            incKey,
-            holders,
-            (redaction?.redacted ?? {}) as Record<string, Record<string, number>>,
-            (redaction?.unredacted ?? {}) as Record<string, Record<string, number>>,
-          );
-        } catch (e) {
-          incremental.cacheError = (e as Error).message;
-          await cache.abort();
-        }
+        const cacheError = await commitCache(cache, incKey, manifest, bases, redaction);
+        if (cacheError !== undefined) incremental.cacheError = cacheError;
         cache = null;
       }
     }

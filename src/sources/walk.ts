@@ -67,7 +67,10 @@ export interface WalkResult {
    */
   skipped: { symlinks: number; special: number; unsafe_names?: number };
   unsafe?: string[];
-  /** Symlinks the globs select (a memory's `latest.md → …`): left out, so counted, the first few named, in a notice. */
+  /**
+   * Symlinks the globs select (a memory's `latest.md → …`): left out, so counted, the first few
+   * named, in a notice.
+   */
   links?: LinksLeftOut;
 }
 
@@ -83,12 +86,14 @@ export function walkNotices(r: { unsafe?: readonly string[]; links?: LinksLeftOu
   const u = r.unsafe ?? [];
   if (u.length)
     out.push(
-      `left out ${u.length} file(s) or folder(s) whose names are not UTF-8, which a bundle cannot hold (rename them to capture them): ${some(u)}`,
+      `left out ${u.length} file(s) or folder(s) whose names are not UTF-8, which a bundle cannot hold (rename them ` +
+        `to capture them): ${some(u)}`,
     );
   const l = r.links;
   if (l?.count)
     out.push(
-      `left out ${l.count} symlink(s): memsnap captures regular files, not links (capture their targets' folder instead): ${l.some.join(", ")}${l.count > l.some.length ? ", …" : ""}`,
+      `left out ${l.count} symlink(s): memsnap captures regular files, not links (capture their targets' folder ` +
+        `instead): ${l.some.join(", ")}${l.count > l.some.length ? ", …" : ""}`,
     );
   return out;
 }

@@ -144,7 +144,10 @@ export async function downloadBundle(url: string, dest: string, size?: number): 
   }
 }
 
-/** Copy a bundle to `to` (temp → fsync → rename), then check the copy's container and seal. Throws MEMSNAP_DEST_*. */
+/**
+ * Copy a bundle to `to` (temp → fsync → rename), then check the copy's container and seal.
+ * Throws MEMSNAP_DEST_*.
+ */
 export async function exportSnapshot(s: StoredSnapshot, to: string): Promise<void> {
   if (
     await stat(to).then(

@@ -76,7 +76,8 @@ export class JsonBudgetError extends Error {
   ) {
     super(
       what === "budget"
-        ? `over the ${limit}-byte budget for its parsed values (${VALUE_COST} bytes per value and key) at offset ${offset}`
+        ? `over the ${limit}-byte budget for its parsed values (${VALUE_COST} bytes per value and key) at ` +
+            `offset ${offset}`
         : `its numbers' canonical form would add more than ${limit} digits (exponents) at offset ${offset}`,
     );
   }

@@ -77,7 +77,8 @@ export function registerBrowse(program: Command, global: () => GlobalOpts): void
   )
     .option(
       "--store <dir>",
-      "store to look the snapshot id up in (default: $MEMSNAP_STORE, ./memsnap.json's store, ~/.local/share/memsnap/store)",
+      "store to look the snapshot id up in (default: $MEMSNAP_STORE, ./memsnap.json's store, " +
+        "~/.local/share/memsnap/store)",
     )
     .addHelpText(
       "after",

@@ -2,8 +2,8 @@ import type { Command } from "commander";
 import { open } from "node:fs/promises";
 import { basename, join, resolve } from "node:path";
 import { MemsnapError } from "../../errors.js";
-import { detectAgent, renderConfig } from "../../init.js";
-import { fmtMiB } from "../../init.js";
+import { detectAgent } from "../../init/detect.js";
+import { fmtMiB, renderConfig } from "../../init/render.js";
 import { printJson } from "../output.js";
 import { collect, type GlobalOpts } from "../common.js";
 
@@ -92,7 +92,9 @@ Examples:
         const { captured_bytes: got, total_bytes: all } = d.coverage;
         const left = d.left_out;
         process.stdout.write(
-          `captures ${fmtMiB(got)} of ${fmtMiB(all)}${left.length ? `; left out ${fmtMiB(all - got)} in ${left.reduce((a, l) => a + l.files, 0)} file(s):` : ""}\n`,
+          `captures ${fmtMiB(got)} of ${fmtMiB(all)}${
+            left.length ? `; left out ${fmtMiB(all - got)} in ${left.reduce((a, l) => a + l.files, 0)} file(s):` : ""
+          }\n`,
         );
         for (const l of left.slice(0, LEFT_OUT_SHOWN))
           process.stdout.write(
@@ -105,7 +107,9 @@ Examples:
           // Without recipients every snapshot is plaintext, and one with a CRIU dump is refused.
           const criu = d.sources.some((s) => s.kind === "criu");
           process.stdout.write(
-            `no recipients: snapshots will not be encrypted${criu ? " (and a CRIU dump is refused in plaintext)" : ""}; to encrypt them:\n` +
+            `no recipients: snapshots will not be encrypted${
+              criu ? " (and a CRIU dump is refused in plaintext)" : ""
+            }; to encrypt them:\n` +
               `  memsnap keygen -o ~/.config/memsnap/age.key    # prints age1…\n` +
               `  then put it in "recipients" in ${out}, or run init again with -r age1… --force\n`,
           );

@@ -33,7 +33,9 @@ Examples:
         return;
       }
       const enc = m.payload.encryption
-        ? `age (${m.payload.encryption.recipients.map((r) => (r.type === "scrypt" ? "passphrase" : `x25519 ${r.fingerprint}`)).join(", ")})`
+        ? `age (${m.payload.encryption.recipients
+            .map((r) => (r.type === "scrypt" ? "passphrase" : `x25519 ${r.fingerprint}`))
+            .join(", ")})`
         : "none";
       const lines = [
         `bundle     ${layout.path} (${fmtBytes(layout.fileSize)})`,
@@ -50,13 +52,19 @@ Examples:
             ]
           : []),
         `format     ${m.format} manifest v${m.manifest_version}, seal ${sealOk ? "ok" : "MISMATCH"}`,
-        `payload    ${m.payload.member}: ${fmtBytes(m.payload.stored_size)} stored, ${fmtBytes(m.payload.bytes)} in ${m.payload.artifacts} artifacts, zstd ${m.payload.compression.level}`,
+        `payload    ${m.payload.member}: ${fmtBytes(m.payload.stored_size)} stored, ${fmtBytes(m.payload.bytes)} ` +
+          `in ${m.payload.artifacts} artifacts, zstd ${m.payload.compression.level}`,
         `encryption ${enc}`,
-        `signature  ${m.signature ? `${String((m.signature as { key_id?: unknown }).key_id)} (verify --trust to check it)` : "unsigned"}`,
+        `signature  ${
+          m.signature
+            ? `${String((m.signature as { key_id?: unknown }).key_id)} (verify --trust to check it)`
+            : "unsigned"
+        }`,
         `layers`,
         ...m.layers.map(
           (l) =>
-            `  ${l.name.padEnd(16)} ${l.kind.padEnd(8)} v${l.schema_version}  ${String(l.artifacts).padStart(7)} artifacts  ${fmtBytes(l.bytes)}` +
+            `  ${l.name.padEnd(16)} ${l.kind.padEnd(8)} v${l.schema_version}  ${String(l.artifacts).padStart(7)} ` +
+            `artifacts  ${fmtBytes(l.bytes)}` +
             (referencedIn(m, l) ? `  (${referencedIn(m, l)} referenced in bases)` : ""),
         ),
         `redaction  ${redactionLine(m.redaction)}`,
@@ -65,7 +73,8 @@ Examples:
         lines.push(
           m.payload.encryption
             ? "index      encrypted (in the payload; the manifest keeps only its hash)"
-            : `index      in the payload only (${m.payload.artifacts} artifacts; the manifest lists at most ${MANIFEST_INDEX_MAX})`,
+            : `index      in the payload only (${m.payload.artifacts} artifacts; the manifest lists at ` +
+                `most ${MANIFEST_INDEX_MAX})`,
         );
       }
       process.stdout.write(lines.join("\n") + "\n");

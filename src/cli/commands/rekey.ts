@@ -33,7 +33,8 @@ export function registerRekey(program: Command, global: () => GlobalOpts): void 
   program
     .command("rekey [bundles...]")
     .description(
-      "add or remove age recipients, or change the passphrase, of encrypted bundles (the payload is not encrypted again)",
+      "add or remove age recipients, or change the passphrase, of encrypted bundles (the payload is not encrypted " +
+        "again)",
     )
     .option("-i, --identity <file>", "an age identity that opens the bundles now (repeatable)", collect, [])
     .option(
@@ -63,7 +64,8 @@ export function registerRekey(program: Command, global: () => GlobalOpts): void 
     .option("--agent <id>", "with --all: only this agent's bundles")
     .option(
       "--store <dir>",
-      "the store for --all and for snapshot ids (default: $MEMSNAP_STORE, ./memsnap.json's store, ~/.local/share/memsnap/store)",
+      "the store for --all and for snapshot ids (default: $MEMSNAP_STORE, ./memsnap.json's store, " +
+        "~/.local/share/memsnap/store)",
     )
     .addHelpText(
       "after",
@@ -138,12 +140,16 @@ Examples:
         if (r.signature_dropped)
           commandWarning({
             path: r.path,
-            message: `${r.snapshot_id}: its signature ${r.dry_run ? "would be" : "was"} removed (it would no longer verify); pass --sign-key to sign it again`,
+            message:
+              `${r.snapshot_id}: its signature ${r.dry_run ? "would be" : "was"} removed (it would no longer ` +
+              `verify); pass --sign-key to sign it again`,
           });
         if (r.bases_not_rekeyed.length)
           commandWarning({
             path: r.path,
-            message: `${r.snapshot_id} references ${r.bases_not_rekeyed.join(", ")}, which keep their old keys: restoring it needs a key for them too`,
+            message:
+              `${r.snapshot_id} references ${r.bases_not_rekeyed.join(", ")}, which keep their old keys: ` +
+              `restoring it needs a key for them too`,
           });
       }
       if (global().json) {
@@ -158,12 +164,14 @@ Examples:
           ...(r.signed ? ["signed"] : []),
         ];
         process.stdout.write(
-          `${r.dry_run ? "would rekey" : "rekeyed"} ${r.snapshot_id}  ${describe(r)}${changes.length ? `  (${changes.join("; ")})` : ""}  ${r.path}\n`,
+          `${r.dry_run ? "would rekey" : "rekeyed"} ${r.snapshot_id}  ${describe(r)}` +
+            `${changes.length ? `  (${changes.join("; ")})` : ""}  ${r.path}\n`,
         );
       }
       for (const s of out.skipped) process.stdout.write(`skipped ${s.snapshot_id}  ${s.reason}  ${s.path}\n`);
       process.stdout.write(
-        `${out.bundles.length} bundle(s) ${o.dryRun ? "would be rekeyed (dry run: nothing written)" : "rekeyed"}${out.skipped.length ? `, ${out.skipped.length} skipped` : ""}\n`,
+        `${out.bundles.length} bundle(s) ${o.dryRun ? "would be rekeyed (dry run: nothing written)" : "rekeyed"}` +
+          `${out.skipped.length ? `, ${out.skipped.length} skipped` : ""}\n`,
       );
     });
 }

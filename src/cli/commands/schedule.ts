@@ -36,7 +36,8 @@ export function registerSchedule(program: Command, _global: () => GlobalOpts): v
       )
       .option(
         "--prune-all",
-        "let the keep rules decide over every snapshot of the agent, not only those the schedule made (labelled and recent safety snapshots stay protected)",
+        "let the keep rules decide over every snapshot of the agent, not only those the schedule made (labelled and " +
+          "recent safety snapshots stay protected)",
       )
       .option("--print <kind>", "print unit files for the host's scheduler instead: systemd or cron"),
   )

@@ -5,7 +5,8 @@ import { loadPassphrase, loadRecipients } from "../../keys.js";
 import { loadSigningKey } from "../../sign.js";
 import { snapshot } from "../../snapshot/snapshot.js";
 import { resolveStore } from "../../store/paths.js";
-import { fmtMiB, uncoveredLargeFiles } from "../../init.js";
+import { uncoveredLargeFiles } from "../../init/coverage.js";
+import { fmtMiB } from "../../init/render.js";
 import { isS3Url } from "../../objstore/location.js";
 import { fmtBytes, fmtRate, printJson, Progress, redactionLine } from "../output.js";
 

@@ -80,7 +80,8 @@ export function registerVerify(program: Command, global: () => GlobalOpts): void
     .option("--all", "verify every bundle in the store (every tenant and agent), damaged ones included")
     .option(
       "--store <dir>",
-      "the store for --all and for snapshot ids (default: $MEMSNAP_STORE, ./memsnap.json's store, ~/.local/share/memsnap/store)",
+      "the store for --all and for snapshot ids (default: $MEMSNAP_STORE, ./memsnap.json's store, " +
+        "~/.local/share/memsnap/store)",
     )
     .addHelpText(
       "after",
@@ -183,7 +184,8 @@ Examples:
         const at = paths[results.findIndex((r) => !r.ok)]!;
         const err = new MemsnapError(
           code,
-          `${failures.length} of ${results.length} bundles failed verification, first: ${at}: ${without(at, first.message)}`,
+          `${failures.length} of ${results.length} bundles failed verification, ` +
+            `first: ${at}: ${without(at, first.message)}`,
           {
             hint: first.hint ?? "do not restore a bundle that fails verification",
           },
