@@ -169,7 +169,7 @@ export async function main(argv) {
       pre: () => fs.rmSync(archiveH, { force: true }),
     },
     memsnap: {
-      argv: [process.execPath, o.cli, "snapshot", "--config", init.config, "--out", bundle, "--json"],
+      argv: [o.cli, "snapshot", "--config", init.config, "--out", bundle, "--json"],
       pre: () => fs.rmSync(bundle, { force: true }),
       sampleRss: true,
     },
@@ -182,7 +182,7 @@ export async function main(argv) {
       pre: () => fs.mkdirSync(restPipe),
     },
     memsnap: {
-      argv: [process.execPath, o.cli, "restore", bundle, "--to", restMem, "-c", init.config, "-i", keyFile, "--json"],
+      argv: [o.cli, "restore", bundle, "--to", restMem, "-c", init.config, "-i", keyFile, "--json"],
       pre: () => {},
       sampleRss: true,
     },
