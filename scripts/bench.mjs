@@ -7,6 +7,7 @@
  *                          [--regen] [--cold] [--runs N] [--baseline-only] [--cli PATH]
  *                          [--workdir DIR]
  *   node scripts/bench.mjs --store s3://BUCKET/PREFIX [--scale S] [--runs N]   # see scripts/bench-s3.mjs
+ *   node scripts/bench.mjs --home [--scale S] [--runs N]   # a realistic agent home: see scripts/bench-home.mjs
  *
  *   --scale S        size of the mix in GiB (default 1; e.g. 0.05 for a quick run, 10 for ~10 GiB)
  *   --seed N         generator seed (default 1)
@@ -1054,7 +1055,12 @@ function classLine(summary) {
 }
 
 // `--store s3://…`: the object-store comparison (scripts/bench-s3.mjs) instead of the pipeline one.
-const run = process.argv.includes("--store") ? import("./bench-s3.mjs").then(() => new Promise(() => {})) : main();
+// `--home`: the realistic agent home (scripts/bench-home.mjs).
+const run = process.argv.includes("--store")
+  ? import("./bench-s3.mjs").then(() => new Promise(() => {}))
+  : process.argv.includes("--home")
+    ? import("./bench-home.mjs").then((m) => m.main(process.argv.slice(2)))
+    : main();
 run.then(
   (code) => process.exit(code),
   (e) => {

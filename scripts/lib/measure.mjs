@@ -351,6 +351,12 @@ function firstLine(argv) {
   return ((r.stdout || "") + (r.stderr || "")).trim().split("\n")[0];
 }
 
+/** "yes (sha_ni)", "yes (sha2)" or "no", from /proc/cpuinfo's flags (x86 sha_ni, arm64 sha2). */
+export function shaExtensions(cpuinfo) {
+  const flags = new Set((cpuinfo.match(/^(?:flags|Features)\s*:.*$/m)?.[0] ?? "").split(/[\s:]+/));
+  return flags.has("sha_ni") ? "yes (sha_ni)" : flags.has("sha2") ? "yes (sha2)" : "no";
+}
+
 export function machineInfo() {
   const cpus = os.cpus();
   return {

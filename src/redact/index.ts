@@ -168,6 +168,16 @@ class MemsnapRedactor implements Redactor {
     );
   }
 
+  async matches(text: string): Promise<boolean> {
+    let n = 0;
+    // what scanText finds and what redactText rewrites, minus the report
+    const json = looksLikeJson(text);
+    await processText(this.engine, text, json, true, () => void n++);
+    if (n > 0) return true;
+    const out = await processText(this.engine, text, json, false, () => void n++);
+    return n > 0 || out !== text;
+  }
+
   async scanText(text: string, artifact: string): Promise<number> {
     this.report_.scanned(Buffer.byteLength(text));
     let n = 0;

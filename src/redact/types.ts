@@ -45,6 +45,12 @@ export interface Redactor {
   /** Rewrite every match in `text` (idempotent) and record the hits against `artifact` (a payload path). */
   redactText(text: string, artifact: string): Promise<string>;
   /**
+   * Optional: whether any rule matches in `text` (as {@link redactText} reads it), recording
+   * nothing. The SQLite source asks it about the few cells its pre-filter flags in a database it
+   * would otherwise copy to redact; false for all of them lets it read the database as it is.
+   */
+  matches?(text: string): Promise<boolean>;
+  /**
    * Find matches without rewriting and record them against `artifact` as unredacted; resolves
    * to the number found (memsnap's redactor; other implementations may resolve to nothing).
    */

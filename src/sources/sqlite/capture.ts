@@ -13,6 +13,7 @@ import {
   type LiveBeginResult,
   type LiveVerifyResult,
 } from "./worker-host.js";
+import type { Redactor } from "../../redact/types.js";
 import type { Artifact, CaptureContext, LayerCapture } from "../types.js";
 import { fileArtifact, fingerprintOf, sourceError, walkFiles, walkNotices, type FoundFile } from "../walk.js";
 import { SIDE_FILE, SQLITE_DEFAULT_INCLUDE, type SqliteConfig } from "./config.js";
@@ -20,6 +21,26 @@ import { DAMAGED_HINT, notSqlite, sniff, sniffHandle, sqliteSourceError } from "
 import { liveArtifact, LiveRead, liveReadSkips, sizeOr0 } from "./live-read.js";
 import type { SqliteDbMeta, SqliteRedactionStats } from "./meta.js";
 import { redactSqliteCopy } from "./redact-copy.js";
+
+/**
+ * True when no rule matches in any of `cells` as the copy path reads them (./redact-copy.ts): a
+ * TEXT cell that is a candidate, as text; a BLOB that is a candidate, as the text its bytes
+ * decode to (text BLOBs would be rewritten, binary ones reported). False as well when the
+ * redactor cannot say without recording (no `matches`).
+ */
+async function candidatesClean(cells: ReadonlyArray<string | Uint8Array>, redactor: Redactor): Promise<boolean> {
+  if (!redactor.matches) return false;
+  for (const v of cells) {
+    let text: string;
+    if (typeof v === "string") text = v;
+    else {
+      if (v.length === 0 || redactor.clean?.(v) === true) continue;
+      text = Buffer.from(v.buffer, v.byteOffset, v.byteLength).toString("utf8");
+    }
+    if (redactor.candidate(text) && (await redactor.matches(text))) return false;
+  }
+  return true;
+}
 
 /** Capture a sqlite source: one artifact per database, each one committed state. */
 export async function captureLayer(cfg: SqliteConfig, ctx: CaptureContext): Promise<LayerCapture> {
@@ -196,6 +217,22 @@ export async function captureLayer(cfg: SqliteConfig, ctx: CaptureContext): Prom
             await l.release();
             throw e;
           }
+          // A few cells the pre-filter flagged (random bytes of an embedding BLOB read as "key=",
+          // "://"): if the redactor finds nothing in any of them, as the copy path would test
+          // them, the copy would come out with the same rows, and the file itself is read.
+          let cleared = 0;
+          if (!r.eligible && r.candidates && ctx.redactor) {
+            try {
+              if (await candidatesClean(r.candidates, ctx.redactor)) {
+                cleared = r.candidates.length;
+                r = { ...r, eligible: true, reason: undefined };
+              }
+            } catch (e) {
+              lives.delete(l);
+              await l.release();
+              throw e;
+            }
+          }
           if (r.eligible) {
             // quick_check and the row counts run in the worker, in the same transaction, while the bytes stream.
             const verified = l.worker.call<LiveVerifyResult>(
@@ -218,7 +255,7 @@ export async function captureLayer(cfg: SqliteConfig, ctx: CaptureContext): Prom
                       scrub: "none",
                       tables: r.scan.tables,
                       cells_scanned: r.scan.cells_scanned,
-                      candidates: 0,
+                      candidates: cleared,
                       cells_redacted: 0,
                       fts_rebuilt: [],
                       fts_optimized: [],

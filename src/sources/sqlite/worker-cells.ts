@@ -2,7 +2,7 @@
  * The SQL scan of a database's cells (the slow, exact path of the live read's redaction scan;
  * ./worker-pages.ts is the fast one): every TEXT and BLOB cell through the pre-filter.
  */
-import { candidate, collectScanned } from "./worker-candidate.js";
+import { candidate, candidateIn, collectScanned } from "./worker-candidate.js";
 import { type Handle, maybeYield } from "./worker-handles.js";
 import { type Db, qi, type TableListRow } from "./worker-sql.js";
 import type { LiveScanStats } from "./worker-types.js";
@@ -53,14 +53,31 @@ function payloadBound(db: Db, name: string): { total: number; row: number } | nu
 type Joined = [number, string | null];
 type RowId = bigint | null;
 
+/** At most this many candidate cells, of at most this many bytes together, are handed to the redactor. */
+export const CANDIDATE_CELLS_MAX = 256;
+export const CANDIDATE_BYTES_MAX = 16 << 20;
+
+/**
+ * The candidate cells of a scan that collects them (see {@link scanCells}): each value as read
+ * (TEXT as a string, BLOB as bytes); `overflow` once they are past the limits (the scan stops there,
+ * and the database goes to the copy path as it would without collecting).
+ */
+export interface CandidateCells {
+  cells: Array<string | Uint8Array>;
+  bytes: number;
+  overflow: boolean;
+}
+
 // Scan every TEXT and BLOB cell with the pre-filter. A table's TEXT (and BLOBs, as text) is
 // joined in SQL (group_concat with a newline between cells) and tested as one string, in one
 // piece when the table's payload is small and otherwise in rowid ranges of at most CHUNK_MAX
 // bytes (dbstat's largest row bounds a range's size). Every scanner is a regex without anchors or
 // negative look-arounds, so a match inside one cell is also a match in the joined text: joining
 // can only add matches, which sends the database to the copy path. A WITHOUT ROWID table too big
-// to join whole is scanned row by row.
-export async function scanCells(h: Handle, st: LiveScanStats): Promise<void> {
+// to join whole is scanned row by row. With `collect`, every cell is tested on its own instead
+// and the candidates are collected ({@link scanEachCell}).
+export async function scanCells(h: Handle, st: LiveScanStats, collect: CandidateCells | null = null): Promise<void> {
+  if (collect) return scanEachCell(h, st, collect);
   const db = h.db!;
   const hit = (s: string, name: string): boolean => {
     st.text_bytes += Buffer.byteLength(s);
@@ -151,6 +168,56 @@ export async function scanCells(h: Handle, st: LiveScanStats): Promise<void> {
         st.cells_scanned += n;
         if (s && hit(s, t.name)) return;
         if (++k % 4096 === 0) await maybeYield(h);
+      }
+    } finally {
+      it.return?.();
+    }
+  }
+}
+
+// The scan that collects (see {@link scanCells}): every TEXT and BLOB cell tested on its own, as
+// the copy path tests it (../redact-copy.ts): TEXT by the pre-filter, a BLOB by the native
+// pre-filter on its bytes and then by the pre-filter on the text they decode to. Each candidate
+// cell is kept for the host's redactor to rule on; the scan goes on past it, until the limits
+// (then `overflow`, and it stops).
+async function scanEachCell(h: Handle, st: LiveScanStats, collect: CandidateCells): Promise<void> {
+  const db = h.db!;
+  for (const t of scanTargets(db)) {
+    st.tables++;
+    const bound = payloadBound(db, t.name);
+    if (bound && bound.row > ROW_MAX) throw new Error("a row of " + t.name + " is too large to scan in one piece");
+    const it = db
+      .prepare<[], unknown[]>("SELECT " + t.cols.map(qi).join(", ") + " FROM " + qi(t.name))
+      .raw(true)
+      .iterate();
+    try {
+      let k = 0;
+      for (const row of it) {
+        for (const v of row) {
+          let n: number;
+          let hit: boolean;
+          if (typeof v === "string") {
+            n = Buffer.byteLength(v);
+            collectScanned(v.length);
+            hit = candidate(v);
+          } else if (v instanceof Uint8Array) {
+            n = v.byteLength;
+            const b = Buffer.from(v.buffer, v.byteOffset, v.byteLength);
+            hit = n > 0 && candidateIn(b, 0, n, "utf8Slice");
+          } else continue;
+          st.cells_scanned++;
+          st.text_bytes += n;
+          if (!hit) continue;
+          st.candidates++;
+          st.found = t.name;
+          collect.bytes += n;
+          collect.cells.push(typeof v === "string" ? v : new Uint8Array(v));
+          if (collect.cells.length > CANDIDATE_CELLS_MAX || collect.bytes > CANDIDATE_BYTES_MAX) {
+            collect.overflow = true;
+            return;
+          }
+        }
+        if (++k % 1024 === 0) await maybeYield(h);
       }
     } finally {
       it.return?.();

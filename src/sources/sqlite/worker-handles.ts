@@ -16,7 +16,14 @@ export interface Handle {
   /** The read transaction is held (live_begin with `hold` and a yes). */
   holding?: boolean;
   /** A look-ahead's scan result, valid while `data_version`, size and mtime are unchanged. */
-  cache: { dataVersion: number; size: number; mtimeMs: number; scan: LiveScanStats; reason: string | null } | null;
+  cache: {
+    dataVersion: number;
+    size: number;
+    mtimeMs: number;
+    scan: LiveScanStats;
+    reason: string | null;
+    candidates: Array<string | Uint8Array> | undefined;
+  } | null;
 }
 
 export const handles = new Map<number, Handle>();

@@ -4,7 +4,7 @@
  * `live_verify` (the checks inside the held transaction).
  */
 import { fstatSync, statSync } from "node:fs";
-import { scanCells, scanTargets } from "./worker-cells.js";
+import { type CandidateCells, scanCells, scanTargets } from "./worker-cells.js";
 import { closeHandle, handles, released } from "./worker-handles.js";
 import type { CellState } from "./worker-pages.js";
 import { load, ordinaryTables, qi } from "./worker-sql.js";
@@ -76,6 +76,7 @@ export async function liveBegin(job: LiveBeginJob): Promise<LiveBeginResult> {
       ms: 0,
     };
     let reason: string | null = null;
+    let candidates: Array<string | Uint8Array> | undefined;
     if (pragmas.journal_mode === "wal") {
       if (wal > 0) reason = "wal_frames";
     } else if (!["delete", "truncate", "persist"].includes(pragmas.journal_mode)) {
@@ -90,6 +91,7 @@ export async function liveBegin(job: LiveBeginJob): Promise<LiveBeginResult> {
         out.scan = c.scan;
         out.reused = true;
         reason = c.reason;
+        candidates = c.candidates;
       } else {
         const st: LiveScanStats = {
           tables: 0,
@@ -106,6 +108,9 @@ export async function liveBegin(job: LiveBeginJob): Promise<LiveBeginResult> {
           // "scan" once the walk starts (an empty file or a refused freelist never does)
           const cells: { state: CellState } = { state: "unparsed" };
           const stale = await scanStale(h, st, stat.size, pageCount, cells);
+          // Candidate cells are collected (for the host's redactor to rule on) only when the
+          // stale bytes are clean: a stale hit sends the database to the copy path anyway.
+          const collect: CandidateCells | null = stale === null ? { cells: [], bytes: 0, overflow: false } : null;
           st.cells_via = "pages";
           if (cells.state !== "scan") {
             // a hit, or pages this parser cannot read (or a freelist it refused): SQL decides
@@ -114,12 +119,15 @@ export async function liveBegin(job: LiveBeginJob): Promise<LiveBeginResult> {
             st.text_bytes = 0;
             st.candidates = 0;
             const c0 = performance.now();
-            await scanCells(h, st);
+            await scanCells(h, st, collect);
             st.cells_ms = Math.round(performance.now() - c0);
           }
           st.tables = scanTargets(db).length;
           if (st.candidates) reason = "redaction_candidate";
           else reason = stale;
+          if (reason === "redaction_candidate" && collect && !collect.overflow && collect.cells.length) {
+            candidates = collect.cells;
+          }
         } catch (e) {
           const x = e as { code?: unknown; message?: unknown } | null;
           const code = x && typeof x.code === "string" ? x.code : "";
@@ -129,14 +137,16 @@ export async function liveBegin(job: LiveBeginJob): Promise<LiveBeginResult> {
         }
         st.ms = Math.round(performance.now() - s0);
         out.scan = st;
-        h.cache = { dataVersion, size: stat.size, mtimeMs: stat.mtimeMs, scan: st, reason };
+        h.cache = { dataVersion, size: stat.size, mtimeMs: stat.mtimeMs, scan: st, reason, candidates };
       }
     }
     if (h.released) throw released();
     out.eligible = !reason;
     if (reason) out.reason = reason;
+    if (candidates) out.candidates = candidates;
     out.ms = Math.round(performance.now() - t0);
-    if (job.hold && out.eligible) {
+    // With candidate cells the transaction is held too: the host may find them clean and read the file.
+    if (job.hold && (out.eligible || candidates)) {
       h.holding = true;
       return out;
     }

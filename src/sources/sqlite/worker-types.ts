@@ -60,7 +60,10 @@ export interface LiveScanStats {
   cells_scanned: number;
   /** Bytes of TEXT (UTF-8) and BLOB cells scanned. */
   text_bytes: number;
-  /** Cells (or, when the scan stops, chunks of cells) the pre-filter flagged; the scan stops at the first. */
+  /**
+   * Cells (or, when the scan stops, chunks of cells) the pre-filter flagged; the scan stops at the
+   * first, unless it collects them (clean stale bytes: every candidate cell, up to a limit).
+   */
   candidates: number;
   /**
    * Bytes of stale space (free pages, unallocated and freed space, overflow tails) that are not
@@ -100,6 +103,12 @@ export interface LiveBeginResult {
   mtimeMs: number;
   /** `-wal` size in bytes (0 when absent). */
   walBytes: number;
+  /**
+   * With reason `redaction_candidate`: every cell the pre-filter flagged (TEXT as a string, a BLOB
+   * as bytes), when there were few enough (../worker-cells.ts); with `hold`, the read transaction
+   * is then held, as for a yes, until the host has the redactor rule on them (../capture.ts).
+   */
+  candidates?: Array<string | Uint8Array>;
   /** With `redact`: the scan, fresh or reused from a look-ahead (`reused`). */
   scan?: LiveScanStats;
   reused?: boolean;
