@@ -10,6 +10,7 @@
  *   it differs, the artifact is read again and stored whole (only for rereadable artifacts).
  * - `pages` (SQLite): the file is cut in pages of the database's page size; a page whose
  *   SHA-256 is one the last snapshot's table lists is referenced (the same page number first).
+ *   A database read live is read and its pages hashed on the thread pool (./page-reader.ts).
  * - `cdc` (other large files): FastCDC cuts (util/fastcdc.ts, 16/64/256 KiB), matched the same
  *   way, so an edit in the middle costs the chunks around it.
  * Nothing of a base is read: the tables (16 bytes of SHA-256 per page or chunk) and each
@@ -31,7 +32,8 @@ import type { ChunkHint } from "../format/artifact.js";
 import type { ChunkRange } from "../format/chunked.js";
 import type { IndexEntry } from "../format/manifest.js";
 import type { Artifact } from "../sources/types.js";
-import { FastCdcStream } from "../util/fastcdc.js";
+import { BaseTable, hash16, splitter, TableBuilder } from "./chunk-tables.js";
+import { pageBlocks } from "./page-reader.js";
 
 export type { ChunkHint };
 
@@ -43,8 +45,7 @@ export const POLICY = {
   maxRanges: 8192,
 } as const;
 
-/** FastCDC sizes for `cdc` artifacts (sources mark files of at least CDC_MIN_FILE, format/artifact.ts). */
-export const CDC_PARAMS = { min: 16 * 1024, avg: 64 * 1024, max: 256 * 1024 } as const;
+export { CDC_PARAMS } from "./chunk-tables.js";
 
 /** A range of a recipe: `len` bytes at `off` of the payload entry (at the artifact's path) of bundle `holder`. */
 export type Piece = [number, string, number];
@@ -156,151 +157,6 @@ class RecipeIndex {
       off += n;
       len -= n;
     }
-  }
-}
-
-/** Cuts bytes into the chunks of a mode: views valid until the next push() or end(). */
-interface Splitter {
-  push(b: Buffer): Buffer[];
-  end(): Buffer[];
-}
-
-class PageSplitter implements Splitter {
-  readonly #carry: Buffer;
-  #n = 0;
-  constructor(readonly size: number) {
-    this.#carry = Buffer.allocUnsafe(size);
-  }
-
-  push(b: Buffer): Buffer[] {
-    const out: Buffer[] = [];
-    let at = 0;
-    if (this.#n > 0) {
-      const k = Math.min(this.size - this.#n, b.length);
-      b.copy(this.#carry, this.#n, 0, k);
-      this.#n += k;
-      at = k;
-      if (this.#n < this.size) return out;
-      out.push(this.#carry);
-      this.#n = 0;
-    }
-    for (; at + this.size <= b.length; at += this.size) out.push(b.subarray(at, at + this.size));
-    // (the carried page is hashed by the caller before the next push refills it)
-    if (at < b.length) {
-      if (out.length && out[0] === this.#carry) out[0] = Buffer.from(this.#carry);
-      b.copy(this.#carry, 0, at);
-      this.#n = b.length - at;
-    }
-    return out;
-  }
-
-  end(): Buffer[] {
-    return this.#n > 0 ? [this.#carry.subarray(0, this.#n)] : [];
-  }
-}
-
-function splitter(hint: ChunkHint): Splitter | null {
-  if (hint.mode === "pages") return new PageSplitter(hint.pageSize!);
-  if (hint.mode === "cdc") return new FastCdcStream(CDC_PARAMS);
-  return null;
-}
-
-const hash16 = (b: Buffer): Buffer => createHash("sha256").update(b).digest().subarray(0, 16);
-
-/** Accumulates a table as chunks pass. */
-class TableBuilder {
-  readonly #parts: Buffer[] = [];
-  #cur = Buffer.allocUnsafe(64 * 1024);
-  #n = 0;
-  constructor(readonly mode: ChunkHint["mode"]) {}
-
-  add(len: number, h: Buffer): void {
-    const rec = this.mode === "cdc" ? 20 : 16;
-    if (this.#n + rec > this.#cur.length) {
-      this.#parts.push(this.#cur.subarray(0, this.#n));
-      this.#cur = Buffer.allocUnsafe(this.#cur.length);
-      this.#n = 0;
-    }
-    if (this.mode === "cdc") {
-      this.#cur.writeUInt32LE(len, this.#n);
-      this.#n += 4;
-    }
-    h.copy(this.#cur, this.#n);
-    this.#n += 16;
-  }
-
-  done(): Buffer {
-    return Buffer.concat([...this.#parts, this.#cur.subarray(0, this.#n)]);
-  }
-}
-
-/**
- * A base table as a lookup: each chunk's offset and length, and by hash the chunk numbers. A page
- * is first compared with the base's page at its own place (most are there); the map by hash is
- * built only when one is not (shifted pages, a CDC chunk).
- */
-class BaseTable {
-  readonly offsets: number[] = [];
-  readonly lengths: number[] = [];
-  #byHash: Map<string, number | number[]> | null = null;
-  readonly used: Uint8Array;
-  readonly #rec: number;
-
-  constructor(
-    readonly table: Buffer,
-    readonly hint: ChunkHint,
-    size: number,
-  ) {
-    this.#rec = hint.mode === "cdc" ? 20 : 16;
-    let off = 0;
-    for (let at = 0; at + this.#rec <= table.length; at += this.#rec) {
-      const len = hint.mode === "cdc" ? table.readUInt32LE(at) : Math.min(hint.pageSize!, size - off);
-      this.offsets.push(off);
-      this.lengths.push(len);
-      off += len;
-    }
-    this.used = new Uint8Array(this.offsets.length);
-    if (off !== size) this.offsets.length = 0; // a table that does not tile the artifact matches nothing
-  }
-
-  #map(): Map<string, number | number[]> {
-    if (this.#byHash) return this.#byHash;
-    const m = new Map<string, number | number[]>();
-    for (let i = 0; i < this.offsets.length; i++) {
-      const at = i * this.#rec + this.#rec - 16;
-      const key = this.table.toString("latin1", at, at + 16);
-      const had = m.get(key);
-      if (had === undefined) m.set(key, i);
-      else if (typeof had === "number") m.set(key, [had, i]);
-      else had.push(i);
-    }
-    return (this.#byHash = m);
-  }
-
-  /** An unused chunk of length `len` hashing to `h`, the one at `at` first. */
-  find(h: Buffer, len: number, at: number): number | undefined {
-    if (!this.offsets.length) return undefined;
-    if (this.hint.mode === "pages") {
-      const i = Math.floor(at / this.hint.pageSize!);
-      if (
-        i < this.offsets.length &&
-        !this.used[i] &&
-        this.lengths[i] === len &&
-        this.offsets[i] === at &&
-        this.table.compare(h, 0, 16, i * 16, i * 16 + 16) === 0
-      )
-        return i;
-    }
-    const had = this.#map().get(h.toString("latin1"));
-    if (had === undefined) return undefined;
-    const list = typeof had === "number" ? [had] : had;
-    let pick: number | undefined;
-    for (const i of list) {
-      if (this.used[i] || this.lengths[i] !== len) continue;
-      if (this.offsets[i] === at) return i;
-      pick ??= i;
-    }
-    return pick;
   }
 }
 
@@ -508,8 +364,7 @@ async function packMatched(a: Artifact, hint: ChunkHint, base: ChunkBase, ctx: C
   const pieces: Piece[] = [];
   let at = 0;
   let referenced = 0;
-  const chunk = async (x: Buffer): Promise<void> => {
-    const h = hash16(x);
+  const chunk = async (x: Buffer, h = hash16(x)): Promise<void> => {
     table.add(x.length, h);
     const i = pieces.length < POLICY.maxRanges ? bt.find(h, x.length, at) : undefined;
     if (i !== undefined) {
@@ -523,15 +378,26 @@ async function packMatched(a: Artifact, hint: ChunkHint, base: ChunkBase, ctx: C
     at += x.length;
   };
   try {
-    let seen = 0;
-    for await (const c of iterate(a)) {
-      seen += c.length;
-      if (seen > a.size) throw sourceChanged(ctx.name, `grew past its declared ${a.size} bytes`);
-      whole.update(c);
-      for (const x of cut.push(c)) await chunk(x);
+    // Pages read and hashed on the thread pool when the artifact offers its descriptor (./page-reader.ts).
+    const blocks = hint.mode === "pages" ? pageBlocks(a, hint.pageSize!) : null;
+    if (blocks) {
+      for await (const b of blocks) {
+        whole.update(b.bytes);
+        for (let k = 0, at = 0; k < b.count; k++, at += b.pageSize) {
+          await chunk(b.bytes.subarray(at, at + b.pageSize), b.hashes.subarray(16 * k, 16 * k + 16));
+        }
+      }
+    } else {
+      let seen = 0;
+      for await (const c of iterate(a)) {
+        seen += c.length;
+        if (seen > a.size) throw sourceChanged(ctx.name, `grew past its declared ${a.size} bytes`);
+        whole.update(c);
+        for (const x of cut.push(c)) await chunk(x);
+      }
+      for (const x of cut.end()) await chunk(x);
+      if (seen !== a.size) throw sourceChanged(ctx.name, `shrank from ${a.size} to ${seen} bytes`);
     }
-    for (const x of cut.end()) await chunk(x);
-    if (seen !== a.size) throw sourceChanged(ctx.name, `shrank from ${a.size} to ${seen} bytes`);
     await spool.flush();
   } finally {
     await fh.close();
