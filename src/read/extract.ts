@@ -376,6 +376,9 @@ export async function extractPayload(
       },
       {
         streamIndex: true,
+        // A keyed restore: the AEAD tags and the index checks prove what the stored bytes' hash would
+        // (ReadPayloadOptions.skipStoredHash); a plaintext payload is hashed all the same.
+        skipStoredHash: true,
         ...(opts.signal ? { signal: opts.signal } : {}),
         ...(opts.onEntry ? { onEntry: opts.onEntry } : {}),
         ...(opts.entries ? { entries: opts.entries } : {}),
