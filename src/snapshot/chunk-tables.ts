@@ -80,6 +80,21 @@ export class TableBuilder {
     this.#n += 16;
   }
 
+  /** `pages`: the first `n` 16-byte hashes of `h`, as n calls of add() would. */
+  addPages(h: Buffer, n: number): void {
+    for (let off = 0; off < 16 * n;) {
+      if (this.#n + 16 > this.#cur.length) {
+        this.#parts.push(this.#cur.subarray(0, this.#n));
+        this.#cur = Buffer.allocUnsafe(this.#cur.length);
+        this.#n = 0;
+      }
+      const k = Math.min(16 * n - off, (this.#cur.length - this.#n) & ~15);
+      h.copy(this.#cur, this.#n, off, off + k);
+      this.#n += k;
+      off += k;
+    }
+  }
+
   done(): Buffer {
     return Buffer.concat([...this.#parts, this.#cur.subarray(0, this.#n)]);
   }
@@ -127,6 +142,21 @@ export class BaseTable {
       else had.push(i);
     }
     return (this.#byHash = m);
+  }
+
+  /**
+   * `pages`: the number of the base's page at `at` when it and the `n - 1` after it are whole
+   * pages, unused, and hash to the `n` 16-byte hashes in `hashes` (each page where find() would
+   * have found it first: at its own place); else -1.
+   */
+  samePages(at: number, n: number, hashes: Buffer): number {
+    const ps = this.hint.pageSize!;
+    if (this.hint.mode !== "pages" || n < 1 || at % ps !== 0) return -1;
+    const i = at / ps;
+    // (every page but the base's last is whole)
+    if (i + n > this.offsets.length || this.lengths[i + n - 1] !== ps) return -1;
+    for (let k = i; k < i + n; k++) if (this.used[k]) return -1;
+    return this.table.compare(hashes, 0, 16 * n, 16 * i, 16 * (i + n)) === 0 ? i : -1;
   }
 
   /** An unused chunk of length `len` hashing to `h`, the one at `at` first. */

@@ -383,8 +383,23 @@ async function packMatched(a: Artifact, hint: ChunkHint, base: ChunkBase, ctx: C
     if (blocks) {
       for await (const b of blocks) {
         whole.update(b.bytes);
-        for (let k = 0, at = 0; k < b.count; k++, at += b.pageSize) {
-          await chunk(b.bytes.subarray(at, at + b.pageSize), b.hashes.subarray(16 * k, 16 * k + 16));
+        const len = b.bytes.length;
+        // Most blocks are unchanged in place: referenced at once, as page by page (merged) they would be.
+        const i =
+          len === b.count * b.pageSize && pieces.length + b.count <= POLICY.maxRanges
+            ? bt.samePages(at, b.count, b.hashes)
+            : -1;
+        if (i >= 0) {
+          bt.used.fill(1, i, i + b.count);
+          table.addPages(b.hashes, b.count);
+          recipe.locate(at, len, pieces);
+          referenced += len;
+          at += len;
+          continue;
+        }
+        for (let k = 0; k < b.count; k++) {
+          const o = k * b.pageSize;
+          await chunk(b.bytes.subarray(o, o + b.pageSize), b.hashes.subarray(16 * k, 16 * k + 16));
         }
       }
     } else {

@@ -3,7 +3,9 @@
  * native addon's readHash): the same bytes and the same page hashes as reading the file and
  * hashing each page in JS, zero pages and a short last page included, across block boundaries;
  * a file shorter than declared fails as changed; without a descriptor or without the addon there
- * is no such reader (the chunker then hashes the pages itself).
+ * is no such reader (the chunker then hashes the pages itself). A database chunked against its
+ * base through the reader (whole unchanged blocks referenced at once) gives the same entry,
+ * recipe, table and stored bytes as chunked page by page in JS.
  */
 import { createHash, randomBytes } from "node:crypto";
 import { mkdtempSync, openSync, closeSync, readFileSync, rmSync, writeFileSync } from "node:fs";
@@ -13,6 +15,8 @@ import { afterAll, afterEach, describe, expect, it } from "vitest";
 import { aeadAddon } from "../../src/codecs/aead.js";
 import type { Artifact } from "../../src/format/artifact.js";
 import { pageBlocks } from "../../src/snapshot/page-reader.js";
+import { packChunked, packWhole, type ChunkBase, type ChunkContext } from "../../src/snapshot/chunking.js";
+import type { IndexEntry } from "../../src/format/manifest.js";
 
 const work = mkdtempSync(join(tmpdir(), "memsnap-page-reader-"));
 afterAll(() => rmSync(work, { recursive: true, force: true }));
@@ -83,5 +87,49 @@ describe("pageBlocks", () => {
     expect(pageBlocks(artifact(file, 4096, false), 4096)).toBeNull();
     process.env.MEMSNAP_NATIVE = "0";
     expect(pageBlocks(artifact(file, 4096), 4096)).toBeNull();
+  });
+});
+
+describe("packChunked through the page reader", () => {
+  it.skipIf(!native && !CI)("the same ranges, recipe, table and stored bytes as page by page in JS", async () => {
+    const ps = 4096;
+    const pages = 1000; // four 1 MiB blocks of the reader, the last one short
+    const before = randomBytes(pages * ps);
+    const file = join(work, "chunk.db");
+    writeFileSync(file, before);
+    const stored: Buffer[] = [];
+    const pack = async (x: Artifact): Promise<IndexEntry> => {
+      const parts: Buffer[] = [];
+      for await (const c of x.open() as AsyncIterable<Buffer>) parts.push(Buffer.from(c));
+      const b = Buffer.concat(parts);
+      stored.push(b);
+      const sha256 = createHash("sha256").update(b).digest("hex");
+      return { path: "db/chunk.db", layer: "db", kind: "sqlite", size: b.length, sha256, mode: 0o644, mtime: new Date(0).toISOString() };
+    };
+    const hint = { mode: "pages" as const, pageSize: ps };
+    const whole = await packWhole(artifact(file, before.length, false), hint, pack);
+    const base: ChunkBase = { size: before.length, sha256: whole.entry.sha256, holder: "BASE", rec: whole.rec, table: whole.table };
+    // A page changed in the first block and one in the last, two pages of the second swapped
+    // (found by hash, off their place), the third unchanged (referenced at once), two pages appended.
+    const after = Buffer.concat([before, randomBytes(2 * ps)]);
+    randomBytes(ps).copy(after, 5 * ps);
+    before.copy(after, 300 * ps, 301 * ps, 302 * ps);
+    before.copy(after, 301 * ps, 300 * ps, 301 * ps);
+    randomBytes(ps).copy(after, 900 * ps);
+    writeFileSync(file, after);
+    const ctx = (): ChunkContext => ({ name: "db/chunk.db", layer: "db", self: "SELF", workDir: work, pack, use: () => undefined });
+    const results = [];
+    for (const descriptor of [true, false]) {
+      stored.length = 0;
+      const a = artifact(file, after.length, descriptor);
+      expect(pageBlocks(a, ps) === null).toBe(!descriptor);
+      const r = await packChunked(a, hint, base, ctx());
+      results.push({ ranges: r.entry.ranges, sha256: r.entry.sha256, recipe: r.rec.r, table: r.table!.toString("hex"), stored: Buffer.concat(stored).toString("hex") });
+    }
+    expect(results[0]).toEqual(results[1]);
+    expect(results[0]!.sha256).toBe(createHash("sha256").update(after).digest("hex"));
+    // pages 5 and 900 and the two appended stored; 300 and 301 referenced off their place
+    expect(results[0]!.stored.length / 2).toBe(4 * ps);
+    expect(results[0]!.ranges).toEqual([[5 * ps, "BASE", 0], [ps], [294 * ps, "BASE", 6 * ps], [ps, "BASE", 301 * ps], [ps, "BASE", 300 * ps], [598 * ps, "BASE", 302 * ps], [ps], [99 * ps, "BASE", 901 * ps], [2 * ps]]);
   });
 });
