@@ -7,13 +7,14 @@
  * tag) is refused with its code and leaves nothing behind; a whole new payload encrypted to the
  * same recipient is refused by the index binding; the same plaintext encrypted again under
  * another file key restores (its bytes are those the seal binds), while keyless and keyed verify
- * still report the stored bytes' hash. Real age (the library, and the age CLI to re-encrypt).
+ * still report the stored bytes' hash, a base's too. Real age (the library, and the age CLI to
+ * re-encrypt).
  */
 import { spawnSync } from "node:child_process";
-import { existsSync, readFileSync, writeFileSync } from "node:fs";
+import { appendFileSync, existsSync, mkdirSync, readFileSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { beforeAll, describe, expect, it } from "vitest";
-import { generateIdentity, identityFileText, loadConfig, restoreToDir, snapshot, verifyBundle } from "../../src/index.js";
+import { generateIdentity, identityFileText, loadConfig, parseConfig, restoreToDir, snapshot, verifyBundle } from "../../src/index.js";
 import { flipBit, listLeftovers, makeAgent, readBundle, reseal, tempDir, writeBundle } from "../helpers/cli.js";
 import { hasTool } from "../helpers/tools.js";
 
@@ -126,5 +127,31 @@ describe("keyed restore of a tampered age payload", () => {
     expect(keyless.findings.map((f) => f.code)).toContain("MEMSNAP_PAYLOAD_HASH_MISMATCH");
     const keyed = await verifyBundle(p, { keys: { identities } });
     expect(keyed.findings.map((f) => f.code)).toContain("MEMSNAP_PAYLOAD_HASH_MISMATCH");
+  });
+
+  it.runIf(haveAge || ci)("an incremental bundle's base encrypted again: the restore reads it, keyed verify of the bundle still reports it", async () => {
+    const dir = tempDir("memsnap-keyed-tamper-inc-");
+    mkdirSync(join(dir, "traces"));
+    const log = join(dir, "traces", "run.jsonl");
+    writeFileSync(log, Array.from({ length: 2000 }, (_, i) => `{"i":${i},"text":"line ${i} of the log"}\n`).join(""));
+    const config = parseConfig({ agent: "inc", sources: [{ kind: "files", name: "traces", path: "traces" }] }, null, dir);
+    const opts = { config, store: join(dir, "store"), incremental: true, recipients: [recipient], lock: false };
+    const first = await snapshot(opts);
+    appendFileSync(log, `{"i":2000,"text":"one more"}\n`);
+    const second = await snapshot(opts);
+    expect(second.manifest.bases?.map((b) => b.snapshot_id)).toEqual([first.id]);
+    // The base's payload under a new file key, its manifest (and so its seal) untouched.
+    const base = readBundle(first.path);
+    const plain = spawnSync("age", ["-d", "-i", keyFile], { input: base.payload });
+    expect(plain.status, plain.stderr.toString()).toBe(0);
+    const again = spawnSync("age", ["-r", recipient], { input: plain.stdout });
+    expect(again.stdout.length).toBe(base.payload.length);
+    writeBundle(first.path, base.payloadName, again.stdout, base.manifestBytes);
+    const to = join(tempDir("memsnap-keyed-tamper-to-"), "t");
+    await restoreToDir(second.path, to, { keys: { identities } });
+    expect(readFileSync(join(to, "traces", "run.jsonl")).equals(readFileSync(log))).toBe(true);
+    const v = await verifyBundle(second.path, { keys: { identities } });
+    expect(v.ok).toBe(false);
+    expect(v.findings.map((f) => f.code)).toContain("MEMSNAP_PAYLOAD_HASH_MISMATCH");
   });
 });
