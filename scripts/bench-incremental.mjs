@@ -65,20 +65,23 @@ async function scenario(name, dir, sources, change, file, redact) {
   const base = await snapshot(opts);
   change();
   const t0 = performance.now();
+  const c0 = process.cpuUsage(); // every thread of the process (workers and the thread pool included)
   const inc = await snapshot(opts);
   const ms = performance.now() - t0;
+  const cu = process.cpuUsage(c0);
   const to = join(dir, `restored-${Date.now()}`);
   await restoreToDir(inc.path, to, id ? { keys: { identities: [id.identity] } } : {});
   const exact = fileSha(join(to, file.layer, file.rel)) === fileSha(join(dir, file.src));
   rmSync(to, { recursive: true, force: true });
   const r = {
     scenario: name, redaction: redact, base_bytes: base.bundleBytes, stored_bytes: inc.bundleBytes, snapshot_s: +(ms / 1000).toFixed(3),
+    snapshot_cpu_s: +((cu.user + cu.system) / 1e6).toFixed(3),
     chunked: inc.incremental?.chunked ?? 0, referenced_bytes: inc.incremental?.referencedBytes ?? 0, restored_exact: file.live === false ? null : exact,
   };
   results.push(r);
   if (!flag("json")) {
     console.log(`${name} (redaction ${redact ? "on" : "off"}): base ${(base.bundleBytes / MiB).toFixed(1)} MiB; incremental stored ` +
-      `${(inc.bundleBytes / 1e6).toFixed(3)} MB in ${r.snapshot_s} s (${r.chunked} chunked, ${(r.referenced_bytes / MiB).toFixed(1)} MiB referenced); ` +
+      `${(inc.bundleBytes / 1e6).toFixed(3)} MB in ${r.snapshot_s} s, ${r.snapshot_cpu_s} CPU-s (${r.chunked} chunked, ${(r.referenced_bytes / MiB).toFixed(1)} MiB referenced); ` +
       `restore ${r.restored_exact === null ? "checked by row count" : r.restored_exact ? "byte-exact" : "DIFFERS"}`);
   }
 }

@@ -84,4 +84,14 @@ export interface Artifact {
    * replaces `open` with one that does must drop it.
    */
   file?: string;
+  /**
+   * An open descriptor of the one file whose first `size` bytes are exactly what `open()` yields,
+   * and stay so until `check()` returns (a SQLite database read live, under its read
+   * transaction), and that file's path for messages. A consumer may read the bytes itself
+   * through it (positioned reads, on the thread pool: snapshot/page-reader.ts) instead of calling
+   * `open()`; it must call `check()` after, which reports a file that changed (grew included:
+   * such a consumer reads `size` bytes, not one more), and it never closes the descriptor (that
+   * would drop the process's locks on the file). A wrapper that replaces `open` must drop it.
+   */
+  descriptor?: { fd: number; path: string };
 }

@@ -190,6 +190,8 @@ export interface ReferencedOptions {
   chunkFile?: (e: IndexEntry) => string | null;
   /** Handed each reassembled chunked artifact's bytes, once they matched the index (verify --deep). */
   assembled?: EntryHandler;
+  /** A restore: the bases' age payloads are read without the stored bytes' hash (ExtractOptions.skipStoredHash). */
+  skipStoredHash?: boolean;
 }
 
 /**
@@ -240,6 +242,7 @@ export async function extractReferenced(
       ...(opts.signal ? { signal: opts.signal } : {}),
       want: (name) => wanted.has(name) || placer.has(base.id, name),
       resumeSpools: true,
+      ...(opts.skipStoredHash ? { skipStoredHash: true } : {}),
       ...(opts.peek ? { peek: opts.peek } : {}),
       divert: (name) => (placer.has(base.id, name) ? pieces : undefined),
       onEntry: (e) => {

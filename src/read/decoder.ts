@@ -1,6 +1,6 @@
 /**
  * The read side of the payload, in one worker thread (./decoder.worker.ts): bundle file
- * ─pread─▶ SHA-256 of the stored bytes ─▶ [age STREAM open] ─▶ zstd -d (bounded) ─▶ tar bytes,
+ * ─pread─▶ SHA-256 of the stored bytes (unless `hashStored: false`) ─▶ [age STREAM open] ─▶ zstd -d (bounded) ─▶ tar bytes,
  * pushed to the main thread as a Readable; with `scan` (what readPayload uses), the tar's framing is parsed here
  * too (./tar-scan.ts) and the main thread gets each batch of bytes with its entries' ranges.
  *
@@ -60,6 +60,11 @@ export interface PayloadDecoderOptions {
   maxOutputBytes: number;
   onStored?: (storedBytes: number, storedTotal: number) => void;
   /**
+   * Hash the stored bytes (default true): `stored` then gives their SHA-256, else null. Only an
+   * age payload may be read without (a keyed restore: see readPayload's `skipStoredHash`).
+   */
+  hashStored?: boolean;
+  /**
    * Parse the tar in the worker and hash each entry there (./tar-scan.ts): the decoder then
    * yields {@link ScannedBatch}es instead of tar bytes, and a failure comes after the batches
    * decoded before it, as a batch holding only the error. Output past `tarSize` bytes is
@@ -76,7 +81,8 @@ export interface PayloadDecoderOptions {
 export type ScannedBatch = { buf: Buffer; ops: (number | string)[]; release: () => void } | { err: MemsnapError };
 
 export interface StoredResult {
-  sha256: string;
+  /** Null when the decoder was told not to hash them (PayloadDecoderOptions.hashStored). */
+  sha256: string | null;
   size: number;
   /** Of those bytes, how many were read with O_DIRECT (0: all through the page cache). */
   directBytes: number;
@@ -194,6 +200,7 @@ export class PayloadDecoder extends Readable {
         openError,
         scan: opts.scan ?? null,
         progress: opts.onStored !== undefined,
+        hashStored: opts.hashStored !== false,
         feed,
       } satisfies DecoderData,
     });

@@ -37,6 +37,8 @@ export interface DecoderData {
   scan: { tarSize: number } | null;
   /** Post `stored` progress messages. */
   progress: boolean;
+  /** Hash the stored bytes (`done` then carries their SHA-256; else null). See PayloadDecoderOptions.hashStored. */
+  hashStored: boolean;
   /** A remote bundle: the main thread streams the payload's bytes here ("need" / "in"), no fd. */
   feed: boolean;
 }
@@ -56,7 +58,7 @@ export type DecoderReply =
   | { t: "stored"; n: number }
   /** Ask for the next `n` blocks of a remote payload. */
   | { t: "need"; n: number }
-  | { t: "done"; sha256: string; size: number; directBytes: number }
+  | { t: "done"; sha256: string | null; size: number; directBytes: number }
   | { t: "err"; kind: DecoderErrorKind; msg: string };
 
 /** Plaintext (zstd input) waiting; `pooled`: the 64 KiB buffer it was opened into, to reuse. */
@@ -281,7 +283,7 @@ function finishSealed(): boolean {
 }
 
 // -- the file
-const hash: Hash = createHash("sha256");
+const hash: Hash | null = wd.hashStored ? createHash("sha256") : null;
 let fd: number;
 let at = 0; // bytes of the payload read
 const streamStart = key ? wd.ageOffset : 0;
@@ -420,7 +422,7 @@ function readFed(): boolean | typeof WAIT {
 
 /** Hash a block of payload bytes and feed it on. */
 function take(buf: Buffer, n: number): boolean {
-  hash.update(buf);
+  hash?.update(buf);
   const from = at;
   at += n;
   if (wd.progress) send({ t: "stored", n: at }); // a message costs both threads ~0.1 ms
@@ -458,7 +460,7 @@ function pump(): void {
       post();
       finished = true;
       stopDirect();
-      send({ t: "done", sha256: hash.digest("hex"), size: at, directBytes });
+      send({ t: "done", sha256: hash ? hash.digest("hex") : null, size: at, directBytes });
     }
   } catch (e) {
     fail("internal", String(e && (e as Error).message));

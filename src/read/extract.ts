@@ -72,6 +72,11 @@ export interface ExtractOptions {
    * being written (a base's entry that chunked artifacts read ranges of: read/chunked.ts).
    */
   divert?: (name: string) => EntryHandler | undefined;
+  /**
+   * A restore: an age payload's stored bytes are not hashed (readPayload's `skipStoredHash`, which says why that is
+   * sound). Verify and the other readers leave it unset: they check the stored bytes too.
+   */
+  skipStoredHash?: boolean;
 }
 
 /**
@@ -376,6 +381,7 @@ export async function extractPayload(
       },
       {
         streamIndex: true,
+        ...(opts.skipStoredHash ? { skipStoredHash: true } : {}),
         ...(opts.signal ? { signal: opts.signal } : {}),
         ...(opts.onEntry ? { onEntry: opts.onEntry } : {}),
         ...(opts.entries ? { entries: opts.entries } : {}),

@@ -13,7 +13,9 @@ import type { PayloadReadResult } from "./payload-types.js";
  */
 export function compareWithIndex(manifest: Manifest, r: PayloadReadResult): Finding[] {
   const findings: Finding[] = [...r.findings];
-  if (r.storedSha256 !== manifest.payload.sha256 || r.storedSize !== manifest.payload.stored_size) {
+  // (storedSha256 null: an age payload read without it, see ReadPayloadOptions.skipStoredHash)
+  const hashBad = r.storedSha256 !== null && r.storedSha256 !== manifest.payload.sha256;
+  if (hashBad || r.storedSize !== manifest.payload.stored_size) {
     findings.push({
       code: "MEMSNAP_PAYLOAD_HASH_MISMATCH",
       message: "the payload bytes do not match the manifest's SHA-256/size",

@@ -40,7 +40,8 @@ export interface PayloadEntry {
 }
 /** What reading a payload found: the stored bytes' hash, the entries, the index, the findings. */
 export interface PayloadReadResult {
-  storedSha256: string;
+  /** Null when the stored bytes were not hashed (`skipStoredHash` on an age payload). */
+  storedSha256: string | null;
   storedSize: number;
   /** Entries in payload order (the index excluded), with what their bytes hashed to. */
   entries: EntryTable;

@@ -4,7 +4,8 @@
  * one tar parser, so the bytes hashed are the bytes handed to the handler); the age header is
  * opened here first, so a wrong key fails before the worker starts.
  *
- * Every stored byte is hashed (payload SHA-256), every entry's bytes are hashed and counted
+ * Every stored byte is hashed (payload SHA-256; a keyed restore of an age payload skips it, see
+ * {@link ReadPayloadOptions.skipStoredHash}), every entry's bytes are hashed and counted
  * as they pass to the caller's handler, and the index (the last member) is parsed. The
  * caller compares the result with the manifest through {@link compareWithIndex}, which
  * collects every finding instead of stopping at the first.
@@ -98,6 +99,28 @@ export interface ReadPayloadOptions {
   onRef?: (a: IndexEntry) => void;
   /** With `streamIndex`: each index artifact whose entry matched it (size and SHA-256). */
   onMatch?: (a: IndexEntry) => void;
+  /**
+   * Do not hash the stored bytes when the payload is age-encrypted (a plaintext payload is
+   * always hashed); their size is still compared with the manifest's. For a keyed restore
+   * (./extract.ts), where the hash proves nothing the other checks do not:
+   * - every 64 KiB STREAM chunk opens only under the payload key, with its tag, and in its
+   *   place (the nonce is its counter), and only the final chunk carries the last-chunk flag, so
+   *   the plaintext is exactly what was sealed under that key: no chunk altered, reordered,
+   *   dropped, added or cut off (trailing bytes after the final chunk fail, too); the key
+   *   comes from the age header, whose MAC is checked under the file key the identity unwraps;
+   * - age does not authenticate the sender: anyone with the recipient's public key can write a
+   *   whole new payload. That one must then hold an index member whose SHA-256 is the sealed
+   *   manifest's `index_sha256` (and whose snapshot id is the manifest's), and every entry must
+   *   be in that index with its size and SHA-256, none missing, none extra, none twice
+   *   (compareWithIndex), before anything is published: to restore other bytes it must find
+   *   SHA-256 second preimages. The manifest's seal (or signature) is checked by the caller's
+   *   preflight, and `stored_size` is still compared.
+   * What is lost is only a proof about the ciphertext itself: a payload encrypted again (same
+   * plaintext, another file key) without its manifest updated restores, and keyless verify,
+   * which reads the stored bytes only, still reports it (MEMSNAP_PAYLOAD_HASH_MISMATCH).
+   * Measured: see docs/BENCHMARK.md ("keyed restore without the stored-byte hash").
+   */
+  skipStoredHash?: boolean;
 }
 
 /**
@@ -134,6 +157,7 @@ export async function readPayload(
     age,
     maxOutputBytes: manifest.payload.tar_size + BOMB_MARGIN,
     ...(onStored ? { onStored } : {}),
+    hashStored: !(opts.skipStoredHash && age !== null),
     scan: { tarSize: manifest.payload.tar_size },
   });
   const interrupted = (): MemsnapError =>

@@ -282,6 +282,8 @@ export async function restoreInPlace(
             if (selection?.want(a.path) ?? true) wanted.add(a);
           },
           ...(selection ? { want: selection.want } : {}),
+          // A keyed restore: see ReadPayloadOptions.skipStoredHash (a plaintext payload is hashed all the same).
+          skipStoredHash: true,
           ...(opts.signal ? { signal: opts.signal } : {}),
           ...(opts.onProgress ? { onProgress: opts.onProgress } : {}),
         });
@@ -294,6 +296,7 @@ export async function restoreInPlace(
             ...(opts.signal ? { signal: opts.signal } : {}),
             verified: mat.verified,
             ...(partial ? { layers: partial } : {}),
+            skipStoredHash: true,
             onProgress: (n) => {
               done += n;
               early.bytes(n);

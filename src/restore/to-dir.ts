@@ -197,6 +197,9 @@ export async function restoreToDir(
         },
         attributes,
         ...(want ? { want } : {}),
+        // A keyed restore: the AEAD tags and the sealed index prove what the stored bytes' hash
+        // would (ReadPayloadOptions.skipStoredHash); a plaintext payload is hashed all the same.
+        skipStoredHash: true,
       });
       checkReferencedLayers(manifest, refs);
       if (wanted.count) {
@@ -207,6 +210,7 @@ export async function restoreToDir(
           ...(opts.signal ? { signal: opts.signal } : {}),
           verified: mat.verified,
           ...(partial ? { layers: partial } : {}),
+          skipStoredHash: true,
           onProgress: (n) => {
             done += n;
             early.bytes(n);

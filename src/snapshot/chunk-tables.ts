@@ -1,8 +1,7 @@
 /**
- * Chunk tables for incremental-below-the-file packing (./chunking.ts): cutting an artifact's
- * bytes into the chunks of its mode (fixed pages, or FastCDC cuts), building the table of
- * their hashes (16 bytes of SHA-256 each, a CDC chunk's length before it) as they pass, and
- * looking chunks up in the last snapshot's table.
+ * The chunk tables of incremental snapshots below the file (./chunking.ts): how an artifact is
+ * cut (`pages`, `cdc`), the table of its chunks' hashes built as they pass, and a base's table
+ * as a lookup.
  */
 import { createHash } from "node:crypto";
 import type { ChunkHint } from "../format/artifact.js";
@@ -12,13 +11,12 @@ import { FastCdcStream } from "../util/fastcdc.js";
 export const CDC_PARAMS = { min: 16 * 1024, avg: 64 * 1024, max: 256 * 1024 } as const;
 
 /** Cuts bytes into the chunks of a mode: views valid until the next push() or end(). */
-interface Splitter {
+export interface Splitter {
   push(b: Buffer): Buffer[];
   end(): Buffer[];
 }
 
-/** Fixed-size pages (`pages` mode: the database page size); the last may be short. */
-class PageSplitter implements Splitter {
+export class PageSplitter implements Splitter {
   readonly #carry: Buffer;
   #n = 0;
   constructor(readonly size: number) {
@@ -52,14 +50,12 @@ class PageSplitter implements Splitter {
   }
 }
 
-/** The splitter of a mode (null for `append`, which has no table). */
 export function splitter(hint: ChunkHint): Splitter | null {
   if (hint.mode === "pages") return new PageSplitter(hint.pageSize!);
   if (hint.mode === "cdc") return new FastCdcStream(CDC_PARAMS);
   return null;
 }
 
-/** A chunk's hash in a table: the first 16 bytes of its SHA-256. */
 export const hash16 = (b: Buffer): Buffer => createHash("sha256").update(b).digest().subarray(0, 16);
 
 /** Accumulates a table as chunks pass. */
@@ -84,6 +80,21 @@ export class TableBuilder {
     this.#n += 16;
   }
 
+  /** `pages`: the first `n` 16-byte hashes of `h`, as n calls of add() would. */
+  addPages(h: Buffer, n: number): void {
+    for (let off = 0; off < 16 * n;) {
+      if (this.#n + 16 > this.#cur.length) {
+        this.#parts.push(this.#cur.subarray(0, this.#n));
+        this.#cur = Buffer.allocUnsafe(this.#cur.length);
+        this.#n = 0;
+      }
+      const k = Math.min(16 * n - off, (this.#cur.length - this.#n) & ~15);
+      h.copy(this.#cur, this.#n, off, off + k);
+      this.#n += k;
+      off += k;
+    }
+  }
+
   done(): Buffer {
     return Buffer.concat([...this.#parts, this.#cur.subarray(0, this.#n)]);
   }
@@ -97,7 +108,7 @@ export class TableBuilder {
 export class BaseTable {
   readonly offsets: number[] = [];
   readonly lengths: number[] = [];
-  #byHash: Map<string, number | number[]> | null = null;
+  #byHash: Map<number, number | number[]> | null = null;
   readonly used: Uint8Array;
   readonly #rec: number;
 
@@ -118,18 +129,34 @@ export class BaseTable {
     if (off !== size) this.offsets.length = 0; // a table that does not tile the artifact matches nothing
   }
 
-  #map(): Map<string, number | number[]> {
+  // Keyed by the hash's first 48 bits as a number (a string key per chunk cost ~60 ms to build for a
+  // 255 MiB database); a candidate's other bits are compared in find().
+  #map(): Map<number, number | number[]> {
     if (this.#byHash) return this.#byHash;
-    const m = new Map<string, number | number[]>();
+    const m = new Map<number, number | number[]>();
     for (let i = 0; i < this.offsets.length; i++) {
-      const at = i * this.#rec + this.#rec - 16;
-      const key = this.table.toString("latin1", at, at + 16);
+      const key = this.table.readUIntLE(i * this.#rec + this.#rec - 16, 6);
       const had = m.get(key);
       if (had === undefined) m.set(key, i);
       else if (typeof had === "number") m.set(key, [had, i]);
       else had.push(i);
     }
     return (this.#byHash = m);
+  }
+
+  /**
+   * `pages`: the number of the base's page at `at` when it and the `n - 1` after it are whole
+   * pages, unused, and hash to the `n` 16-byte hashes in `hashes` (each page where find() would
+   * have found it first: at its own place); else -1.
+   */
+  samePages(at: number, n: number, hashes: Buffer): number {
+    const ps = this.hint.pageSize!;
+    if (this.hint.mode !== "pages" || n < 1 || at % ps !== 0) return -1;
+    const i = at / ps;
+    // (every page but the base's last is whole)
+    if (i + n > this.offsets.length || this.lengths[i + n - 1] !== ps) return -1;
+    for (let k = i; k < i + n; k++) if (this.used[k]) return -1;
+    return this.table.compare(hashes, 0, 16 * n, 16 * i, 16 * (i + n)) === 0 ? i : -1;
   }
 
   /** An unused chunk of length `len` hashing to `h`, the one at `at` first. */
@@ -146,12 +173,14 @@ export class BaseTable {
       )
         return i;
     }
-    const had = this.#map().get(h.toString("latin1"));
+    const had = this.#map().get(h.readUIntLE(0, 6));
     if (had === undefined) return undefined;
     const list = typeof had === "number" ? [had] : had;
     let pick: number | undefined;
     for (const i of list) {
       if (this.used[i] || this.lengths[i] !== len) continue;
+      const at = i * this.#rec + this.#rec - 16;
+      if (this.table.compare(h, 0, 16, at, at + 16) !== 0) continue;
       if (this.offsets[i] === at) return i;
       pick ??= i;
     }

@@ -10,6 +10,7 @@
  *   it differs, the artifact is read again and stored whole (only for rereadable artifacts).
  * - `pages` (SQLite): the file is cut in pages of the database's page size; a page whose
  *   SHA-256 is one the last snapshot's table lists is referenced (the same page number first).
+ *   A database read live is read and its pages hashed on the thread pool (./page-reader.ts).
  * - `cdc` (other large files): FastCDC cuts (util/fastcdc.ts, 16/64/256 KiB), matched the same
  *   way, so an edit in the middle costs the chunks around it.
  * Nothing of a base is read: the tables (16 bytes of SHA-256 per page or chunk) and each
@@ -22,8 +23,6 @@
  * {@link POLICY.maxGenerations} chunked snapshots in a row, or when less than
  * {@link POLICY.minReferenced} of its bytes came from bases last time; a recipe of more than
  * {@link POLICY.maxRanges} ranges stores the rest of the artifact in this bundle.
- *
- * Cutting bytes into chunks and the tables of their hashes are in ./chunk-tables.ts.
  */
 import { createHash } from "node:crypto";
 import { open, rm, type FileHandle } from "node:fs/promises";
@@ -34,6 +33,7 @@ import type { ChunkRange } from "../format/chunked.js";
 import type { IndexEntry } from "../format/manifest.js";
 import type { Artifact } from "../sources/types.js";
 import { BaseTable, hash16, splitter, TableBuilder } from "./chunk-tables.js";
+import { pageBlocks } from "./page-reader.js";
 
 export type { ChunkHint };
 
@@ -364,8 +364,7 @@ async function packMatched(a: Artifact, hint: ChunkHint, base: ChunkBase, ctx: C
   const pieces: Piece[] = [];
   let at = 0;
   let referenced = 0;
-  const chunk = async (x: Buffer): Promise<void> => {
-    const h = hash16(x);
+  const chunk = async (x: Buffer, h = hash16(x)): Promise<void> => {
     table.add(x.length, h);
     const i = pieces.length < POLICY.maxRanges ? bt.find(h, x.length, at) : undefined;
     if (i !== undefined) {
@@ -379,15 +378,41 @@ async function packMatched(a: Artifact, hint: ChunkHint, base: ChunkBase, ctx: C
     at += x.length;
   };
   try {
-    let seen = 0;
-    for await (const c of iterate(a)) {
-      seen += c.length;
-      if (seen > a.size) throw sourceChanged(ctx.name, `grew past its declared ${a.size} bytes`);
-      whole.update(c);
-      for (const x of cut.push(c)) await chunk(x);
+    // Pages read and hashed on the thread pool when the artifact offers its descriptor (./page-reader.ts).
+    const blocks = hint.mode === "pages" ? pageBlocks(a, hint.pageSize!) : null;
+    if (blocks) {
+      for await (const b of blocks) {
+        whole.update(b.bytes);
+        const len = b.bytes.length;
+        // Most blocks are unchanged in place: referenced at once, as page by page (merged) they would be.
+        const i =
+          len === b.count * b.pageSize && pieces.length + b.count <= POLICY.maxRanges
+            ? bt.samePages(at, b.count, b.hashes)
+            : -1;
+        if (i >= 0) {
+          bt.used.fill(1, i, i + b.count);
+          table.addPages(b.hashes, b.count);
+          recipe.locate(at, len, pieces);
+          referenced += len;
+          at += len;
+          continue;
+        }
+        for (let k = 0; k < b.count; k++) {
+          const o = k * b.pageSize;
+          await chunk(b.bytes.subarray(o, o + b.pageSize), b.hashes.subarray(16 * k, 16 * k + 16));
+        }
+      }
+    } else {
+      let seen = 0;
+      for await (const c of iterate(a)) {
+        seen += c.length;
+        if (seen > a.size) throw sourceChanged(ctx.name, `grew past its declared ${a.size} bytes`);
+        whole.update(c);
+        for (const x of cut.push(c)) await chunk(x);
+      }
+      for (const x of cut.end()) await chunk(x);
+      if (seen !== a.size) throw sourceChanged(ctx.name, `shrank from ${a.size} to ${seen} bytes`);
     }
-    for (const x of cut.end()) await chunk(x);
-    if (seen !== a.size) throw sourceChanged(ctx.name, `shrank from ${a.size} to ${seen} bytes`);
     await spool.flush();
   } finally {
     await fh.close();

@@ -35,6 +35,9 @@ export function liveArtifact(
     ...(size === f.stats.size ? { fingerprint: fingerprintOf(f.stats) } : {}),
     // Otherwise it stores only the pages that changed.
     ...(meta.page_size > 0 ? { chunking: { mode: "pages", pageSize: meta.page_size } } : {}),
+    // The pages may be read through the same descriptor (never another: closing one would drop
+    // the read transaction's locks), and check() below catches a file that changed.
+    descriptor: { fd: live.fh.fd, path: f.abs },
     open: (o?: OpenOptions) => {
       const s = o?.reuse
         ? null

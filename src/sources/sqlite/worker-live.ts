@@ -162,7 +162,26 @@ export async function liveBegin(job: LiveBeginJob): Promise<LiveBeginResult> {
   }
 }
 
-/** Run `PRAGMA quick_check` and the row counts inside the held transaction. */
+/**
+ * Run `PRAGMA quick_check` and the row counts inside the held transaction.
+ *
+ * The whole check, on an incremental snapshot too (issue 38 weighed a cheaper one). It already
+ * runs beside the stream: the source posts this job before it yields the artifact and awaits it
+ * in check(), after the pages were read and hashed, so it costs CPU (here ~0.15-0.2 CPU-s per
+ * 255 MiB: a pread per page), not the critical path, when a core is free. A check of only the
+ * b-trees holding pages that changed since the base (whose full check passed on byte-identical
+ * unchanged pages) would not prove what this one does: SQLite's partial check
+ * (`quick_check(<table>)`) leaves out the page accounting (every page used exactly once, and the
+ * freelist), which is where a change to one page shows up as damage around it. An interior page
+ * that lost a child pointer leaves unchanged pages unreferenced (rows gone, only "never used"
+ * says so); a changed page pointing into an unchanged tree's page is a second reference that only
+ * the whole map sees when that tree is not checked. Which trees own the changed pages is itself
+ * known only from a walk of every tree's interior pages and overflow chains. A sound shortcut
+ * needs the base's page ownership and the references its changed pages held (the base's bytes,
+ * which a snapshot never reads). Memory-mapped reads (3-4x cheaper here) were dropped for their
+ * RSS (docs/BENCHMARK.md), and would turn an I/O error or a truncation by a non-SQLite writer
+ * into SIGBUS.
+ */
 export function liveVerify(job: Extract<SqliteJob, { op: "live_verify" }>): LiveVerifyResult {
   const h = handles.get(job.handle);
   if (!h || !h.holding) throw new Error("no live read transaction " + job.handle);
