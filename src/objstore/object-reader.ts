@@ -5,7 +5,8 @@
  *   Content-Range (its 128 KiB fill the block cache: no HeadObject round trip).
  * - Small positioned reads (a bundle's headers, its manifest, the age header) are served from
  *   a cache of 64 KiB blocks, each filled by one ranged GET that covers every missing block of
- *   the read: reading a manifest takes two or three GETs, never the whole object.
+ *   the read: reading a manifest takes two or three GETs, never the whole object. The cache of a
+ *   closed object serves the next open of it within 10 s (a restore opens a bundle three times).
  * - A sequential stream (the payload, for restore and verify) fetches 8 MiB ranges, several in flight
  *   while the current one is consumed ($MEMSNAP_S3_READ_AHEAD ranges ahead of it, default 3), so memory
  *   stays at a few ranges whatever the size. A range's body is kept as the chunks the socket delivered
@@ -123,7 +124,7 @@ export async function getRange(
 /** An object opened for positioned reads and streams: a BundleFile (../format/bundle-file.ts) by shape. */
 export class ObjectBundle {
   readonly local = false;
-  readonly #blocks = new Map<number, Buffer>();
+  #blocks = new Map<number, Buffer>();
 
   constructor(
     readonly path: string,
@@ -207,8 +208,37 @@ export class ObjectBundle {
   }
 
   async close(): Promise<void> {
-    this.#blocks.clear();
+    // Kept a moment for the next open of the same object (a restore opens a bundle three times: its layout, its
+    // age header, its payload; each read the same first blocks again, one round trip each).
+    if (this.#blocks.size > 0) {
+      recent.delete(this.path);
+      recent.set(this.path, { size: this.size, blocks: this.#blocks, at: Date.now() });
+      if (recent.size > RECENT_OBJECTS) recent.delete(recent.keys().next().value!);
+    }
+    this.#blocks = new Map();
   }
+
+  /** Start with the blocks a bundle of this object closed a moment ago had read. */
+  adopt(blocks: Map<number, Buffer>): void {
+    this.#blocks = blocks;
+  }
+}
+
+/**
+ * The block caches of the objects closed last, for a moment: a bundle object is written once under a new name and
+ * never changed (an object replaced meanwhile would be read as it was up to RECENT_MS before).
+ */
+const recent = new Map<string, { size: number; blocks: Map<number, Buffer>; at: number }>();
+const RECENT_OBJECTS = 2;
+const RECENT_MS = 10_000;
+
+/** The cached blocks of `url` closed less than RECENT_MS ago, if its size is `size` (when known); taken. */
+function takeRecent(url: string, size: number | undefined): { size: number; blocks: Map<number, Buffer> } | null {
+  const r = recent.get(url);
+  if (!r) return null;
+  recent.delete(url);
+  if (Date.now() - r.at > RECENT_MS || (size !== undefined && size !== r.size)) return null;
+  return r;
 }
 
 /**
@@ -219,7 +249,12 @@ export async function openObjectBundle(url: string, knownSize?: number): Promise
   const { bucket, key } = parseObjectUrl(url);
   const ahead = intEnv(process.env, "MEMSNAP_S3_READ_AHEAD", STREAM_AHEAD, 1, MAX_STREAM_AHEAD);
   const client = clientFor(bucket);
-  if (knownSize !== undefined) return new ObjectBundle(url, knownSize, client, bucket, key, ahead);
+  const kept = takeRecent(url, knownSize);
+  if (kept !== null || knownSize !== undefined) {
+    const o = new ObjectBundle(url, kept?.size ?? knownSize!, client, bucket, key, ahead);
+    if (kept !== null) o.adopt(kept.blocks);
+    return o;
+  }
   // The first blocks, which every reader of a bundle reads first (its container headers), and the size with them.
   const first = await getRangeChunks(client, bucket, key, 0, FIRST_BLOCKS * BLOCK, url);
   let size = first.total;
