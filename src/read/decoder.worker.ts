@@ -449,30 +449,7 @@ function take(buf: Buffer, n: number): boolean {
   return true;
 }
 
-// MEMSNAP_DEBUG_DECODER: where this thread's time went (ms): waiting for input (the file's reads, or the bytes
-// of a remote payload from the main thread), waiting for a free output slot (the main thread behind), working.
-const DEBUG = process.env.MEMSNAP_DEBUG_DECODER ? { input: 0, slots: 0, busy: 0, since: performance.now() } : null;
-let idle: "input" | "slots" | null = null;
 function pump(): void {
-  if (DEBUG !== null) {
-    const t = performance.now();
-    if (idle !== null) DEBUG[idle] += t - DEBUG.since;
-    else DEBUG.busy += t - DEBUG.since;
-    DEBUG.since = t;
-    idle = null;
-  }
-  try {
-    pumpSome();
-  } finally {
-    if (DEBUG !== null) {
-      const t = performance.now();
-      DEBUG.busy += t - DEBUG.since;
-      DEBUG.since = t;
-      idle = waiting ? "input" : "slots";
-    }
-  }
-}
-function pumpSome(): void {
   try {
     while (!failed && !finished) {
       if (!decompressSome()) return;
@@ -498,10 +475,6 @@ function pumpSome(): void {
       post();
       finished = true;
       stopDirect();
-      if (DEBUG !== null) {
-        const ms = (k: "input" | "slots" | "busy"): string => `${k} ${Math.round(DEBUG[k])}`;
-        process.stderr.write(`decoder worker ms: ${ms("busy")}, waiting for ${ms("input")}, ${ms("slots")}\n`);
-      }
       send({ t: "done", sha256: hash.digest("hex"), size: at, directBytes });
     }
   } catch (e) {

@@ -125,7 +125,8 @@ describe("an s3 store, read", () => {
     expect(listBundles(to)).toEqual([]); // nothing of the bundle was copied to local disk
   }, 180_000);
 
-  it("a payload of several 8 MiB ranges restores whole with 1 or 6 ranges ahead (MEMSNAP_S3_READ_AHEAD); 0 or 1.5 is a usage error", async () => {
+  it("a payload of several 8 MiB ranges restores whole with 1 or 6 ranges ahead (MEMSNAP_S3_READ_AHEAD); "
+    + "0, 1.5 or 65 is a usage error", async () => {
     const b = await bucket();
     const store = `s3://${b}/m`;
     // Incompressible, so the stored payload spans three ranges and a part of a fourth.
