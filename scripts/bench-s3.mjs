@@ -11,6 +11,8 @@
  * snapshot into a local store and into the s3 store; restore --to from each. Every command runs under
  * /usr/bin/time (wall clock, peak RSS). Targets (#36): snapshot and restore ≤ 1.2× local, peak RSS ≤ 250 MiB.
  * The machine line names the CPU and whether it has SHA extensions (sha_ni), which SHA-256's speed depends on.
+ * What the server gives a client that only counts the bytes (one GET, N ranges in flight, and the CPU each side
+ * spends): scripts/bench-s3-get.mjs.
  */
 import { CreateBucketCommand, S3Client } from "@aws-sdk/client-s3";
 import fs from "node:fs";

@@ -116,6 +116,7 @@ export function intEnv(env: NodeJS.ProcessEnv, name: string, dflt: number, min: 
     throw new MemsnapError(
       "MEMSNAP_USAGE",
       `${name} must be an integer from ${min} to ${max}, got ${JSON.stringify(v)}`,
+      { hint: `set ${name} to an integer from ${min} to ${max}, or unset it for the default (${dflt})` },
     );
   }
   return n;

@@ -37,6 +37,9 @@ import type { DecoderData, DecoderErrorKind, DecoderReply, DecoderRequest } from
 import { zstdBindingPath } from "../codecs/zstd-binding.js";
 
 const READ_BLOCK = 1024 * 1024;
+/** Bytes of a remote payload per block moved to the worker, and how many given back are kept for reuse. */
+const FEED_BLOCK = 1024 * 1024;
+const FEED_SPARE = 10;
 const OUT_CHUNK = 1024 * 1024;
 /** Bytes the main thread may hold unread without `scan` (then copied out of the slots). */
 const OUT_CREDIT = 4 * 1024 * 1024;
@@ -217,14 +220,22 @@ export class PayloadDecoder extends Readable {
     });
   }
 
-  /** A remote bundle's payload stream, opened on the worker's first "need". */
+  /**
+   * A remote bundle's payload stream, opened on the worker's first "need". Its chunks (a socket's, of any
+   * size) are copied into blocks of FEED_BLOCK bytes, moved to the worker, which moves each back once it
+   * has used it (`spare`): the same few blocks go round, instead of a fresh one (and its page faults) per MiB.
+   */
   #feed: {
     file: BundleFile | null;
     it: AsyncIterator<Buffer> | null;
     busy: boolean;
     closed: boolean;
     wanted: number;
-  } = { file: null, it: null, busy: false, closed: false, wanted: 0 };
+    /** The chunk being copied out and how much of it is. */
+    chunk: Buffer | null;
+    at: number;
+    spare: ArrayBuffer[];
+  } = { file: null, it: null, busy: false, closed: false, wanted: 0, chunk: null, at: 0, spare: [] };
 
   /** Post the worker the next `n` blocks of a remote payload (or its end). */
   async #pull(n: number): Promise<void> {
@@ -238,18 +249,35 @@ export class PayloadDecoder extends Readable {
         f.it = f.file.stream(this.opts.offset, this.opts.offset + this.opts.size)[Symbol.asyncIterator]();
       }
       while (f.wanted > 0) {
-        const r = await f.it.next();
-        if (this.#gone || f.closed) return;
-        if (r.done) {
-          this.#worker.postMessage({ t: "in", end: true });
+        const ab = f.spare.pop() ?? new ArrayBuffer(FEED_BLOCK);
+        const block = Buffer.from(ab);
+        let len = 0;
+        let end = false;
+        while (len < FEED_BLOCK) {
+          if (f.chunk === null || f.at === f.chunk.length) {
+            const r = await f.it.next();
+            if (this.#gone || f.closed) return;
+            if (r.done) {
+              end = true;
+              break;
+            }
+            f.chunk = r.value;
+            f.at = 0;
+          }
+          const k = Math.min(FEED_BLOCK - len, f.chunk.length - f.at);
+          f.chunk.copy(block, len, f.at, f.at + k);
+          len += k;
+          f.at += k;
+        }
+        if (len > 0) {
+          f.wanted--;
+          this.#worker.postMessage({ t: "in", buf: ab, len } satisfies DecoderRequest, [ab]);
+        } else f.spare.push(ab);
+        if (end) {
+          this.#worker.postMessage({ t: "in", end: true } satisfies DecoderRequest);
           f.wanted = 0;
           return;
         }
-        f.wanted--;
-        // A copy of its own, moved to the worker (the chunk is the stream's to reuse).
-        const ab = new ArrayBuffer(r.value.length);
-        Buffer.from(ab).set(r.value);
-        this.#worker.postMessage({ t: "in", buf: ab }, [ab]);
       }
     } catch (e) {
       if (!this.#gone && !f.closed) {
@@ -325,6 +353,9 @@ export class PayloadDecoder extends Readable {
         return;
       case "need":
         void this.#pull(m.n);
+        return;
+      case "back":
+        if (this.#feed.spare.length < FEED_SPARE) this.#feed.spare.push(m.buf);
         return;
       case "done":
         this.#done = true;

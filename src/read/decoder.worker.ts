@@ -46,8 +46,8 @@ export interface DecoderData {
 /** Main thread → worker: an output slot given back. */
 export type DecoderRequest =
   | { t: "free"; slot: number }
-  /** A block of a remote payload (`buf`), or its end. */
-  | { t: "in"; buf?: ArrayBuffer; end?: boolean };
+  /** A block of a remote payload (the first `len` bytes of `buf`), or its end. */
+  | { t: "in"; buf?: ArrayBuffer; len?: number; end?: boolean };
 
 export type DecoderErrorKind =
   "decrypt" | "corrupt" | "truncated" | "too-big" | "bomb" | "tar" | "short" | "open" | "internal";
@@ -58,11 +58,16 @@ export type DecoderReply =
   | { t: "stored"; n: number }
   /** Ask for the next `n` blocks of a remote payload. */
   | { t: "need"; n: number }
+  /** A block of a remote payload used up, moved back to be filled again. */
+  | { t: "back"; buf: ArrayBuffer }
   | { t: "done"; sha256: string | null; size: number; directBytes: number }
   | { t: "err"; kind: DecoderErrorKind; msg: string };
 
-/** Plaintext (zstd input) waiting; `pooled`: the 64 KiB buffer it was opened into, to reuse. */
-type Plain = Buffer & { pooled?: Buffer };
+/**
+ * Plaintext (zstd input) waiting; `pooled`: the 64 KiB buffer it was opened into, to reuse; `fed`: the block of
+ * a remote payload it is a view of, to move back once consumed.
+ */
+type Plain = Buffer & { pooled?: Buffer; fed?: ArrayBuffer };
 /** A read in flight (or done) into one of the aligned buffers. */
 interface DirectJob {
   from: number;
@@ -179,6 +184,7 @@ function decompressSome(): boolean {
     }
     plain.shift();
     if (item.buf.pooled !== undefined) plainFree.push(item.buf.pooled);
+    if (item.buf.fed !== undefined) giveBack(item.buf.fed);
   }
   return true;
 }
@@ -404,6 +410,10 @@ function ask(): void {
     send({ t: "need", n: want });
   }
 }
+/** Move a used block back to the main thread, which fills it again. */
+function giveBack(ab: ArrayBuffer): void {
+  parentPort.postMessage({ t: "back", buf: ab } satisfies DecoderReply, [ab]);
+}
 function readFed(): boolean | typeof WAIT {
   if (inQ.length === 0) {
     if (inEnd) {
@@ -417,7 +427,14 @@ function readFed(): boolean | typeof WAIT {
   ask();
   const n = Math.min(buf.length, wd.size - at);
   if (buf.length > n) buf = buf.subarray(0, n);
-  return take(buf, n);
+  const queued = plain.length;
+  const ok = take(buf, n);
+  // Plaintext stays queued for zstd (a view of the block: moved back once consumed); sealed bytes were opened
+  // or copied out by feedSealed.
+  if (plain.length > queued && plain[plain.length - 1]!.buf.buffer === buf.buffer) {
+    plain[plain.length - 1]!.buf.fed = buf.buffer as ArrayBuffer;
+  } else giveBack(buf.buffer as ArrayBuffer);
+  return ok;
 }
 
 /** Hash a block of payload bytes and feed it on. */
@@ -475,7 +492,7 @@ parentPort.on("message", (m: DecoderRequest) => {
   } else if (m.t === "in") {
     requested = Math.max(0, requested - 1);
     if (m.end) inEnd = true;
-    else if (m.buf) inQ.push(Buffer.from(m.buf));
+    else if (m.buf) inQ.push(Buffer.from(m.buf, 0, m.len ?? m.buf.byteLength));
     ask();
     if (waiting) {
       waiting = false;
