@@ -39,22 +39,12 @@ import path from "node:path";
 import { fileURLToPath } from "node:url";
 import { generateMemdir } from "./gen-memdir.mjs";
 import { generatePagedKvDump } from "./gen-paged-kv.mjs";
+import { mulberry32 as prng } from "./prng.mjs";
 
 export const GEN_HOME_VERSION = 1;
 
 const Database = createRequire(import.meta.url)("better-sqlite3");
 
-/** mulberry32: a small fixed PRNG in [0, 1). */
-function prng(seed) {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 const SYL = ["ka", "lo", "mi", "ne", "ru", "sa", "ti", "vo", "ze", "pa", "de", "gu", "ho", "ji", "be", "fo", "an", "el"];
 const VOCAB = (() => {

@@ -16,6 +16,7 @@
 import { spawn, spawnSync } from "node:child_process";
 import fs from "node:fs";
 import path from "node:path";
+import { mulberry32 as rng } from "./prng.mjs";
 
 export const GEN_MEMDIR_VERSION = 1;
 
@@ -33,17 +34,6 @@ function git(dir, args, env = {}) {
   return r.stdout.toString("utf8").trim();
 }
 
-/** A small seeded PRNG (mulberry32). */
-function rng(seed) {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 const SYL = ["ka", "lo", "mi", "ne", "ru", "sa", "ti", "vo", "ze", "pa", "de", "gu", "ho", "ji", "be", "fo", "an", "el", "or", "is"];
 /** A vocabulary of 2,000 made-up words (text that compresses like prose, not like repeats). */

@@ -16,22 +16,12 @@ import { createHash } from "node:crypto";
 import fs from "node:fs";
 import path from "node:path";
 import { DTYPE_BYTES, kvValues } from "./gen-kv.mjs";
+import { mulberry32 as prng } from "./prng.mjs";
 
 export const GEN_PAGED_KV_VERSION = 1;
 
 const FIXED_MTIME = new Date("2024-06-01T12:00:00Z");
 
-/** mulberry32: a small fixed PRNG in [0, 1). */
-function prng(seed) {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 /**
  * Write a paged dump under `dir`. Options: seed (1), pages (6400), distinct (3841), zeroPages

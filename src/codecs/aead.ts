@@ -15,6 +15,7 @@
 import { existsSync } from "node:fs";
 import { createRequire } from "node:module";
 import { fileURLToPath } from "node:url";
+import { getSystemErrorName } from "node:util";
 
 /** Where the addon is built (native/aead/build/Release), from dist/util or src/util. */
 const ADDON = fileURLToPath(new URL("../../native/aead/build/Release/memsnap_aead.node", import.meta.url));
@@ -91,4 +92,18 @@ export function aeadAddon(): AeadAddon | null {
   } catch {
     return null;
   }
+}
+
+/** The error of a failed native `readHash` (it reports a negative errno), shaped as `node:fs` shapes its own. */
+export function readHashError(errno: number, path: string): NodeJS.ErrnoException {
+  let code: string;
+  try {
+    code = getSystemErrorName(-errno);
+  } catch {
+    code = `errno ${errno}`;
+  }
+  const e = new Error(`${code}: read failed, read '${path}'`) as NodeJS.ErrnoException;
+  e.code = code;
+  e.errno = -errno;
+  return e;
 }

@@ -17,8 +17,7 @@
  * a zero page of its length, computed here once.
  */
 import { createHash } from "node:crypto";
-import { getSystemErrorName } from "node:util";
-import { aeadAddon } from "../codecs/aead.js";
+import { aeadAddon, readHashError } from "../codecs/aead.js";
 import { sourceChanged, sourceError } from "../errors.js";
 import type { Artifact } from "../sources/types.js";
 
@@ -52,18 +51,6 @@ function zeroHash(len: number): Buffer {
   return h;
 }
 
-function errnoError(errno: number, path: string): NodeJS.ErrnoException {
-  let code: string;
-  try {
-    code = getSystemErrorName(-errno);
-  } catch {
-    code = `errno ${errno}`;
-  }
-  const e = new Error(`${code}: read failed, read '${path}'`) as NodeJS.ErrnoException;
-  e.code = code;
-  e.errno = -errno;
-  return e;
-}
 
 /**
  * The pages of `a` (of `pageSize` bytes, the last one short when its size is not a multiple)
@@ -109,7 +96,7 @@ async function* blocks(
     for (let k = 0; k < count; k++) s.lens[k] = Math.min(pageSize, len - k * pageSize);
     return new Promise<PageBlock>((res, rej) => {
       readHash(fd, at, s.bytes, s.lens, count, s.digests, s.zero, (errno, got) => {
-        if (errno) return rej(sourceError(errnoError(errno, path), path));
+        if (errno) return rej(sourceError(readHashError(errno, path), path));
         if (got < len) return rej(sourceChanged(path, `it ends at ${at + got} bytes, shorter than its ${size}`));
         for (let k = 0; k < count; k++) {
           if (s.zero[k]) zeroHash(s.lens[k]!).copy(s.hashes, 16 * k);

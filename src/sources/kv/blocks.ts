@@ -17,8 +17,7 @@
  */
 import type { FileHandle } from "node:fs/promises";
 import { open } from "node:fs/promises";
-import { getSystemErrorName } from "node:util";
-import { aeadAddon } from "../../codecs/aead.js";
+import { aeadAddon, readHashError } from "../../codecs/aead.js";
 import { sourceChanged, sourceError } from "../walk.js";
 
 /**
@@ -84,18 +83,6 @@ function* plan(files: readonly BlockFile[]): Generator<Planned> {
   }
 }
 
-function errnoError(errno: number, path: string): NodeJS.ErrnoException {
-  let code: string;
-  try {
-    code = getSystemErrorName(-errno);
-  } catch {
-    code = `errno ${errno}`;
-  }
-  const e = new Error(`${code}: read failed, read '${path}'`) as NodeJS.ErrnoException;
-  e.code = code;
-  e.errno = -errno;
-  return e;
-}
 
 type ReadHash = NonNullable<NonNullable<ReturnType<typeof aeadAddon>>["readHash"]>;
 
@@ -173,7 +160,7 @@ export async function* readBlocks(
       for (let k = 0; k < n; k++) s.lens[k] = f.tiles.len(b.first + k);
       got = await new Promise<number>((res, rej) => {
         readHash(fh.fd, b.start, bytes, s.lens, n, s.digests, s.zero, (errno, bytesRead) => {
-          if (errno) rej(sourceError(errnoError(errno, f.abs), f.abs));
+          if (errno) rej(sourceError(readHashError(errno, f.abs), f.abs));
           else res(bytesRead);
         });
       });
