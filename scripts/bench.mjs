@@ -8,6 +8,7 @@
  *                          [--workdir DIR]
  *   node scripts/bench.mjs --store s3://BUCKET/PREFIX [--scale S] [--runs N]   # see scripts/bench-s3.mjs
  *   node scripts/bench.mjs --home [--scale S] [--runs N]   # a realistic agent home: see scripts/bench-home.mjs
+ *   node scripts/bench.mjs --incremental [--db-mb 200] …   # incremental below the file: scripts/bench-incremental.mjs
  *
  *   --scale S        size of the mix in GiB (default 1; e.g. 0.05 for a quick run, 10 for ~10 GiB)
  *   --seed N         generator seed (default 1)
@@ -1056,11 +1057,14 @@ function classLine(summary) {
 
 // `--store s3://…`: the object-store comparison (scripts/bench-s3.mjs) instead of the pipeline one.
 // `--home`: the realistic agent home (scripts/bench-home.mjs).
+// `--incremental`: what an incremental snapshot stores after small changes (scripts/bench-incremental.mjs).
 const run = process.argv.includes("--store")
   ? import("./bench-s3.mjs").then(() => new Promise(() => {}))
   : process.argv.includes("--home")
     ? import("./bench-home.mjs").then((m) => m.main(process.argv.slice(2)))
-    : main();
+    : process.argv.includes("--incremental")
+      ? import("./bench-incremental.mjs").then(() => new Promise(() => {}))
+      : main();
 run.then(
   (code) => process.exit(code),
   (e) => {
