@@ -1,6 +1,7 @@
 /**
  * The read side of the payload, in one worker thread (./decoder.worker.ts): bundle file
- * ─pread─▶ SHA-256 of the stored bytes (unless `hashStored: false`) ─▶ [age STREAM open] ─▶ zstd -d (bounded) ─▶ tar bytes,
+ * ─pread─▶ SHA-256 of the stored bytes (unless `hashStored: false`) ─▶ [age STREAM open] ─▶ zstd -d (bounded)
+ * ─▶ tar bytes,
  * pushed to the main thread as a Readable; with `scan` (what readPayload uses), the tar's framing is parsed here
  * too (./tar-scan.ts) and the main thread gets each batch of bytes with its entries' ranges.
  *

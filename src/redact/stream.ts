@@ -6,7 +6,7 @@
  * into the next piece, up to {@link CARRY_CAP} bytes, beyond which the piece is processed as
  * it is (a secret straddling that forced cut may be missed; a JSON string cut there is
  * continued correctly). Output goes out in batches of about {@link BLOCK} bytes. The pre-filter runs over a latin1 view
-  * of the bytes (a copy at memory
+ * of the bytes (a copy at memory
  * speed; offsets are byte offsets); only regions are decoded as UTF-8, and bytes outside the
  * regions are passed on as they are, so text without a candidate costs about one scan.
  *

@@ -51,7 +51,6 @@ function zeroHash(len: number): Buffer {
   return h;
 }
 
-
 /**
  * The pages of `a` (of `pageSize` bytes, the last one short when its size is not a multiple)
  * read through its descriptor with their hashes, or null when it has none or the addon is not

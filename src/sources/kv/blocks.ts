@@ -83,7 +83,6 @@ function* plan(files: readonly BlockFile[]): Generator<Planned> {
   }
 }
 
-
 type ReadHash = NonNullable<NonNullable<ReturnType<typeof aeadAddon>>["readHash"]>;
 
 /**
