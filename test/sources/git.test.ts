@@ -898,6 +898,30 @@ describe("git source: redaction of history", () => {
     expect(git(restored, ["log", "--format=%s"]).trim().split("\n")).toHaveLength(3);
   });
 
+  itGit("the scan counts what the bundle holds: from the object store when it holds just that, else by walking the refs", async () => {
+    redactState.on = true;
+    // A copy of the repository, so the objects added below do not reach the other tests.
+    const root = join(tempDir("memsnap-git-unreach-"), "memdir");
+    git(hist.base, ["clone", "-q", "--no-local", hist.root, root]);
+    git(root, ["repack", "-a", "-d", "-q"]);
+    const reachable = (): number => git(root, ["rev-list", "--objects", "--all"]).trim().split("\n").length;
+    const inStore = (): number =>
+      git(root, ["cat-file", "--batch-all-objects", "--batch-check"]).trim().split("\n").length;
+    expect(inStore()).toBe(reachable());
+    let r = stubRedactor();
+    let { meta } = await captureDirect(root, r);
+    expect((meta.history_scan as { objects: number }).objects).toBe(reachable());
+    expect(r.report().unredacted["mem/repo.bundle"]).toEqual({ "stub-secret": 2 });
+    // An object no ref reaches (a blob written but never committed) is in the store, not in the
+    // bundle: its secret must not be reported, and the count is still the bundle's.
+    git(root, ["hash-object", "-w", "--stdin"], { input: `dangling ${secret}\n` });
+    expect(inStore()).toBe(reachable() + 1);
+    r = stubRedactor();
+    ({ meta } = await captureDirect(root, r));
+    expect((meta.history_scan as { objects: number }).objects).toBe(reachable());
+    expect(r.report().unredacted["mem/repo.bundle"]).toEqual({ "stub-secret": 2 });
+  });
+
   itGit("the isomorphic-git scan finds the same", async () => {
     redactState.on = true;
     const r = stubRedactor();

@@ -90,6 +90,19 @@ export async function readBundleHeader(path: string): Promise<BundleHeader | str
   }
 }
 
+/** The number of objects a packfile's header declares (the pack starts at `offset`); null if it has no valid header. */
+export async function packObjectCount(path: string, offset: number): Promise<number | null> {
+  const fh = await open(path, "r");
+  try {
+    const head = Buffer.alloc(12);
+    const { bytesRead } = await fh.read(head, 0, 12, offset);
+    if (bytesRead < 12 || head.toString("latin1", 0, 4) !== "PACK") return null;
+    return head.readUInt32BE(8);
+  } finally {
+    await fh.close();
+  }
+}
+
 /** Check a packfile's signature and trailing SHA-1 (the whole file from `offset` on). */
 export async function checkPackTrailer(path: string, offset: number): Promise<string | null> {
   const size = (await nodeFs.promises.stat(path)).size;
