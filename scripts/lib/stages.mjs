@@ -91,10 +91,10 @@ const q = (s) => `'${s.replace(/'/g, `'\\''`)}'`;
 export async function measureStages({ root, classes, tmpDir, level = 3, age, redaction = null }) {
   const require = (await import("node:module")).createRequire(path.join(root, "package.json"));
   const zstd = require("zstd-napi/binding");
-  const { isDense } = await import(path.join(root, "dist", "pipeline", "levels.js"));
+  const { isDense } = await import(path.join(root, "dist", "snapshot", "levels.js"));
   let aead = null;
   try {
-    aead = (await import(path.join(root, "dist", "util", "aead.js"))).aeadAddon();
+    aead = (await import(path.join(root, "dist", "codecs", "aead.js"))).aeadAddon();
   } catch { /* not built: node:crypto below */ }
   const rows = [];
   const cctx = new zstd.CCtx();
