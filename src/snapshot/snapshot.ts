@@ -35,6 +35,7 @@ import { removeOrphans } from "../agent/orphans.js";
 import type { Redactor } from "../redact/types.js";
 import type { LayerCapture } from "../sources/types.js";
 import { ulid } from "../util/ulid.js";
+import { mallocTrim } from "../util/directio.js";
 import { recipientFingerprint } from "../codecs/age/keys.js";
 import { prepareAgeEncryption } from "../codecs/age/stream-seal.js";
 import { PayloadEncoder } from "./encoder.js";
@@ -306,11 +307,16 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
       if (cap.finish) {
         const f = cap.finish().then((meta) => {
           if (meta) layer.meta = meta;
+          mallocTrim(); // its workers have exited: their memory is free now
         });
         f.catch(() => undefined); // awaited below; an early failure must not go unhandled
         finishing.push(f);
       }
       if (raw) earlySync(raw.fd);
+      // A layer's workers free their isolates into malloc's arenas, which keep them resident
+      // (../util/directio.ts): hand that back before the next layer, and the next capture's git
+      // processes, start.
+      mallocTrim();
     }
     const indexSha256 = await writeIndexMember(enc, levels, spill, id, createdAt, level);
     for (const f of finishing) await f; // the layers' meta, and the history scans' findings in the report

@@ -198,3 +198,25 @@ async function writeAll(fd: number, buf: Buffer, off: number, len: number, pos: 
     len -= n;
   }
 }
+
+let trim: (() => boolean) | null | undefined;
+
+/**
+ * Hand the free memory of malloc's heaps back to the kernel (glibc's malloc_trim, in the
+ * addon); false when nothing was or the addon is not built. The snapshot calls it when a layer
+ * is done: the workers a layer started (a SQLite scan's, a KV reader's) free their isolates
+ * into malloc's arenas, which kept them resident, so the process's RSS only ever grew.
+ */
+export function mallocTrim(): boolean {
+  if (trim === undefined) {
+    const path = memoryAddon();
+    try {
+      trim = path
+        ? ((createRequire(import.meta.url)(path) as { mallocTrim?: () => boolean }).mallocTrim ?? null)
+        : null;
+    } catch {
+      trim = null;
+    }
+  }
+  return trim ? trim() : false;
+}

@@ -143,7 +143,8 @@ export function tipsReachable(
  * Write a link: a bundle of the objects reachable from `tips` but not from `exclude`, whose
  * header lists `refLines` (`<oid> <refname>`, every ref) and HEAD, with the boundary commits as
  * prerequisites; the pack is thin (deltas against the prerequisites' objects), as `git bundle
- * create` writes. Returns its size.
+ * create` writes. With nothing excluded it is a whole bundle, the one `git bundle create --all`
+ * writes (the capture's full bundle is written so: see ./capture.ts). Returns its size.
  */
 export async function writeLink(
   root: string,
@@ -157,7 +158,10 @@ export async function writeLink(
   children: Set<ChildProcessWithoutNullStreams>,
 ): Promise<number> {
   const revs = `${[...tips, ...exclude.map((o) => `^${o}`)].join("\n")}\n`;
-  const boundary = (await gitStdin(root, g, ["rev-list", "--boundary", "--stdin"], revs, [0])).toString("latin1");
+  // Nothing excluded (a whole bundle): no boundary, so no prerequisites and no walk for them.
+  const boundary = exclude.length
+    ? (await gitStdin(root, g, ["rev-list", "--boundary", "--stdin"], revs, [0])).toString("latin1")
+    : "";
   const prereqs = boundary
     .split("\n")
     .filter((l) => l.startsWith("-"))
