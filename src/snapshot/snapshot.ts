@@ -235,6 +235,16 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
       const src = cfg.sources[i];
       if (!src || started[i]) return;
       const p = src.impl.capture(src.cfg, captureCtx);
+      if (process.env.MEMSNAP_DEBUG_ENCODER) {
+        const at = Math.round(performance.now() - t0);
+        p.then(
+          () =>
+            process.stderr.write(
+              `capture ${src.cfg.name} started at ${at}, ready at ${Math.round(performance.now() - t0)} ms\n`,
+            ),
+          () => undefined,
+        );
+      }
       p.then(
         (c) => {
           captures.push(c);
