@@ -11,6 +11,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
 import { isDense, LevelPolicy } from "../../src/snapshot/levels.js";
+import { mulberry32 } from "../../scripts/lib/prng.mjs";
 
 interface Db {
   pragma(s: string): unknown;
@@ -26,17 +27,7 @@ const zstd = req("zstd-napi/binding") as { CCtx: new () => { compress(d: Uint8Ar
 const dir = mkdtempSync(join(tmpdir(), "memsnap-levels-"));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
-/** A small deterministic PRNG (mulberry32). */
-function prng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
+const prng = mulberry32 as (seed: number) => () => number;
 /** Words of a large vocabulary (made of syllables, with common words twice), as an agent's notes have. */
 const SYL = ["ka", "lo", "mi", "ne", "ru", "sa", "ti", "vo", "ze", "pa", "de", "gu", "ho", "ji", "be", "fo", "an", "el"];
 const WORDS = (() => {
