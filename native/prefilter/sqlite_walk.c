@@ -10,7 +10,10 @@
  *  - at a stale region that the pre-filter scan does not clear or that holds a token run
  *    (JS runs the exact finders on the latin1 view, then resumes at the next region), and
  *  - at the end of a page after which a batch of cell text (or a value of its own) was not
- *    cleared: copies of those bytes are in `pend` (JS runs the finders on their UTF-8 text).
+ *    cleared: a copy of each value of that batch that the pre-filter does not clear on its own
+ *    is in `pend`, after a byte that says TEXT (0) or BLOB (1): JS runs the finders on its UTF-8
+ *    text and collects the candidates for the host's redactor, as the SQL scan that collects
+ *    would (version 3; before, one uncleared batch sent the database to that SQL scan).
  * A page or record it cannot read sets the cell state to "unparsed", as the JS walk does (the
  * SQL scan decides then). So this file changes only how fast the answer comes, never what it is.
  *
@@ -32,7 +35,7 @@ enum {
   S_PS, S_USABLE, S_PAGE_COUNT, S_CELLS, S_BATCH_N,
   S_STALE_BYTES, S_FREE_PAGES, S_TEXT_BYTES, S_CELLS_SCANNED, S_PEND_BYTES,
   S_AT_PO, S_AT_REGION, S_REGION_A, S_REGION_E, S_REGION_TOKEN, S_REGION_MAYBE, S_AT_PAGE, S_ERRNO,
-  S_LEN
+  S_BATCH_VALS, S_LEN
 };
 enum { CELLS_SCAN = 0, CELLS_HIT = 1, CELLS_UNPARSED = 2, CELLS_OFF = 3 };
 enum { WALK_DONE = 0, WALK_REGION = 1, WALK_PEND = 2, WALK_ERROR = -1 };
@@ -41,6 +44,8 @@ enum { WALK_DONE = 0, WALK_REGION = 1, WALK_PEND = 2, WALK_ERROR = -1 };
 #define TEXT_VALUE_MAX (32 << 20)
 /* Pending bytes past which the cells go to the SQL scan instead (one value of the largest size fits) */
 #define PEND_MAX (TEXT_VALUE_MAX + 2 * TEXT_BATCH)
+/* Values in one batch: each of at least one byte, after a separator (but the first) */
+#define BATCH_VALS_MAX (TEXT_BATCH / 2 + 1)
 
 static const int SERIAL_FIXED[10] = {0, 1, 2, 3, 4, 6, 8, 8, 0, 0};
 
@@ -51,6 +56,7 @@ typedef struct {
   size_t free_len;
   uint8_t *batch; /* TEXT_BATCH bytes */
   uint8_t *ob;    /* one page: the overflow page in hand */
+  uint32_t *vals; /* the batch's values: [start, len << 1 | blob] each, S_BATCH_VALS of them */
   int fd;
   long ps, usable;
   double page_count;
@@ -107,15 +113,26 @@ static int token_run(const uint8_t *b, long a, long e) {
   return 0;
 }
 
-/* Text that the pre-filter does not clear: a copy goes to `pend` for JS (or, past PEND_MAX, the SQL scan decides). */
-static void pend_text(walk_t *w, const uint8_t *b, long a, long e) {
+static inline int maybe(const uint8_t *b, long a, long e) {
+  return memsnap_scan(b, a, a, e) != -1 || memsnap_hiding_escape(b, a, e, e) != -1;
+}
+
+/* A value that the pre-filter does not clear: a copy goes to `pend` for JS, after its kind byte
+   (or, past PEND_MAX, the SQL scan decides). */
+static void pend_value(walk_t *w, const uint8_t *b, long a, long e, int blob) {
   if (w->S[S_PEND_BYTES] + (double)(e - a) > PEND_MAX) {
     w->S[S_CELLS] = CELLS_UNPARSED;
     return;
   }
   napi_value buf;
-  if (napi_create_buffer_copy(w->env, (size_t)(e - a), b + a, NULL, &buf) != napi_ok ||
-      napi_set_element(w->env, w->pend, w->pend_n, buf) != napi_ok) {
+  void *data;
+  if (napi_create_buffer(w->env, (size_t)(e - a) + 1, &data, &buf) != napi_ok) {
+    w->S[S_CELLS] = CELLS_UNPARSED;
+    return;
+  }
+  ((uint8_t *)data)[0] = (uint8_t)blob;
+  memcpy((uint8_t *)data + 1, b + a, (size_t)(e - a));
+  if (napi_set_element(w->env, w->pend, w->pend_n, buf) != napi_ok) {
     w->S[S_CELLS] = CELLS_UNPARSED;
     return;
   }
@@ -123,23 +140,40 @@ static void pend_text(walk_t *w, const uint8_t *b, long a, long e) {
   w->S[S_PEND_BYTES] += (double)(e - a);
 }
 
-/* The JS testText(): count the UTF-8 text in b[a, e) and test it (a JSON escape that can hide a secret is a "maybe" too). */
-static void test_text(walk_t *w, const uint8_t *b, long a, long e) {
+/* The JS testText() of a value of its own in b[a, e): count it and test it (a JSON escape that can hide a secret is a "maybe" too). */
+static void test_value(walk_t *w, const uint8_t *b, long a, long e, int blob) {
   w->S[S_TEXT_BYTES] += (double)(e - a);
-  if (w->S[S_CELLS] == CELLS_SCAN && (memsnap_scan(b, a, a, e) != -1 || memsnap_hiding_escape(b, a, e, e) != -1)) pend_text(w, b, a, e);
+  if (w->S[S_CELLS] == CELLS_SCAN && maybe(b, a, e)) pend_value(w, b, a, e, blob);
 }
 
+/* The JS flushCells(): the batch at once, and only when it is not cleared each of its values. */
 static void flush_cells(walk_t *w) {
   long n = (long)w->S[S_BATCH_N];
   if (n == 0) return;
-  test_text(w, w->batch, 0, n);
+  w->S[S_TEXT_BYTES] += (double)n;
+  if (w->S[S_CELLS] == CELLS_SCAN && maybe(w->batch, 0, n)) {
+    long nv = (long)w->S[S_BATCH_VALS];
+    for (long i = 0; i < nv && w->S[S_CELLS] == CELLS_SCAN; i++) {
+      long a = (long)w->vals[2 * i], len = (long)(w->vals[2 * i + 1] >> 1);
+      if (maybe(w->batch, a, a + len)) pend_value(w, w->batch, a, a + len, (int)(w->vals[2 * i + 1] & 1));
+    }
+  }
   w->S[S_BATCH_N] = 0;
+  w->S[S_BATCH_VALS] = 0;
+}
+
+/* Note a value appended to the batch at [a, a + len). */
+static inline void batch_value(walk_t *w, long a, long len, int blob) {
+  long nv = (long)w->S[S_BATCH_VALS];
+  w->vals[2 * nv] = (uint32_t)a;
+  w->vals[2 * nv + 1] = (uint32_t)len << 1 | (uint32_t)blob;
+  w->S[S_BATCH_VALS] = nv + 1;
 }
 
 typedef struct { double next, start; long page, count; } chain_t;
 
 /* The JS text(): payload bytes [off, off + len) into the batch, or a buffer of their own tested at once. 0 when the walk of the cells stops. */
-static int text(walk_t *w, const uint8_t *b, long c, long local, chain_t *ov, double off, double len) {
+static int text(walk_t *w, const uint8_t *b, long c, long local, chain_t *ov, double off, double len, int blob) {
   if (len > TEXT_VALUE_MAX) { w->S[S_CELLS] = CELLS_UNPARSED; return 0; }
   /* room() */
   uint8_t *dst;
@@ -186,9 +220,11 @@ static int text(walk_t *w, const uint8_t *b, long c, long local, chain_t *ov, do
     w->S[S_CELLS] = CELLS_UNPARSED;
     return 0;
   }
-  if (!own) w->S[S_BATCH_N] = at;
-  else {
-    test_text(w, dst, at0, at);
+  if (!own) {
+    w->S[S_BATCH_N] = at;
+    batch_value(w, at0, at - at0, blob);
+  } else {
+    test_value(w, dst, at0, at, blob);
     free(dst);
   }
   return w->S[S_CELLS] == CELLS_SCAN;
@@ -217,7 +253,8 @@ static void record(walk_t *w, const uint8_t *b, long c, long local, double P, do
           if (n > 0) w->batch[n++] = 10;
           memcpy(w->batch + n, b + c + (long)off, (size_t)len);
           w->S[S_BATCH_N] = n + (long)len;
-        } else if (!text(w, b, c, local, &ov, off, len)) return;
+          batch_value(w, n, (long)len, !((long)t & 1));
+        } else if (!text(w, b, c, local, &ov, off, len, !((long)t & 1))) return;
       }
     }
     off += len;
@@ -254,17 +291,17 @@ static void page_cells(walk_t *w, const uint8_t *b, long ho, int type, long n_ce
 }
 
 /*
- * walk(buf, got, firstPage, po, region, S, free, batch, ob, fd, pend, others): walk the pages of
+ * walk(buf, got, firstPage, po, region, S, free, batch, ob, fd, pend, others, vals): walk the pages of
  * buf[0, got) (page firstPage at offset 0) from offset po, region index `region` of that page.
  * Returns WALK_DONE (the chunk is walked), WALK_REGION (S_REGION_*: a region for JS to decide;
  * resume at S_AT_PO, S_AT_REGION + 1), WALK_PEND (`pend` holds text for JS; resume at S_AT_PO, 0)
  * or WALK_ERROR (S_ERRNO: a read failed).
  */
 static napi_value Walk(napi_env env, napi_callback_info info) {
-  size_t argc = 12;
-  napi_value argv[12];
+  size_t argc = 13;
+  napi_value argv[13];
   napi_get_cb_info(env, info, &argc, argv, NULL, NULL);
-  if (argc < 12) { napi_throw_type_error(env, NULL, "walk: 12 arguments are required"); return NULL; }
+  if (argc < 13) { napi_throw_type_error(env, NULL, "walk: 13 arguments are required"); return NULL; }
   walk_t w = {0};
   w.env = env;
   uint8_t *buf;
@@ -296,6 +333,10 @@ static napi_value Walk(napi_env env, napi_callback_info info) {
   w.pend = argv[10];
   napi_get_array_length(env, w.pend, &w.pend_n);
   napi_value others = argv[11];
+  size_t vals_len;
+  if (napi_get_typedarray_info(env, argv[12], &tt, &vals_len, &data, &ab, &byte_off) != napi_ok || tt != napi_uint32_array || vals_len < 2 * BATCH_VALS_MAX) goto bad;
+  w.vals = data;
+  if (w.S[S_BATCH_VALS] < 0 || w.S[S_BATCH_VALS] > BATCH_VALS_MAX) goto bad;
   uint32_t others_n;
   napi_get_array_length(env, others, &others_n);
   if (got < 0 || (size_t)got > buf_len || w.ps < 512 || w.ps > 65536 || w.usable < 480 || w.usable > w.ps) goto bad;
@@ -404,8 +445,9 @@ void memsnap_register_sqlite_walk(napi_env env, napi_value exports) {
   napi_value fn;
   napi_create_function(env, "sqliteWalk", NAPI_AUTO_LENGTH, Walk, NULL, &fn);
   napi_set_named_property(env, exports, "sqliteWalk", fn);
-  /* 2: BLOB values are tested with the TEXT ones, and a JSON escape that can hide a secret is a "maybe" (JS uses no older walk) */
+  /* 2: BLOB values are tested with the TEXT ones, and a JSON escape that can hide a secret is a "maybe";
+     3: the values of a batch not cleared are tested one by one and pended with their kind (JS uses no older walk) */
   napi_value version;
-  napi_create_int32(env, 2, &version);
+  napi_create_int32(env, 3, &version);
   napi_set_named_property(env, exports, "sqliteWalkVersion", version);
 }

@@ -45,6 +45,10 @@ describe("sqlite: candidates the redactor clears", () => {
     clean[40]![1] = embedding(40, Buffer.from([0xb3, 0x4b, 0x65, 0x79, 0x3d, 0x56, 0x39, 0xf1, 0x00, 0x9a]));
     clean[200]![0] = "clone it from ssh://git@example.com/team/notes";
     makeDb(join(dir, "vectors.db"), clean);
+    // the schema's own text is a candidate too (the page walk reads sqlite_schema), and no rule matches it
+    const schemaDb = new Database(join(dir, "schema.db"));
+    schemaDb.exec("CREATE TABLE notes (id INTEGER PRIMARY KEY, token TEXT CHECK (token = lower(token))); INSERT INTO notes (token) VALUES ('abc')");
+    schemaDb.close();
     const secret = rows(300);
     secret[7]![0] = "the deploy password: hunter2";
     makeDb(join(dir, "secret.db"), secret);
@@ -61,6 +65,7 @@ describe("sqlite: candidates the redactor clears", () => {
     const dbs = layer.meta.databases as Record<string, DbMeta>;
     expect(dbs["vectors.db"]).toMatchObject({ method: "live_read", redaction: { candidates: 2, cells_redacted: 0 } });
     expect(dbs["vectors.db"]!.live_read_skipped).toBeUndefined();
+    expect(dbs["schema.db"]).toMatchObject({ method: "live_read", redaction: { candidates: 1, cells_redacted: 0 } });
     expect(dbs["secret.db"]).toMatchObject({ method: "vacuum_into", live_read_skipped: "redaction_candidate" });
     expect(dbs["secret.db"]!.redaction!.cells_redacted).toBe(1);
 

@@ -54,7 +54,9 @@ const SECRET = "ghp_" + "aB3dE6gH9jK2mN5pQ8sT1vW4yZ7bC0eF3hJ6";
 const MAYBE = "note sk-=a and key@sk-J"; // the native scan stops here; the finders find nothing
 const TOKEN = "w".repeat(19) + "_4K8x"; // a token run (24 characters, a letter and a digit), no candidate
 
-type Outcome = { ok: true; eligible: boolean; reason?: string; scan?: Record<string, unknown> } | { ok: false; error: string };
+type Outcome =
+  | { ok: true; eligible: boolean; reason?: string; scan?: Record<string, unknown>; candidates?: string[] }
+  | { ok: false; error: string };
 
 async function begin(w: SqliteWorker, path: string, handle: number): Promise<Outcome> {
   const fh = await open(path, "r");
@@ -62,7 +64,9 @@ async function begin(w: SqliteWorker, path: string, handle: number): Promise<Out
     const r = await w.call<LiveBeginResult>({ op: "live_begin", handle, src: path, fd: fh.fd, busyTimeoutMs: 2000, redact: true, hold: false });
     await w.call({ op: "live_release", handle });
     const { ms: _ms, cells_ms: _cms, walk: _walk, ...scan } = r.scan ?? ({} as Record<string, unknown>);
-    return { ok: true, eligible: r.eligible, reason: r.reason, scan: r.scan ? scan : undefined };
+    // the candidate values handed to the redactor, each with its kind (TEXT or BLOB)
+    const candidates = r.candidates?.map((v) => (typeof v === "string" ? "text:" + v : "blob:" + Buffer.from(v).toString("hex")));
+    return { ok: true, eligible: r.eligible, reason: r.reason, scan: r.scan ? scan : undefined, candidates };
   } catch (e) {
     return { ok: false, error: String((e as Error).message) };
   } finally {
@@ -177,7 +181,8 @@ describe.runIf(walkBuilt)("sqlite live read: the native page walk answers as the
       name: "a secret in a cell (local), and one at the end of an overflow chain",
       build: (p) => makeDb(p, `CREATE TABLE t (id INTEGER PRIMARY KEY, x TEXT);
         INSERT INTO t (x) VALUES ('a'), ('${SECRET}'), (printf('%.*c', 20000, 'z') || '${SECRET}');`),
-      expect: { eligible: false, reason: "redaction_candidate", scan: expect.objectContaining({ cells_via: "sql" }) },
+      // both values collected by the walk for the redactor (no SQL scan)
+      expect: { eligible: false, reason: "redaction_candidate", scan: expect.objectContaining({ cells_via: "pages", candidates: 2 }) },
     },
     {
       name: "a secret in a 100 KB value (a buffer of its own)",

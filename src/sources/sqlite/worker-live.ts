@@ -106,13 +106,15 @@ export async function liveBegin(job: LiveBeginJob): Promise<LiveBeginResult> {
         try {
           // One pass over the pages: the stale bytes and (the fast path) every cell's TEXT.
           // "scan" once the walk starts (an empty file or a refused freelist never does)
-          const cells: { state: CellState } = { state: "unparsed" };
+          const cells: { state: CellState; collect?: CandidateCells } = { state: "unparsed" };
           const stale = await scanStale(h, st, stat.size, pageCount, cells);
           // Candidate cells are collected (for the host's redactor to rule on) only when the
-          // stale bytes are clean: a stale hit sends the database to the copy path anyway.
-          const collect: CandidateCells | null = stale === null ? { cells: [], bytes: 0, overflow: false } : null;
+          // stale bytes are clean: a stale hit sends the database to the copy path anyway. The
+          // page walk collects them as it goes (./worker-pages.ts); the SQL scan starts afresh.
+          let collect: CandidateCells | null = stale === null && cells.collect ? cells.collect : null;
           st.cells_via = "pages";
           if (cells.state !== "scan") {
+            collect = stale === null ? { cells: [], bytes: 0, overflow: false } : null;
             // a hit, or pages this parser cannot read (or a freelist it refused): SQL decides
             st.cells_via = "sql";
             st.cells_scanned = 0;

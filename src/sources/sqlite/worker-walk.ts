@@ -7,7 +7,7 @@ import { constants as osConstants } from "node:os";
 import { workerData } from "node:worker_threads";
 import { candidate, collectScanned, NATIVE, type Sliceable } from "./worker-candidate.js";
 import { type Handle, maybeYield } from "./worker-handles.js";
-import { type CellScan, type CellState, TEXT_BATCH } from "./worker-pages.js";
+import { BATCH_VALS_MAX, type CellScan, type CellState, pendedValue, TEXT_BATCH } from "./worker-pages.js";
 import type { LiveScanStats, SqliteWorkerData } from "./worker-types.js";
 
 /**
@@ -28,6 +28,7 @@ type SqliteWalk = (
   fd: number,
   pend: Buffer[],
   others: number[],
+  vals: Uint32Array,
 ) => number;
 
 // The page walk in native code (native/prefilter/sqlite_walk.c), when the addon is built: the
@@ -35,13 +36,15 @@ type SqliteWalk = (
 // without the JS cost (~0.15 CPU-s per bench snapshot to run and ~0.2 CPU-s of JIT compiling,
 // per isolate).
 // It decides only "no": a stale region it does not clear comes back here for the finders (then
-// the walk resumes at the next region), and so does cell text, at the end of its page.
+// the walk resumes at the next region), and so does each cell value it does not clear (with
+// its kind, TEXT or BLOB), at the end of its page.
 // workerData.walk === "js" keeps the JS walk (tests compare the two). An addon built before
-// its version 2 (BLOB values, JSON escapes) would clear what this walk does not: not used.
+// its version 2 (BLOB values, JSON escapes) would clear what this walk does not, and one
+// before version 3 hands over batches, not values: not used.
 export const WALK: SqliteWalk | null =
   NATIVE !== null &&
   typeof NATIVE.sqliteWalk === "function" &&
-  (NATIVE.sqliteWalkVersion ?? 0) >= 2 &&
+  (NATIVE.sqliteWalkVersion ?? 0) >= 3 &&
   (workerData as SqliteWorkerData).walk !== "js"
     ? (NATIVE.sqliteWalk as SqliteWalk)
     : null;
@@ -64,7 +67,8 @@ const W_PS = 0,
   W_REGION_MAYBE = 15,
   W_AT_PAGE = 16,
   W_ERRNO = 17,
-  W_LEN = 18;
+  W_BATCH_VALS = 18,
+  W_LEN = 19;
 const CELL_STATES: readonly CellState[] = ["scan", "hit", "unparsed"];
 
 // Walk every page with WALK; the verdict on the stale bytes, or null. Fills others (pages it
@@ -91,6 +95,11 @@ export async function walkPages(
   S[W_CELLS_SCANNED] = st.cells_scanned;
   const batch = cells !== null ? cells.batch : Buffer.allocUnsafe(TEXT_BATCH);
   const ob = cells !== null ? cells.ob : Buffer.allocUnsafe(ps);
+  const vals = cells !== null ? cells.vals : new Uint32Array(2 * BATCH_VALS_MAX);
+  if (cells !== null) {
+    S[W_BATCH_N] = cells.n;
+    S[W_BATCH_VALS] = cells.nv;
+  }
   const pend: Buffer[] = [];
   const CH = 64 * ps;
   const buf = Buffer.allocUnsafe(CH);
@@ -101,7 +110,7 @@ export async function walkPages(
       let po = 0;
       let ri = 0;
       for (;;) {
-        const k = WALK!(buf, got, off / ps + 1, po, ri, S, free, batch, ob, h.fd, pend, others);
+        const k = WALK!(buf, got, off / ps + 1, po, ri, S, free, batch, ob, h.fd, pend, others, vals);
         if (k === 0) break;
         if (k === 1) {
           // a stale region the walk did not clear: the finders on its latin1 view, then the token run it found
@@ -120,14 +129,12 @@ export async function walkPages(
           po = S[W_AT_PO]!;
           ri = S[W_AT_REGION]! + 1;
         } else if (k === 2) {
-          // cell text the walk did not clear (counted already): the finders on its UTF-8 text
-          for (const t of pend) {
-            const s = (t as Sliceable).utf8Slice(0, t.length);
-            collectScanned(s.length);
-            if (S[W_CELLS] === 0 && candidate(s)) {
-              st.candidates++;
-              S[W_CELLS] = 1;
-            }
+          // cell values the walk did not clear (counted already): the finders on their UTF-8
+          // text, and the candidates collected
+          if (cells !== null) {
+            cells.state = CELL_STATES[S[W_CELLS]!]!;
+            for (const t of pend) pendedValue(cells, t);
+            S[W_CELLS] = CELL_STATES.indexOf(cells.state);
           }
           pend.length = 0;
           S[W_PEND_BYTES] = 0;
@@ -149,6 +156,7 @@ export async function walkPages(
     if (cells !== null) {
       cells.state = CELL_STATES[S[W_CELLS]!]!;
       cells.n = S[W_BATCH_N]!;
+      cells.nv = S[W_BATCH_VALS]!;
     }
   }
   return verdict;
