@@ -404,6 +404,19 @@ export class ReferenceSet {
     };
   }
 
+  /**
+   * For a source (CaptureContext.pageTable): the table of page hashes the last snapshot recorded
+   * of the `pages`-chunked artifact at `path`, with its page size; null when there is none. It
+   * hands nothing out (chunkBase still does).
+   */
+  async pageTable(path: string): Promise<{ table: Buffer; pageSize: number } | null> {
+    const i = this.#byPath.get(path);
+    const rec = i === undefined ? undefined : this.#chunks.get(i);
+    if (!rec || rec.m !== "pages" || !rec.p) return null;
+    const table = await readTable(this.#tables, rec);
+    return table ? { table, pageSize: rec.p } : null;
+  }
+
   /** Bundles a chunked artifact reads: bases of this snapshot. */
   use(ids: Iterable<string>): void {
     for (const id of ids) if (this.#bases.has(id)) this.#used.add(id);

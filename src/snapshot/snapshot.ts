@@ -230,6 +230,7 @@ export async function snapshot(opts: SnapshotOptions): Promise<SnapshotResult> {
       ...(redactor ? { redactor } : {}),
       ...(refs?.size ? { unchanged: (path: string, fp: string, kind: string) => refs.unchanged(path, fp, kind) } : {}),
       ...(refs ? { lastMeta: (layer: string) => refs.lastLayerMeta(layer) } : {}),
+      ...(refs?.size ? { pageTable: (path: string) => refs.pageTable(path) } : {}),
     };
     const startCapture = (i: number): void => {
       const src = cfg.sources[i];

@@ -59,6 +59,12 @@ export interface CaptureContext {
    * the last one's chain of bundles from it.
    */
   lastMeta?(layer: string): Record<string, unknown> | null;
+  /**
+   * Present in an incremental snapshot: the table of page hashes (16 bytes of SHA-256 a page,
+   * pages of `pageSize` bytes) that the last incremental snapshot recorded of the `pages`-chunked
+   * artifact at `payloadPath`, or null. Nothing is handed out: the pack still chunks against it.
+   */
+  pageTable?(payloadPath: string): Promise<{ table: Buffer; pageSize: number } | null>;
 }
 
 /** Context given to a deep verify of one artifact. */

@@ -13,6 +13,7 @@ import {
   type LiveBeginResult,
   type LiveVerifyResult,
 } from "./worker-host.js";
+import type { PageBase } from "./worker-types.js";
 import type { Redactor } from "../../redact/types.js";
 import type { Artifact, CaptureContext, LayerCapture } from "../types.js";
 import { fileArtifact, fingerprintOf, sourceError, walkFiles, walkNotices, type FoundFile } from "../walk.js";
@@ -104,6 +105,18 @@ export async function captureLayer(cfg: SqliteConfig, ctx: CaptureContext): Prom
     }
   }
 
+  // An incremental snapshot scans only the pages that changed since the last one when that one
+  // read the database live and its scan found no free page (./worker-changed.ts): the last
+  // snapshot's table of page hashes, for the worker to compare the pages with.
+  const lastDbs = ctx.lastMeta?.(cfg.name)?.databases;
+  const pageBase = async (f: FoundFile): Promise<PageBase | undefined> => {
+    if (!redact || !ctx.pageTable || typeof lastDbs !== "object" || lastDbs === null) return undefined;
+    const prev = (lastDbs as Record<string, SqliteDbMeta | undefined>)[f.rel];
+    const scan = prev?.method === "live_read" ? prev.redaction?.live_scan : undefined;
+    if (!scan || scan.free_pages !== 0) return undefined;
+    return (await ctx.pageTable(`${cfg.name}/${f.rel}`)) ?? undefined;
+  };
+
   /** A look-ahead: the next database's redaction scan, in its own short read transaction, in the other worker. */
   interface Ahead {
     f: FoundFile;
@@ -123,6 +136,7 @@ export async function captureLayer(cfg: SqliteConfig, ctx: CaptureContext): Prom
     }
     const live = new LiveRead(++handles, fh, f, w);
     lives.add(live);
+    const base = await pageBase(f);
     const done = w
       .call<LiveBeginResult>({
         op: "live_begin",
@@ -132,6 +146,7 @@ export async function captureLayer(cfg: SqliteConfig, ctx: CaptureContext): Prom
         busyTimeoutMs: cfg.busy_timeout_ms,
         redact,
         hold: false,
+        ...(base ? { base } : {}),
       })
       .catch(() => undefined); // a failure is met again (and reported) when its turn comes
     ahead = { f, live, done };
@@ -198,6 +213,7 @@ export async function captureLayer(cfg: SqliteConfig, ctx: CaptureContext): Prom
           await startAhead(dbs[i + 1], f, workerFor(i + 1)); // runs while this one is scanned and streams
           let r: LiveBeginResult;
           try {
+            const base = await pageBase(f);
             r = await job(
               l.worker.call<LiveBeginResult>(
                 {
@@ -208,6 +224,7 @@ export async function captureLayer(cfg: SqliteConfig, ctx: CaptureContext): Prom
                   busyTimeoutMs: cfg.busy_timeout_ms,
                   redact,
                   hold: true,
+                  ...(base ? { base } : {}),
                 },
                 ctx.signal,
               ),

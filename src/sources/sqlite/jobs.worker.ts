@@ -97,7 +97,12 @@ async function run(job: SqliteJob): Promise<unknown> {
   if (job.op === "live_verify") return liveVerify(job);
   if (job.op === "live_release") {
     const h = handles.get(job.handle);
-    if (h) closeHandle(h); // a scan in progress on it stops at its next yield
+    if (h) {
+      const idle = h.busy ? h.idle : undefined;
+      closeHandle(h); // a scan in progress on it stops at its next yield
+      // and the host closes the descriptor only once no read of the scan is still on the pool
+      await idle;
+    }
     return {};
   }
   if (job.op === "probe_candidate") return job.texts.map(candidate);

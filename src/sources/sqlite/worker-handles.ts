@@ -13,6 +13,8 @@ export interface Handle {
   released: boolean;
   /** live_begin is running on it (perhaps suspended in a scan). */
   busy?: boolean;
+  /** Settles when live_begin is done with it (a read on the thread pool may still use the descriptor until then). */
+  idle?: Promise<void>;
   /** The read transaction is held (live_begin with `hold` and a yes). */
   holding?: boolean;
   /** A look-ahead's scan result, valid while `data_version`, size and mtime are unchanged. */

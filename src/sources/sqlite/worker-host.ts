@@ -34,6 +34,7 @@
  */
 import { createRequire } from "node:module";
 import { Worker } from "node:worker_threads";
+import { aeadAddonPath } from "../../codecs/aead.js";
 import { MemsnapError } from "../../errors.js";
 import { NATIVE_PREFILTER_PATH, nativePrefilter } from "../../redact/native.js";
 import { workerUrl } from "../../util/worker-path.js";
@@ -102,6 +103,7 @@ export class SqliteWorker {
         bsqlPath: betterSqlitePath(),
         prefilterPath: nativePrefilter() === null ? null : NATIVE_PREFILTER_PATH,
         walk: opts.walk ?? "native",
+        aeadPath: aeadAddonPath(),
       } satisfies SqliteWorkerData,
     });
     this.#worker.unref();

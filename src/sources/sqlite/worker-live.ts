@@ -45,6 +45,8 @@ export async function liveBegin(job: LiveBeginJob): Promise<LiveBeginResult> {
   }
   const db = h.db!;
   h.busy = true;
+  let settle!: () => void;
+  h.idle = new Promise<void>((r) => (settle = r));
   try {
     db.exec("BEGIN");
     db.prepare("SELECT count(*) FROM sqlite_schema").pluck().get(); // the read transaction starts here
@@ -107,7 +109,7 @@ export async function liveBegin(job: LiveBeginJob): Promise<LiveBeginResult> {
           // One pass over the pages: the stale bytes and (the fast path) every cell's TEXT.
           // "scan" once the walk starts (an empty file or a refused freelist never does)
           const cells: { state: CellState; collect?: CandidateCells } = { state: "unparsed" };
-          const stale = await scanStale(h, st, stat.size, pageCount, cells);
+          const stale = await scanStale(h, st, stat.size, pageCount, cells, job.base ?? null);
           // Candidate cells are collected (for the host's redactor to rule on) only when the
           // stale bytes are clean: a stale hit sends the database to the copy path anyway. The
           // page walk collects them as it goes (./worker-pages.ts); the SQL scan starts afresh.
@@ -161,6 +163,7 @@ export async function liveBegin(job: LiveBeginJob): Promise<LiveBeginResult> {
     throw e;
   } finally {
     h.busy = false;
+    settle();
   }
 }
 

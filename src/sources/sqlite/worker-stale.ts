@@ -8,6 +8,8 @@ import { candidateIn, type Sliceable, tokenRun } from "./worker-candidate.js";
 import { type Handle, maybeYield } from "./worker-handles.js";
 import { type CellScan, type CellState, flushCells, newCellScan, pageCells } from "./worker-pages.js";
 import type { LiveScanStats } from "./worker-types.js";
+import { FULL, scanChanged } from "./worker-changed.js";
+import type { PageBase } from "./worker-types.js";
 import { WALK, walkPages } from "./worker-walk.js";
 
 const ZERO = Buffer.alloc(65536);
@@ -22,6 +24,7 @@ export async function scanStale(
   size: number,
   pageCount: number,
   cellsIn: { state: CellState } | null = null,
+  base: PageBase | null = null,
 ): Promise<string | null> {
   if (size === 0) return null; // an empty file is an empty database
   const fd = h.fd;
@@ -51,8 +54,17 @@ export async function scanStale(
     seen += n;
   }
   if (seen !== nFree) return "freelist";
-  const cells: CellScan | null =
+  let cells: CellScan | null =
     cellsIn === null ? null : Object.assign(cellsIn, newCellScan(h, st, ps, usable, pageCount, free));
+  if (base && cells !== null) {
+    // an incremental snapshot: only what changed since the last clean scan (./worker-changed.ts)
+    const before = { ...st };
+    const v = await scanChanged(h, st, size, ps, usable, pageCount, free, cells, base);
+    if (v !== FULL) return v;
+    for (const k of Object.keys(st) as Array<keyof LiveScanStats>) if (!(k in before)) delete st[k];
+    Object.assign(st, before);
+    cells = Object.assign(cellsIn!, newCellScan(h, st, ps, usable, pageCount, free));
+  }
   const others: number[] = [];
   // (a usable size under 480 bytes is no valid database; the JS walk takes it as before)
   const native = WALK !== null && usable >= 480;

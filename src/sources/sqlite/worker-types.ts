@@ -11,6 +11,17 @@ export interface SqliteWorkerData {
   prefilterPath: string | null;
   /** `js` keeps the live read's page walk in JS even where the native one is built. */
   walk: "native" | "js";
+  /** native/aead's path (codecs/aead.ts), or null: an incremental scan hashes pages in the worker. */
+  aeadPath?: string | null;
+}
+
+/**
+ * What the last incremental snapshot recorded of a database it read live and found clean: its
+ * table of page hashes (16 bytes of SHA-256 a page) and their size (./worker-changed.ts).
+ */
+export interface PageBase {
+  table: Uint8Array;
+  pageSize: number;
 }
 
 /** A job and its number, host → worker. */
@@ -80,8 +91,14 @@ export interface LiveScanStats {
    * `sql` (group_concat per table: when the page walk found a candidate or could not read a page).
    */
   cells_via?: "pages" | "sql";
-  /** Which page walk ran: `native` (native/prefilter/sqlite_walk.c) or `js` (the same walk in the worker's JS). */
-  walk?: "native" | "js";
+  /**
+   * Which page walk ran: `native` (native/prefilter/sqlite_walk.c), `js` (the same walk in the
+   * worker's JS), or `changed` (an incremental snapshot's walk of what changed since the last
+   * one: ./worker-changed.ts).
+   */
+  walk?: "native" | "js" | "changed";
+  /** `changed`: the pages whose bytes differ from the last snapshot's. */
+  pages_changed?: number;
   /** Where the first hit is (`table`, or `stale page N`), never the text. */
   found?: string;
   /** Set by the source when the result came from a look-ahead and still held (same `data_version`, size and mtime). */
@@ -139,6 +156,8 @@ export interface LiveBeginJob {
   busyTimeoutMs: number;
   redact: boolean;
   hold: boolean;
+  /** With `redact`, in an incremental snapshot: the last snapshot's clean scan to scan only the changes against. */
+  base?: PageBase;
 }
 
 export type SqliteJob =
