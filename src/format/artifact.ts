@@ -94,4 +94,12 @@ export interface Artifact {
    * would drop the process's locks on the file). A wrapper that replaces `open` must drop it.
    */
   descriptor?: { fd: number; path: string };
+  /**
+   * With `descriptor`: what a reader of every byte through it already computed, under the same
+   * guarantee (a SQLite live read's incremental scan: the bytes stay as they were until
+   * `check()`): the SHA-256 of the `size` bytes (hex) and each page's first 16 bytes of SHA-256
+   * (pages of `pageSize` bytes, the last one short). A `pages` chunking may then read only the
+   * pages it stores, checking each against its hash here, and take the whole hash as it is.
+   */
+  pageHashes?: { pageSize: number; table: Uint8Array; sha256: string };
 }

@@ -25,9 +25,10 @@
  * {@link POLICY.maxRanges} ranges stores the rest of the artifact in this bundle.
  */
 import { createHash } from "node:crypto";
+import { read } from "node:fs";
 import { open, rm, type FileHandle } from "node:fs/promises";
 import { join } from "node:path";
-import { destinationError, sourceChanged } from "../errors.js";
+import { destinationError, sourceChanged, sourceError } from "../errors.js";
 import type { ChunkHint } from "../format/artifact.js";
 import type { ChunkRange } from "../format/chunked.js";
 import type { IndexEntry } from "../format/manifest.js";
@@ -346,6 +347,10 @@ class Spool {
 
 let spools = 0;
 
+/** A positioned read through a descriptor the caller does not own (fs.read on the thread pool). */
+const readAt = (fd: number, b: Buffer, pos: number): Promise<number> =>
+  new Promise((res, rej) => read(fd, b, 0, b.length, pos, (e, n) => (e ? rej(e) : res(n))));
+
 /** `pages` and `cdc`: each chunk matched against the base's table; the others spooled, then packed. */
 async function packMatched(a: Artifact, hint: ChunkHint, base: ChunkBase, ctx: ChunkContext): Promise<ChunkedPack> {
   const bt = new BaseTable(base.table!, hint, base.size);
@@ -377,10 +382,66 @@ async function packMatched(a: Artifact, hint: ChunkHint, base: ChunkBase, ctx: C
     }
     at += x.length;
   };
+  // Hashes a reader of every byte computed already (Artifact.pageHashes): only the pages stored
+  // are read, each checked against its hash there, and the whole file's hash is taken as it is.
+  const pre =
+    hint.mode === "pages" &&
+    a.descriptor &&
+    a.pageHashes &&
+    a.pageHashes.pageSize === hint.pageSize &&
+    a.pageHashes.table.length === 16 * Math.ceil(a.size / hint.pageSize!) &&
+    /^[0-9a-f]{64}$/.test(a.pageHashes.sha256)
+      ? a.pageHashes
+      : null;
   try {
     // Pages read and hashed on the thread pool when the artifact offers its descriptor (./page-reader.ts).
-    const blocks = hint.mode === "pages" ? pageBlocks(a, hint.pageSize!) : null;
-    if (blocks) {
+    const blocks = hint.mode === "pages" && !pre ? pageBlocks(a, hint.pageSize!) : null;
+    if (pre) {
+      const ps = hint.pageSize!;
+      const hashes = Buffer.from(pre.table.buffer, pre.table.byteOffset, pre.table.length);
+      const n = hashes.length / 16;
+      const per = Math.max(1, Math.floor((1 << 20) / ps));
+      const page = Buffer.allocUnsafe(ps);
+      for (let i = 0; i < n; i += per) {
+        const count = Math.min(per, n - i);
+        const len = Math.min(count * ps, a.size - at);
+        const hs = hashes.subarray(16 * i, 16 * (i + count));
+        // most runs of pages are unchanged in place: referenced at once, unread
+        const j = len === count * ps && pieces.length + count <= POLICY.maxRanges ? bt.samePages(at, count, hs) : -1;
+        if (j >= 0) {
+          bt.used.fill(1, j, j + count);
+          table.addPages(hs, count);
+          recipe.locate(at, len, pieces);
+          referenced += len;
+          at += len;
+          continue;
+        }
+        for (let k = 0; k < count; k++) {
+          const plen = Math.min(ps, a.size - at);
+          const h = hs.subarray(16 * k, 16 * k + 16);
+          const m = pieces.length < POLICY.maxRanges ? bt.find(h, plen, at) : undefined;
+          if (m !== undefined) {
+            table.add(plen, h);
+            bt.used[m] = 1;
+            recipe.locate(bt.offsets[m]!, plen, pieces);
+            referenced += plen;
+            at += plen;
+            continue;
+          }
+          const x = page.subarray(0, plen);
+          let got: number;
+          try {
+            got = await readAt(a.descriptor!.fd, x, at);
+          } catch (e) {
+            throw sourceError(e, a.descriptor!.path);
+          }
+          if (got !== plen) throw sourceChanged(ctx.name, `it ends before its ${a.size} bytes`);
+          if (hash16(x).compare(h) !== 0)
+            throw sourceChanged(ctx.name, `its page at byte ${at} changed while it was read`);
+          await chunk(x, h);
+        }
+      }
+    } else if (blocks) {
       for await (const b of blocks) {
         whole.update(b.bytes);
         const len = b.bytes.length;
@@ -419,7 +480,7 @@ async function packMatched(a: Artifact, hint: ChunkHint, base: ChunkBase, ctx: C
   }
   try {
     await a.check?.();
-    const sha256 = whole.digest("hex");
+    const sha256 = pre ? pre.sha256 : whole.digest("hex");
     if (a.expectSha256 !== undefined && a.expectSha256 !== sha256) {
       throw sourceChanged(ctx.name, "its bytes changed between the redaction scan and packing (same size and mtime)");
     }

@@ -126,8 +126,33 @@ describe("packChunked through the page reader", () => {
       const r = await packChunked(a, hint, base, ctx());
       results.push({ ranges: r.entry.ranges, sha256: r.entry.sha256, recipe: r.rec.r, table: r.table!.toString("hex"), stored: Buffer.concat(stored).toString("hex") });
     }
+    // the hashes a reader of every byte computed already (Artifact.pageHashes, a SQLite
+    // incremental scan): the same entry, with only the stored pages read
+    const tableOf = (b: Buffer): Buffer => {
+      const t = Buffer.alloc(16 * Math.ceil(b.length / ps));
+      for (let p = 0; p * ps < b.length; p++) createHash("sha256").update(b.subarray(p * ps, (p + 1) * ps)).digest().copy(t, 16 * p, 0, 16);
+      return t;
+    };
+    const pageHashes = { pageSize: ps, table: tableOf(after), sha256: createHash("sha256").update(after).digest("hex") };
+    stored.length = 0;
+    const pre = await packChunked({ ...artifact(file, after.length), pageHashes }, hint, base, ctx());
+    results.push({ ranges: pre.entry.ranges, sha256: pre.entry.sha256, recipe: pre.rec.r, table: pre.table!.toString("hex"), stored: Buffer.concat(stored).toString("hex") });
     expect(results[0]).toEqual(results[1]);
+    expect(results[2]).toEqual(results[1]);
     expect(results[0]!.sha256).toBe(createHash("sha256").update(after).digest("hex"));
+    // a stored page whose bytes are not those its hash says (changed after they were hashed): refused
+    const wrong = Buffer.from(pageHashes.table);
+    wrong[16 * 900] ^= 1;
+    await expect(packChunked({ ...artifact(file, after.length), pageHashes: { ...pageHashes, table: wrong } }, hint, base, ctx()))
+      .rejects.toMatchObject({ code: "MEMSNAP_SOURCE_CHANGED" });
+    // unchanged pages are never read: a hash table that says they are as they were is taken as it is
+    const later = Buffer.from(after);
+    randomBytes(ps).copy(later, 100 * ps); // (a page the table still gives as unchanged)
+    writeFileSync(file, later);
+    stored.length = 0;
+    const unread = await packChunked({ ...artifact(file, after.length), pageHashes }, hint, base, ctx());
+    expect(unread.entry.sha256).toBe(pageHashes.sha256);
+    expect(Buffer.concat(stored).toString("hex")).toBe(results[1]!.stored);
     // pages 5 and 900 and the two appended stored; 300 and 301 referenced off their place
     expect(results[0]!.stored.length / 2).toBe(4 * ps);
     expect(results[0]!.ranges).toEqual([[5 * ps, "BASE", 0], [ps], [294 * ps, "BASE", 6 * ps], [ps, "BASE", 301 * ps], [ps, "BASE", 300 * ps], [598 * ps, "BASE", 302 * ps], [ps], [99 * ps, "BASE", 901 * ps], [2 * ps]]);

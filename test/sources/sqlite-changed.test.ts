@@ -186,6 +186,9 @@ describe("sqlite live read: an incremental snapshot scans only the pages that ch
       const c = await begin(clean, base);
       expect(c).toMatchObject({ eligible: true, scan: { walk: "changed" } });
       expect(c.scan!.pages_changed).toBeLessThan(pages / 10);
+      // the hashes of the pass, for the pack: the whole file's and each page's, as a reader of the file computes them
+      expect(c.pages!.sha256).toBe(createHash("sha256").update(readFileSync(clean)).digest("hex"));
+      expect(Buffer.from(c.pages!.table).equals(pageTable(clean, 4096))).toBe(true);
       apply(db, [{ op: "insert", n, secret: true, blob: false }]);
       const r = await begin(db, base);
       expect(r.scan!.walk).toBe("changed");

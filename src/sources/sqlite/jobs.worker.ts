@@ -101,7 +101,11 @@ async function run(job: SqliteJob): Promise<unknown> {
       const idle = h.busy ? h.idle : undefined;
       closeHandle(h); // a scan in progress on it stops at its next yield
       // and the host closes the descriptor only once no read of the scan is still on the pool
-      await idle;
+      // (the scan's own answer goes first: its reply is posted before this one's)
+      if (idle) {
+        await idle;
+        await new Promise((r) => setImmediate(r));
+      }
     }
     return {};
   }

@@ -38,6 +38,8 @@ export function liveArtifact(
     // The pages may be read through the same descriptor (never another: closing one would drop
     // the read transaction's locks), and check() below catches a file that changed.
     descriptor: { fd: live.fh.fd, path: f.abs },
+    // an incremental scan hashed every byte through it already (the pack reads only what it stores)
+    ...(r.pages && r.pages.pageSize === meta.page_size ? { pageHashes: r.pages } : {}),
     open: (o?: OpenOptions) => {
       const s = o?.reuse
         ? null

@@ -22,6 +22,10 @@
  * changed page it cannot parse, a broken chain, more than a quarter of the pages changed, a
  * different page size. The candidates it collects, and its verdict, are the full walk's on those
  * pages; what it skips was cleared last time.
+ *
+ * The pass that finds the changed pages hashes every byte of the file anyway, under the read
+ * transaction the file then streams in: the whole file's SHA-256 and the page table go to the
+ * pack with the artifact (Artifact.pageHashes), which then reads only the pages it stores.
  */
 import { createHash } from "node:crypto";
 import { readSync } from "node:fs";
@@ -47,10 +51,18 @@ function zeroHash(len: number): Buffer {
   return z;
 }
 
+/** The file's hashes as the changed-page pass read it: see {@link PageBase} and Artifact.pageHashes. */
+export interface FileHashes {
+  pageSize: number;
+  table: Buffer;
+  sha256: string;
+}
+
 /**
- * The pages (numbers from 1) whose bytes differ from the table's, or null past `limit` of them.
- * The file is read in blocks and each page hashed, on the thread pool when the native addon is
- * there (two blocks in flight), else here.
+ * The pages (numbers from 1) whose bytes differ from the table's, with the file's hashes, or
+ * null past `limit` of them. The file is read in blocks and each page hashed, on the thread pool
+ * when the native addon is there (two blocks in flight), else here; the whole file is hashed
+ * here as the blocks arrive.
  */
 async function changedPages(
   h: Handle,
@@ -58,20 +70,28 @@ async function changedPages(
   ps: number,
   table: Uint8Array,
   limit: number,
-): Promise<number[] | null> {
+): Promise<{ changed: number[]; hashes: FileHashes } | null> {
   const basePages = Math.floor(table.length / 16);
   const per = Math.max(1, Math.floor(BLOCK / ps));
   const out: number[] = [];
   const tbl = Buffer.from(table.buffer, table.byteOffset, table.length);
+  const mine = Buffer.alloc(16 * Math.ceil(size / ps));
+  const whole = createHash("sha256");
   const compare = (p: number, hash: Buffer, at: number): void => {
+    hash.copy(mine, 16 * (p - 1), at, at + 16);
     if (p > basePages || tbl.compare(hash, at, at + 16, 16 * (p - 1), 16 * p) !== 0) out.push(p);
   };
+  const done = (): { changed: number[]; hashes: FileHashes } => ({
+    changed: out,
+    hashes: { pageSize: ps, table: mine, sha256: whole.digest("hex") },
+  });
   const readHash = AEAD?.readHash;
   if (typeof readHash !== "function") {
     const buf = Buffer.allocUnsafe(per * ps);
     for (let at = 0; at < size && out.length <= limit; at += per * ps) {
       const len = Math.min(per * ps, size - at);
       if (readSync(h.fd, buf, 0, len, at) !== len) return null;
+      whole.update(buf.subarray(0, len));
       for (let k = 0; k * ps < len; k++) {
         const e = Math.min(len, (k + 1) * ps);
         compare(
@@ -85,7 +105,7 @@ async function changedPages(
       await new Promise((r) => setImmediate(r));
       if (h.released) throw released();
     }
-    return out.length <= limit ? out : null;
+    return out.length <= limit ? done() : null;
   }
   interface Slot {
     bytes: Buffer;
@@ -99,7 +119,7 @@ async function changedPages(
     zero: new Uint8Array(per),
     digests: Buffer.allocUnsafe(32 * per),
   });
-  const slots = [slot(), slot()];
+  const slots = [slot(), slot(), slot(), slot()];
   const read = (at: number, s: Slot): Promise<number> => {
     const len = Math.min(per * ps, size - at);
     const count = Math.ceil(len / ps);
@@ -129,6 +149,7 @@ async function changedPages(
       const count = await p;
       if (h.released) throw released();
       if (count < 0) return null; // shorter than its size: the full walk meets it
+      whole.update(s.bytes.subarray(0, Math.min(per * ps, size - at)));
       for (let k = 0; k < count; k++) {
         const pn = at / ps + k + 1;
         if (s.zero[k]) compare(pn, zeroHash(s.lens[k]!), 0);
@@ -142,7 +163,7 @@ async function changedPages(
     // a read in flight still writes its slot and reads the descriptor: let it finish first
     await Promise.allSettled(inflight.map((x) => x.p));
   }
-  return out;
+  return done();
 }
 
 // An SQLite varint at p (no further than end): [value, next], or null.
@@ -173,10 +194,14 @@ export async function scanChanged(
   free: Uint8Array,
   cells: CellScan,
   base: PageBase,
+  hashesOut: { hashes?: FileHashes },
 ): Promise<string | null | typeof FULL> {
   if (base.pageSize !== ps || pageCount >= 1 << 24 || usable < 480 || size < pageCount * ps) return FULL;
-  const changed = await changedPages(h, size, ps, base.table, Math.floor(pageCount / 4));
-  if (changed === null) return FULL;
+  const pass = await changedPages(h, size, ps, base.table, Math.floor(pageCount / 4));
+  if (pass === null) return FULL;
+  // (good for the pack whatever the walk below decides: the same bytes, in the same transaction)
+  hashesOut.hashes = pass.hashes;
+  const changed = pass.changed;
   const fd = h.fd;
   const filePages = Math.ceil(size / ps);
   // the pages to visit: the changed ones, every free page and every page past the database's end

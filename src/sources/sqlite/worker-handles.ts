@@ -25,6 +25,7 @@ export interface Handle {
     scan: LiveScanStats;
     reason: string | null;
     candidates: Array<string | Uint8Array> | undefined;
+    pages: { pageSize: number; table: Uint8Array; sha256: string } | undefined;
   } | null;
 }
 

@@ -8,6 +8,7 @@ import { type CandidateCells, scanCells, scanTargets } from "./worker-cells.js";
 import { closeHandle, handles, released } from "./worker-handles.js";
 import type { CellState } from "./worker-pages.js";
 import { load, ordinaryTables, qi } from "./worker-sql.js";
+import type { FileHashes } from "./worker-changed.js";
 import { scanStale } from "./worker-stale.js";
 import type {
   LiveBeginJob,
@@ -79,6 +80,7 @@ export async function liveBegin(job: LiveBeginJob): Promise<LiveBeginResult> {
     };
     let reason: string | null = null;
     let candidates: Array<string | Uint8Array> | undefined;
+    let pages: { pageSize: number; table: Uint8Array; sha256: string } | undefined;
     if (pragmas.journal_mode === "wal") {
       if (wal > 0) reason = "wal_frames";
     } else if (!["delete", "truncate", "persist"].includes(pragmas.journal_mode)) {
@@ -94,6 +96,7 @@ export async function liveBegin(job: LiveBeginJob): Promise<LiveBeginResult> {
         out.reused = true;
         reason = c.reason;
         candidates = c.candidates;
+        pages = c.pages;
       } else {
         const st: LiveScanStats = {
           tables: 0,
@@ -109,7 +112,9 @@ export async function liveBegin(job: LiveBeginJob): Promise<LiveBeginResult> {
           // One pass over the pages: the stale bytes and (the fast path) every cell's TEXT.
           // "scan" once the walk starts (an empty file or a refused freelist never does)
           const cells: { state: CellState; collect?: CandidateCells } = { state: "unparsed" };
-          const stale = await scanStale(h, st, stat.size, pageCount, cells, job.base ?? null);
+          const hashesOut: { hashes?: FileHashes } = {};
+          const stale = await scanStale(h, st, stat.size, pageCount, cells, job.base ?? null, hashesOut);
+          pages = hashesOut.hashes;
           // Candidate cells are collected (for the host's redactor to rule on) only when the
           // stale bytes are clean: a stale hit sends the database to the copy path anyway. The
           // page walk collects them as it goes (./worker-pages.ts); the SQL scan starts afresh.
@@ -141,13 +146,14 @@ export async function liveBegin(job: LiveBeginJob): Promise<LiveBeginResult> {
         }
         st.ms = Math.round(performance.now() - s0);
         out.scan = st;
-        h.cache = { dataVersion, size: stat.size, mtimeMs: stat.mtimeMs, scan: st, reason, candidates };
+        h.cache = { dataVersion, size: stat.size, mtimeMs: stat.mtimeMs, scan: st, reason, candidates, pages };
       }
     }
     if (h.released) throw released();
     out.eligible = !reason;
     if (reason) out.reason = reason;
     if (candidates) out.candidates = candidates;
+    if (pages) out.pages = pages;
     out.ms = Math.round(performance.now() - t0);
     // With candidate cells the transaction is held too: the host may find them clean and read the file.
     if (job.hold && (out.eligible || candidates)) {

@@ -8,7 +8,7 @@ import { candidateIn, type Sliceable, tokenRun } from "./worker-candidate.js";
 import { type Handle, maybeYield } from "./worker-handles.js";
 import { type CellScan, type CellState, flushCells, newCellScan, pageCells } from "./worker-pages.js";
 import type { LiveScanStats } from "./worker-types.js";
-import { FULL, scanChanged } from "./worker-changed.js";
+import { type FileHashes, FULL, scanChanged } from "./worker-changed.js";
 import type { PageBase } from "./worker-types.js";
 import { WALK, walkPages } from "./worker-walk.js";
 
@@ -25,6 +25,7 @@ export async function scanStale(
   pageCount: number,
   cellsIn: { state: CellState } | null = null,
   base: PageBase | null = null,
+  hashesOut: { hashes?: FileHashes } = {},
 ): Promise<string | null> {
   if (size === 0) return null; // an empty file is an empty database
   const fd = h.fd;
@@ -59,7 +60,7 @@ export async function scanStale(
   if (base && cells !== null) {
     // an incremental snapshot: only what changed since the last clean scan (./worker-changed.ts)
     const before = { ...st };
-    const v = await scanChanged(h, st, size, ps, usable, pageCount, free, cells, base);
+    const v = await scanChanged(h, st, size, ps, usable, pageCount, free, cells, base, hashesOut);
     if (v !== FULL) return v;
     for (const k of Object.keys(st) as Array<keyof LiveScanStats>) if (!(k in before)) delete st[k];
     Object.assign(st, before);

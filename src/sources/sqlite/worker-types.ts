@@ -126,6 +126,11 @@ export interface LiveBeginResult {
    * is then held, as for a yes, until the host has the redactor rule on them (../capture.ts).
    */
   candidates?: Array<string | Uint8Array>;
+  /**
+   * An incremental scan's hashes of the file as read (./worker-changed.ts): each page's first 16
+   * bytes of SHA-256 and the whole file's SHA-256, for the pack (Artifact.pageHashes).
+   */
+  pages?: { pageSize: number; table: Uint8Array; sha256: string };
   /** With `redact`: the scan, fresh or reused from a look-ahead (`reused`). */
   scan?: LiveScanStats;
   reused?: boolean;
