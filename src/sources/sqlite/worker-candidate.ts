@@ -60,6 +60,25 @@ export function tokenRun(s: string): boolean {
   return false;
 }
 
+const ZERO = Buffer.alloc(65536);
+/**
+ * The verdict on one stale region b[a, e) of a page (a latin1 view of its bytes, as
+ * src/redact/stream.ts reads a file): null when it is all zero or clean, else counted in
+ * `st.stale_bytes` and tested with the pre-filter, then for a long token run.
+ */
+export function staleVerdict(
+  b: Buffer,
+  a: number,
+  e: number,
+  st: { stale_bytes: number },
+): "stale_candidate" | "stale_token" | null {
+  if (e <= a || ZERO.compare(b, a, e, 0, e - a) === 0) return null;
+  st.stale_bytes += e - a;
+  if (candidateIn(b, a, e, "latin1Slice")) return "stale_candidate";
+  if (tokenRun((b as Sliceable).latin1Slice(a, e))) return "stale_token";
+  return null;
+}
+
 // A string of 64K characters or more (group_concat of a table, a long value, a two-byte batch)
 // is a large object to V8, which puts it straight into its old generation, where it waits for a
 // full collection: left to V8's pacing, two scanning workers held ~100 MiB of such dead text at

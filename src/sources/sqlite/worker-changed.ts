@@ -31,7 +31,7 @@ import { createHash } from "node:crypto";
 import { readSync } from "node:fs";
 import { workerData } from "node:worker_threads";
 import { loadAead } from "../../codecs/aead.js";
-import { candidateIn, type Sliceable, tokenRun } from "./worker-candidate.js";
+import { staleVerdict } from "./worker-candidate.js";
 import { type Handle, released } from "./worker-handles.js";
 import { type CellScan, flushCells, pageCells } from "./worker-pages.js";
 import type { LiveScanStats, PageBase, SqliteWorkerData } from "./worker-types.js";
@@ -40,7 +40,6 @@ import type { LiveScanStats, PageBase, SqliteWorkerData } from "./worker-types.j
 export const FULL = Symbol("full walk");
 
 const AEAD = loadAead((workerData as SqliteWorkerData).aeadPath ?? null);
-const ZERO = Buffer.alloc(65536);
 /** Bytes read (and hashed) at a time. */
 const BLOCK = 1 << 20;
 
@@ -212,11 +211,8 @@ export async function scanChanged(
   st.pages_changed = changed.length;
   let verdict: string | null = null;
   const region = (b: Buffer, a: number, e: number, p: number): void => {
-    if (e <= a || verdict) return;
-    if (ZERO.compare(b, a, e, 0, e - a) === 0) return;
-    st.stale_bytes += e - a;
-    if (candidateIn(b, a, e, "latin1Slice")) verdict = "stale_candidate";
-    else if (tokenRun((b as Sliceable).latin1Slice(a, e))) verdict = "stale_token";
+    if (verdict) return;
+    verdict = staleVerdict(b, a, e, st);
     if (verdict) st.found = "stale page " + p;
   };
   const pg = Buffer.allocUnsafe(ps);

@@ -4,15 +4,13 @@
  * ./worker-pages.ts (natively in ./worker-walk.ts where the addon is built).
  */
 import { readSync } from "node:fs";
-import { candidateIn, type Sliceable, tokenRun } from "./worker-candidate.js";
+import { staleVerdict } from "./worker-candidate.js";
 import { type Handle, maybeYield } from "./worker-handles.js";
 import { type CellScan, type CellState, flushCells, newCellScan, pageCells } from "./worker-pages.js";
 import type { LiveScanStats } from "./worker-types.js";
 import { type FileHashes, FULL, scanChanged } from "./worker-changed.js";
 import type { PageBase } from "./worker-types.js";
 import { WALK, walkPages } from "./worker-walk.js";
-
-const ZERO = Buffer.alloc(65536);
 
 // Scan the stale bytes of the database file (what VACUUM INTO would drop): free pages and
 // pages past the database's end whole; in b-tree pages the unallocated space and the freed
@@ -72,11 +70,8 @@ export async function scanStale(
   st.walk = native ? "native" : "js";
   let verdict: string | null = native ? await walkPages(h, st, size, ps, usable, pageCount, free, cells, others) : null;
   const region = (b: Buffer, a: number, e: number, p: number): void => {
-    if (e <= a || verdict) return;
-    if (ZERO.compare(b, a, e, 0, e - a) === 0) return;
-    st.stale_bytes += e - a;
-    if (candidateIn(b, a, e, "latin1Slice")) verdict = "stale_candidate";
-    else if (tokenRun((b as Sliceable).latin1Slice(a, e))) verdict = "stale_token";
+    if (verdict) return;
+    verdict = staleVerdict(b, a, e, st);
     if (verdict) st.found = "stale page " + p;
   };
   const CH = 64 * ps;
