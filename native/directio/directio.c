@@ -114,6 +114,57 @@ static napi_value Copy(napi_env env, napi_callback_info info) {
   return NULL;
 }
 
+/* ------------------------------------------------------------------ planes */
+
+/*
+ * planes(dst, src, elem, inverse): the byte-plane shuffle of KV pages (src/sources/kv/format.ts).
+ * Forward: byte b of element i of src goes to dst[b * n + i] (n = length / elem); inverse undoes
+ * it. dst and src have the same length, a whole number of 2- or 4-byte elements, and do not
+ * overlap. The JS loop it replaces ran at ~0.2 GB/s (1.2 s for the 250 MB of a realistic
+ * home's KV pages); this runs at memory speed.
+ */
+static napi_value Planes(napi_env env, napi_callback_info info) {
+  size_t argc = 4;
+  napi_value argv[4];
+  if (napi_get_cb_info(env, info, &argc, argv, NULL, NULL) != napi_ok || argc < 4) {
+    return fail(env, "planes(dst, src, elem, inverse): four arguments expected");
+  }
+  uint8_t *dst, *src;
+  size_t dst_len, src_len;
+  if (!bytes_of(env, argv[0], &dst, &dst_len) || !bytes_of(env, argv[1], &src, &src_len)) return NULL;
+  int32_t elem = 0;
+  bool inverse = false;
+  napi_get_value_int32(env, argv[2], &elem);
+  napi_get_value_bool(env, argv[3], &inverse);
+  if ((elem != 2 && elem != 4) || dst_len != src_len || src_len % (size_t)elem != 0) {
+    return fail(env, "planes: elem must be 2 or 4, and dst and src one length, a whole number of elements");
+  }
+  if (dst_len && dst < src + src_len && src < dst + dst_len) return fail(env, "planes: dst and src overlap");
+  const size_t n = src_len / (size_t)elem;
+  if (elem == 2) {
+    uint8_t *lo = inverse ? src : dst, *hi = lo + n, *il = inverse ? dst : src;
+    if (!inverse) {
+      for (size_t i = 0; i < n; i++) {
+        lo[i] = il[2 * i];
+        hi[i] = il[2 * i + 1];
+      }
+    } else {
+      for (size_t i = 0; i < n; i++) {
+        il[2 * i] = lo[i];
+        il[2 * i + 1] = hi[i];
+      }
+    }
+  } else {
+    for (size_t b = 0; b < 4; b++) {
+      if (!inverse)
+        for (size_t i = 0; i < n; i++) dst[b * n + i] = src[4 * i + b];
+      else
+        for (size_t i = 0; i < n; i++) dst[4 * i + b] = src[b * n + i];
+    }
+  }
+  return NULL;
+}
+
 /* ------------------------------------------------------------------ scanDir */
 
 /*
@@ -737,6 +788,7 @@ static napi_value Init(napi_env env, napi_value exports) {
       {"writerStart", NULL, WriterStart, NULL, NULL, NULL, napi_enumerable, NULL},
       {"writerWait", NULL, WriterWait, NULL, NULL, NULL, napi_enumerable, NULL},
       {"mallocTrim", NULL, MallocTrim, NULL, NULL, NULL, napi_enumerable, NULL},
+      {"planes", NULL, Planes, NULL, NULL, NULL, napi_enumerable, NULL},
   };
   if (napi_define_properties(env, exports, sizeof props / sizeof props[0], props) != napi_ok) return NULL;
   return exports;

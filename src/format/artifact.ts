@@ -69,6 +69,14 @@ export interface Artifact {
   fingerprint?: string;
   /** How an incremental snapshot may store only the changed part of it (see {@link ChunkHint}). */
   chunking?: ChunkHint;
+  /**
+   * Store the bytes as their byte planes of `elem`-byte elements (a KV page, see util/planes.ts):
+   * the packer shuffles them into a buffer of its own (the artifact's size, at most
+   * KV_MAX_PAGE_BYTES), and what it stores and hashes is the planes. With `frames`, each plane
+   * is compressed as a zstd frame of its own with the plane profile (codecs/zstd-profile.ts).
+   * `sha256`, when given, must be the planes' hash.
+   */
+  shuffle?: { elem: number; frames: boolean };
   /** True for text the pipeline should redact (memory files, JSON, JSONL) when redaction is on. */
   text?: boolean;
   /**

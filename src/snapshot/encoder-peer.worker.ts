@@ -4,6 +4,7 @@
  */
 import { parentPort as port, workerData } from "node:worker_threads";
 import { loadZstdBinding } from "../codecs/zstd-binding.js";
+import { applyFrameLevel } from "../codecs/zstd-profile.js";
 
 export interface PeerData {
   bindingPath: string;
@@ -34,7 +35,7 @@ parentPort.on("message", (m: PeerRequest) => {
       return;
     }
     if (m.level !== cctxLevel) {
-      cctx.setParameter(b.CParameter.compressionLevel, m.level);
+      applyFrameLevel(cctx, b.CParameter, m.level);
       cctxLevel = m.level;
     }
     const dst = free.length ? Buffer.from(free.pop()!) : Buffer.allocUnsafeSlow(wd.dstBytes);

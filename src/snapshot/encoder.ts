@@ -59,6 +59,7 @@ import { AGE_CHUNK, AGE_TAG, type AgeStreamParams } from "../codecs/age/stream-s
 import type { SinkData } from "./encoder-sink.worker.js";
 import type { EncoderReply, PayloadRequest, PayloadWorkerData } from "./encoder.worker.js";
 import { loadZstdBinding, zstdBindingPath } from "../codecs/zstd-binding.js";
+import { applyFrameLevel } from "../codecs/zstd-profile.js";
 
 /** Input buffer size: what the main thread fills before handing a buffer to the worker. */
 const IN_BUF = 1024 * 1024;
@@ -121,6 +122,11 @@ interface ZstdCCtx {
   compress2(dst: Uint8Array, src: Uint8Array): number;
 }
 
+/** ZSTD_compressBound: the most a frame of `n` bytes can take. */
+function compressBound(n: number): number {
+  return n + (n >> 8) + (n < 128 * 1024 ? (128 * 1024 - n) >> 11 : 0);
+}
+
 /** Compresses, encrypts, hashes and writes the payload in a worker thread. */
 export class PayloadEncoder {
   readonly #worker: Worker;
@@ -140,7 +146,9 @@ export class PayloadEncoder {
   readonly #frameFree: ArrayBuffer[] = [];
   #cctx: ZstdCCtx | null = null;
   #cctxLevel = Number.NaN;
-  #levelParam = 0;
+  #params: { compressionLevel: number; hashLog: number } | null = null;
+  /** Offsets in the current input buffer where a frame must end (see {@link cut}). */
+  #cuts: number[] = [];
   /** zstd frame checksums: on for a plaintext payload only (see {@link PayloadEncoderOptions.age}). */
   readonly #checksum: boolean;
   #finish: { resolve: (r: PayloadWritten) => void; reject: (e: Error) => void } | null = null;
@@ -371,7 +379,9 @@ export class PayloadEncoder {
     }
     const ab = this.#buf.buffer as ArrayBuffer;
     this.#inFlight++;
-    this.#worker.postMessage({ t: "data", ab, len: this.#len } satisfies PayloadRequest, [ab]);
+    const cuts = this.#cuts.length ? this.#cuts : undefined;
+    if (cuts) this.#cuts = [];
+    this.#worker.postMessage({ t: "data", ab, len: this.#len, ...(cuts ? { cuts } : {}) } satisfies PayloadRequest, [ab]);
     const next = this.#free.pop();
     this.#buf = new Uint8Array(next ?? new ArrayBuffer(IN_BUF));
     this.#len = 0;
@@ -404,14 +414,24 @@ export class PayloadEncoder {
       const b = loadZstdBinding(zstdBindingPath());
       this.#cctx = new b.CCtx();
       this.#cctx.setParameter(b.CParameter.checksumFlag, this.#checksum ? 1 : 0);
-      this.#levelParam = b.CParameter.compressionLevel;
+      this.#params = b.CParameter;
     }
     if (this.#cctxLevel !== this.#level) {
-      this.#cctx.setParameter(this.#levelParam, this.#level);
+      applyFrameLevel(this.#cctx, this.#params!, this.#level);
       this.#cctxLevel = this.#level;
     }
-    const ab = this.#frameFree.pop() ?? new ArrayBuffer(FRAME_BYTES);
-    const len = this.#cctx.compress2(new Uint8Array(ab), this.#buf.subarray(0, this.#len));
+    // One frame, or one per stretch between cuts (back to back: concatenated frames are one stream).
+    const ends = [...this.#cuts.filter((c) => c > 0 && c < this.#len), this.#len];
+    this.#cuts = [];
+    let bound = 0;
+    for (let i = 0, at = 0; i < ends.length; at = ends[i++]!) bound += compressBound(ends[i]! - at);
+    let ab = this.#frameFree.pop() ?? new ArrayBuffer(FRAME_BYTES);
+    if (ab.byteLength < bound) ab = new ArrayBuffer(bound);
+    const dst = new Uint8Array(ab);
+    let len = 0;
+    for (let i = 0, at = 0; i < ends.length; at = ends[i++]!) {
+      len += this.#cctx.compress2(dst.subarray(len), this.#buf.subarray(at, ends[i]));
+    }
     this.#stolen++;
     this.stolenFrames++;
     this.#worker.postMessage({ t: "frame", ab, len } satisfies PayloadRequest, [ab]);
@@ -459,6 +479,16 @@ export class PayloadEncoder {
       }
     }
     return this.#room();
+  }
+
+  /**
+   * End the zstd frame here: the bytes written next start a new one (at the same level). Costs no
+   * message; the cut travels with the input buffer. For stretches that compress best alone (the
+   * byte planes of a KV page, see codecs/zstd-profile.ts).
+   */
+  cut(): void {
+    if (this.#error) return;
+    if (this.#cuts.at(-1) !== this.#len) this.#cuts.push(this.#len);
   }
 
   /** The zstd level for the bytes written from now on (a change starts a new zstd frame). */

@@ -7,6 +7,7 @@ import { Worker, parentPort as port, workerData } from "node:worker_threads";
 import { nativeCopy } from "../util/directio.js";
 import { loadZstdBinding } from "../codecs/zstd-binding.js";
 import type { PeerData, PeerReply, PeerRequest } from "./encoder-peer.worker.js";
+import { applyFrameLevel } from "../codecs/zstd-profile.js";
 
 /** What the encoder gives the payload worker. */
 export interface PayloadWorkerData {
@@ -31,7 +32,8 @@ export interface PayloadWorkerData {
 
 /** Main thread → payload worker. */
 export type PayloadRequest =
-  | { t: "data"; ab: ArrayBuffer; len: number }
+  /** `cuts`: ascending offsets in the buffer where a zstd frame must end (see PayloadEncoder.cut). */
+  | { t: "data"; ab: ArrayBuffer; len: number; cuts?: number[] }
   | { t: "frame"; ab: ArrayBuffer; len: number }
   | { t: "level"; level: number }
   | { t: "end" };
@@ -46,7 +48,9 @@ export type EncoderReply =
   /** The sink's stored bytes, in order, when it posts them instead of writing a file (SinkData.fd < 0). */
   | { t: "out"; ab: ArrayBuffer };
 
-type Queued = { t: "data"; ab: ArrayBuffer; len: number; pos: number } | Exclude<PayloadRequest, { t: "data" }>;
+type Queued =
+  | { t: "data"; ab: ArrayBuffer; len: number; pos: number; cuts: number[] | undefined; ci: number }
+  | Exclude<PayloadRequest, { t: "data" }>;
 /**
  * A compressed frame waiting for its turn: `own` buffers are this thread's, `main` ones go back
  * to the main thread, others to the peer.
@@ -123,7 +127,7 @@ function endOutput(): void {
 const cctx = new b.CCtx();
 let level = wd.level; // level of the segment being filled
 let cctxLevel = level;
-cctx.setParameter(b.CParameter.compressionLevel, level);
+applyFrameLevel(cctx, b.CParameter, level);
 cctx.setParameter(b.CParameter.checksumFlag, wd.checksum ? 1 : 0);
 const SEG = wd.segBytes;
 // An input buffer at least this big that arrives with no segment open is compressed in place
@@ -145,7 +149,7 @@ let finished = false;
 
 function compressFrame(src: Buffer, lvl: number): Frame {
   if (lvl !== cctxLevel) {
-    cctx.setParameter(b.CParameter.compressionLevel, lvl);
+    applyFrameLevel(cctx, b.CParameter, lvl);
     cctxLevel = lvl;
   }
   const dst = dstFree.pop() || Buffer.allocUnsafeSlow(DST);
@@ -220,19 +224,30 @@ function pump(): void {
     const m = queue[0]!;
     if (m.t === "data") {
       const src = Buffer.from(m.ab, 0, m.len);
-      if (!wd.parallel && segLen === 0 && m.pos === 0 && m.len >= DIRECT_MIN) {
-        // A whole input buffer with no segment open: compress it where it lies, as a frame of
-        // its own, instead of copying it into the segment first.
-        ready.set(nextSeq++, compressFrame(src, level));
-        m.pos = m.len;
-        drain();
-      }
-      while (m.pos < m.len) {
-        if (segLen === SEG && !closeSegment()) return;
-        const n = Math.min(SEG - segLen, m.len - m.pos);
-        src.copy(seg, segLen, m.pos, m.pos + n);
-        segLen += n;
-        m.pos += n;
+      const cuts = m.cuts;
+      for (;;) {
+        // A cut reached ends the segment being filled (a frame of its own: a KV page's byte plane).
+        while (cuts !== undefined && m.ci < cuts.length && cuts[m.ci]! <= m.pos) {
+          if (!closeSegment()) return;
+          m.ci++;
+        }
+        if (m.pos >= m.len) break;
+        const stop = cuts !== undefined && m.ci < cuts.length ? cuts[m.ci]! : m.len;
+        if (!wd.parallel && segLen === 0 && stop - m.pos >= DIRECT_MIN) {
+          // A stretch with no segment open, up to a cut or the buffer's end: compress it where it
+          // lies, as a frame of its own, instead of copying it into the segment first.
+          ready.set(nextSeq++, compressFrame(src.subarray(m.pos, stop), level));
+          m.pos = stop;
+          drain();
+          continue;
+        }
+        while (m.pos < stop) {
+          if (segLen === SEG && !closeSegment()) return;
+          const n = Math.min(SEG - segLen, stop - m.pos);
+          src.copy(seg, segLen, m.pos, m.pos + n);
+          segLen += n;
+          m.pos += n;
+        }
       }
       queue.shift();
       parentPort.postMessage({ t: "ack", ab: m.ab } satisfies EncoderReply, [m.ab]);
@@ -294,7 +309,7 @@ parentPort.on("message", (m: PayloadRequest) => {
     idleSince = null;
   }
   try {
-    if (m.t === "data") queue.push({ t: "data", ab: m.ab, len: m.len, pos: 0 });
+    if (m.t === "data") queue.push({ t: "data", ab: m.ab, len: m.len, pos: 0, cuts: m.cuts, ci: 0 });
     else queue.push(m);
     pump();
     if (queue.length === 0) idleSince = now();

@@ -17,6 +17,8 @@ import type { PayloadEncoder } from "./encoder.js";
 import type { Reference, ReferenceSet } from "./incremental.js";
 import { packChunked, packWhole, wholeReason, type ChunkRecord } from "./chunking.js";
 import type { LevelPolicy } from "./levels.js";
+import { PLANE_LEVEL } from "../codecs/zstd-profile.js";
+import { PLANES_MAX_BYTES, shuffleInto } from "../util/planes.js";
 
 const REDACT_LOOKAHEAD = 2;
 
@@ -58,6 +60,35 @@ const collectPacked = gcPacer(16 * 1024 * 1024, "minor");
 /** Old-generation garbage of many small artifacts (KV pages) is collected every 16 MiB of it (see heapPacer). */
 const collectArtifacts = heapPacer(16 * 1024 * 1024);
 
+/** The packer's buffers for a page stored as planes: the page gathered, then its planes (reused page after page). */
+let gathered = Buffer.alloc(0);
+let planesBuf = Buffer.alloc(0);
+/** Buffers up to this size are kept for the next page. */
+const PLANES_KEEP_BYTES = 4 * 1024 * 1024;
+
+/** Artifact `a`'s bytes as their byte planes, in one chunk (valid until the next call). */
+async function* planesOf(name: string, a: Artifact, elem: number): AsyncGenerator<Buffer> {
+  if (a.size > PLANES_MAX_BYTES) {
+    throw new MemsnapError("MEMSNAP_INTERNAL", `${name}: ${a.size} bytes to shuffle, over ${PLANES_MAX_BYTES}`);
+  }
+  const keep = a.size <= PLANES_KEEP_BYTES;
+  const src = keep && gathered.length >= a.size ? gathered : Buffer.allocUnsafeSlow(a.size);
+  if (keep) gathered = src;
+  let n = 0;
+  for await (const c of a.open({ reuse: true })) {
+    const b = c as Buffer;
+    if (n + b.length > a.size) throw sourceChanged(name, `grew past its declared ${a.size} bytes`);
+    b.copy(src, n);
+    n += b.length;
+  }
+  if (n !== a.size) throw sourceChanged(name, `shrank from ${a.size} to ${n} bytes`);
+  const dst = keep && planesBuf.length >= a.size ? planesBuf : Buffer.allocUnsafeSlow(a.size);
+  if (keep) planesBuf = dst;
+  const out = dst.subarray(0, n);
+  shuffleInto(out, src.subarray(0, n), elem);
+  yield out;
+}
+
 async function packArtifact(
   enc: PayloadEncoder,
   levels: LevelPolicy,
@@ -70,20 +101,35 @@ async function packArtifact(
   const hash = known === undefined ? createHash("sha256") : null;
   let seen = 0;
   let started = false;
+  // Byte planes: a frame each, cut where each plane ends (the header rides with the first).
+  const sh = a.shuffle && a.shuffle.elem > 1 && a.size % a.shuffle.elem === 0 ? a.shuffle : null;
+  const plane = sh?.frames ? a.size / sh.elem : 0;
   const begin = async (first: Uint8Array | undefined): Promise<void> => {
     started = true;
-    enc.setLevel(levels.start(layer, a.size, first));
+    enc.setLevel(plane ? PLANE_LEVEL : levels.start(layer, a.size, first));
     await enc.write(encodeEntryHeader(name, a.size, a.mtime, a.mode));
   };
-  for await (const c of a.open({ reuse: true })) {
+  for await (const c of sh ? planesOf(name, a, sh.elem) : a.open({ reuse: true })) {
     const chunk = c as Buffer;
+    const at = seen;
     seen += chunk.length;
     if (seen > a.size) throw sourceChanged(name, `grew past its declared ${a.size} bytes`);
     if (!started) await begin(chunk);
-    enc.setLevel(levels.next(chunk));
+    if (!plane) enc.setLevel(levels.next(chunk));
     hash?.update(chunk);
     onBytes(chunk.length);
     collectPacked(chunk.length);
+    if (plane) {
+      // Write up to each plane's end, then cut.
+      for (let off = 0; off < chunk.length; ) {
+        const end = Math.min(chunk.length, (Math.floor((at + off) / plane) + 1) * plane - at);
+        const w = enc.write(chunk.subarray(off, end));
+        if (w) await w;
+        off = end;
+        if ((at + off) % plane === 0) enc.cut();
+      }
+      continue;
+    }
     const w = enc.write(chunk);
     if (w) await w;
   }

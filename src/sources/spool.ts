@@ -11,7 +11,9 @@ import { closeSync, createReadStream, fstatSync, openSync } from "node:fs";
 import { BatchedWriter } from "../util/batched-writer.js";
 import { join } from "node:path";
 import { MemsnapError, destinationError } from "../errors.js";
+import { createHash } from "node:crypto";
 import { PLACE_MAX_END } from "./kv/format.js";
+import { PLANES_MAX_BYTES, unshuffle } from "../util/planes.js";
 import { SPOOL_FILE, SPOOL_MAP, spoolPart, type SpoolAt, type SpoolPlace } from "./types.js";
 import { FdCache } from "../util/fd-cache.js";
 import { WriteBehind, WriteFailed } from "../util/write-behind.js";
@@ -19,6 +21,8 @@ import { conflictingEntry } from "../format/safe-path.js";
 
 /** Part files kept open at once; a part seen again after eviction is reopened. */
 const OPEN_PARTS = 16;
+/** The gather buffer of placed planes is kept for the next page up to this size. */
+const GATHER_KEEP_BYTES = 4 * 1024 * 1024;
 /** Map lines are written in batches of about this many characters. */
 const MAP_BATCH = 64 * 1024;
 /** Bytes of artifact writes in flight on the thread pool at most (see WriteBehind). */
@@ -39,6 +43,7 @@ export class RestoreSpool {
   readonly #writes = new WriteBehind(WRITES_IN_FLIGHT);
   readonly #parts = new FdCache<number>(OPEN_PARTS, (fd) => this.#writes.close(fd, closeSync));
   readonly #made = new Set<number>();
+  #gather: Buffer = Buffer.alloc(0);
 
   readonly #resume: boolean;
 
@@ -108,17 +113,21 @@ export class RestoreSpool {
     const start = place ? place.offset : this.#pos;
     let n = 0;
     try {
-      for await (const c of chunks) {
-        if (n + c.length > size)
-          throw new MemsnapError("MEMSNAP_ARTIFACT_HASH_MISMATCH", `${name} is longer than its header declares`, {
-            path: name,
-          });
-        // The fd is looked up for every chunk: another artifact's part may have evicted it.
-        const fd = place ? this.#part(place.file) : (this.#fd ??= this.#open(SPOOL_FILE, "wx"));
-        const w = this.#writes.write(fd, c, start + n, place ? spoolPart(place.file) : SPOOL_FILE);
-        n += c.length;
-        onBytes(c.length);
-        if (w) await w;
+      if (place?.planes) {
+        n = await this.#putPlanes(name, size, chunks, place, place.planes, onBytes);
+      } else {
+        for await (const c of chunks) {
+          if (n + c.length > size)
+            throw new MemsnapError("MEMSNAP_ARTIFACT_HASH_MISMATCH", `${name} is longer than its header declares`, {
+              path: name,
+            });
+          // The fd is looked up for every chunk: another artifact's part may have evicted it.
+          const fd = place ? this.#part(place.file) : (this.#fd ??= this.#open(SPOOL_FILE, "wx"));
+          const w = this.#writes.write(fd, c, start + n, place ? spoolPart(place.file) : SPOOL_FILE);
+          n += c.length;
+          onBytes(c.length);
+          if (w) await w;
+        }
       }
     } catch (e) {
       throw this.#writeError(e, place ? spoolPart(place.file) : SPOOL_FILE);
@@ -131,6 +140,52 @@ export class RestoreSpool {
       this.#record([rel, start, n]);
       this.#pos += n;
     }
+  }
+
+  /**
+   * A placed artifact of byte planes: gathered whole (it is at most `size`, which the caller
+   * bounds), put back in element order, checked against the digest its name gives, then
+   * written at its place as the page it was.
+   */
+  async #putPlanes(
+    name: string,
+    size: number,
+    chunks: AsyncIterable<Buffer>,
+    place: SpoolPlace,
+    planes: { elem: number; sha256: string },
+    onBytes: (n: number) => void,
+  ): Promise<number> {
+    const long = (): MemsnapError =>
+      new MemsnapError("MEMSNAP_ARTIFACT_HASH_MISMATCH", `${name} is longer than its header declares`, { path: name });
+    if (size > PLANES_MAX_BYTES) throw long();
+    // One gather buffer for every page (pages have one size); the page put back in order is new,
+    // since its write may still be in flight when the next page arrives.
+    let buf: Buffer;
+    if (size > GATHER_KEEP_BYTES) buf = Buffer.allocUnsafe(size);
+    else {
+      if (this.#gather.length < size) this.#gather = Buffer.allocUnsafeSlow(size);
+      buf = this.#gather;
+    }
+    let n = 0;
+    for await (const c of chunks) {
+      if (n + c.length > size) throw long();
+      c.copy(buf, n);
+      n += c.length;
+      onBytes(c.length);
+    }
+    const bad = (why: string): MemsnapError =>
+      new MemsnapError("MEMSNAP_ARTIFACT_HASH_MISMATCH", `${name}: ${why}`, {
+        path: name,
+        hint: "the bundle is damaged or was altered; nothing was restored",
+      });
+    if (n % planes.elem !== 0) throw bad(`${n} bytes is not a whole number of ${planes.elem}-byte elements`);
+    const page = unshuffle(buf.subarray(0, n), planes.elem);
+    if (createHash("sha256").update(page).digest("hex") !== planes.sha256) {
+      throw bad("its bytes put back in element order do not hash to the digest in its name");
+    }
+    const w = this.#writes.write(this.#part(place.file), page, place.offset, spoolPart(place.file));
+    if (w) await w;
+    return n;
   }
 
   #record(e: [string, ...number[]]): void {

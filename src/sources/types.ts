@@ -183,6 +183,12 @@ export const isSpoolName = (rel: string): boolean =>
 export interface SpoolPlace {
   file: number;
   offset: number;
+  /**
+   * The artifact is byte planes of `elem`-byte elements (a shuffled KV page): the whole artifact
+   * is gathered, put back in element order, and must hash to `sha256` (hex) before it is written
+   * at its place (else MEMSNAP_ARTIFACT_HASH_MISMATCH).
+   */
+  planes?: { elem: number; sha256: string };
 }
 
 /** A spool map value: `[offset, length]` in the spool, or `[offset, length, file]` in part `file`. */

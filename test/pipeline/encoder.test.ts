@@ -13,6 +13,7 @@ import { afterAll, describe, expect, it } from "vitest";
 import { generateIdentity } from "../../src/codecs/age/keys.js";
 import { prepareAgeEncryption } from "../../src/codecs/age/stream-seal.js";
 import { PayloadEncoder } from "../../src/snapshot/encoder.js";
+import { PLANE_LEVEL } from "../../src/codecs/zstd-profile.js";
 import { directIoAddon } from "../../src/util/directio.js";
 import { directOk } from "../helpers/direct.js";
 import { seededText } from "../helpers/seeded-blob.js";
@@ -48,6 +49,32 @@ function frameChecksumFlags(buf: Buffer): boolean[] {
     flags.push(checksum === 1);
   }
   return flags;
+}
+
+/** The Frame_Content_Size of every zstd frame in `buf` (RFC 8878 §3.1.1.1.4; the encoder's frames always carry it). */
+function frameContentSizes(buf: Buffer): number[] {
+  const sizes: number[] = [];
+  let p = 0;
+  while (p < buf.length) {
+    if (buf.readUInt32LE(p) !== 0xfd2fb528) throw new Error(`no zstd frame at ${p}`);
+    const fhd = buf[p + 4]!;
+    const single = (fhd >> 5) & 1, checksum = (fhd >> 2) & 1, fcsFlag = fhd >> 6;
+    const dictBytes = [0, 1, 2, 4][fhd & 3]!;
+    const fcsBytes = fcsFlag === 0 ? single : [1, 2, 4, 8][fcsFlag]!;
+    const at = p + 5 + (single ? 0 : 1) + dictBytes;
+    if (fcsBytes === 0) throw new Error(`frame at ${p} has no content size`);
+    const fcs = fcsBytes === 1 ? buf[at]! : fcsBytes === 2 ? buf.readUInt16LE(at) + 256 : fcsBytes === 4 ? buf.readUInt32LE(at) : Number(buf.readBigUInt64LE(at));
+    sizes.push(fcs);
+    p = at + fcsBytes;
+    for (;;) {
+      const h = buf[p]! | (buf[p + 1]! << 8) | (buf[p + 2]! << 16);
+      const last = h & 1, type = (h >> 1) & 3, size = h >>> 3;
+      p += 3 + (type === 1 ? 1 : size);
+      if (last) break;
+    }
+    if (checksum) p += 4;
+  }
+  return sizes;
 }
 
 /** A plain (no age) encoder writing into a new file in a temp directory. */
@@ -87,6 +114,68 @@ describe.skipIf(!zstdCli && !ci)("PayloadEncoder", () => {
     expect(d.status).toBe(0);
     expect(d.stdout.length).toBe(input.length);
     expect(d.stdout.equals(input)).toBe(true);
+  }, 120_000);
+});
+
+describe.skipIf(!zstdCli && !ci)("PayloadEncoder: cuts (a frame per KV page plane)", () => {
+  const decode = (path: string): Buffer => {
+    const d = spawnSync("zstd", ["-d", "-q", "-c", path], { maxBuffer: 64 * 1024 * 1024 });
+    expect(d.status).toBe(0);
+    return d.stdout;
+  };
+
+  it("a cut ends the frame where it is: mid-buffer, twice in a row, and where a full input buffer was just posted", async () => {
+    const { enc, fd, path } = await tempEncoder(3);
+    const input = seededText(1024 * 1024 + 10, 11);
+    try {
+      enc.setLevel(PLANE_LEVEL);
+      await enc.write(input.subarray(0, 3000));
+      enc.cut();
+      await enc.write(input.subarray(3000, 43_000));
+      enc.cut();
+      enc.cut(); // no empty frame
+      await enc.write(input.subarray(43_000, 1024 * 1024)); // fills the first input buffer exactly
+      enc.cut(); // at the start of the next one
+      await enc.write(input.subarray(1024 * 1024));
+      enc.cut(); // at the end
+      await enc.finish();
+    } finally {
+      await enc.destroy();
+      closeSync(fd);
+    }
+    expect(frameContentSizes(readFileSync(path))).toEqual([3000, 40_000, 1024 * 1024 - 43_000, 10]);
+    expect(decode(path).equals(input)).toBe(true);
+  });
+
+  it("cuts hold in frames the main thread compresses while the worker is behind", async () => {
+    // Level 19 between the planes keeps the worker behind, so the writer steals.
+    const { enc, fd, path } = await tempEncoder(19);
+    const input = seededText(12 * 1024 * 1024, 5);
+    const sizes: number[] = [];
+    try {
+      for (let off = 0; off < input.length; ) {
+        for (const n of [32 * 1024, 32 * 1024, 700_000]) {
+          enc.setLevel(n === 700_000 ? 19 : PLANE_LEVEL);
+          const w = enc.write(input.subarray(off, off + n));
+          if (w) await w;
+          if (n !== 700_000) enc.cut();
+          sizes.push(Math.min(n, input.length - off));
+          off += n;
+          if (off >= input.length) break;
+        }
+      }
+      await enc.finish();
+    } finally {
+      await enc.destroy();
+      closeSync(fd);
+    }
+    expect(enc.stolenFrames).toBeGreaterThan(0);
+    // Every plane is one frame of exactly its size (the level-19 stretches may be split further).
+    const got = frameContentSizes(readFileSync(path));
+    const planes = got.filter((n) => n === 32 * 1024).length;
+    expect(planes).toBe(sizes.filter((n) => n === 32 * 1024).length);
+    expect(got.reduce((a, b) => a + b, 0)).toBe(input.length);
+    expect(decode(path).equals(input)).toBe(true);
   }, 120_000);
 });
 

@@ -122,6 +122,27 @@ describe("incremental snapshots", () => {
     expect(keyless.checks.find((c) => c.name === "references")).toMatchObject({ status: "skipped" });
   });
 
+  it("shuffled KV pages (layer schema 3) are referenced too, and an incremental restore puts them back in place", async () => {
+    config = parseConfig({
+      agent: "inc",
+      sources: [{ kind: "files", name: "memory", path: "memory" }, { kind: "kv", name: "kv", path: "kv", format: "memsnap", shuffle: "on" }],
+    }, null, dir);
+    const first = await snap();
+    const kv1 = first.manifest.layers.find((l) => l.name === "kv")!;
+    expect(kv1.schema_version).toBe(3);
+    expect((kv1.meta as { shuffle: { applied: boolean } }).shuffle.applied).toBe(true);
+    scribble(kvDataFiles()[0]!, 100, 64);
+    const second = await snap();
+    const kv2 = second.manifest.layers.find((l) => l.name === "kv")!;
+    expect(kv2.referenced).toBeGreaterThan(0);
+    expect(kv2.schema_version).toBe(3);
+    const inc = join(dir, "restored-shuffled");
+    await restoreToDir(second.path, inc, { keys });
+    expect(tree(join(inc, "kv"))).toEqual(tree(join(dir, "kv")));
+    const v = await verifyBundle(second.path, { keys, deep: true });
+    expect(v.ok, JSON.stringify(v.findings)).toBe(true);
+  });
+
   it("references never chain: a third snapshot references the bundles that hold the bytes", async () => {
     const first = await snap();
     appendFileSync(join(dir, "memory", "note-1.md"), "x\n");

@@ -6,7 +6,7 @@
 import { spawnSync } from "node:child_process";
 import { createHash, randomBytes } from "node:crypto";
 import { createRequire } from "node:module";
-import { chmodSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, truncateSync, unlinkSync, writeFileSync } from "node:fs";
+import { chmodSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, truncateSync, unlinkSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, relative } from "node:path";
 import { afterAll, describe, expect, it } from "vitest";
@@ -149,9 +149,11 @@ describe("kv: memsnap dump format", () => {
           expect(meta.shuffle.sample.pages).toBeGreaterThan(0);
           expect(meta.shuffle.applied).toBe(meta.shuffle.sample.saving_pct >= 10);
         }
-        const suffixed = pages.filter((p) => /\.s[24]$/.test(p));
+        // Shuffled or not, a page is named with its place (layer schema 3 when shuffled).
+        const suffixed = pages.filter((p) => /\.s[24]@\d+\.\d+$/.test(p));
         expect(suffixed).toHaveLength(meta.shuffle.applied ? pages.length : 0);
-        if (meta.shuffle.applied) expect(suffixed.every((p) => p.endsWith(`.s${elem}`))).toBe(true);
+        if (meta.shuffle.applied) expect(suffixed.every((p) => p.includes(`.s${elem}@`))).toBe(true);
+        expect(pages.every((p) => /@\d+\.\d+$/.test(p))).toBe(true);
       }
     });
   }
@@ -163,6 +165,15 @@ describe("kv: memsnap dump format", () => {
     const r = randomBytes(4096);
     expect(unshuffle(shuffle(r, 2), 2).equals(r)).toBe(true);
     expect(unshuffle(shuffle(r, 4), 4).equals(r)).toBe(true);
+    // native/directio's planes (used when built) against the definition, at odd sizes too.
+    for (const [n, elem] of [[2, 2], [65_538, 2], [12, 4], [65_540, 4]] as const) {
+      const src = randomBytes(n);
+      const want = Buffer.alloc(n);
+      const k = n / elem;
+      for (let i = 0; i < k; i++) for (let e = 0; e < elem; e++) want[e * k + i] = src[i * elem + e]!;
+      expect(shuffle(src, elem).equals(want)).toBe(true);
+      expect(unshuffle(want, elem).equals(src)).toBe(true);
+    }
   });
 
   it("auto keeps the shuffle only when it shrinks the sample by ≥ 10 % (realistic bf16 values save less)", async () => {
@@ -328,7 +339,7 @@ describe("kv: other input formats", () => {
     expect(r3.meta.pages_total).toBe(10);
     expect(r3.meta.pages_unique).toBe(4);
     expect(r3.meta.pages_zero).toBe(4);
-    expect(r3.paths.filter((p) => p.startsWith("kv/pages/") && p.endsWith(".s2"))).toHaveLength(4);
+    expect(r3.paths.filter((p) => p.startsWith("kv/pages/") && /\.s2@\d+\.\d+$/.test(p))).toHaveLength(4);
 
     // A missing page blob names the page.
     unlinkSync(blobPath(store, pc.pages[1]!.v).slice(0, -4));
@@ -393,10 +404,8 @@ describe("kv: deep verify and materialize", () => {
     // Re-create the bundle-side artifacts from the dump itself.
     const cap = await kvSource.capture(kvSource.parseConfig({ kind: "kv", name: "kv", path: "dump", shuffle: "on" }, "t"), { baseDir: dir, tmpDir: dir });
     for await (const a of cap.artifacts) {
-      const parts: Buffer[] = [];
-      for await (const c of a.open() as AsyncIterable<Buffer>) parts.push(c);
       mkdirSync(join(staged, a.path, ".."), { recursive: true });
-      writeFileSync(join(staged, a.path), Buffer.concat(parts));
+      writeFileSync(join(staged, a.path), await storedBytes(a));
     }
     const meta = await cap.finish!();
     const victim = readdirSync(join(staged, "pages"))[0]!;
@@ -409,6 +418,14 @@ describe("kv: deep verify and materialize", () => {
   });
 });
 
+/** An artifact's bytes as the packer stores them (a page it shuffles, as its planes). */
+async function storedBytes(a: { open: () => unknown; shuffle?: { elem: number } }): Promise<Buffer> {
+  const parts: Buffer[] = [];
+  for await (const c of a.open() as AsyncIterable<Buffer>) parts.push(c);
+  const raw = Buffer.concat(parts);
+  return a.shuffle ? shuffle(raw, a.shuffle.elem) : raw;
+}
+
 describe("kv: pages placed on restore (layer schema 2)", () => {
   /** Capture a dump and stage its artifacts the way extraction does (spool, placed parts, files). */
   async function staged(dir: string, shuffleMode: "on" | "off"): Promise<{ dump: string; stage: string; meta: Meta; layer: Manifest["layers"][number]; verified: Map<string, string>; placed: string[] }> {
@@ -420,9 +437,7 @@ describe("kv: pages placed on restore (layer schema 2)", () => {
     const verified = new Map<string, string>();
     const placed: string[] = [];
     for await (const a of cap.artifacts) {
-      const parts: Buffer[] = [];
-      for await (const c of a.open() as AsyncIterable<Buffer>) parts.push(c);
-      const body = Buffer.concat(parts);
+      const body = await storedBytes(a);
       verified.set(`kv/${a.path}`, sha(body));
       const to = kvSource.restoreSpool!(a.path);
       if (to) {
@@ -460,12 +475,48 @@ describe("kv: pages placed on restore (layer schema 2)", () => {
     expect(tree(s.stage)).toEqual(tree(s.dump));
   });
 
-  it("shuffled pages still go through the spool and come back exactly", async () => {
+  it("shuffled pages are placed too (schema 3): put back in element order on extraction, and come back exactly", async () => {
     const dir = tmp();
     const s = await staged(dir, "on");
-    expect(s.placed).toEqual([]);
-    await kvSource.materialize!(s.stage, s.layer, s.verified);
+    expect(s.placed.length).toBeGreaterThan(0);
+    expect(s.placed.every((p) => /\.s[24]@\d+\.\d+$/.test(p))).toBe(true);
+    expect(existsSync(join(s.stage, ".memsnap-spool"))).toBe(false); // nothing went through the plain spool
+    // The parts hold the pages as the dump has them, not their planes.
+    const m = spoolMap(s.stage);
+    const [off, len, file] = m[s.placed[0]!]!;
+    const part = readFileSync(join(s.stage, `.memsnap-spool-${file}`)).subarray(off!, off! + len!);
+    expect(sha(part)).toBe(/^pages\/([0-9a-f]{64})/.exec(s.placed[0]!)![1]);
+    await kvSource.materialize!(s.stage, { ...s.layer, schema_version: 3 }, s.verified);
     expect(tree(s.stage)).toEqual(tree(s.dump));
+  });
+
+  it("refuses a shuffled page whose planes, put back in order, do not hash to its name", async () => {
+    const dir = tmp();
+    generateKvDump({ dir: join(dir, "dump"), nLayers: 1 });
+    const cap = await kvSource.capture(kvSource.parseConfig({ kind: "kv", name: "kv", path: "dump", shuffle: "on" }, "t"), { baseDir: dir, tmpDir: dir });
+    expect(cap.schemaVersion).toBe(3);
+    const spool = new RestoreSpool(join(dir, "stage"), "kv");
+    mkdirSync(join(dir, "stage"));
+    let tried = 0;
+    for await (const a of cap.artifacts) {
+      const to = kvSource.restoreSpool!(a.path);
+      if (to === false || to === true || !to.planes) continue;
+      const body = await storedBytes(a);
+      body[body.length - 1] = body[body.length - 1]! ^ 0x40; // the planes' bytes, as a (sealed) hostile bundle stores them
+      await expect(spool.put(`kv/${a.path}`, a.path, body.length, [body], to, () => undefined)).rejects.toMatchObject({
+        code: "MEMSNAP_ARTIFACT_HASH_MISMATCH",
+        message: expect.stringContaining("do not hash to the digest in its name"),
+      });
+      // An odd length is not a whole number of elements.
+      const odd = body.subarray(0, body.length - 1);
+      await expect(spool.put(`kv/${a.path}.x`, `${a.path}.x`, odd.length, [odd], to, () => undefined)).rejects.toMatchObject({
+        code: "MEMSNAP_ARTIFACT_HASH_MISMATCH",
+      });
+      tried++;
+      break;
+    }
+    await spool.release();
+    expect(tried).toBe(1);
   });
 
   // The spool map: one JSON array per line, ["<name>", offset, length(, part)].

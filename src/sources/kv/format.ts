@@ -4,13 +4,14 @@
  * manifest is read in manifest.ts, the layer's kv-index.json in index-format.ts.
  */
 import { MemsnapError } from "../../errors.js";
+import { PLANES_MAX_BYTES } from "../../util/planes.js";
 
 export const KV_MANIFEST = "kv-manifest.json";
 export const KV_INDEX = "kv-index.json";
 export const KV_DUMP_FORMAT = "memsnap-kv-dump";
 export const KV_INDEX_FORMAT = "memsnap-kv-index";
 /** Pages larger than this are refused (a page is held in memory while it is hashed). */
-export const KV_MAX_PAGE_BYTES = 64 * 1024 * 1024;
+export const KV_MAX_PAGE_BYTES = PLANES_MAX_BYTES;
 /**
  * A generic paged dump's pages are at least this big: the index spends ~30 bytes on each page, and tiny pages of a
  * big file would make it larger than the pages' savings.
@@ -53,45 +54,7 @@ export class Grow<T extends Float64Array | Int32Array | Uint8Array> {
 
 // ------------------------------------------------------------------------------ byte-plane shuffle
 
-/**
- * Split `src` (elements of `elem` bytes) into byte planes: every element's byte 0, then
- * every byte 1, …; for 2-byte dtypes the low bytes, then the high bytes. `src.length` must
- * be a multiple of `elem`.
- */
-export function shuffle(src: Uint8Array, elem: number): Buffer {
-  const n = src.length / elem;
-  const out = Buffer.allocUnsafe(src.length);
-  if (elem === 2) {
-    for (let i = 0, j = 0; i < n; i++, j += 2) {
-      out[i] = src[j]!;
-      out[n + i] = src[j + 1]!;
-    }
-  } else {
-    for (let b = 0; b < elem; b++) {
-      const base = b * n;
-      for (let i = 0, j = b; i < n; i++, j += elem) out[base + i] = src[j]!;
-    }
-  }
-  return out;
-}
-
-/** The inverse of {@link shuffle}. */
-export function unshuffle(src: Uint8Array, elem: number): Buffer {
-  const n = src.length / elem;
-  const out = Buffer.allocUnsafe(src.length);
-  if (elem === 2) {
-    for (let i = 0, j = 0; i < n; i++, j += 2) {
-      out[j] = src[i]!;
-      out[j + 1] = src[n + i]!;
-    }
-  } else {
-    for (let b = 0; b < elem; b++) {
-      const base = b * n;
-      for (let i = 0, j = b; i < n; i++, j += elem) out[j] = src[base + i]!;
-    }
-  }
-  return out;
-}
+export { shuffle, unshuffle } from "../../util/planes.js";
 
 /** Where a page first occurs: data file `file` (its position in kv-index `files`) at byte `offset`. */
 export interface PagePlace {
@@ -101,13 +64,15 @@ export interface PagePlace {
 
 /**
  * A stored page's artifact path: `pages/<sha256>`; byte-plane shuffled, `pages/<sha256>.s<elem>`;
- * or (layer schema 2) an unshuffled page with the place of its first occurrence,
- * `pages/<sha256>@<file>.<offset>`, which restore writes straight into place.
+ * (layer schema 2) an unshuffled page with the place of its first occurrence,
+ * `pages/<sha256>@<file>.<offset>`, which restore writes straight into place; (layer schema 3) a
+ * shuffled page with its place, `pages/<sha256>.s<elem>@<file>.<offset>`, which restore puts
+ * back in element order, checks against `<sha256>` and writes into place.
  */
 export const pageArtifact = (hex: string, elem: number, at?: PagePlace): string =>
-  elem > 1 ? `pages/${hex}.s${elem}` : at ? `pages/${hex}@${at.file}.${at.offset}` : `pages/${hex}`;
+  `pages/${hex}${elem > 1 ? `.s${elem}` : ""}${at ? `@${at.file}.${at.offset}` : ""}`;
 /** Groups: 1 the SHA-256, 2 the shuffle element size, 3 and 4 the place's file and offset. */
-export const PAGE_ARTIFACT_RE = /^pages\/([0-9a-f]{64})(?:\.s([24])|@(0|[1-9][0-9]{0,8})\.(0|[1-9][0-9]{0,14}))?$/;
+export const PAGE_ARTIFACT_RE = /^pages\/([0-9a-f]{64})(?:\.s([24]))?(?:@(0|[1-9][0-9]{0,8})\.(0|[1-9][0-9]{0,14}))?$/;
 /**
  * A placed page may not end past this offset in its file (a sparse 1 TiB file is the most a hostile bundle can
  * ask for).
@@ -118,8 +83,10 @@ export const KV_MAX_RESTORE_BYTES = PLACE_MAX_END;
 /** The prefix of the work directory a rebuild moves the bundle-side artifacts into: no dump file may use it. */
 export const KV_WORK_PREFIX = ".memsnap-work-kv-";
 
-/** The page's place, when its artifact path carries one. */
-export function pagePlace(rel: string): PagePlace | null {
+/** The page's place, when its artifact path carries one (with its planes, for a shuffled page). */
+export function pagePlace(rel: string): (PagePlace & { planes?: { elem: number; sha256: string } }) | null {
   const m = PAGE_ARTIFACT_RE.exec(rel);
-  return m && m[3] !== undefined ? { file: Number(m[3]), offset: Number(m[4]) } : null;
+  if (!m || m[3] === undefined) return null;
+  const at = { file: Number(m[3]), offset: Number(m[4]) };
+  return m[2] ? { ...at, planes: { elem: Number(m[2]), sha256: m[1]! } } : at;
 }

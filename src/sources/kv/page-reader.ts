@@ -39,8 +39,17 @@ export class KvContents {
     if (slot < 0) return null;
     const elem = this.elem.a[ci]!;
     const file = this.spool!.part.a[slot]!;
-    const at = elem === 1 && file >= 0 ? { file, offset: this.spool!.off.a[slot]! } : undefined;
+    const at = file >= 0 ? { file, offset: this.spool!.off.a[slot]! } : undefined;
     return pageArtifact(this.hexOf(ci), elem, at);
+  }
+
+  /**
+   * The content's bytes are in place in a spool part, in element order: an unshuffled page as
+   * stored, or a shuffled one that RestoreSpool put back in order and checked against its digest.
+   */
+  inPlace(ci: number): boolean {
+    const slot = this.slot.a[ci]!;
+    return slot >= 0 && this.spool!.part.a[slot]! >= 0;
   }
 
   /** Add content `i` of the index (contents are added in order). */
@@ -88,8 +97,16 @@ export class PageReader {
     return { elem, where: `${this.layer}/${art}` };
   }
 
+  /**
+   * The content's bytes were checked on extraction: an unshuffled page's stored bytes hashed to
+   * its digest; a shuffled page in place hashed to the index's entry, and, put back in order, to
+   * its digest (RestoreSpool refuses it otherwise).
+   */
   isVerified(ci: number, where: string): boolean {
-    return this.verified?.get(where) === this.contents.hexOf(ci);
+    const v = this.verified?.get(where);
+    if (v === undefined) return false;
+    const c = this.contents;
+    return c.elem.a[ci] === 1 ? v === c.hexOf(ci) : c.inPlace(ci);
   }
 
   /** Check bytes read for content `ci` (once per content: extraction hashed most already). */
@@ -135,7 +152,7 @@ export class PageReader {
         throw restoreBad(`${where} is missing from the bundle`, where);
       }
     }
-    if (elem > 1) {
+    if (elem > 1 && !c.inPlace(ci)) {
       b = unshuffle(b, elem);
       if (b.length !== bytes || sha256Hex(b) !== c.hexOf(ci)) {
         throw restoreBad(`${where}: page does not hash to its name after un-shuffling`, where);
@@ -153,11 +170,16 @@ export class PageReader {
     const c = this.contents;
     const spool = c.spool;
     const slot = c.slot.a[ci]!;
-    if (c.zero.a[ci] === 1 || c.elem.a[ci] !== 1 || slot < 0 || spool!.len.a[slot] !== c.bytes.a[ci]) {
+    if (
+      c.zero.a[ci] === 1 ||
+      (c.elem.a[ci] !== 1 && !c.inPlace(ci)) ||
+      slot < 0 ||
+      spool!.len.a[slot] !== c.bytes.a[ci]
+    ) {
       this.pageBytes(ci).copy(dst);
       return;
     }
-    // An unshuffled page in the spool or in place elsewhere: read it straight into place.
+    // A page in element order in the spool or in place elsewhere: read it straight into place.
     const where = `${this.layer}/${c.artifactOf(ci)!}`;
     readFully(spool!.fd(slot), dst, spool!.off.a[slot]!, where);
     this.check(ci, dst, where);

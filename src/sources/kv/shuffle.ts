@@ -1,19 +1,30 @@
 /** Whether a capture byte-plane shuffles its pages: the config's choice, or (auto) a sample compressed both ways. */
 import { open, type FileHandle } from "node:fs/promises";
+import { createRequire } from "node:module";
+import { applyFrameLevel, PLANE_LEVEL } from "../../codecs/zstd-profile.js";
 import { isAllZero, zstdCompressSync } from "../pfimg/frames.js";
 import { sourceError } from "../walk.js";
 import { shuffle as shufflePlanes } from "./format.js";
 import type { DataFile, KvPlan } from "./plan.js";
 
-/** Auto shuffle: at most this many pages, this many bytes, compressed both ways at zstd -3. */
+/**
+ * A shuffled page's planes are compressed a zstd frame each with the plane profile when each plane
+ * is at least this big (a frame's header and Huffman table cost ~100 bytes); smaller pages are
+ * shuffled into the stream as they come.
+ */
+export const PLANE_MIN_BYTES = 4096;
+/** Auto shuffle: at most this many pages, this many bytes, compressed both ways. */
 const SAMPLE_PAGES = 32;
 const SAMPLE_MAX_BYTES = 4 * 1024 * 1024;
 const SAMPLE_LEVEL = 3;
 /**
- * Keep the shuffle when it makes the sample at least this much smaller. Shuffled pages cost a
- * pass each way and compress far slower at the same level (measured, bf16 KV pages: zstd -1
- * 860 → 372 MB/s, zstd -3 564 → 225 MB/s), so a saving of a few percent is not worth it: on the
- * bench mix a 7 % saving made the KV layer's snapshot 2.3x slower.
+ * Keep the shuffle when it makes the sample at least this much smaller. Shuffled into one
+ * stream, pages compressed far slower at the same level (measured, bf16 KV pages: zstd -1
+ * 860 → 372 MB/s, zstd -3 564 → 225 MB/s) and gained little, since zstd's blocks mixed the
+ * planes' literals: on the bench mix a 7 % saving made the KV layer's snapshot 2.3x slower. With a
+ * frame per plane (the plane profile, codecs/zstd-profile.ts) compression costs about what the
+ * unshuffled pages' does; what is left is the shuffle each way and a second SHA-256 each way
+ * (the stored planes' on snapshot, the page's on restore), which is why it must still pay.
  */
 const SHUFFLE_MIN_SAVING = 0.1;
 
@@ -22,6 +33,11 @@ export interface ShuffleDecision {
   applied: boolean;
   elem_bytes: number;
   reason?: string;
+  /**
+   * `zstd3_plain`: the pages as they are at zstd -3 (or -1 when smaller); `zstd3_shuffled`: shuffled,
+   * each plane a frame of the plane profile (planes of PLANE_MIN_BYTES or more), else at zstd -3.
+   * The names are the format's (docs/FORMAT.md).
+   */
   sample?: { pages: number; bytes: number; zstd3_plain: number; zstd3_shuffled: number; saving_pct: number };
 }
 
@@ -87,8 +103,11 @@ export async function decideShuffle(plan: KvPlan, mode: "auto" | "on" | "off"): 
     bytes += n;
   }
   if (plain.length === 0) return { mode, applied: false, elem_bytes: elem, reason: "no non-zero pages to sample" };
-  const a = zstdCompressSync(Buffer.concat(plain), SAMPLE_LEVEL).length;
-  const s = zstdCompressSync(Buffer.concat(shuf), SAMPLE_LEVEL).length;
+  const cat = Buffer.concat(plain);
+  const a = Math.min(zstdCompressSync(cat, SAMPLE_LEVEL).length, zstdCompressSync(cat, 1).length);
+  const s = shuf.every((b) => b.length / elem >= PLANE_MIN_BYTES)
+    ? shuf.reduce((n, b) => n + planeFrames(b, elem), 0)
+    : zstdCompressSync(Buffer.concat(shuf), SAMPLE_LEVEL).length;
   const saving = 1 - s / a;
   return {
     mode,
@@ -102,4 +121,27 @@ export async function decideShuffle(plan: KvPlan, mode: "auto" | "on" | "off"): 
       saving_pct: Math.round(saving * 10000) / 100,
     },
   };
+}
+
+interface PlaneCCtx {
+  setParameter(param: number, value: number): void;
+  compress2(dst: Uint8Array, src: Uint8Array): number;
+}
+let planeCtx: { cctx: PlaneCCtx; dst: Buffer } | undefined;
+/** The bytes a shuffled page's planes take, each a frame of the plane profile (as the snapshot packs them). */
+function planeFrames(page: Buffer, elem: number): number {
+  if (!planeCtx) {
+    const b = createRequire(import.meta.url)("zstd-napi/binding") as {
+      CCtx: new () => PlaneCCtx;
+      CParameter: { compressionLevel: number; hashLog: number };
+    };
+    const cctx = new b.CCtx();
+    applyFrameLevel(cctx, b.CParameter, PLANE_LEVEL);
+    planeCtx = { cctx, dst: Buffer.alloc(0) };
+  }
+  const n = page.length / elem;
+  if (planeCtx.dst.length < n + (n >> 8) + 1024) planeCtx.dst = Buffer.allocUnsafe(n + (n >> 8) + 1024);
+  let size = 0;
+  for (let p = 0; p < elem; p++) size += planeCtx.cctx.compress2(planeCtx.dst, page.subarray(p * n, (p + 1) * n));
+  return size;
 }

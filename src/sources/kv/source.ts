@@ -29,8 +29,9 @@ import { deepVerifyKv } from "./verify.js";
 
 export const kvSource: SourceKind<KvConfig> = {
   kind: "kv",
-  // 2: unshuffled pages are named with the place of their first occurrence (pages/<sha>@<file>.<offset>).
-  schemaVersion: 2,
+  // 2: unshuffled pages are named with the place of their first occurrence (pages/<sha>@<file>.<offset>);
+  // 3: shuffled pages too (pages/<sha>.s<elem>@<file>.<offset>). A capture writes 3 only when it shuffles.
+  schemaVersion: 3,
   // Pages are named by their digest and deduplicated by it; files by their unique paths.
   distinctPaths: true,
   parseConfig: parseKvConfig,
