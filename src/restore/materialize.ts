@@ -13,6 +13,8 @@
  * failure waits for the rebuild in flight before the caller removes staging.
  */
 import { EntryTable } from "../read/entry-table.js";
+import { mallocTrim } from "../util/directio.js";
+import { collectNow } from "../util/gc.js";
 
 export class LayerMaterializer {
   readonly #run: (layer: string, verified: EntryTable) => Promise<void>;
@@ -34,6 +36,10 @@ export class LayerMaterializer {
     this.#chain = this.#chain.then(async () => {
       if (this.#failed) return;
       try {
+        // What extraction left behind goes before the rebuild, which may start processes of
+        // its own (git): the sum of both is what the machine holds.
+        collectNow("major");
+        mallocTrim();
         await this.#run(layer, this.verified);
       } catch (error) {
         this.#failed = { error };

@@ -512,6 +512,11 @@ describe("kv: pages placed on restore (layer schema 2)", () => {
       await expect(spool.put(`kv/${a.path}.x`, `${a.path}.x`, odd.length, [odd], to, () => undefined)).rejects.toMatchObject({
         code: "MEMSNAP_ARTIFACT_HASH_MISMATCH",
       });
+      // A header declaring more than a page may hold is refused before anything is gathered.
+      const big = 64 * 1024 * 1024 + 2;
+      await expect(spool.put(`kv/${a.path}.y`, `${a.path}.y`, big, [], to, () => undefined)).rejects.toMatchObject({
+        code: "MEMSNAP_ARTIFACT_HASH_MISMATCH",
+      });
       tried++;
       break;
     }
