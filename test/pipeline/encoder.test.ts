@@ -26,34 +26,12 @@ afterAll(async () => {
 });
 
 /**
- * The Content_Checksum_flag of every zstd frame in `buf` (RFC 8878 §3.1.1: frame header, then
- * blocks up to the one marked last, then the 4-byte checksum when the flag is set).
+ * Every zstd frame in `buf`: its Content_Checksum_flag and its Frame_Content_Size (null when the
+ * header has none). RFC 8878 §3.1.1: frame header, then blocks up to the one marked last, then
+ * the 4-byte checksum when the flag is set.
  */
-function frameChecksumFlags(buf: Buffer): boolean[] {
-  const flags: boolean[] = [];
-  let p = 0;
-  while (p < buf.length) {
-    if (buf.readUInt32LE(p) !== 0xfd2fb528) throw new Error(`no zstd frame at ${p}`);
-    const fhd = buf[p + 4]!;
-    const single = (fhd >> 5) & 1, checksum = (fhd >> 2) & 1, fcsFlag = fhd >> 6;
-    const dictBytes = [0, 1, 2, 4][fhd & 3]!;
-    const fcsBytes = fcsFlag === 0 ? single : [1, 2, 4, 8][fcsFlag]!;
-    p += 5 + (single ? 0 : 1) + dictBytes + fcsBytes;
-    for (;;) {
-      const h = buf[p]! | (buf[p + 1]! << 8) | (buf[p + 2]! << 16);
-      const last = h & 1, type = (h >> 1) & 3, size = h >>> 3;
-      p += 3 + (type === 1 ? 1 : size);
-      if (last) break;
-    }
-    if (checksum) p += 4;
-    flags.push(checksum === 1);
-  }
-  return flags;
-}
-
-/** The Frame_Content_Size of every zstd frame in `buf` (RFC 8878 §3.1.1.1.4; the encoder's frames always carry it). */
-function frameContentSizes(buf: Buffer): number[] {
-  const sizes: number[] = [];
+function zstdFrames(buf: Buffer): { checksum: boolean; contentSize: number | null }[] {
+  const frames: { checksum: boolean; contentSize: number | null }[] = [];
   let p = 0;
   while (p < buf.length) {
     if (buf.readUInt32LE(p) !== 0xfd2fb528) throw new Error(`no zstd frame at ${p}`);
@@ -62,9 +40,8 @@ function frameContentSizes(buf: Buffer): number[] {
     const dictBytes = [0, 1, 2, 4][fhd & 3]!;
     const fcsBytes = fcsFlag === 0 ? single : [1, 2, 4, 8][fcsFlag]!;
     const at = p + 5 + (single ? 0 : 1) + dictBytes;
-    if (fcsBytes === 0) throw new Error(`frame at ${p} has no content size`);
-    const fcs = fcsBytes === 1 ? buf[at]! : fcsBytes === 2 ? buf.readUInt16LE(at) + 256 : fcsBytes === 4 ? buf.readUInt32LE(at) : Number(buf.readBigUInt64LE(at));
-    sizes.push(fcs);
+    const contentSize = fcsBytes === 0 ? null : fcsBytes === 1 ? buf[at]! : fcsBytes === 2 ? buf.readUInt16LE(at) + 256
+      : fcsBytes === 4 ? buf.readUInt32LE(at) : Number(buf.readBigUInt64LE(at));
     p = at + fcsBytes;
     for (;;) {
       const h = buf[p]! | (buf[p + 1]! << 8) | (buf[p + 2]! << 16);
@@ -73,9 +50,16 @@ function frameContentSizes(buf: Buffer): number[] {
       if (last) break;
     }
     if (checksum) p += 4;
+    frames.push({ checksum: checksum === 1, contentSize });
   }
-  return sizes;
+  return frames;
 }
+const frameChecksumFlags = (buf: Buffer): boolean[] => zstdFrames(buf).map((f) => f.checksum);
+/** The encoder's frames always carry their content size. */
+const frameContentSizes = (buf: Buffer): number[] => zstdFrames(buf).map((f) => {
+  if (f.contentSize === null) throw new Error("a frame has no content size");
+  return f.contentSize;
+});
 
 /** A plain (no age) encoder writing into a new file in a temp directory. */
 async function tempEncoder(level: number): Promise<{ enc: PayloadEncoder; fd: number; path: string }> {
