@@ -244,5 +244,12 @@ export async function detectAgent(home: string): Promise<Detection> {
     .sort((a, b) => NAME_PRIORITY[found[a]!.kind] - NAME_PRIORITY[found[b]!.kind] || a - b);
   for (const i of order)
     found[i]!.name = layerName(found[i]!.name, taken, found[i]!.kind === "sqlite" ? "db" : undefined);
-  return { home, sources: found, ...leftOut };
+  // A git memdir first: layers are packed in the config's order, and a restore rebuilds a layer
+  // (for git: fetch its bundle, check out the tree) while the layers after it are still being
+  // extracted. Measured on the realistic home of #38 (restore --to, 2 runs each): git fifth,
+  // after the KV dump, 5.96-6.02 s, its rebuild the last 2 s alone; git first 4.23-5.18 s. The
+  // snapshot took as long (5.27-6.05 against 5.01-6.43 s, 3 runs each) and peaked at 192-195 MiB
+  // against 178 (GNU time %M): the history scan now runs beside the SQLite layers.
+  const sources = [...found.filter((f) => f.kind === "git"), ...found.filter((f) => f.kind !== "git")];
+  return { home, sources, ...leftOut };
 }

@@ -60,6 +60,10 @@ describe("memsnap init", () => {
     const by = (path: string): Found | undefined => found.find((s) => s.path === path);
     expect(by("memory")).toMatchObject({ kind: "git", name: "memory" });
     expect(by("notes/inner")).toMatchObject({ kind: "git" });
+    // git memdirs come first: a restore rebuilds them while the layers after them extract
+    const kinds = found.map((s) => s.kind);
+    expect(kinds.slice(0, 2)).toEqual(["git", "git"]);
+    expect(kinds.lastIndexOf("git")).toBe(1);
     expect(by("db/long-term.db")).toMatchObject({ kind: "sqlite", name: "long-term" });
     // big.json is over 1 MiB, too big for state: the directory is captured whole, as files, not left out
     expect(by("state")).toMatchObject({ kind: "files", name: "state" });
