@@ -381,7 +381,9 @@ export class PayloadEncoder {
     this.#inFlight++;
     const cuts = this.#cuts.length ? this.#cuts : undefined;
     if (cuts) this.#cuts = [];
-    this.#worker.postMessage({ t: "data", ab, len: this.#len, ...(cuts ? { cuts } : {}) } satisfies PayloadRequest, [ab]);
+    this.#worker.postMessage({ t: "data", ab, len: this.#len, ...(cuts ? { cuts } : {}) } satisfies PayloadRequest, [
+      ab,
+    ]);
     const next = this.#free.pop();
     this.#buf = new Uint8Array(next ?? new ArrayBuffer(IN_BUF));
     this.#len = 0;

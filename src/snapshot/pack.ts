@@ -121,7 +121,7 @@ async function packArtifact(
     collectPacked(chunk.length);
     if (plane) {
       // Write up to each plane's end, then cut.
-      for (let off = 0; off < chunk.length; ) {
+      for (let off = 0; off < chunk.length;) {
         const end = Math.min(chunk.length, (Math.floor((at + off) / plane) + 1) * plane - at);
         const w = enc.write(chunk.subarray(off, end));
         if (w) await w;

@@ -42,7 +42,7 @@ import {
   gitImpl,
   gitIn,
   neutralizeFilters,
-  SNAPSHOT_MEMORY_CONFIG,
+  GIT_MEMORY_CONFIG,
   sourceInvalid,
   type GitCtx,
 } from "./run.js";
@@ -159,7 +159,7 @@ async function captureGit(
   const refOids = refLines.map((l) => l.slice(0, l.indexOf(" ")));
   const g: GitCtx = {
     ...base,
-    env: gitEnv({ GIT_DIR: repo.dotgit, GIT_WORK_TREE: root }, [...filters, ...SNAPSHOT_MEMORY_CONFIG]),
+    env: gitEnv({ GIT_DIR: repo.dotgit, GIT_WORK_TREE: root }, [...filters, ...GIT_MEMORY_CONFIG]),
   };
   const bundleFingerprint =
     refOids.length > 0 || headOid ? refsFingerprint("git", fmt, headRef, headOid, refLines) : undefined;

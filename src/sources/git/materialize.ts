@@ -18,7 +18,16 @@ import {
   type WorktreeDoc,
 } from "./format.js";
 import { isoMaterialize } from "./iso.js";
-import { gitEnv, gitImpl, neutralizeFilters, runGit, said, type GitCtx, type GitResult } from "./run.js";
+import {
+  gitEnv,
+  gitImpl,
+  neutralizeFilters,
+  runGit,
+  said,
+  GIT_MEMORY_CONFIG,
+  type GitCtx,
+  type GitResult,
+} from "./run.js";
 
 /** What HEAD should be, from the layer meta (checked: it is untrusted input). */
 function headSpec(layer: LayerEntry): HeadSpec {
@@ -226,7 +235,7 @@ async function materializeGit(
   // The user's own filter drivers (git-lfs, …) must not run on checkout either: files come back
   // as the blobs hold them.
   const filters = await neutralizeFilters(dir, g);
-  g = { ...g, env: gitEnv({ GIT_DIR: join(dir, ".git"), GIT_WORK_TREE: dir }, filters) };
+  g = { ...g, env: gitEnv({ GIT_DIR: join(dir, ".git"), GIT_WORK_TREE: dir }, [...filters, ...GIT_MEMORY_CONFIG]) };
   await fetchChain(g, layer, bundles, run);
   if (head.ref) await run(["symbolic-ref", "HEAD", head.ref], g, true);
   else if (head.oid) await run(["update-ref", "--no-deref", "HEAD", head.oid], g, true);
@@ -237,7 +246,11 @@ async function materializeGit(
   if (links.count) await run(["config", "core.symlinks", "false"], g, false);
   const checkout: GitCtx = {
     ...g,
-    env: gitEnv({ GIT_DIR: join(dir, ".git"), GIT_WORK_TREE: dir }, [...filters, ["core.symlinks", "false"]]),
+    env: gitEnv({ GIT_DIR: join(dir, ".git"), GIT_WORK_TREE: dir }, [
+      ...filters,
+      ["core.symlinks", "false"],
+      ...GIT_MEMORY_CONFIG,
+    ]),
   };
   if (head.oid) await run(["reset", "-q", "--hard", "HEAD"], checkout, true);
   return links;
