@@ -63,8 +63,8 @@ async function bundleEntries(s: Snap): Promise<Record<string, string>> {
   const { readLayout } = await import("../../src/format/container.js");
   const out: Record<string, string> = {};
   await readPayload(await readLayout(s.path), s.manifest, keys, async (info) => {
-    if (info.name.endsWith(".bundle")) out[info.name] = "stored";
-  }, { streamIndex: true, onRef: (e) => { if (e.path.endsWith(".bundle")) out[e.path] = `ref ${e.ref}`; } });
+    if (/\.(bundle|idx)$/.test(info.name)) out[info.name] = "stored";
+  }, { streamIndex: true, onRef: (e) => { if (/\.(bundle|idx)$/.test(e.path)) out[e.path] = `ref ${e.ref}`; } });
   return out;
 }
 
@@ -87,16 +87,22 @@ describe("git chains in incremental snapshots", () => {
   it("a commit stores a bundle of the new objects only; restore and verify follow the chain", async () => {
     const first = await snap();
     expect(meta(first).bundle_chain!.map((l) => l.artifact)).toEqual(["repo.bundle"]);
-    expect(layer(first).schema_version).toBe(1); // a single bundle: readable by every memsnap
+    // A single bundle with its pack's index: schema 3 (a memsnap that knows no index refuses it).
+    expect(layer(first).schema_version).toBe(3);
+    expect(await bundleEntries(first)).toEqual({ "mem/repo.bundle": "stored", "mem/repo.idx": "stored" });
+    expect(meta(first).bundle_index_bytes).toBeGreaterThan(1024 + 8);
 
     writeFiles(root, { "notes/c.md": "one new note\n" });
     commitAll(root, "remember c");
     const second = await snap();
     const m2 = meta(second);
     expect(m2.bundle_chain!.map((l) => [l.artifact, l.after])).toEqual([["repo.bundle", undefined], ["repo.1.bundle", "repo.bundle"]]);
-    expect(layer(second).schema_version).toBe(2);
-    expect(layer(second).referenced).toBe(1);
-    expect(await bundleEntries(second)).toEqual({ "mem/repo.bundle": `ref ${first.id}`, "mem/repo.1.bundle": "stored" });
+    expect(layer(second).schema_version).toBe(3);
+    expect(layer(second).referenced).toBe(2); // the full bundle and its index
+    expect(await bundleEntries(second)).toEqual({
+      "mem/repo.bundle": `ref ${first.id}`, "mem/repo.idx": `ref ${first.id}`, "mem/repo.1.bundle": "stored",
+    });
+    expect(meta(second).bundle_index_bytes).toBe(meta(first).bundle_index_bytes);
     const link = m2.bundle_chain![1]!;
     expect(link.bytes).toBeLessThan(1024); // a commit, a tree or two and a blob
     expect(link.bytes).toBeLessThan(m2.bundle_chain![0]!.bytes / 2);
@@ -114,7 +120,8 @@ describe("git chains in incremental snapshots", () => {
     const third = await snap();
     expect(meta(third).bundle_chain!.map((l) => l.artifact)).toEqual(["repo.bundle", "repo.1.bundle", "repo.2.bundle"]);
     expect(await bundleEntries(third)).toEqual({
-      "mem/repo.bundle": `ref ${first.id}`, "mem/repo.1.bundle": `ref ${second.id}`, "mem/repo.2.bundle": "stored",
+      "mem/repo.bundle": `ref ${first.id}`, "mem/repo.idx": `ref ${first.id}`,
+      "mem/repo.1.bundle": `ref ${second.id}`, "mem/repo.2.bundle": "stored",
     });
     expect(third.manifest.bases!.map((b) => b.snapshot_id).sort()).toEqual([first.id, second.id].sort());
     await restoredMatches(third, "r3"); // refs/heads/old is gone again (the full bundle had it)
@@ -122,7 +129,7 @@ describe("git chains in incremental snapshots", () => {
     for (const deep of [false, true]) {
       const v = await verifyBundle(third.path, { keys, deep });
       expect(v.ok, JSON.stringify(v.findings)).toBe(true);
-      if (deep) expect(v.checks.find((c) => c.name === "deep")?.detail).toMatch(/2 of them referenced/);
+      if (deep) expect(v.checks.find((c) => c.name === "deep")?.detail).toMatch(/3 of them referenced/); // the full bundle, its index, link 1
     }
     const keyless = await verifyBundle(third.path, {});
     expect(keyless.ok, JSON.stringify(keyless.findings)).toBe(true);
@@ -132,7 +139,8 @@ describe("git chains in incremental snapshots", () => {
     expect(meta(fourth).bundle_reused).toBe(true);
     expect(meta(fourth).bundle_chain).toEqual(meta(third).bundle_chain);
     expect(await bundleEntries(fourth)).toEqual({
-      "mem/repo.bundle": `ref ${first.id}`, "mem/repo.1.bundle": `ref ${second.id}`, "mem/repo.2.bundle": `ref ${third.id}`,
+      "mem/repo.bundle": `ref ${first.id}`, "mem/repo.idx": `ref ${first.id}`,
+      "mem/repo.1.bundle": `ref ${second.id}`, "mem/repo.2.bundle": `ref ${third.id}`,
     });
     await restoredMatches(fourth, "r4");
 
@@ -157,7 +165,7 @@ describe("git chains in incremental snapshots", () => {
     const third = await snap();
     expect(meta(third).bundle_chain!.map((l) => l.artifact)).toEqual(["repo.bundle"]);
     expect(layer(third).referenced ?? 0).toBe(0);
-    expect(layer(third).schema_version).toBe(1);
+    expect(layer(third).schema_version).toBe(3);
     await restoredMatches(third, "r3");
 
     git(root, ["checkout", "-q", "-b", "wip"]);

@@ -266,6 +266,7 @@ describe("git source: round trip", () => {
     const paths = manifest.index!.filter((e) => e.layer === LAYER).map((e) => e.path).sort();
     expect(paths).toEqual([
       "mem/repo.bundle",
+      "mem/repo.idx",
       "mem/worktree-deleted.json",
       "mem/worktree/MEMORY.md",
       "mem/worktree/inbox/new.md",
@@ -364,7 +365,7 @@ describe("git source: round trip", () => {
 
   itGit("worktree: false captures the bundle only", async () => {
     const { manifest, layer } = await snap(rich.base, { source: { worktree: false } });
-    expect(manifest.index!.filter((e) => e.layer === LAYER).map((e) => e.path)).toEqual(["mem/repo.bundle"]);
+    expect(manifest.index!.filter((e) => e.layer === LAYER).map((e) => e.path)).toEqual(["mem/repo.bundle", "mem/repo.idx"]);
     expect(layer.meta!.worktree).toEqual({ captured: false });
   });
 });

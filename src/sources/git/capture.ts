@@ -36,6 +36,7 @@ import {
   type ChainLink,
 } from "./chain.js";
 import { scanHistoryGit, type HistoryScan } from "./history-scan.js";
+import { PACK_INDEX_ARTIFACT, PACK_INDEX_KIND } from "./pack-index.js";
 import { isoRepoFacts, isoScanObjects, isoStatus, isoWriteBundle, type StatusEntry } from "./iso.js";
 import {
   gitEnv,
@@ -64,6 +65,11 @@ interface CaptureState {
   chain?: { links: ChainLink[]; scan: HistoryScan | null };
   /** The objects the bundle's refs and HEAD point at (the layer meta's `bundle_tips`). */
   tips?: string[];
+  /**
+   * The pack index of the full bundle (./pack-index.ts): written now (`path`), or the last
+   * snapshot's, referenced (`path` null, `fingerprint` its bundle's).
+   */
+  index?: { path: string | null; bytes: number; fingerprint: string };
   listing: WorktreeListing | null;
   meta: Record<string, unknown>;
   scan: Promise<HistoryScan> | null;
@@ -86,6 +92,21 @@ export function refsFingerprint(
   const h = createHash("sha256").update(`${impl}\n${objectFormat}\nHEAD ${headRef ?? "-"} ${headOid ?? "-"}\n`);
   for (const r of [...refs].sort()) h.update(`${r}\n`);
   return `git-refs:${h.digest("hex")}`;
+}
+
+/**
+ * The last incremental snapshot's pack index of its full bundle (whose fingerprint is
+ * `fingerprint`), when it will be referenced with that bundle.
+ */
+function reusableIndex(
+  ctx: CaptureContext | undefined,
+  layer: string,
+  fingerprint: string,
+): CaptureState["index"] {
+  const meta = ctx?.unchanged?.(`${layer}/${PACK_INDEX_ARTIFACT}`, fingerprint, PACK_INDEX_KIND);
+  const bytes = meta?.bundle_index_bytes;
+  if (typeof bytes !== "number" || !Number.isSafeInteger(bytes) || bytes <= 0) return undefined;
+  return { path: null, bytes, fingerprint };
 }
 
 /**
@@ -180,6 +201,11 @@ async function captureGit(
   const bundleName = link ? linkArtifact(link.links.length) : BUNDLE_ARTIFACT;
   const bundle = bundleFingerprint && !reused && (!chain || link) ? join(work, bundleName) : null;
   const artifact = `${cfg.name}/${bundleName}`;
+  // A full bundle is written with its pack's index (./pack-index.ts), which restore installs
+  // instead of indexing the pack again; an object directory whose path git's list of alternates
+  // cannot hold as is gets none.
+  const objects = resolve(repo.commondir, "objects");
+  const indexOut = bundle && !link && /^[^:"\\\0-\x1f]+$/.test(objects) ? join(work, PACK_INDEX_ARTIFACT) : null;
   // The HEAD commit, the work-tree listing and the bundle are independent: run them at once.
   const [head, listing, header] = await Promise.all([
     headOid ? gitIn(root, base, ["cat-file", "commit", headOid]).then((r) => commitFacts(headOid, r.stdout)) : null,
@@ -191,7 +217,8 @@ async function captureGit(
             // The bundle `git bundle create --all` would write, of the refs just read, but by one
             // git process, not two: its parent (17 MiB on the realistic home) only relays the
             // pack into the file, and pack-objects (59 MiB) ran beside it.
-            await writeLink(root, g, bundle, fmt, tips, [], refLines, headOid, children);
+            const index = indexOut ? { out: indexOut, objects } : undefined;
+            await writeLink(root, g, bundle, fmt, tips, [], refLines, headOid, children, index);
             const h = await readBundleHeader(bundle);
             if (typeof h === "string") throw sourceInvalid(root, `the bundle written for ${root} is bad: ${h}`);
             return h;
@@ -199,6 +226,14 @@ async function captureGit(
         : null,
   ]);
   const bundleSize = bundle ? (await stat(bundle)).size : 0;
+  const index: CaptureState["index"] =
+    indexOut && bundleFingerprint
+      ? { path: indexOut, bytes: (await stat(indexOut)).size, fingerprint: bundleFingerprint }
+      : reused && bundleFingerprint
+        ? reusableIndex(ctx, cfg.name, bundleFingerprint)
+        : chain
+          ? reusableIndex(ctx, cfg.name, chain.links[0]!.fingerprint)
+          : undefined;
   // The history scan starts once the bundle is written, from the refs the bundle holds (a ref
   // that moved while it was written is in its header); a link's scan covers only what the link
   // holds. Not alongside `git bundle create`: the scan's three git processes and the bundle's
@@ -227,6 +262,7 @@ async function captureGit(
     ...(reused ? { reused } : {}),
     ...(chain ? { chain: { links: chain.links, scan: chain.scan } } : {}),
     ...(ctx?.lastMeta && bundleFingerprint ? { tips: bundleTips } : {}),
+    ...(index ? { index } : {}),
     meta: {
       impl: "git",
       object_format: fmt,
@@ -412,9 +448,9 @@ export async function captureLayer(cfg: GitConfig, ctx: CaptureContext): Promise
   const docBytes = listing ? Buffer.from(`${JSON.stringify(worktreeDoc(listing), null, 1)}\n`, "utf8") : null;
   const now = new Date();
   const links = chainMeta(cap);
-  const referenced = (path: string, size: number, fingerprint: string): Artifact => ({
+  const referenced = (path: string, size: number, fingerprint: string, kind = "git-bundle"): Artifact => ({
     path,
-    kind: "git-bundle",
+    kind,
     size,
     mode: 0o600,
     mtime: now,
@@ -427,10 +463,11 @@ export async function captureLayer(cfg: GitConfig, ctx: CaptureContext): Promise
     },
   });
   return {
-    // A chain of more than one bundle is schema 2: a reader that knows only single bundles refuses it.
-    schemaVersion: links && links.length > 1 ? 2 : 1,
+    // A chain of more than one bundle is schema 2: a reader that knows only single bundles
+    // refuses it; a pack index (with one bundle or a chain) is schema 3.
+    schemaVersion: cap.index ? 3 : links && links.length > 1 ? 2 : 1,
     estimatedBytes:
-      cap.bundleSize + (docBytes?.length ?? 0) + (listing?.files.reduce((n, f) => n + f.stats.size, 0) ?? 0),
+      cap.bundleSize + (cap.index?.path ? cap.index.bytes : 0) + (docBytes?.length ?? 0) + (listing?.files.reduce((n, f) => n + f.stats.size, 0) ?? 0),
     notices: () => walkNotices(listing ?? {}),
     artifacts: (async function* (): AsyncGenerator<Artifact> {
       const fingerprint = cap.bundleFingerprint;
@@ -450,6 +487,19 @@ export async function captureLayer(cfg: GitConfig, ctx: CaptureContext): Promise
       } else if (cap.reused && fingerprint) {
         yield referenced(BUNDLE_ARTIFACT, cap.reused.bytes, fingerprint);
       }
+      const ix = cap.index;
+      if (ix?.path) {
+        const path = ix.path;
+        yield {
+          path: PACK_INDEX_ARTIFACT,
+          kind: PACK_INDEX_KIND,
+          size: ix.bytes,
+          mode: 0o600,
+          mtime: now,
+          fingerprint: ix.fingerprint,
+          open: () => createReadStream(path, { highWaterMark: 1 << 20 }),
+        };
+      } else if (ix) yield referenced(PACK_INDEX_ARTIFACT, ix.bytes, ix.fingerprint, PACK_INDEX_KIND);
       if (docBytes) {
         yield {
           path: WORKTREE_DOC_ARTIFACT,
@@ -492,6 +542,7 @@ export async function captureLayer(cfg: GitConfig, ctx: CaptureContext): Promise
         worktree: worktreeMeta(cfg, listing),
         history_scan: scan,
         ...(bundleBytes !== undefined ? { bundle_bytes: bundleBytes } : {}),
+        ...(cap.index ? { bundle_index_bytes: cap.index.bytes } : {}),
         ...(nothingNew ? { bundle_reused: true } : {}),
         ...(links ? { bundle_chain: links } : {}),
         ...(links && cap.tips && cap.tips.length <= MAX_TIPS ? { bundle_tips: cap.tips } : {}),

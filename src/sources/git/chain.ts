@@ -16,10 +16,12 @@
  * - the last snapshot recorded no chain (more than MAX_TIPS tips, or not incremental), or any
  *   of its bundles will not be referenced.
  */
-import { createWriteStream } from "node:fs";
+import { createReadStream, createWriteStream } from "node:fs";
 import { once } from "node:events";
 import type { ChildProcessWithoutNullStreams } from "node:child_process";
-import { stat } from "node:fs/promises";
+import { mkdir, rename, rm, stat } from "node:fs/promises";
+import { join } from "node:path";
+import { pipeline } from "node:stream/promises";
 import { MemsnapError } from "../../errors.js";
 import { BUNDLE_ARTIFACT, BUNDLE_V2_SIGNATURE, BUNDLE_V3_SIGNATURE } from "./format.js";
 import { gitStdin, spawnGit, type GitCtx } from "./run.js";
@@ -144,7 +146,9 @@ export function tipsReachable(
  * header lists `refLines` (`<oid> <refname>`, every ref) and HEAD, with the boundary commits as
  * prerequisites; the pack is thin (deltas against the prerequisites' objects), as `git bundle
  * create` writes. With nothing excluded it is a whole bundle, the one `git bundle create --all`
- * writes (the capture's full bundle is written so: see ./capture.ts). Returns its size.
+ * writes (the capture's full bundle is written so: see ./capture.ts); then, with `index`, git's
+ * index of its pack is written to `index.out` too (./pack-index.ts; `index.objects`: the
+ * repository's object directory). Returns the bundle's size.
  */
 export async function writeLink(
   root: string,
@@ -156,6 +160,7 @@ export async function writeLink(
   refLines: string[],
   headOid: string | null,
   children: Set<ChildProcessWithoutNullStreams>,
+  index?: { out: string; objects: string },
 ): Promise<number> {
   const revs = `${[...tips, ...exclude.map((o) => `^${o}`)].join("\n")}\n`;
   // Nothing excluded (a whole bundle): no boundary, so no prerequisites and no walk for them.
@@ -177,6 +182,41 @@ export async function writeLink(
   const opened = once(file, "open");
   await opened;
   file.write(head);
+  if (index !== undefined && exclude.length === 0) {
+    // The same pack, written by pack-objects with its index beside it (a whole pack is not thin),
+    // then copied in after the header. pack-objects writes its temporary files in the object
+    // directory: a scratch one of ours, with the repository's as its alternate (never a file in
+    // the repository; the pack is the same, deltas reused from the repository's packs alike).
+    const odb = `${out}.odb`;
+    await mkdir(join(odb, "pack"), { recursive: true, mode: 0o700 });
+    const pg: GitCtx = {
+      ...g,
+      env: { ...g.env, GIT_OBJECT_DIRECTORY: odb, GIT_ALTERNATE_OBJECT_DIRECTORIES: index.objects },
+    };
+    const pack = spawnGit(root, pg, ["pack-objects", "--delta-base-offset", "--revs", "-q", join(odb, "p")], children);
+    let name = "";
+    pack.child.stdout.on("data", (b: Buffer) => {
+      name += b.toString("latin1");
+    });
+    pack.child.stdin.end(revs);
+    try {
+      await pack.done;
+      const hex = name.trim();
+      if (!/^[0-9a-f]{40}([0-9a-f]{24})?$/.test(hex)) {
+        const said = JSON.stringify(hex.slice(0, 80));
+        throw new MemsnapError("MEMSNAP_SOURCE_INVALID", `git pack-objects named no pack in ${root} (said ${said})`, {
+          path: root,
+          hint: "check the repository with 'git fsck --full' in it",
+        });
+      }
+      await pipeline(createReadStream(join(odb, `p-${hex}.pack`), { highWaterMark: 1 << 20 }), file);
+      await rename(join(odb, `p-${hex}.idx`), index.out);
+    } finally {
+      file.destroy();
+      await rm(odb, { recursive: true, force: true });
+    }
+    return (await stat(out)).size;
+  }
   const pack = spawnGit(
     root,
     g,

@@ -18,6 +18,7 @@ import {
   type WorktreeDoc,
 } from "./format.js";
 import { isoMaterialize } from "./iso.js";
+import { checkAndCopyPack, declaredIndexBytes, PACK_INDEX_ARTIFACT, type PackIndexFacts } from "./pack-index.js";
 import {
   gitEnv,
   gitImpl,
@@ -144,6 +145,7 @@ async function fetchChain(
   layer: string,
   bundles: Array<[string, string]>,
   run: (args: string[], ctx: GitCtx, damaged: boolean) => Promise<void>,
+  install?: (bundle: string, h: BundleHeader) => Promise<boolean>,
 ): Promise<void> {
   let last: BundleHeader | null = null;
   for (const [i, [path, name]] of bundles.entries()) {
@@ -175,9 +177,10 @@ async function fetchChain(
         );
       }
     }
+    last = h;
+    if (i === 0 && install && (await install(path, h))) continue;
     const fetch = ["fetch", "-q", "--no-write-fetch-head", "--update-head-ok", "--no-tags", path, "refs/*:refs/*"];
     await run(fetch, g, true);
-    last = h;
   }
   if (bundles.length < 2 || !last) return;
   const keep = new Set(last.refs.map((r) => r.name));
@@ -198,20 +201,77 @@ async function fetchChain(
   }
 }
 
+/**
+ * Install the whole bundle at `bundle` (header `h`) with its pack index `index` in the fresh
+ * repository `g` names, instead of fetching it: the pack and index are checked
+ * (./pack-index.ts) and written to objects/pack, then its refs under refs/ are created with
+ * `git update-ref` (which checks each name, and refuses one to an object the pack lacks).
+ * False when the pack is one to fetch instead (more objects than an index is read for).
+ */
+async function installWholeBundle(
+  g: GitCtx,
+  dotgit: string,
+  bundle: string,
+  h: BundleHeader,
+  index: string,
+  artifact: string,
+  run: (args: string[], ctx: GitCtx, damaged: boolean, input?: string) => Promise<void>,
+): Promise<boolean> {
+  const hashLen = h.objectFormat === "sha256" ? 32 : 20;
+  const packDir = join(dotgit, "objects", "pack");
+  const tmp = join(packDir, "tmp_memsnap.pack");
+  let facts: PackIndexFacts | string | null;
+  try {
+    facts = await checkAndCopyPack(bundle, h.packOffset, index, hashLen, tmp);
+  } catch (e) {
+    await rm(tmp, { force: true });
+    throw destinationError(e, packDir);
+  }
+  if (facts === null || typeof facts === "string") {
+    await rm(tmp, { force: true });
+    if (facts === null) return false;
+    throw new MemsnapError("MEMSNAP_DEEP_VERIFY_FAILED", `restoring ${artifact}: ${facts}`, {
+      path: artifact,
+      hint: DAMAGED_HINT,
+    });
+  }
+  const name = join(packDir, `pack-${facts.packName}`);
+  await rename(index, `${name}.idx`).catch((e: unknown) => {
+    throw destinationError(e, packDir);
+  });
+  await chmod(`${name}.idx`, 0o444);
+  await rename(tmp, `${name}.pack`).catch((e: unknown) => {
+    throw destinationError(e, packDir);
+  });
+  const refs = h.refs.filter((r) => r.name.startsWith("refs/"));
+  if (refs.some((r) => r.name.includes("\0"))) {
+    throw new MemsnapError("MEMSNAP_DEEP_VERIFY_FAILED", `restoring ${artifact}: a ref name holds a NUL byte`, {
+      path: artifact,
+      hint: DAMAGED_HINT,
+    });
+  }
+  if (refs.length) {
+    const input = refs.map((r) => `create ${r.name}\0${r.oid}\0`).join("");
+    await run(["update-ref", "-z", "--stdin"], g, true, input);
+  }
+  return true;
+}
+
 async function materializeGit(
   dir: string,
   bundles: Array<[string, string]>,
   head: HeadSpec,
   objectFormat: string,
   layer: string,
+  index: string | null,
 ): Promise<LinksWritten> {
   const artifact = `${layer}/${bundles.at(-1)?.[1] ?? BUNDLE_ARTIFACT}`;
   const init: GitCtx = { cwd: dir, env: gitEnv() };
   let g: GitCtx = { cwd: dir, env: gitEnv({ GIT_DIR: join(dir, ".git"), GIT_WORK_TREE: dir }) };
-  const run = async (args: string[], ctx: GitCtx, damaged: boolean): Promise<void> => {
+  const run = async (args: string[], ctx: GitCtx, damaged: boolean, input?: string): Promise<void> => {
     let r: GitResult;
     try {
-      r = await runGit(args, ctx);
+      r = await runGit(args, ctx, input);
     } catch (e) {
       throw new MemsnapError("MEMSNAP_INTERNAL", `cannot run git to restore ${artifact}: ${(e as Error).message}`, {
         path: artifact,
@@ -236,7 +296,12 @@ async function materializeGit(
   // as the blobs hold them.
   const filters = await neutralizeFilters(dir, g);
   g = { ...g, env: gitEnv({ GIT_DIR: join(dir, ".git"), GIT_WORK_TREE: dir }, [...filters, ...GIT_MEMORY_CONFIG]) };
-  await fetchChain(g, layer, bundles, run);
+  const first = `${layer}/${bundles[0]?.[1] ?? BUNDLE_ARTIFACT}`;
+  const install = index
+    ? (bundle: string, h: BundleHeader): Promise<boolean> =>
+        installWholeBundle(g, join(dir, ".git"), bundle, h, index, first, run)
+    : undefined;
+  await fetchChain(g, layer, bundles, run, install);
   if (head.ref) await run(["symbolic-ref", "HEAD", head.ref], g, true);
   else if (head.oid) await run(["update-ref", "--no-deref", "HEAD", head.oid], g, true);
   const links: LinksWritten = head.oid ? await symlinksInHead(g, artifact) : { count: 0, paths: [] };
@@ -379,7 +444,7 @@ export async function materializeLayer(layerDir: string, layer: LayerEntry): Pro
   }
   const inChain = (n: string): boolean => (chain ? chain.some((l) => l.artifact === n) : n === BUNDLE_ARTIFACT);
   for (const n of names) {
-    if (!inChain(n) && n !== WORKTREE_DIR && n !== WORKTREE_DOC_ARTIFACT) {
+    if (!inChain(n) && n !== WORKTREE_DIR && n !== WORKTREE_DOC_ARTIFACT && n !== PACK_INDEX_ARTIFACT) {
       throw unsafe(art(n), "not an artifact of a git layer");
     }
   }
@@ -430,12 +495,25 @@ export async function materializeLayer(layerDir: string, layer: LayerEntry): Pro
   try {
     const bundles: Array<[string, string]> = bundleNames.map((n) => [join(aside, n), n]);
     for (const [p, n] of bundles) await rename(join(dir, n), p);
+    // The full bundle's pack index (./pack-index.ts), used by the git binary only.
+    // The meta declares it (verify --deep checks a declared one); one it does not declare is ignored.
+    const declared = declaredIndexBytes(layer);
+    const held = names.includes(PACK_INDEX_ARTIFACT) ? join(aside, PACK_INDEX_ARTIFACT) : null;
+    if (held) await rename(join(dir, PACK_INDEX_ARTIFACT), held);
+    const heldBytes = held ? (await lstat(held)).size : 0;
+    if (held && declared !== null && heldBytes !== declared) {
+      const msg = `${art(PACK_INDEX_ARTIFACT)} holds ${heldBytes} bytes, but the layer meta declares ${declared}`;
+      throw new MemsnapError("MEMSNAP_DEEP_VERIFY_FAILED", msg, { path: art(PACK_INDEX_ARTIFACT), hint: DAMAGED_HINT });
+    }
+    const index = held && declared !== null ? held : null;
     const bundle = bundles[0]?.[0] ?? null;
     const worktree = names.includes(WORKTREE_DIR) ? join(aside, WORKTREE_DIR) : null;
     if (worktree) await rename(join(dir, WORKTREE_DIR), worktree);
     await rm(join(dir, WORKTREE_DOC_ARTIFACT), { force: true });
     let links: LinksWritten;
-    if (gitImpl() === "git") links = await materializeGit(dir, bundles, head, objectFormat, layer.name);
+    if (gitImpl() === "git") {
+      links = await materializeGit(dir, bundles, head, objectFormat, layer.name, bundles.length ? index : null);
+    }
     else {
       try {
         links = await isoMaterialize(dir, bundle, head, art(BUNDLE_ARTIFACT));

@@ -1,25 +1,90 @@
 /** Deep verification of a git bundle: git unbundles it into a scratch repository (or isomorphic-git indexes it). */
-import { createWriteStream, rmSync } from "node:fs";
-import { mkdtemp, rm } from "node:fs/promises";
+import { spawn } from "node:child_process";
+import { createHash } from "node:crypto";
+import { createReadStream, createWriteStream, rmSync } from "node:fs";
+import { mkdtemp, readFile, rename, rm } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { Readable } from "node:stream";
 import { pipeline } from "node:stream/promises";
 import type { LayerEntry } from "../../format/manifest.js";
 import type { ChainLink } from "./chain.js";
-import { checkPackTrailer, readBundleHeader } from "./format.js";
+import { checkPackTrailer, readBundleHeader, type BundleHeader } from "./format.js";
+import { checkAndCopyPack } from "./pack-index.js";
 import { isoVerifyBundle } from "./iso.js";
 import { gitEnv, gitImpl, runGit, said, type GitCtx } from "./run.js";
 
-/** Why the bundle file at `path` is not a complete, sound git bundle, or null. */
-export async function verifyBundleFile(path: string): Promise<string | null> {
-  if (gitImpl() === "isomorphic-git") return isoVerifyBundle(path);
+/** What a check of bundles found: a problem, or none, and the SHA-256 of the first bundle's pack index when asked for. */
+export interface ChainCheck {
+  problem: string | null;
+  /** Hex SHA-256 of the index git writes for the first bundle's pack (with `withIndex`). */
+  indexSha256?: string;
+}
+
+/**
+ * Why the bundle file at `path` is not a complete, sound git bundle, or null; with
+ * `withIndex`, also the SHA-256 of the pack index git writes for it (see verifyChainFiles).
+ */
+export async function verifyBundleFile(path: string, withIndex = false): Promise<ChainCheck> {
+  if (gitImpl() === "isomorphic-git") return { problem: await isoVerifyBundle(path) };
   const h = await readBundleHeader(path);
-  if (typeof h === "string") return h;
+  if (typeof h === "string") return { problem: h };
   if (h.prerequisites.length) {
-    return `needs ${h.prerequisites.length} prerequisite commit(s); memsnap writes complete bundles`;
+    return { problem: `needs ${h.prerequisites.length} prerequisite commit(s); memsnap writes complete bundles` };
   }
-  return verifyChainFiles([[path, "repo.bundle"]], join(dirname(path), "r"));
+  return verifyChainFiles([[path, "repo.bundle"]], join(dirname(path), "r"), withIndex);
+}
+
+/**
+ * Index the pack of the whole bundle at `path` into the scratch repository `repo` as restore
+ * installs one with its stored index (./pack-index.ts), but with the index git writes for it
+ * (`git index-pack`: every object inflated and hashed): the checks restore makes, then its refs
+ * created. Returns the index's SHA-256, which the stored one must match, or a problem.
+ */
+async function indexWholeBundle(
+  g: GitCtx,
+  repo: string,
+  path: string,
+  h: BundleHeader,
+): Promise<{ sha256: string } | string> {
+  const packDir = join(repo, "objects", "pack");
+  const pack = join(packDir, "tmp_verify.pack");
+  const idx = join(packDir, "tmp_verify.idx");
+  const child = spawn("git", ["index-pack", "--stdin", "-o", idx, pack], {
+    cwd: dirname(repo),
+    env: g.env,
+    stdio: ["pipe", "pipe", "pipe"],
+  });
+  let out = "";
+  child.stdout.on("data", (b: Buffer) => {
+    if (out.length < 1024) out += b.toString("latin1");
+  });
+  let err = "";
+  child.stderr.on("data", (b: Buffer) => {
+    if (err.length < 64 * 1024) err += b.toString("utf8");
+  });
+  const code = new Promise<number>((res) => {
+    child.on("error", () => res(-1));
+    child.on("close", (c) => res(c ?? -1));
+  });
+  await pipeline(createReadStream(path, { start: h.packOffset, highWaterMark: 1 << 20 }), child.stdin).catch(
+    () => undefined,
+  );
+  if ((await code) !== 0) return `git index-pack failed: ${said(err)}`;
+  const facts = await checkAndCopyPack(path, h.packOffset, idx, h.objectFormat === "sha256" ? 32 : 20, null);
+  if (typeof facts === "string") return facts;
+  const sha256 = createHash("sha256").update(await readFile(idx)).digest("hex");
+  // index-pack says the pack's name (its checksum); the checks above agree where they ran.
+  const hex = /([0-9a-f]{40}([0-9a-f]{24})?)\s*$/.exec(out)?.[1];
+  if (!hex || (facts && facts.packName !== hex)) return `git index-pack named the pack ${JSON.stringify(out.trim())}`;
+  await rename(pack, join(packDir, `pack-${hex}.pack`));
+  await rename(idx, join(packDir, `pack-${hex}.idx`));
+  const refs = h.refs.filter((r) => r.name.startsWith("refs/"));
+  if (refs.length) {
+    const r = await runGit(["update-ref", "-z", "--stdin"], g, refs.map((x) => `create ${x.name}\0${x.oid}\0`).join(""));
+    if (r.code !== 0) return `git update-ref failed: ${said(r.stderr)}`;
+  }
+  return { sha256 };
 }
 
 /**
@@ -28,7 +93,20 @@ export async function verifyBundleFile(path: string): Promise<string | null> {
  * checked that the bundles before it hold its prerequisites; every ref of the last must then
  * be in the repository. Without the git binary each bundle's header and packfile checksum only.
  */
-export async function verifyChainFiles(files: Array<[string, string]>, repo: string): Promise<string | null> {
+export async function verifyChainFiles(
+  files: Array<[string, string]>,
+  repo: string,
+  withIndex = false,
+): Promise<ChainCheck> {
+  const inner = await checkChain(files, repo, withIndex);
+  return typeof inner === "string" || inner === null ? { problem: inner } : { problem: null, indexSha256: inner.sha256 };
+}
+
+async function checkChain(
+  files: Array<[string, string]>,
+  repo: string,
+  withIndex: boolean,
+): Promise<string | null | { sha256: string }> {
   const headers = [];
   for (const [i, [path, name]] of files.entries()) {
     const h = await readBundleHeader(path);
@@ -53,7 +131,14 @@ export async function verifyChainFiles(files: Array<[string, string]>, repo: str
   const format = headers[0]!.objectFormat !== "sha1" ? [`--object-format=${headers[0]!.objectFormat}`] : [];
   const init = await step(["init", "-q", "--bare", "--template=", ...format, repo]);
   if (init) return init;
+  let indexed: { sha256: string } | null = null;
   for (const [i, [path, name]] of files.entries()) {
+    if (i === 0 && withIndex) {
+      const r = await indexWholeBundle(g, repo, path, headers[0]!);
+      if (typeof r === "string") return files.length > 1 ? `${name}: ${r}` : r;
+      indexed = r;
+      continue;
+    }
     const need = headers[i]!.prerequisites;
     if (need.length) {
       const r = await runGit(["cat-file", "--batch-check=%(objecttype)"], g, `${need.join("\n")}\n`);
@@ -75,7 +160,12 @@ export async function verifyChainFiles(files: Array<[string, string]>, repo: str
     const bad = await step(["cat-file", "-e", r.oid]);
     if (bad) return `${r.name} points at ${r.oid}, which the bundle${files.length > 1 ? "s lack" : " lacks"}`;
   }
-  return null;
+  // Installed, not fetched: the walk a fetch makes (every ref's history complete) is made here.
+  if (indexed) {
+    const bad = await step(["rev-list", "--objects", "--quiet", "--all"]);
+    if (bad) return bad;
+  }
+  return indexed;
 }
 
 /** A chain's bundles as verify --deep reads them (in any order, some from bases), per layer of one verify. */
@@ -93,7 +183,8 @@ export async function deepVerifyChainBundle(
   chain: ChainLink[],
   name: string,
   bytes: AsyncIterable<Buffer>,
-): Promise<string | null> {
+  withIndex = false,
+): Promise<ChainCheck> {
   let st = pending.get(layer);
   if (!st) {
     const dir = mkdtemp(join(tmpdir(), "memsnap-gitchain-"));
@@ -113,12 +204,13 @@ export async function deepVerifyChainBundle(
   const dir = await st.dir;
   await pipeline(Readable.from(bytes), createWriteStream(join(dir, name), { mode: 0o600 }));
   st.got.add(name);
-  if (!chain.every((l) => st.got.has(l.artifact))) return null;
+  if (!chain.every((l) => st.got.has(l.artifact))) return { problem: null };
   pending.delete(layer);
   try {
     return await verifyChainFiles(
       chain.map((l) => [join(dir, l.artifact), l.artifact]),
       join(dir, ".r"),
+      withIndex,
     );
   } finally {
     await rm(dir, { recursive: true, force: true });
