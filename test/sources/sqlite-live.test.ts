@@ -111,6 +111,11 @@ async function snap(baseDir: string, source: Record<string, unknown>, name = "sn
 
 /** Snapshot expecting a MemsnapError (see the note in sqlite.test.ts on the unobserved rejection). */
 async function snapFails(baseDir: string, source: Record<string, unknown>): Promise<{ code: string; message: string }> {
+  return snapFailsWith(baseDir, source);
+}
+
+/** {@link snapFails}, with `redactor` as the snapshot's redactor when given. */
+async function snapFailsWith(baseDir: string, source: Record<string, unknown>, redactor?: Redactor): Promise<{ code: string; message: string }> {
   const outDir = join(baseDir, "out-fail");
   mkdirSync(outDir, { recursive: true });
   const config = parseConfig({ agent: "scribe", sources: [{ kind: "sqlite", name: "db", ...source }] }, null, baseDir);
@@ -120,6 +125,7 @@ async function snapFails(baseDir: string, source: Record<string, unknown>): Prom
   const held: Array<[unknown, Promise<unknown>]> = [];
   const onUnhandled = (reason: unknown, p: Promise<unknown>): void => { held.push([reason, p]); };
   process.on("unhandledRejection", onUnhandled);
+  redactorHook.current = redactor ? () => redactor : undefined;
   try {
     try {
       await snapshot({ config, out: join(outDir, "snap.memsnap") });
@@ -128,6 +134,7 @@ async function snapFails(baseDir: string, source: Record<string, unknown>): Prom
     }
     await new Promise((res) => setTimeout(res, 20));
   } finally {
+    redactorHook.current = undefined;
     process.removeListener("unhandledRejection", onUnhandled);
     for (const l of others) process.on("unhandledRejection", l);
   }
@@ -560,6 +567,73 @@ describe("sqlite live read: redaction", () => {
       await w.close();
       await fh.close();
     }
+  });
+
+  it("look-ahead of a database whose WAL holds frames: it is copied (VACUUM INTO) while the one before streams, then redacted at its turn", async () => {
+    const dir = tempDir("memsnap-sqlite-live-");
+    const dbs = join(dir, "dbs");
+    mkdirSync(dbs);
+    makeDb(join(dbs, "a.db"), `${PAIRS} ${fillPairs(2000)}`); // ~2 MB, read live
+    const b = join(dbs, "b.db");
+    const token = `sk_live_${randomAlnum(24)}`;
+    const h = await holder(b, `db.pragma("journal_mode = WAL"); db.pragma("wal_autocheckpoint = 0");
+      db.exec(${JSON.stringify(`${PAIRS} ${fillPairs(300, 200)}`)}); db.prepare("INSERT INTO pairs (pair_id, side, payload) VALUES (?, 0, ?)").run(9999, ${JSON.stringify(`key ${token}`)});`);
+    const cfg = sqliteSource.parseConfig({ kind: "sqlite", name: "db", path: "dbs" }, "test");
+    const work = join(dir, "work");
+    mkdirSync(work);
+    const copies = (): string[] => readdirSync(work).filter((n) => /^sqlite-.*\.db$/.test(n));
+    try {
+      expect(statSync(`${b}-wal`).size).toBeGreaterThan(0);
+      const cap = await sqliteSource.capture(cfg, { baseDir: dir, tmpDir: work, redactor: new StubRedactor() });
+      try {
+        const it = cap.artifacts[Symbol.asyncIterator]();
+        const a = (await it.next()).value as Artifact;
+        expect(a.path).toBe("a.db");
+        for await (const _ of a.open() as AsyncIterable<Buffer>) void _;
+        await a.check?.();
+        // b.db's turn has not come, and its copy is being made (before this change, only then).
+        let seen = copies().length;
+        for (let i = 0; i < 250 && !seen; i++) {
+          await new Promise((res) => setTimeout(res, 20));
+          seen = copies().length;
+        }
+        expect(seen).toBe(1);
+        const bArt = (await it.next()).value as Artifact;
+        expect(bArt.path).toBe("b.db");
+        const bytes: Buffer[] = [];
+        for await (const c of bArt.open() as AsyncIterable<Buffer>) bytes.push(Buffer.from(c));
+        await bArt.check?.();
+        expect((await it.next()).done).toBe(true);
+        const m = ((await cap.finish!()) as { databases: Record<string, SqliteDbMeta> }).databases;
+        expect(m["a.db"]).toMatchObject({ method: "live_read" });
+        expect(m["b.db"]).toMatchObject({ method: "vacuum_into", live_read_skipped: "wal_frames", tables: { pairs: 601 } });
+        expect(m["b.db"]!.redaction!.cells_redacted).toBe(1);
+        const out = join(dir, "b-copy.db");
+        writeFileSync(out, Buffer.concat(bytes));
+        withDb(out, (d) => {
+          expect(d.prepare("PRAGMA integrity_check").pluck().all()).toEqual(["ok"]);
+          expect(q<string>(d, "SELECT payload FROM pairs WHERE pair_id = 9999")).toBe("key [REDACTED:stub-api-key]");
+        });
+      } finally {
+        await cap.cleanup?.();
+      }
+      expect(copies()).toEqual([]);
+    } finally {
+      await h.stop();
+    }
+  });
+
+  it("a database whose WAL holds frames but whose file is not SQLite: MEMSNAP_SOURCE_INVALID at its turn, as before the look-ahead copied it; nothing left", async () => {
+    const dir = tempDir("memsnap-sqlite-live-");
+    const dbs = join(dir, "dbs");
+    mkdirSync(dbs);
+    makeDb(join(dbs, "a.db"), `${PAIRS} ${fillPairs(200)}`);
+    writeFileSync(join(dbs, "b.db"), Buffer.from("not a database, just words, words and words\n".repeat(200)));
+    writeFileSync(join(dbs, "b.db-wal"), randomBytes(8192));
+    const e = await snapFailsWith(dir, { path: "dbs" }, new StubRedactor());
+    expect(e.code).toBe("MEMSNAP_SOURCE_INVALID");
+    expect(e.message).toContain(join(dbs, "b.db"));
+    expect(e.message).toContain("is not an SQLite database");
   });
 
   it("the worker's pre-filter answers as src/redact/prefilter.ts; joining cells never loses a candidate", async () => {
