@@ -18,6 +18,10 @@ async function run(job: SqliteJob): Promise<unknown> {
   if (job.op === "copy") {
     const src = new D(job.src, { readonly: true, fileMustExist: true, timeout: job.busyTimeoutMs });
     try {
+      // Each page is read about once: a small cache will do. better-sqlite3's default (16 MB)
+      // made VACUUM INTO of the realistic home's memory.db (66 MB and a 34 MB WAL) take 36 MiB
+      // more RSS, now 7, and 350 → 300 ms.
+      src.pragma("cache_size = -1024");
       const pragmas = src.transaction((): SourcePragmas => ({
         journal_mode: String(src.pragma("journal_mode", { simple: true })).toLowerCase(),
         page_size: src.pragma("page_size", { simple: true }) as number,
@@ -54,6 +58,7 @@ async function run(job: SqliteJob): Promise<unknown> {
   if (job.op === "check") {
     const db = new D(job.path, { readonly: true, fileMustExist: true });
     try {
+      db.pragma("cache_size = -1024"); // as for the copy: one pass over the pages
       const problems = db
         .prepare<[], unknown>("PRAGMA " + job.pragma + "(" + Number(job.limit) + ")")
         .pluck()
@@ -83,6 +88,7 @@ async function run(job: SqliteJob): Promise<unknown> {
     rmSync(out, { force: true });
     const db = new D(job.path, { readonly: true, fileMustExist: true });
     try {
+      db.pragma("cache_size = -1024"); // as for the copy: one pass over the pages
       db.prepare("VACUUM INTO ?").run(out);
     } catch (e) {
       rmSync(out, { force: true });
