@@ -31,7 +31,7 @@ export const PACK_INDEX_ARTIFACT = "repo.idx";
 export const PACK_INDEX_KIND = "git-pack-index";
 /** Git's own bound on a delta chain (pack-objects --depth). */
 export const MAX_DEPTH = 4095;
-/** Objects at most in an index restore installs (8 bytes of memory each); a bigger pack is fetched. */
+/** Objects at most in an index restore installs (its offsets and CRCs, ~24 bytes each, are held while it is checked); a bigger pack is fetched. */
 export const MAX_INDEXED_OBJECTS = 1 << 21;
 
 /** The pack index's size the layer meta declares (`bundle_index_bytes`), or null. */
