@@ -28,6 +28,16 @@
  *
  * The caller must not touch buf, digests or zero until the callback: they are written from
  * another thread meanwhile (the addon holds references so they stay alive).
+ *
+ * And, for the SQLite source's changed-page pass, a whole range hashed in one pool job, so that
+ * the calling thread is free meanwhile (it runs quick_check in the same read transaction):
+ *
+ *   hashRange(fd, position, length, pageSize, out, callback)
+ *     on a libuv pool thread, reads `length` bytes of fd at position, 1 MiB at a time into a
+ *     buffer of its own; pageSize > 0: writes the first 16 bytes of each page's SHA-256 at
+ *     out[16 * i] (the last page may be short); pageSize 0: writes the SHA-256 of the whole
+ *     range at out[0..32). callback(errno, bytesRead) as readHash's: a short bytesRead or an
+ *     errno means `out` holds nothing to use.
  */
 #define NAPI_VERSION 8
 #include <node_api.h>
@@ -303,13 +313,153 @@ static napi_value ReadHash(napi_env env, napi_callback_info info) {
   return NULL;
 }
 
+/* ------------------------------------------------------------------ hashRange */
+
+#define RANGE_BLOCK (1 << 20)
+
+typedef struct {
+  napi_async_work work;
+  napi_ref refs[2]; /* out, callback */
+  int fd;
+  int64_t pos;
+  int64_t len;
+  uint32_t page;
+  uint8_t *out;
+  int64_t got;
+  int err;
+} hash_range_t;
+
+static void hash_range_execute(napi_env env, void *data) {
+  (void)env;
+  hash_range_t *w = (hash_range_t *)data;
+  /* whole pages per block, so that no page straddles two reads */
+  size_t block = RANGE_BLOCK;
+  if (w->page > 0) block = w->page >= RANGE_BLOCK ? w->page : (RANGE_BLOCK / w->page) * w->page;
+  uint8_t *buf = (uint8_t *)malloc(block);
+  EVP_MD_CTX *whole = EVP_MD_CTX_new();
+  EVP_MD_CTX *md = EVP_MD_CTX_new();
+  const EVP_MD *sha = EVP_sha256();
+  if (!buf || !whole || !md || (w->page == 0 && EVP_DigestInit_ex(whole, sha, NULL) != 1)) {
+    w->err = ENOMEM;
+    goto done;
+  }
+  size_t pageIndex = 0;
+  while (w->got < w->len) {
+    size_t want = (size_t)(w->len - w->got) < block ? (size_t)(w->len - w->got) : block;
+    size_t have = 0;
+    while (have < want) {
+      ssize_t r = pread(w->fd, buf + have, want - have, (off_t)(w->pos + w->got + (int64_t)have));
+      if (r < 0) {
+        if (errno == EINTR) continue;
+        w->err = errno;
+        goto done;
+      }
+      if (r == 0) { /* the file ended early: report what was read, hash nothing more */
+        w->got += (int64_t)have;
+        goto done;
+      }
+      have += (size_t)r;
+    }
+    if (w->page == 0) {
+      if (EVP_DigestUpdate(whole, buf, have) != 1) {
+        w->err = EIO;
+        goto done;
+      }
+    } else {
+      uint8_t d[32];
+      for (size_t off = 0; off < have; off += w->page, pageIndex++) {
+        size_t n = have - off < w->page ? have - off : w->page;
+        unsigned int outlen = 0;
+        if (EVP_DigestInit_ex(md, sha, NULL) != 1 || EVP_DigestUpdate(md, buf + off, n) != 1 ||
+            EVP_DigestFinal_ex(md, d, &outlen) != 1 || outlen != 32) {
+          w->err = EIO;
+          goto done;
+        }
+        memcpy(w->out + 16 * pageIndex, d, 16);
+      }
+    }
+    w->got += (int64_t)have;
+  }
+  if (w->page == 0) {
+    unsigned int outlen = 0;
+    if (EVP_DigestFinal_ex(whole, w->out, &outlen) != 1 || outlen != 32) w->err = EIO;
+  }
+done:
+  EVP_MD_CTX_free(md);
+  EVP_MD_CTX_free(whole);
+  free(buf);
+}
+
+static void hash_range_complete(napi_env env, napi_status status, void *data) {
+  hash_range_t *w = (hash_range_t *)data;
+  napi_value cb, undef, argv[2];
+  int have_cb = napi_get_reference_value(env, w->refs[1], &cb) == napi_ok;
+  for (int i = 0; i < 2; i++) napi_delete_reference(env, w->refs[i]);
+  napi_delete_async_work(env, w->work);
+  int err = status == napi_ok ? w->err : ECANCELED;
+  double got = (double)w->got;
+  free(w);
+  if (!have_cb) return;
+  napi_create_int32(env, err, &argv[0]);
+  napi_create_double(env, got, &argv[1]);
+  napi_get_undefined(env, &undef);
+  napi_call_function(env, undef, cb, 2, argv, NULL);
+}
+
+static napi_value HashRange(napi_env env, napi_callback_info info) {
+  size_t argc = 6;
+  napi_value argv[6];
+  if (napi_get_cb_info(env, info, &argc, argv, NULL, NULL) != napi_ok || argc < 6)
+    return fail(env, "hashRange(fd, position, length, pageSize, out, callback): six arguments expected");
+  int32_t fd;
+  double pos, len, page;
+  if (napi_get_value_int32(env, argv[0], &fd) != napi_ok || fd < 0) return fail(env, "fd: a file descriptor expected");
+  if (napi_get_value_double(env, argv[1], &pos) != napi_ok || !(pos >= 0 && pos < 9007199254740992.0) || pos != (double)(int64_t)pos)
+    return fail(env, "position: a non-negative integer expected");
+  if (napi_get_value_double(env, argv[2], &len) != napi_ok || !(len >= 0 && len < 9007199254740992.0) || len != (double)(int64_t)len)
+    return fail(env, "length: a non-negative integer expected");
+  if (napi_get_value_double(env, argv[3], &page) != napi_ok || !(page >= 0 && page <= 65536) || page != (double)(uint32_t)page)
+    return fail(env, "pageSize: an integer from 0 to 65536 expected");
+  uint8_t *out;
+  size_t olen;
+  if (!bytes_of(env, argv[4], &out, &olen)) return fail(env, "out: a Uint8Array expected");
+  napi_valuetype t;
+  if (napi_typeof(env, argv[5], &t) != napi_ok || t != napi_function) return fail(env, "callback: a function expected");
+  uint32_t ps = (uint32_t)page;
+  double need = ps == 0 ? 32.0 : 16.0 * (double)(((int64_t)len + ps - 1) / ps);
+  if ((double)olen < need) return fail(env, "out: smaller than the digests of the range");
+  hash_range_t *w = (hash_range_t *)calloc(1, sizeof *w);
+  if (!w) {
+    napi_throw_error(env, "ENOMEM", "hashRange: out of memory");
+    return NULL;
+  }
+  w->fd = fd;
+  w->pos = (int64_t)pos;
+  w->len = (int64_t)len;
+  w->page = ps;
+  w->out = out;
+  napi_create_reference(env, argv[4], 1, &w->refs[0]);
+  napi_create_reference(env, argv[5], 1, &w->refs[1]);
+  napi_value name;
+  napi_create_string_utf8(env, "memsnap.hashRange", NAPI_AUTO_LENGTH, &name);
+  if (napi_create_async_work(env, NULL, name, hash_range_execute, hash_range_complete, w, &w->work) != napi_ok ||
+      napi_queue_async_work(env, w->work) != napi_ok) {
+    for (int i = 0; i < 2; i++) napi_delete_reference(env, w->refs[i]);
+    free(w);
+    napi_throw_error(env, NULL, "hashRange: cannot queue the work");
+    return NULL;
+  }
+  return NULL;
+}
+
 static napi_value Init(napi_env env, napi_value exports) {
   napi_property_descriptor props[] = {
       {"seal", NULL, Seal, NULL, NULL, NULL, napi_enumerable, NULL},
       {"open", NULL, Open, NULL, NULL, NULL, napi_enumerable, NULL},
       {"readHash", NULL, ReadHash, NULL, NULL, NULL, napi_enumerable, NULL},
+      {"hashRange", NULL, HashRange, NULL, NULL, NULL, napi_enumerable, NULL},
   };
-  napi_define_properties(env, exports, 3, props);
+  napi_define_properties(env, exports, 4, props);
   return exports;
 }
 

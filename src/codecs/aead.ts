@@ -65,6 +65,21 @@ export interface AeadAddon {
     zero: Uint8Array,
     callback: (errno: number, bytesRead: number) => void,
   ): void;
+  /**
+   * On a libuv pool thread: read `length` bytes of `fd` at `position` (1 MiB at a time, into
+   * the addon's own buffer) and hash them: with `pageSize` > 0, the first 16 bytes of each
+   * page's SHA-256 at `out[16 * i]` (the last page may be short); with `pageSize` 0, the SHA-256
+   * of the whole range at `out[0..32)`. `callback(errno, bytesRead)` as readHash's: a short
+   * bytesRead or an errno means `out` holds nothing to use. Leave `out` alone until then.
+   */
+  hashRange?(
+    fd: number,
+    position: number,
+    length: number,
+    pageSize: number,
+    out: Uint8Array,
+    callback: (errno: number, bytesRead: number) => void,
+  ): void;
 }
 
 /** The addon's path (null: not built, or `MEMSNAP_NATIVE=0`), for worker threads to load. */

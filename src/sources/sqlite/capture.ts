@@ -27,6 +27,9 @@ import { liveArtifact, LiveRead, liveReadSkips, sizeOr0 } from "./live-read.js";
 import type { SqliteDbMeta, SqliteRedactionStats } from "./meta.js";
 import { redactSqliteCopy } from "./redact-copy.js";
 
+/** The most problems a live read's quick_check reports. */
+const VERIFY_LIMIT = 10;
+
 /**
  * True when no rule matches in any of `cells` as the copy path reads them (./redact-copy.ts): a
  * TEXT cell that is a candidate, as text; a BLOB that is a candidate, as the text its bytes
@@ -224,7 +227,7 @@ export async function captureLayer(cfg: SqliteConfig, ctx: CaptureContext): Prom
         busyTimeoutMs: cfg.busy_timeout_ms,
         redact,
         hold: false,
-        ...(base ? { base } : {}),
+        ...(base ? { base, verifyLimit: VERIFY_LIMIT } : {}),
       })
       .catch(() => undefined); // a failure is met again (and reported) when its turn comes
     ahead = { f, live, done };
@@ -309,7 +312,7 @@ export async function captureLayer(cfg: SqliteConfig, ctx: CaptureContext): Prom
                   busyTimeoutMs: cfg.busy_timeout_ms,
                   redact,
                   hold: true,
-                  ...(base ? { base } : {}),
+                  ...(base ? { base, verifyLimit: VERIFY_LIMIT } : {}),
                 },
                 ctx.signal,
               ),
@@ -338,7 +341,7 @@ export async function captureLayer(cfg: SqliteConfig, ctx: CaptureContext): Prom
           if (r.eligible) {
             // quick_check and the row counts run in the worker, in the same transaction, while the bytes stream.
             const verified = l.worker.call<LiveVerifyResult>(
-              { op: "live_verify", handle: l.handle, limit: 10 },
+              { op: "live_verify", handle: l.handle, limit: VERIFY_LIMIT },
               ctx.signal,
             );
             verified.catch(() => undefined); // awaited in check()

@@ -3,7 +3,7 @@
  * descriptor its stale-byte scan reads through (the host's), and the last scan's result.
  */
 import type { Db } from "./worker-sql.js";
-import type { LiveScanStats } from "./worker-types.js";
+import type { LiveScanStats, LiveVerifyResult } from "./worker-types.js";
 
 export interface Handle {
   id: number;
@@ -17,6 +17,11 @@ export interface Handle {
   idle?: Promise<void>;
   /** The read transaction is held (live_begin with `hold` and a yes). */
   holding?: boolean;
+  /**
+   * quick_check and the row counts, run in this read transaction (or in the look-ahead's whose
+   * scan it reuses) while the changed-page pass hashed: live_verify answers with it.
+   */
+  verified?: LiveVerifyResult & { limit: number };
   /** A look-ahead's scan result, valid while `data_version`, size and mtime are unchanged. */
   cache: {
     dataVersion: number;
@@ -26,6 +31,7 @@ export interface Handle {
     reason: string | null;
     candidates: Array<string | Uint8Array> | undefined;
     pages: { pageSize: number; table: Uint8Array; sha256: string } | undefined;
+    verified: (LiveVerifyResult & { limit: number }) | undefined;
   } | null;
 }
 

@@ -5,10 +5,10 @@
  */
 import { fstatSync, statSync } from "node:fs";
 import { type CandidateCells, scanCells, scanTargets } from "./worker-cells.js";
-import { closeHandle, handles, released } from "./worker-handles.js";
+import { closeHandle, type Handle, handles, released } from "./worker-handles.js";
 import type { CellState } from "./worker-pages.js";
 import { load, ordinaryTables, qi } from "./worker-sql.js";
-import type { FileHashes } from "./worker-changed.js";
+import type { PassHooks } from "./worker-changed.js";
 import { scanStale } from "./worker-stale.js";
 import type {
   LiveBeginJob,
@@ -46,6 +46,7 @@ export async function liveBegin(job: LiveBeginJob): Promise<LiveBeginResult> {
   }
   const db = h.db!;
   h.busy = true;
+  h.verified = undefined; // a check of an earlier transaction says nothing of this one
   let settle!: () => void;
   h.idle = new Promise<void>((r) => (settle = r));
   try {
@@ -97,6 +98,8 @@ export async function liveBegin(job: LiveBeginJob): Promise<LiveBeginResult> {
         reason = c.reason;
         candidates = c.candidates;
         pages = c.pages;
+        // the same committed state as the look-ahead's transaction checked (see the cache's key)
+        if (c.verified) h.verified = c.verified;
       } else {
         const st: LiveScanStats = {
           tables: 0,
@@ -112,7 +115,18 @@ export async function liveBegin(job: LiveBeginJob): Promise<LiveBeginResult> {
           // One pass over the pages: the stale bytes and (the fast path) every cell's TEXT.
           // "scan" once the walk starts (an empty file or a refused freelist never does)
           const cells: { state: CellState; collect?: CandidateCells } = { state: "unparsed" };
-          const hashesOut: { hashes?: FileHashes } = {};
+          const hashesOut: PassHooks = {};
+          const limit = job.verifyLimit;
+          if (job.base && limit !== undefined && Number.isSafeInteger(limit) && limit > 0) {
+            // most likely read live again (the last snapshot was): check it while the pool hashes
+            hashesOut.during = () => {
+              try {
+                h!.verified = { ...verifyNow(db, limit), limit };
+              } catch {
+                // (a database SQLite cannot check: live_verify runs it again and reports that)
+              }
+            };
+          }
           const stale = await scanStale(h, st, stat.size, pageCount, cells, job.base ?? null, hashesOut);
           pages = hashesOut.hashes;
           // Candidate cells are collected (for the host's redactor to rule on) only when the
@@ -146,7 +160,16 @@ export async function liveBegin(job: LiveBeginJob): Promise<LiveBeginResult> {
         }
         st.ms = Math.round(performance.now() - s0);
         out.scan = st;
-        h.cache = { dataVersion, size: stat.size, mtimeMs: stat.mtimeMs, scan: st, reason, candidates, pages };
+        h.cache = {
+          dataVersion,
+          size: stat.size,
+          mtimeMs: stat.mtimeMs,
+          scan: st,
+          reason,
+          candidates,
+          pages,
+          verified: h.verified,
+        };
       }
     }
     if (h.released) throw released();
@@ -196,10 +219,20 @@ export async function liveBegin(job: LiveBeginJob): Promise<LiveBeginResult> {
 export function liveVerify(job: Extract<SqliteJob, { op: "live_verify" }>): LiveVerifyResult {
   const h = handles.get(job.handle);
   if (!h || !h.holding) throw new Error("no live read transaction " + job.handle);
-  const db = h.db!;
+  const done = h.verified;
+  h.verified = undefined;
+  if (done && done.limit === job.limit) {
+    const { limit: _, ...v } = done;
+    return { ...v, ahead: true };
+  }
+  return verifyNow(h.db!, job.limit);
+}
+
+/** quick_check(limit) and, when it passes, the row count of every ordinary table. */
+function verifyNow(db: NonNullable<Handle["db"]>, limit: number): LiveVerifyResult {
   const t0 = performance.now();
   const problems = db
-    .prepare<[], unknown>("PRAGMA quick_check(" + Number(job.limit) + ")")
+    .prepare<[], unknown>("PRAGMA quick_check(" + Number(limit) + ")")
     .pluck()
     .all()
     .map(String);

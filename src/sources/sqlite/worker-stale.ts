@@ -8,7 +8,7 @@ import { staleVerdict } from "./worker-candidate.js";
 import { type Handle, maybeYield } from "./worker-handles.js";
 import { type CellScan, type CellState, flushCells, newCellScan, pageCells } from "./worker-pages.js";
 import type { LiveScanStats } from "./worker-types.js";
-import { type FileHashes, FULL, scanChanged } from "./worker-changed.js";
+import { FULL, type PassHooks, scanChanged } from "./worker-changed.js";
 import type { PageBase } from "./worker-types.js";
 import { WALK, walkPages } from "./worker-walk.js";
 
@@ -23,7 +23,7 @@ export async function scanStale(
   pageCount: number,
   cellsIn: { state: CellState } | null = null,
   base: PageBase | null = null,
-  hashesOut: { hashes?: FileHashes } = {},
+  hashesOut: PassHooks = {},
 ): Promise<string | null> {
   if (size === 0) return null; // an empty file is an empty database
   const fd = h.fd;

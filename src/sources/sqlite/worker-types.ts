@@ -146,6 +146,8 @@ export interface LiveVerifyResult {
   tables: Record<string, number>;
   quickCheckMs: number;
   countMs: number;
+  /** Run by live_begin while its changed-page pass hashed (LiveBeginJob.verifyLimit), not by this live_verify. */
+  ahead?: boolean;
 }
 
 /** Start (or look ahead on) a live read; see the module comment. */
@@ -163,6 +165,12 @@ export interface LiveBeginJob {
   hold: boolean;
   /** With `redact`, in an incremental snapshot: the last snapshot's clean scan to scan only the changes against. */
   base?: PageBase;
+  /**
+   * With `base`: run `quick_check(verifyLimit)` and the row counts in this read transaction
+   * while the changed-page pass hashes on the thread pool; `live_verify` with the same limit
+   * then answers with them (or with the look-ahead's, when this begin reuses its scan).
+   */
+  verifyLimit?: number;
 }
 
 export type SqliteJob =
