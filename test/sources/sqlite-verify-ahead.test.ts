@@ -40,47 +40,50 @@ const addon = aeadAddon();
 const haveRange = typeof addon?.hashRange === "function";
 
 describe("native hashRange: the page table and the whole range's SHA-256 on the thread pool", () => {
-  it.skipIf(!haveRange && !process.env.CI)("equals node:crypto's, for whole and short last pages, and says when the file is short", async () => {
-    expect(haveRange).toBe(true);
-    const hashRange = addon!.hashRange!.bind(addon);
-    const run = (fd: number, pos: number, len: number, ps: number, out: Buffer): Promise<[number, number]> =>
-      new Promise((res) => hashRange(fd, pos, len, ps, out, (errno, got) => res([errno, got])));
-    const dir = tempDir("memsnap-hashrange-");
-    const file = join(dir, "f.bin");
-    // 3 MiB + 1,000 bytes: blocks of 1 MiB, pages of every size, a zero run among random bytes
-    const bytes = Buffer.concat([randomBytes(1 << 20), Buffer.alloc(1 << 20), randomBytes((1 << 20) + 1000)]);
-    writeFileSync(file, bytes);
-    const fd = openSync(file, "r");
-    try {
-      for (const ps of [512, 4096, 65536]) {
-        const out = Buffer.alloc(16 * Math.ceil(bytes.length / ps));
-        expect(await run(fd, 0, bytes.length, ps, out)).toEqual([0, bytes.length]);
-        expect(out.equals(pageTable(bytes, ps))).toBe(true);
-        // a range that starts inside the file, on a page boundary
-        const from = 5 * ps;
-        const part = Buffer.alloc(16 * Math.ceil((bytes.length - from) / ps));
-        expect(await run(fd, from, bytes.length - from, ps, part)).toEqual([0, bytes.length - from]);
-        expect(part.equals(pageTable(bytes.subarray(from), ps))).toBe(true);
+  it.skipIf(!haveRange && !process.env.CI)(
+    "equals node:crypto's, for whole and short last pages, and says when the file is short",
+    async () => {
+      expect(haveRange).toBe(true);
+      const hashRange = addon!.hashRange!.bind(addon);
+      const run = (fd: number, pos: number, len: number, ps: number, out: Buffer): Promise<[number, number]> =>
+        new Promise((res) => hashRange(fd, pos, len, ps, out, (errno, got) => res([errno, got])));
+      const dir = tempDir("memsnap-hashrange-");
+      const file = join(dir, "f.bin");
+      // 3 MiB + 1,000 bytes: blocks of 1 MiB, pages of every size, a zero run among random bytes
+      const bytes = Buffer.concat([randomBytes(1 << 20), Buffer.alloc(1 << 20), randomBytes((1 << 20) + 1000)]);
+      writeFileSync(file, bytes);
+      const fd = openSync(file, "r");
+      try {
+        for (const ps of [512, 4096, 65536]) {
+          const out = Buffer.alloc(16 * Math.ceil(bytes.length / ps));
+          expect(await run(fd, 0, bytes.length, ps, out)).toEqual([0, bytes.length]);
+          expect(out.equals(pageTable(bytes, ps))).toBe(true);
+          // a range that starts inside the file, on a page boundary
+          const from = 5 * ps;
+          const part = Buffer.alloc(16 * Math.ceil((bytes.length - from) / ps));
+          expect(await run(fd, from, bytes.length - from, ps, part)).toEqual([0, bytes.length - from]);
+          expect(part.equals(pageTable(bytes.subarray(from), ps))).toBe(true);
+        }
+        const digest = Buffer.alloc(32);
+        expect(await run(fd, 0, bytes.length, 0, digest)).toEqual([0, bytes.length]);
+        expect(digest.toString("hex")).toBe(createHash("sha256").update(bytes).digest("hex"));
+        // asked for more than the file holds: the count read says so
+        const long = Buffer.alloc(32);
+        const [errno, got] = await run(fd, 0, bytes.length + 4096, 0, long);
+        expect(errno).toBe(0);
+        expect(got).toBe(bytes.length);
+        // bad arguments are refused before any work is queued
+        expect(() => hashRange(fd, 0, bytes.length, 4096, Buffer.alloc(16), () => undefined)).toThrow(/out/);
+        expect(() => hashRange(fd, 0, 10, 65537, Buffer.alloc(64), () => undefined)).toThrow(/pageSize/);
+        expect(() => hashRange(fd, -1, 10, 0, Buffer.alloc(32), () => undefined)).toThrow(/position/);
+      } finally {
+        closeSync(fd);
       }
-      const digest = Buffer.alloc(32);
-      expect(await run(fd, 0, bytes.length, 0, digest)).toEqual([0, bytes.length]);
-      expect(digest.toString("hex")).toBe(createHash("sha256").update(bytes).digest("hex"));
-      // asked for more than the file holds: the count read says so
-      const long = Buffer.alloc(32);
-      const [errno, got] = await run(fd, 0, bytes.length + 4096, 0, long);
-      expect(errno).toBe(0);
-      expect(got).toBe(bytes.length);
-      // bad arguments are refused before any work is queued
-      expect(() => hashRange(fd, 0, bytes.length, 4096, Buffer.alloc(16), () => undefined)).toThrow(/out/);
-      expect(() => hashRange(fd, 0, 10, 65537, Buffer.alloc(64), () => undefined)).toThrow(/pageSize/);
-      expect(() => hashRange(fd, -1, 10, 0, Buffer.alloc(32), () => undefined)).toThrow(/position/);
-    } finally {
-      closeSync(fd);
-    }
-    // a descriptor that is not open: the errno comes back
-    const [bad] = await run(fd, 0, 10, 0, Buffer.alloc(32));
-    expect(bad).not.toBe(0);
-  });
+      // a descriptor that is not open: the errno comes back
+      const [bad] = await run(fd, 0, 10, 0, Buffer.alloc(32));
+      expect(bad).not.toBe(0);
+    },
+  );
 });
 
 describe("sqlite live read: quick_check and the row counts while the changed pages are hashed", () => {

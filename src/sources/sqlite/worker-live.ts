@@ -199,10 +199,12 @@ export async function liveBegin(job: LiveBeginJob): Promise<LiveBeginResult> {
 /**
  * Run `PRAGMA quick_check` and the row counts inside the held transaction.
  *
- * The whole check, on an incremental snapshot too (issue 38 weighed a cheaper one). It already
- * runs beside the stream: the source posts this job before it yields the artifact and awaits it
- * in check(), after the pages were read and hashed, so it costs CPU (here ~0.15-0.2 CPU-s per
- * 255 MiB: a pread per page), not the critical path, when a core is free. A check of only the
+ * The whole check, on an incremental snapshot too (issue 38 weighed a cheaper one). In a full
+ * snapshot it runs beside the stream: the source posts this job before it yields the artifact
+ * and awaits it in check(), after the pages were read and hashed. In an incremental one the
+ * stream is a few pages, so live_begin ran it already, while its changed-page pass hashed on the
+ * pool (LiveBeginJob.verifyLimit; here ~0.15-0.2 CPU-s per 255 MiB: a pread per page), and this
+ * answers with that result. A check of only the
  * b-trees holding pages that changed since the base (whose full check passed on byte-identical
  * unchanged pages) would not prove what this one does: SQLite's partial check
  * (`quick_check(<table>)`) leaves out the page accounting (every page used exactly once, and the
