@@ -9,8 +9,8 @@
  *  - the JS string the bytes decode to as UTF-8 (the SQLite cell test).
  * Every anchor and every character next to one is ASCII, and ASCII bytes are the same
  * characters in both views. Two parts of the scanners read non-ASCII characters, and both are
- * widened here: whitespace between a key and its operator (any byte 0x80-0xFF is skipped like
- * a space: every non-ASCII JS space is made of such bytes in UTF-8), and the URL user-info
+ * widened here: whitespace between a key and its operator (every byte of the UTF-8 of a
+ * non-ASCII JS space is skipped like a space; see skip_space), and the URL user-info
  * run (`[^\s/@]{0,600}`: here up to 2400 bytes, 600 characters of at most 4 bytes, stopping only
  * at ASCII spaces, '/' and '@').
  *
@@ -62,8 +62,19 @@ static uint8_t KEY_END[256][256];
 static const char *const KEY_WORDS[] = {"password", "passwd", "passphrase", "pwd", "secret", "token", "key",
                                         "credential", "credentials", "account", "account_id", "accountid"};
 
-/* What the assignment alternative may skip between a key and its operator (see the header). */
-static inline int skip_space(int c) { return c == ' ' || (c >= 0x09 && c <= 0x0d) || c >= 0x80; }
+/*
+ * What the assignment alternative may skip between a key and its operator (see the header): an
+ * ASCII space, or a byte of the UTF-8 of a non-ASCII JS space: U+00A0 C2 A0, U+1680 E1 9A 80,
+ * U+2000-U+200A E2 80 80-8A, U+2028/U+2029 E2 80 A8/A9, U+202F E2 80 AF, U+205F E2 81 9F,
+ * U+3000 E3 80 80, U+FEFF EF BB BF (in a latin1 view U+00A0 is the byte A0 alone). Any byte
+ * from 0x80 up was skipped until the realistic home's float32 embeddings (#38): their exponent
+ * bytes 0x3D and 0xBD read as '=' after a run of "spaces" every few bytes.
+ */
+static inline int skip_space(int c) {
+  if (c < 0x80) return c == ' ' || (c >= 0x09 && c <= 0x0d);
+  return c <= 0x8a || c == 0x9a || c == 0x9f || c == 0xa0 || c == 0xa8 || c == 0xa9 || c == 0xaf || c == 0xbb ||
+         c == 0xbf || c == 0xc2 || (c >= 0xe1 && c <= 0xe3) || c == 0xef;
+}
 
 /*
  * `(?<=(?:KEYS)(?:\\?["'])?\s*[:=])` at the operator at p: KEYS = passw(or)?d, passphrase,
@@ -176,7 +187,8 @@ static uint8_t IS_TRIGGER[256];
 
 #if defined(__SSE2__)
 static __m128i c_us, c_dash, c_dot, c_col, c_eq, c_d, c_a, c_b, c_B, c_e, c_E, c_y, c_J, c_A, c_K, c_S, c_3, c_G, c_I, c_R,
-    c_N, c_20, c_s, c_r, c_x, c_k, c_p, c_o, c_t;
+    c_N, c_20, c_s, c_r, c_x, c_k, c_p, c_o, c_t, c_n, c_l, c_slash, c_dq, c_sq, c_09, c_4, c_80, c_10, c_9a, c_9f, c_a0,
+    c_a8, c_a9, c_af, c_bb, c_bf, c_c2, c_e1, c_2, c_ef;
 
 static void init_vectors(void) {
   c_us = _mm_set1_epi8('_'), c_dash = _mm_set1_epi8('-'), c_dot = _mm_set1_epi8('.'), c_col = _mm_set1_epi8(':');
@@ -187,6 +199,13 @@ static void init_vectors(void) {
   c_N = _mm_set1_epi8('N'), c_20 = _mm_set1_epi8(0x20), c_s = _mm_set1_epi8('s'), c_r = _mm_set1_epi8('r');
   c_x = _mm_set1_epi8('x'), c_k = _mm_set1_epi8('k'), c_p = _mm_set1_epi8('p'), c_o = _mm_set1_epi8('o');
   c_t = _mm_set1_epi8('t');
+  c_n = _mm_set1_epi8('n'), c_l = _mm_set1_epi8('l'), c_slash = _mm_set1_epi8('/'), c_dq = _mm_set1_epi8('"');
+  c_sq = _mm_set1_epi8('\''), c_09 = _mm_set1_epi8(0x09), c_4 = _mm_set1_epi8(4), c_80 = _mm_set1_epi8((char)0x80);
+  c_10 = _mm_set1_epi8(10), c_9a = _mm_set1_epi8((char)0x9a), c_9f = _mm_set1_epi8((char)0x9f);
+  c_a0 = _mm_set1_epi8((char)0xa0), c_a8 = _mm_set1_epi8((char)0xa8), c_a9 = _mm_set1_epi8((char)0xa9);
+  c_af = _mm_set1_epi8((char)0xaf), c_bb = _mm_set1_epi8((char)0xbb), c_bf = _mm_set1_epi8((char)0xbf);
+  c_c2 = _mm_set1_epi8((char)0xc2), c_e1 = _mm_set1_epi8((char)0xe1), c_2 = _mm_set1_epi8(2);
+  c_ef = _mm_set1_epi8((char)0xef);
 }
 
 #define EQ _mm_cmpeq_epi8
@@ -201,6 +220,26 @@ static void init_vectors(void) {
  * K S 3 G I R N, '.' after G s S b r, '-' before '-' or after x k b p a o r t. '_', ':' and '='
  * go to their tests as they are.
  */
+/* lo <= x <= lo + span, as unsigned bytes. */
+static inline __m128i in_range(__m128i x, __m128i lo, __m128i span) {
+  __m128i d = _mm_sub_epi8(x, lo);
+  return _mm_cmpeq_epi8(_mm_min_epu8(d, span), d);
+}
+
+/*
+ * Where the byte before a ':' or '=' lets key_before() pass: a space it skips (skip_space), a
+ * quote, or the last letter of a key word (d e t n y l s, either case). Elsewhere key_before()
+ * says no at once, so such an operator is no trigger unless it is a URL's ':' (then '/' follows).
+ */
+static inline __m128i key_prev(__m128i pv, __m128i pl) {
+  __m128i ascii = OR(OR(EQ(pv, c_20), in_range(pv, c_09, c_4)), OR(EQ(pv, c_dq), EQ(pv, c_sq)));
+  __m128i letters = OR(OR(OR(EQ(pl, c_d), EQ(pl, c_e)), OR(EQ(pl, c_t), EQ(pl, c_n))), OR(OR(EQ(pl, c_y), EQ(pl, c_l)), EQ(pl, c_s)));
+  __m128i high = OR(OR(OR(in_range(pv, c_80, c_10), EQ(pv, c_9a)), OR(EQ(pv, c_9f), EQ(pv, c_a0))),
+                    OR(OR(EQ(pv, c_a8), EQ(pv, c_a9)), OR(EQ(pv, c_af), EQ(pv, c_bb))));
+  high = OR(high, OR(OR(EQ(pv, c_bf), EQ(pv, c_c2)), OR(in_range(pv, c_e1, c_2), EQ(pv, c_ef))));
+  return OR(OR(ascii, letters), high);
+}
+
 static inline unsigned block(bytes at, unsigned *ce) {
   __m128i v = _mm_loadu_si128((const __m128i *)at);
   __m128i n = _mm_loadu_si128((const __m128i *)(at + 1));
@@ -211,6 +250,7 @@ static inline unsigned block(bytes at, unsigned *ce) {
                     OR(OR(EQ(pv, c_a), EQ(pv, c_o)), OR(EQ(pv, c_r), EQ(pv, c_t))));
   __m128i dash = AND(EQ(v, c_dash), OR(dpre, EQ(n, c_dash)));
   __m128i colon = OR(EQ(v, c_col), EQ(v, c_eq));
+  if (_mm_movemask_epi8(colon)) colon = AND(colon, OR(key_prev(pv, pl), AND(EQ(v, c_col), EQ(n, c_slash))));
   __m128i m = OR(OR(EQ(v, c_us), dash), OR(dot, colon));
   m = OR(m, AND(EQ(v, c_d), EQ(n, c_a)));
   m = OR(m, AND(EQ(v, c_b), EQ(n, c_e)));

@@ -104,14 +104,23 @@ for (const w of KEY_WORDS) {
   (KEYS_BY_END[endIndex(w.charCodeAt(n - 3), w.charCodeAt(n - 2), w.charCodeAt(n - 1))] ??= []).push(w);
 }
 /**
+ * The characters U+0080-U+00FF that are bytes of the UTF-8 of a non-ASCII JS space (U+00A0 C2 A0,
+ * U+1680 E1 9A 80, U+2000-U+200A E2 80 80-8A, U+2028/9 E2 80 A8/A9, U+202F E2 80 AF, U+205F
+ * E2 81 9F, U+3000 E3 80 80, U+FEFF EF BB BF), seen through a latin1 view: SPACE_BYTES in
+ * ./prefilter.ts, and native/prefilter's skip_space.
+ */
+const SPACE_BYTE = new Uint8Array(256);
+for (const c of [0x9a, 0x9f, 0xa0, 0xa8, 0xa9, 0xaf, 0xbb, 0xbf, 0xc2, 0xe1, 0xe2, 0xe3, 0xef]) SPACE_BYTE[c] = 1;
+for (let c = 0x80; c <= 0x8a; c++) SPACE_BYTE[c] = 1;
+/**
  * Could a key of KEYS end just before the ':' / '=' at 'p'? The look-behind reads
- * 'key', an optional quote (itself optionally after a backslash), whitespace or characters
- * U+0080-U+00FF (the UTF-8 bytes of a non-ASCII space, seen through a latin1 view), then 'p'; none
- * of these parts can take a character of another, so the key's end is found by walking back.
+ * 'key', an optional quote (itself optionally after a backslash), whitespace or the UTF-8 bytes
+ * of a non-ASCII space seen through a latin1 view (SPACE_BYTE), then 'p'; none of these parts
+ * can take a character of another, so the key's end is found by walking back.
  */
 function keyBefore(text: string, p: number): boolean {
   let j = p - 1;
-  for (let c = at(text, j); c >= 0 && (isJsSpace(c) || (c >= 0x80 && c <= 0xff)); c = at(text, j)) j--;
+  for (let c = at(text, j); c >= 0 && (isJsSpace(c) || (c <= 0xff && SPACE_BYTE[c] === 1)); c = at(text, j)) j--;
   const q = at(text, j);
   if (q === 0x22 || q === 0x27) j -= at(text, j - 1) === 0x5c ? 2 : 1;
   if (j < 2) return false;

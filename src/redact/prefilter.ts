@@ -35,6 +35,15 @@ const KEYS = ["passw(?:or)?d", "passphrase", "pwd", "secret", "token", "key", "c
   .map(ci)
   .join("|");
 
+/**
+ * Every byte of the UTF-8 of a non-ASCII JS space, as latin1 characters (a regex class body):
+ * U+00A0 C2 A0, U+1680 E1 9A 80, U+2000-U+200A E2 80 80-8A, U+2028/9 E2 80 A8/A9, U+202F E2 80 AF,
+ * U+205F E2 81 9F, U+3000 E3 80 80, U+FEFF EF BB BF. (It was all of U+0080-U+00FF, until float32
+ * embeddings, whose exponent bytes read as '=' after such "spaces", made most of a vector a
+ * candidate position; issue #38.)
+ */
+const SPACE_BYTES = String.raw`\x80-\x8a\x9a\x9f\xa0\xa8\xa9\xaf\xbb\xbf\xc2\xe1-\xe3\xef`;
+
 /** The alternatives of the main scanner, each named by its trigger. */
 const ALT: FinderAlternatives = {
   // token prefixes ending in `_` (GitHub, Hugging Face, npm, Stripe, Shopify, Grafana, 1Password, Groq, Linear, Notion,
@@ -51,10 +60,10 @@ const ALT: FinderAlternatives = {
   // URL credentials (scheme://user:pass@)
   url: String.raw`:\/\/[^\s\/@]{0,600}@`,
   // key = value assignments (passwords, secrets, tokens, API keys, AWS secret key / account id).
-  // Between the key and the operator: JS whitespace, or any of U+0080-U+00FF, which covers the
-  // UTF-8 bytes of every non-ASCII space (U+00A0 = C2 A0, U+3000 = E3 80 80, …) in a latin1
-  // view, where the rules (on decoded text) see one \s character.
-  assign: String.raw`[:=](?<=(?:${KEYS})(?:\\?["'])?[\s\x80-\xff]*[:=])`,
+  // Between the key and the operator: JS whitespace, or the UTF-8 bytes of a non-ASCII space
+  // (U+00A0 = C2 A0, U+3000 = E3 80 80, …; SPACE_BYTES) in a latin1 view, where the rules (on
+  // decoded text) see one \s character.
+  assign: String.raw`[:=](?<=(?:${KEYS})(?:\\?["'])?[\s${SPACE_BYTES}]*[:=])`,
   // JWT
   jwt: String.raw`J(?<=eyJ)`,
   // AWS access key ids

@@ -224,6 +224,42 @@ describe("native pre-filter (native/prefilter): a superset of the finders, so ou
     }), { numRuns: 5000 });
   });
 
+  it.runIf(addon)("a key, any JS space run, an operator: a hit in both views; other bytes from 0x80 up are no space", () => {
+    // every non-ASCII character JS's \s matches, alone, doubled, and after a quote
+    const spaces = ["\u00a0", "\u1680", "\u2028", "\u2029", "\u202f", "\u205f", "\u3000", "\ufeff"];
+    for (let c = 0x2000; c <= 0x200a; c++) spaces.push(String.fromCharCode(c));
+    expect(spaces.every((w) => /^\s$/.test(w))).toBe(true);
+    for (const key of ["password", "passwd", "passphrase", "pwd", "secret", "token", "key", "credential", "credentials", "account", "account_id", "accountid"]) {
+      for (const w of spaces) {
+        for (const t of [`${key}${w}= x`, `${key}${w}${w}:x`, `"${key}"${w}: "x"`, `x ${key.toUpperCase()} \t${w}=y`]) {
+          const b = Buffer.from(t, "utf8");
+          expect(candidate(t), `${JSON.stringify(t)} decoded`).toBe(true);
+          expect(candidate(b.latin1Slice(0, b.length)), `${JSON.stringify(t)} latin1 view`).toBe(true);
+          expect(addon!.scan(b), JSON.stringify(t)).toBeGreaterThanOrEqual(0);
+        }
+      }
+    }
+    // Float32 embeddings: 0x3D ('=') is the exponent byte of values in [1/32, 1/8), and the byte
+    // before it is a random mantissa byte; 0xBD (of negative values) is no space, so "key" then
+    // 0xBD then '=' is no assignment (any byte from 0x80 up was skipped like a space before)
+    for (const hi of [0xbd, 0xbc, 0xff, 0x90, 0xc3]) {
+      const b = Buffer.from([0x6b, 0x65, 0x79, hi, 0x3d, 0x78]);
+      expect(addon!.scan(b), hi.toString(16)).toBe(-1);
+      expect(candidate(b.latin1Slice(0, b.length)), hi.toString(16)).toBe(false);
+    }
+    // and in the vector loop: a 4 KiB vector of such values says no, with "key" and a space run it says yes
+    const v = new Float32Array(1024);
+    let x = 12345;
+    for (let i = 0; i < v.length; i++) {
+      x = (Math.imul(x, 1103515245) + 12345) >>> 0;
+      v[i] = ((x / 2 ** 32) * 2 - 1) * 0.12;
+    }
+    const vec = Buffer.from(v.buffer);
+    expect(addon!.scan(vec)).toBe(-1);
+    const keyed = Buffer.concat([vec.subarray(0, 2000), Buffer.from("token\u3000\u00a0= ", "utf8"), vec.subarray(2000)]);
+    expect(addon!.scan(keyed)).toBe(2000 + Buffer.byteLength("token\u3000\u00a0"));
+  });
+
   it.runIf(addon)("from: the search starts there, the look-behinds still reach back to start", () => {
     const b = Buffer.from(`xeyJabc${"q".repeat(100)}`);
     expect(addon!.scan(b, 0, b.length, 2)).toBe(2); // "eyJ" flagged at its 'y', with the 'e' before from
