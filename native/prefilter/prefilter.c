@@ -221,7 +221,7 @@ static void init_vectors(void) {
  * go to their tests as they are.
  */
 /* lo <= x <= lo + span, as unsigned bytes. */
-static inline __m128i in_range(__m128i x, __m128i lo, __m128i span) {
+static inline __attribute__((always_inline)) __m128i in_range(__m128i x, __m128i lo, __m128i span) {
   __m128i d = _mm_sub_epi8(x, lo);
   return _mm_cmpeq_epi8(_mm_min_epu8(d, span), d);
 }
@@ -231,7 +231,7 @@ static inline __m128i in_range(__m128i x, __m128i lo, __m128i span) {
  * quote, or the last letter of a key word (d e t n y l s, either case). Elsewhere key_before()
  * says no at once, so such an operator is no trigger unless it is a URL's ':' (then '/' follows).
  */
-static inline __m128i key_prev(__m128i pv, __m128i pl) {
+static inline __attribute__((always_inline)) __m128i key_prev(__m128i pv, __m128i pl) {
   __m128i ascii = OR(OR(EQ(pv, c_20), in_range(pv, c_09, c_4)), OR(EQ(pv, c_dq), EQ(pv, c_sq)));
   __m128i letters = OR(OR(OR(EQ(pl, c_d), EQ(pl, c_e)), OR(EQ(pl, c_t), EQ(pl, c_n))), OR(OR(EQ(pl, c_y), EQ(pl, c_l)), EQ(pl, c_s)));
   __m128i high = OR(OR(OR(in_range(pv, c_80, c_10), EQ(pv, c_9a)), OR(EQ(pv, c_9f), EQ(pv, c_a0))),
@@ -240,7 +240,7 @@ static inline __m128i key_prev(__m128i pv, __m128i pl) {
   return OR(OR(ascii, letters), high);
 }
 
-static inline unsigned block(bytes at, unsigned *ce) {
+static inline __attribute__((always_inline)) unsigned block(bytes at, unsigned *ce) {
   __m128i v = _mm_loadu_si128((const __m128i *)at);
   __m128i n = _mm_loadu_si128((const __m128i *)(at + 1));
   __m128i pv = _mm_loadu_si128((const __m128i *)(at - 1));
