@@ -569,6 +569,20 @@ describe("sqlite live read: redaction", () => {
     }
   });
 
+  it("a source of one database starts one worker; of three, two (the look-ahead's)", async () => {
+    for (const n of [1, 3]) {
+      const dir = tempDir("memsnap-sqlite-live-");
+      const dbs = join(dir, "dbs");
+      mkdirSync(dbs);
+      for (let i = 0; i < n; i++) makeDb(join(dbs, `d${i}.db`), `CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT); INSERT INTO t (v) VALUES ('row ${i}');`);
+      const before = SqliteWorker.started;
+      const r = await snap(dir, { path: "dbs" }, "snap.memsnap", new StubRedactor());
+      const meta = (r.manifest.layers[0]!.meta as { databases: Record<string, SqliteDbMeta> }).databases;
+      expect(Object.values(meta).map((m) => m.method)).toEqual(Array(n).fill("live_read"));
+      expect(SqliteWorker.started - before, `${n} database(s)`).toBe(Math.min(n, 2));
+    }
+  });
+
   it("look-ahead of a database whose WAL holds frames: it is copied (VACUUM INTO) while the one before streams, then redacted at its turn", async () => {
     const dir = tempDir("memsnap-sqlite-live-");
     const dbs = join(dir, "dbs");

@@ -88,6 +88,8 @@ export function betterSqlitePath(): string {
  * when done: the thread's exit closes every connection it holds.
  */
 export class SqliteWorker {
+  /** Workers started in this process (tests: a source starts only the ones it uses). */
+  static started = 0;
   readonly #worker: Worker;
   readonly #pending = new Map<number, { resolve: (v: unknown) => void; reject: (e: Error) => void }>();
   #nextId = 1;
@@ -96,6 +98,7 @@ export class SqliteWorker {
 
   /** `walk: "js"` keeps the live read's page walk in JS even where the native one is built (tests compare them). */
   constructor(opts: { walk?: "native" | "js" } = {}) {
+    SqliteWorker.started++;
     this.#worker = new Worker(workerUrl("sources/sqlite/jobs.worker.js"), {
       execArgv: [],
       resourceLimits: { maxYoungGenerationSizeMb: 16 },
