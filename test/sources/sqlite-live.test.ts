@@ -637,6 +637,69 @@ describe("sqlite live read: redaction", () => {
     }
   });
 
+  it("a copy (hot WAL) is scanned in the worker as a live read is: clean, it is kept as made, no cell goes through the main thread; a secret, or live_read off: rewritten", async () => {
+    const dir = tempDir("memsnap-sqlite-live-");
+    const db = join(dir, "m.db");
+    // notes with float32 embeddings (as sqlite-candidates.test.ts writes them): random-looking
+    // bytes that read "Key=V9" in one vector and a URL with a user name in one note are candidates
+    // that the redactor clears
+    const h = await holder(db, `db.pragma("journal_mode = WAL"); db.pragma("wal_autocheckpoint = 0");
+      db.exec("CREATE TABLE chunks (id INTEGER PRIMARY KEY, text TEXT NOT NULL, embedding BLOB NOT NULL)");
+      const ins = db.prepare("INSERT INTO chunks (text, embedding) VALUES (?, ?)");
+      for (let i = 0; i < 600; i++) {
+        const b = Buffer.alloc(1536);
+        for (let k = 0; k < 384; k++) b.writeFloatLE(Math.sin(i * 7.1 + k) * 0.01, k * 4);
+        if (i === 40) Buffer.from([0xb3, 0x4b, 0x65, 0x79, 0x3d, 0x56, 0x39, 0xf1, 0x00, 0x9a]).copy(b, 100);
+        ins.run(i === 200 ? "clone it from ssh://git@example.com/team/notes" : "note " + i + " about the garden", b);
+      }`);
+    try {
+      expect(statSync(`${db}-wal`).size).toBeGreaterThan(0);
+      // (a redactor that can say whether a rule matches, as memsnap's does: it clears the BLOBs' candidates)
+      class Clearing extends StubRedactor {
+        asked = 0;
+        async matches(text: string): Promise<boolean> {
+          this.asked++;
+          return new RegExp(SECRET.source).test(text);
+        }
+      }
+      const clean = new Clearing();
+      const r = await snap(dir, { path: "m.db" }, "clean.memsnap", clean);
+      const m = metaOf(r.manifest.layers, "m.db");
+      expect(m).toMatchObject({ method: "vacuum_into", live_read_skipped: "wal_frames", tables: { chunks: 600 } });
+      expect(m.redaction).toMatchObject({ scrub: "none", cells_redacted: 0 });
+      expect(m.redaction!.live_scan!.walk).toBeDefined();
+      expect(m.redaction!.live_scan!.cells_scanned).toBeGreaterThanOrEqual(1200);
+      expect(m.redaction!.candidates).toBeGreaterThanOrEqual(2);
+      expect(clean.scanned).toBe(0); // no cell was read as a row and redacted on the main thread
+      expect(m.redaction!.candidates).toBe(clean.asked); // the BLOBs' candidates, each cleared
+      // restored: the same rows as the live database (WAL folded in)
+      const to = join(dir, "restored");
+      await restoreToDir(r.path, to);
+      const rows = (p: string): string => withDb(p, (d) => `${q(d, "SELECT count(*) FROM chunks")}/${q(d, "SELECT group_concat(text) FROM chunks")}/${q(d, "SELECT hex(embedding) FROM chunks WHERE id = 41")}`);
+      expect(rows(join(to, "db", "m.db"))).toBe(rows(db));
+
+      // a secret in the WAL: the scan of the copy finds it, and the copy is rewritten as before
+      const token = `sk_live_${randomAlnum(24)}`;
+      const w = new Database(db, { timeout: 10000 });
+      w.prepare("INSERT INTO chunks (text, embedding) VALUES (?, ?)").run(`key ${token}`, Buffer.alloc(16));
+      w.close();
+      const found = new Clearing();
+      const s = await snap(dir, { path: "m.db" }, "secret.memsnap", found);
+      const sm = metaOf(s.manifest.layers, "m.db");
+      expect(sm).toMatchObject({ method: "vacuum_into", live_read_skipped: "wal_frames" });
+      expect(sm.redaction).toMatchObject({ scrub: "secure_delete+vacuum", cells_redacted: 1 });
+      expect(found.total).toBe(1);
+      // and with live_read off the copy path is the SQL one, scan or not
+      const off = new StubRedactor();
+      const o = await snap(dir, { path: "m.db", live_read: false }, "off.memsnap", off);
+      expect(metaOf(o.manifest.layers, "m.db").redaction!.live_scan).toBeUndefined();
+      expect(off.total).toBe(1);
+      expect(off.scanned).toBeGreaterThan(0);
+    } finally {
+      await h.stop();
+    }
+  });
+
   it("a database whose WAL holds frames but whose file is not SQLite: MEMSNAP_SOURCE_INVALID at its turn, as before the look-ahead copied it; nothing left", async () => {
     const dir = tempDir("memsnap-sqlite-live-");
     const dbs = join(dir, "dbs");
