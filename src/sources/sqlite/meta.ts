@@ -29,7 +29,8 @@ export interface SqliteDbMeta extends SourcePragmas {
 export interface SqliteRedactionStats {
   /**
    * How old bytes are scrubbed from the copy; `none` for a `live_read` (no candidate in any cell
-   * or in the stale bytes).
+   * or in the stale bytes, or only candidates the redactor cleared), and for a copy whose scan
+   * found the same (it is kept as made).
    */
   scrub: "secure_delete+vacuum" | "none";
   tables: number;
@@ -49,6 +50,6 @@ export interface SqliteRedactionStats {
   fts_optimized: string[];
   stat4_cleared: boolean;
   skipped: Array<{ table: string; reason: string }>;
-  /** `live_read`: what the worker's scan of the live file covered. */
+  /** `live_read`: what the worker's scan of the live file covered; a copy kept as made: of the copy. */
   live_scan?: LiveScanStats;
 }
