@@ -61,31 +61,43 @@ const collectPacked = gcPacer(16 * 1024 * 1024, "minor");
 const collectArtifacts = heapPacer(16 * 1024 * 1024);
 
 /** The packer's buffers for a page stored as planes: the page gathered, then its planes (reused page after page). */
-let gathered = Buffer.alloc(0);
+let gathered: Buffer = Buffer.alloc(0);
 let planesBuf = Buffer.alloc(0);
 /** Buffers up to this size are kept for the next page. */
 const PLANES_KEEP_BYTES = 4 * 1024 * 1024;
 
 /** Artifact `a`'s bytes as their byte planes, in one chunk (valid until the next call). */
-async function* planesOf(name: string, a: Artifact, elem: number): AsyncGenerator<Buffer> {
+export async function* planesOf(name: string, a: Artifact, elem: number): AsyncGenerator<Buffer> {
   if (a.size > PLANES_MAX_BYTES) {
     throw new MemsnapError("MEMSNAP_INTERNAL", `${name}: ${a.size} bytes to shuffle, over ${PLANES_MAX_BYTES}`);
   }
   const keep = a.size <= PLANES_KEEP_BYTES;
-  const src = keep && gathered.length >= a.size ? gathered : Buffer.allocUnsafeSlow(a.size);
-  if (keep) gathered = src;
+  const dst = keep && planesBuf.length >= a.size ? planesBuf : Buffer.allocUnsafeSlow(a.size);
+  if (keep) planesBuf = dst;
+  const out = dst.subarray(0, a.size);
+  let src: Buffer | null = null; // the chunks gathered, unless the first is the whole artifact
+  let shuffled = false;
   let n = 0;
   for await (const c of a.open({ reuse: true })) {
     const b = c as Buffer;
     if (n + b.length > a.size) throw sourceChanged(name, `grew past its declared ${a.size} bytes`);
+    if (n === 0 && b.length === a.size) {
+      // the whole artifact in one chunk (a KV page is): shuffled from where it lies, before the
+      // reader is asked for more (it may reuse its buffer), instead of gathered first
+      shuffleInto(out, b, elem);
+      shuffled = true;
+      n = b.length;
+      continue;
+    }
+    if (src === null) {
+      src = keep && gathered.length >= a.size ? gathered : Buffer.allocUnsafeSlow(a.size);
+      if (keep) gathered = src;
+    }
     b.copy(src, n);
     n += b.length;
   }
   if (n !== a.size) throw sourceChanged(name, `shrank from ${a.size} to ${n} bytes`);
-  const dst = keep && planesBuf.length >= a.size ? planesBuf : Buffer.allocUnsafeSlow(a.size);
-  if (keep) planesBuf = dst;
-  const out = dst.subarray(0, n);
-  shuffleInto(out, src.subarray(0, n), elem);
+  if (!shuffled && src !== null) shuffleInto(out, src.subarray(0, n), elem);
   yield out;
 }
 
