@@ -20,6 +20,7 @@ import { snapshot } from "../../src/snapshot/snapshot.js";
 import { SqliteWorker, type LiveBeginResult } from "../../src/sources/sqlite/worker-host.js";
 import type { SqliteDbMeta } from "../../src/sources/sqlite/meta.js";
 import { tempDir } from "../helpers/cli.js";
+import { pageTableOf } from "../helpers/page-table.js";
 
 type Db = {
   exec(sql: string): void;
@@ -38,17 +39,7 @@ const SECRET_HEAD = "ghp_";
 const secret = (): string => SECRET_HEAD + alnum(36);
 
 /** The table of page hashes the `pages` chunking records (16 bytes of SHA-256 a page). */
-function pageTable(file: string, ps: number): Buffer {
-  const b = readFileSync(file);
-  const out = Buffer.alloc(16 * Math.ceil(b.length / ps));
-  for (let p = 0; p * ps < b.length; p++) {
-    createHash("sha256")
-      .update(b.subarray(p * ps, (p + 1) * ps))
-      .digest()
-      .copy(out, 16 * p, 0, 16);
-  }
-  return out;
-}
+const pageTable = (file: string, ps: number): Buffer => pageTableOf(readFileSync(file), ps);
 
 const asText = (v: string | Uint8Array): string => (typeof v === "string" ? v : Buffer.from(v).toString("latin1"));
 

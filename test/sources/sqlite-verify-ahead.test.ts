@@ -14,6 +14,7 @@ import { aeadAddon } from "../../src/codecs/aead.js";
 import { SqliteWorker, type LiveBeginResult } from "../../src/sources/sqlite/worker-host.js";
 import type { LiveVerifyResult } from "../../src/sources/sqlite/worker-types.js";
 import { tempDir } from "../helpers/cli.js";
+import { pageTableOf } from "../helpers/page-table.js";
 
 type Db = {
   exec(sql: string): void;
@@ -23,17 +24,7 @@ type Db = {
 };
 const Database = createRequire(import.meta.url)("better-sqlite3") as new (p: string) => Db;
 
-/** 16 bytes of SHA-256 a page, as the `pages` chunking records them. */
-function pageTable(b: Buffer, ps: number): Buffer {
-  const out = Buffer.alloc(16 * Math.ceil(b.length / ps));
-  for (let p = 0; p * ps < b.length; p++) {
-    createHash("sha256")
-      .update(b.subarray(p * ps, (p + 1) * ps))
-      .digest()
-      .copy(out, 16 * p, 0, 16);
-  }
-  return out;
-}
+const pageTable = pageTableOf;
 
 const addon = aeadAddon();
 // CI builds the addon (npm ci); a machine without a compiler runs the JS pass, and says so here.
